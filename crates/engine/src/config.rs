@@ -1,0 +1,152 @@
+//! The engine's typed configuration. Parsing and validation of the operator's
+//! file live in the control plane; this is what it produces.
+
+use crate::Proto;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filtering {
+    EndpointIndependent,
+    AddressDependent,
+    AddressAndPortDependent,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PortSelection {
+    /// Keep the subscriber's source port when it is free (RFC 4787 REQ-3 port preservation).
+    Preserve,
+    /// Always choose pseudo-randomly (RFC 6056).
+    Random,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnsolicitedSyn {
+    /// After the hold, answer ICMP port unreachable (RFC 5382 REQ-4).
+    IcmpPortUnreachable,
+    Drop,
+}
+
+/// A destination that passes untranslated (RFC 6888 REQ-4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exemption {
+    pub network: u32,
+    pub prefix_len: u8,
+    pub ports: (u16, u16),
+}
+
+impl Exemption {
+    pub fn matches(&self, addr: u32, port: u16) -> bool {
+        prefix_contains(self.network, self.prefix_len, addr) && (self.ports.0..=self.ports.1).contains(&port)
+    }
+}
+
+/// An operator-configured mapping that never expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StaticMapping {
+    pub proto: Proto,
+    pub int_addr: u32,
+    pub int_port: u16,
+    pub ext_addr: u32,
+    pub ext_port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    pub udp_s: u32,
+    pub tcp_established_s: u32,
+    pub tcp_transitory_s: u32,
+    pub icmp_s: u32,
+    pub syn_hold_ns: u64,
+    pub fragment_ns: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            udp_s: 300,
+            tcp_established_s: 2 * 3600 + 4 * 60,
+            tcp_transitory_s: 240,
+            icmp_s: 60,
+            syn_hold_ns: 6_000_000_000,
+            fragment_ns: 5_000_000_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub inside_addr: u32,
+    pub inside_prefix_len: u8,
+    /// Source of ICMP natrix sends outside; the first pool address when absent.
+    pub outside_addr: Option<u32>,
+    /// Every pool address, expanded, sorted and unique.
+    pub pool: Vec<u32>,
+    pub ports: (u16, u16),
+    pub filtering: Filtering,
+    pub max_ports_per_subscriber: u32,
+    pub max_ports_per_protocol: [u32; Proto::COUNT],
+    /// 0 means unlimited.
+    pub max_new_mappings_per_second: u32,
+    pub max_sessions_per_subscriber: u32,
+    pub max_sessions: u32,
+    pub max_subscribers: u32,
+    /// 0: one port at a time.
+    pub port_block_size: u16,
+    pub hold_down_s: u32,
+    pub port_selection: PortSelection,
+    pub port_parity: bool,
+    pub inbound_refresh: bool,
+    pub unsolicited_syn: UnsolicitedSyn,
+    /// ICMP destination unreachable code sent on quota or exhaustion; None stays silent.
+    pub exhaustion_icmp_code: Option<u8>,
+    pub icmp_errors_per_second: u32,
+    pub exempt: Vec<Exemption>,
+    pub statics: Vec<StaticMapping>,
+    pub timeouts: Timeouts,
+    pub max_held_fragments: u32,
+    pub max_held_fragment_bytes: u32,
+    pub max_held_syns: u32,
+    /// Emit per-session events as well as per-mapping ones.
+    pub log_sessions: bool,
+    pub event_capacity: u32,
+    pub seed: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            inside_addr: u32::from_be_bytes([100, 64, 0, 1]),
+            inside_prefix_len: 10,
+            outside_addr: None,
+            pool: Vec::new(),
+            ports: (1024, 65535),
+            filtering: Filtering::EndpointIndependent,
+            max_ports_per_subscriber: 2000,
+            max_ports_per_protocol: [u32::MAX; Proto::COUNT],
+            max_new_mappings_per_second: 0,
+            max_sessions_per_subscriber: 10_000,
+            max_sessions: 1 << 20,
+            max_subscribers: 1 << 16,
+            port_block_size: 0,
+            hold_down_s: 120,
+            port_selection: PortSelection::Preserve,
+            port_parity: true,
+            inbound_refresh: false,
+            unsolicited_syn: UnsolicitedSyn::IcmpPortUnreachable,
+            exhaustion_icmp_code: Some(natrix_wire::icmp::unreachable::HOST),
+            icmp_errors_per_second: 100,
+            exempt: Vec::new(),
+            statics: Vec::new(),
+            timeouts: Timeouts::default(),
+            max_held_fragments: 256,
+            max_held_fragment_bytes: 1 << 20,
+            max_held_syns: 1024,
+            log_sessions: false,
+            event_capacity: 1 << 16,
+            seed: 1,
+        }
+    }
+}
+
+pub fn prefix_contains(network: u32, len: u8, addr: u32) -> bool {
+    len == 0 || (addr ^ network) >> (32 - u32::from(len)) == 0
+}

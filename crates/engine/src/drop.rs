@@ -1,0 +1,102 @@
+//! Every reason natrix drops a packet, declared once: the enum, the counter
+//! names in reports and metrics, and their help text all come from this list.
+
+macro_rules! drop_reasons {
+    ($($variant:ident => $name:literal, $help:literal;)*) => {
+        /// Why a frame was not forwarded.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u8)]
+        pub enum DropReason { $($variant,)* }
+
+        impl DropReason {
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$variant,)*];
+            pub const COUNT: usize = Self::ALL.len();
+
+            /// The snake_case name used in reports and metric labels.
+            pub fn name(self) -> &'static str {
+                match self { $(DropReason::$variant => $name,)* }
+            }
+
+            pub fn help(self) -> &'static str {
+                match self { $(DropReason::$variant => $help,)* }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    EthTruncated => "eth_truncated", "frame shorter than its Ethernet header or VLAN tags";
+    NotIpv4 => "not_ipv4", "ethertype is not IPv4 (ARP, IPv6, ...)";
+    Ipv4Truncated => "ipv4_truncated", "frame shorter than the IPv4 header or its total length";
+    Ipv4BadVersion => "ipv4_bad_version", "IP version field is not 4";
+    Ipv4BadHeaderLength => "ipv4_bad_header_length", "IHL below 5";
+    Ipv4BadTotalLength => "ipv4_bad_total_length", "total length smaller than the header";
+    Ipv4BadChecksum => "ipv4_bad_checksum", "IPv4 header checksum does not verify";
+    Martian => "martian", "source or destination address that is never routed (0/8, 127/8, multicast, broadcast)";
+    L4Truncated => "l4_truncated", "TCP, UDP or ICMP header truncated or malformed";
+    IcmpBadChecksum => "icmp_bad_checksum", "ICMP error whose checksum does not verify (RFC 5508 REQ-3)";
+    IcmpEmbeddedInvalid => "icmp_embedded_invalid", "ICMP error quoting a malformed datagram or one with a bad IP checksum";
+    IcmpUnsupported => "icmp_unsupported", "ICMP type a NAT does not forward (redirect, router advertisement, ...)";
+    IcmpErrorNoMapping => "icmp_error_no_mapping", "ICMP error about a flow natrix has no session for";
+    IcmpErrorFragmented => "icmp_error_fragmented", "fragmented ICMP error (cannot be validated)";
+    UnsupportedProtocol => "unsupported_protocol", "IP protocol natrix does not translate";
+    TtlExpired => "ttl_expired", "TTL reached zero; ICMP time exceeded sent";
+    LocalDestination => "local_destination", "addressed to natrix itself";
+    NotForPool => "not_for_pool", "arrived outside for an address outside the pool";
+    NoMapping => "no_mapping", "inbound packet matching no mapping";
+    Filtered => "filtered", "inbound packet refused by the filtering behaviour (RFC 4787 REQ-8)";
+    UnsolicitedSyn => "unsolicited_syn", "inbound SYN with no mapping (RFC 5382 REQ-4)";
+    PortQuota => "port_quota", "subscriber reached its external port limit";
+    SessionQuota => "session_quota", "subscriber reached its session limit";
+    RateLimited => "rate_limited", "subscriber exceeded new mappings per second";
+    PoolExhausted => "pool_exhausted", "no free external port on the subscriber's address";
+    SessionTableFull => "session_table_full", "session table at capacity";
+    SubscriberTableFull => "subscriber_table_full", "subscriber table at capacity";
+    FragmentTimeout => "fragment_timeout", "fragment whose first fragment never arrived";
+    FragmentBufferFull => "fragment_buffer_full", "out-of-order fragment buffer at its cap";
+    FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports";
+}
+
+/// One counter per drop reason.
+#[derive(Debug, Clone)]
+pub struct DropCounters([u64; DropReason::COUNT]);
+
+impl Default for DropCounters {
+    fn default() -> Self {
+        DropCounters([0; DropReason::COUNT])
+    }
+}
+
+impl DropCounters {
+    #[inline]
+    pub fn count(&mut self, reason: DropReason) {
+        self.0[reason as usize] += 1;
+    }
+
+    pub fn get(&self, reason: DropReason) -> u64 {
+        self.0[reason as usize]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// Non-zero counters by name.
+    pub fn nonzero(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        DropReason::ALL.iter().filter(|r| self.get(**r) != 0).map(|r| (r.name(), self.get(*r)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_snake_case() {
+        let mut names: Vec<_> = DropReason::ALL.iter().map(|r| r.name()).collect();
+        assert!(names.iter().all(|n| n.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit())));
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), DropReason::COUNT);
+    }
+}

@@ -1,0 +1,92 @@
+//! Frames the engine sends on its own (ICMP errors, released fragments) wait
+//! in an output queue whose buffers are reused, so steady state allocates nothing.
+
+use natrix_wire::{checksum, ethernet, icmp, ipv4, proto};
+
+use crate::Side;
+
+/// RFC 1812 section 4.3.2.3: an ICMP error carries as much of the offending
+/// datagram as fits in 576 bytes.
+const ICMP_ERROR_MAX: usize = 576;
+
+pub struct OutFrame {
+    pub side: Side,
+    pub time_ns: u64,
+    pub data: Vec<u8>,
+}
+
+#[derive(Default)]
+pub struct OutQueue {
+    frames: Vec<OutFrame>,
+    spare: Vec<Vec<u8>>,
+}
+
+impl OutQueue {
+    /// A cleared buffer to fill.
+    pub fn buffer(&mut self) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_else(|| Vec::with_capacity(2048));
+        b.clear();
+        b
+    }
+
+    pub fn push(&mut self, side: Side, time_ns: u64, data: Vec<u8>) {
+        self.frames.push(OutFrame { side, time_ns, data });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Hands each queued frame to `f` in order and keeps the buffers.
+    pub fn drain(&mut self, mut f: impl FnMut(&OutFrame)) {
+        for fr in self.frames.drain(..) {
+            f(&fr);
+            self.spare.push(fr.data);
+        }
+    }
+}
+
+/// Builds an ICMP error about `frame` (whose IPv4 header starts at `l3`),
+/// from `src`, addressed back to the frame's source, with swapped MACs.
+pub fn icmp_error(out: &mut Vec<u8>, frame: &[u8], l3: usize, src: u32, msg_type: u8, code: u8, ident: u16) {
+    let orig = &frame[l3..];
+    let orig_len = ipv4::Packet::new_lax(orig).map_or(orig.len(), |p| usize::from(p.total_len()).min(orig.len()));
+    let quote = orig_len.min(ICMP_ERROR_MAX - ipv4::MIN_HEADER_LEN - icmp::HEADER_LEN);
+    let dst = ipv4::Packet::new_lax(orig).map_or(0, |p| p.src_addr());
+    out.extend_from_slice(&frame[..l3]);
+    ethernet::swap_addresses(out);
+    let ip_at = out.len();
+    let total = ipv4::MIN_HEADER_LEN + icmp::HEADER_LEN + quote;
+    out.resize(ip_at + total, 0);
+    ipv4::emit_header(&mut out[ip_at..], src, dst, proto::ICMP, total as u16, 64, ident);
+    let icmp_at = ip_at + ipv4::MIN_HEADER_LEN;
+    icmp::emit_error_header(&mut out[icmp_at..], msg_type, code, 0);
+    out[icmp_at + icmp::HEADER_LEN..].copy_from_slice(&orig[..quote]);
+    let c = checksum::checksum(&out[icmp_at..]);
+    out[icmp_at + icmp::CHECKSUM_OFFSET..icmp_at + icmp::CHECKSUM_OFFSET + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn icmp_error_is_valid_under_etherparse() {
+        let mut frame = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+        etherparse::PacketBuilder::ipv4([100, 64, 0, 10], [198, 51, 100, 53], 1)
+            .udp(4000, 53)
+            .write(&mut frame, &[7u8; 700])
+            .unwrap();
+        let mut out = Vec::new();
+        icmp_error(&mut out, &frame, 14, u32::from_be_bytes([100, 64, 0, 1]), 11, 0, 9);
+        assert_eq!(&out[0..6], &frame[6..12]);
+        assert_eq!(out.len() - 14, 576);
+        let p = etherparse::SlicedPacket::from_ethernet(&out).unwrap();
+        let Some(etherparse::NetSlice::Ipv4(ip)) = p.net else { panic!("no ipv4") };
+        assert_eq!(ip.header().destination(), [100, 64, 0, 10]);
+        assert_eq!(ip.header().header_checksum(), ip.header().to_header().calc_header_checksum());
+        let Some(etherparse::TransportSlice::Icmpv4(icmp)) = p.transport else { panic!("no icmp") };
+        assert_eq!(icmp.checksum(), icmp.icmp_type().calc_checksum(icmp.payload()));
+        assert_eq!(icmp.type_u8(), 11);
+    }
+}

@@ -1,0 +1,87 @@
+//! natrix's NAPT44 engine: Ethernet/IPv4 frames in, translated frames (or a
+//! drop reason, or generated ICMP) out, as RFC 4787, 5382, 5508, 6888 and
+//! 7857 require. No I/O, no configuration parsing, no clock: the caller passes
+//! time in and seeds the randomness, so every behaviour is reproducible.
+//!
+//! Layout: `table` (hash index), `session` (mappings and sessions),
+//! `subscriber`, `pool` (address and port allocation), `trackers` (one module
+//! per protocol), `translate` (header rewrites), `icmp_error`, `fragment`,
+//! `generate` (frames natrix sends itself), `events` (for logging), and
+//! `engine`, which ties them together.
+
+pub mod config;
+pub mod drop;
+pub mod engine;
+pub mod events;
+pub mod fragment;
+pub mod generate;
+pub mod hash;
+mod icmp_error;
+pub mod pool;
+pub mod rng;
+pub mod session;
+pub mod subscriber;
+pub mod table;
+pub mod trackers;
+pub mod translate;
+
+pub use config::EngineConfig;
+pub use drop::DropReason;
+pub use engine::{Engine, Stats, Verdict};
+pub use events::{Event, EventKind};
+
+/// The side of the NAT a frame arrives on or leaves by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Side {
+    Inside = 0,
+    Outside = 1,
+}
+
+impl Side {
+    pub fn name(self) -> &'static str {
+        match self {
+            Side::Inside => "inside",
+            Side::Outside => "outside",
+        }
+    }
+}
+
+/// The transport protocols natrix keeps mappings for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Proto {
+    Tcp = 0,
+    Udp = 1,
+    Icmp = 2,
+}
+
+impl Proto {
+    pub const COUNT: usize = 3;
+    pub const ALL: [Proto; 3] = [Proto::Tcp, Proto::Udp, Proto::Icmp];
+
+    pub fn from_ip(p: u8) -> Option<Proto> {
+        match p {
+            natrix_wire::proto::TCP => Some(Proto::Tcp),
+            natrix_wire::proto::UDP => Some(Proto::Udp),
+            natrix_wire::proto::ICMP => Some(Proto::Icmp),
+            _ => None,
+        }
+    }
+
+    pub fn ip_number(self) -> u8 {
+        match self {
+            Proto::Tcp => natrix_wire::proto::TCP,
+            Proto::Udp => natrix_wire::proto::UDP,
+            Proto::Icmp => natrix_wire::proto::ICMP,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Proto::Tcp => "tcp",
+            Proto::Udp => "udp",
+            Proto::Icmp => "icmp",
+        }
+    }
+}

@@ -1,0 +1,410 @@
+//! External address pool and port allocation.
+//!
+//! Every (pool address, protocol) pair has a port space: a 65,536-bit map in
+//! which ports outside the configured range are permanently taken. Port block
+//! allocation is a mode of the same allocator: a subscriber first owns a block
+//! of consecutive ports and then takes ports inside its blocks. Released ports
+//! and blocks wait out the hold-down in a FIFO before they are free again.
+
+use std::collections::VecDeque;
+
+use crate::config::PortSelection;
+use crate::rng::Rng;
+use crate::Proto;
+
+const WORDS: usize = 65536 / 64;
+const EVEN_BITS: u64 = 0x5555_5555_5555_5555;
+
+/// Which ports of one address and protocol are taken.
+struct PortSpace {
+    used: Box<[u64; WORDS]>,
+    free: u32,
+    /// Block mode: owner of each block (subscriber id + 1), 0 when free, HELD during hold-down.
+    block_owner: Vec<u32>,
+    block_used: Vec<u16>,
+    free_blocks: u32,
+}
+
+const HELD: u32 = u32::MAX;
+
+impl PortSpace {
+    fn new(lo: u16, hi: u16, blocks: usize) -> Self {
+        let mut used = Box::new([u64::MAX; WORDS]);
+        for p in lo..=hi {
+            used[usize::from(p) / 64] &= !(1u64 << (p % 64));
+        }
+        PortSpace {
+            used,
+            free: u32::from(hi - lo) + 1,
+            block_owner: vec![0; blocks],
+            block_used: vec![0; blocks],
+            free_blocks: blocks as u32,
+        }
+    }
+
+    fn is_free(&self, p: u16) -> bool {
+        self.used[usize::from(p) / 64] & (1u64 << (p % 64)) == 0
+    }
+
+    fn take(&mut self, p: u16) {
+        self.used[usize::from(p) / 64] |= 1u64 << (p % 64);
+        self.free -= 1;
+    }
+
+    fn put_back(&mut self, p: u16) {
+        self.used[usize::from(p) / 64] &= !(1u64 << (p % 64));
+        self.free += 1;
+    }
+
+    /// First free port in `lo..=hi`, scanning circularly from `start`, whose
+    /// low bit equals `parity` when given.
+    fn find(&self, start: u16, lo: u16, hi: u16, parity: Option<u16>) -> Option<u16> {
+        let span = u32::from(hi - lo) + 1;
+        let pmask = match parity {
+            Some(0) => EVEN_BITS,
+            Some(_) => !EVEN_BITS,
+            None => u64::MAX,
+        };
+        let mut offset = 0u32;
+        while offset < span {
+            let p = (u32::from(start - lo) + offset) % span + u32::from(lo);
+            let word = p as usize / 64;
+            let bit = p % 64;
+            // Free bits of this word at or after `bit`, within the range and parity.
+            let mut avail = !self.used[word] & pmask & (u64::MAX << bit);
+            let word_end = (word as u32 + 1) * 64 - 1;
+            if word_end > u32::from(hi) {
+                avail &= u64::MAX >> (word_end - u32::from(hi));
+            }
+            if avail != 0 {
+                return Some((word as u32 * 64 + avail.trailing_zeros()) as u16);
+            }
+            let step = (word_end.min(u32::from(hi)) - p) + 1;
+            offset += step;
+        }
+        None
+    }
+}
+
+/// A port or block whose hold-down ends at `until_s`.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    until_s: u32,
+    space: u32,
+    item: u16,
+    is_block: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocError {
+    /// No free port (or block) on the address.
+    Exhausted,
+    /// Block mode: the subscriber holds as many blocks as its quota allows.
+    BlockQuota,
+}
+
+/// A block handed to or taken back from a subscriber, for logging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockChange {
+    pub addr: u32,
+    pub proto: Proto,
+    pub first: u16,
+    pub last: u16,
+}
+
+pub struct Pool {
+    addrs: Vec<u32>,
+    spaces: Vec<PortSpace>,
+    lo: u16,
+    hi: u16,
+    block_size: u16,
+    selection: PortSelection,
+    parity: bool,
+    hold_down_s: u32,
+    holds: VecDeque<Hold>,
+    ports_in_use: u64,
+}
+
+impl Pool {
+    pub fn new(addrs: &[u32], ports: (u16, u16), block_size: u16, selection: PortSelection, parity: bool, hold_down_s: u32) -> Self {
+        let (lo, hi) = ports;
+        let blocks = if block_size == 0 { 0 } else { (usize::from(hi - lo) + 1) / usize::from(block_size) };
+        let spaces = (0..addrs.len() * Proto::COUNT).map(|_| PortSpace::new(lo, hi, blocks)).collect();
+        Pool { addrs: addrs.to_vec(), spaces, lo, hi, block_size, selection, parity, hold_down_s, holds: VecDeque::new(), ports_in_use: 0 }
+    }
+
+    pub fn addresses(&self) -> &[u32] {
+        &self.addrs
+    }
+
+    pub fn contains(&self, addr: u32) -> bool {
+        self.index_of(addr).is_some()
+    }
+
+    pub fn index_of(&self, addr: u32) -> Option<u32> {
+        self.addrs.binary_search(&addr).ok().map(|i| i as u32)
+    }
+
+    pub fn total_ports(&self) -> u64 {
+        self.addrs.len() as u64 * Proto::COUNT as u64 * (u64::from(self.hi - self.lo) + 1)
+    }
+
+    /// Ports held by mappings (or by blocks, in block mode).
+    pub fn ports_in_use(&self) -> u64 {
+        self.ports_in_use
+    }
+
+    pub fn block_size(&self) -> u16 {
+        self.block_size
+    }
+
+    pub fn set_hold_down(&mut self, s: u32) {
+        self.hold_down_s = s;
+    }
+
+    fn space(&mut self, addr_idx: u32, proto: Proto) -> &mut PortSpace {
+        &mut self.spaces[addr_idx as usize * Proto::COUNT + proto as usize]
+    }
+
+    fn has_room(&self, addr_idx: usize, proto: Proto) -> bool {
+        let s = &self.spaces[addr_idx * Proto::COUNT + proto as usize];
+        if self.block_size == 0 { s.free > 0 } else { s.free_blocks > 0 }
+    }
+
+    /// Picks the address a new subscriber is paired with (RFC 4787 REQ-2):
+    /// a hash of its address spreads subscribers, and probing skips addresses
+    /// with no room for the protocol it starts with.
+    pub fn choose_address(&self, start_hash: u64, proto: Proto) -> Option<u32> {
+        let n = self.addrs.len();
+        if n == 0 {
+            return None;
+        }
+        let start = (start_hash % n as u64) as usize;
+        (0..n).map(|i| (start + i) % n).find(|&i| self.has_room(i, proto)).map(|i| i as u32)
+    }
+
+    /// Marks a port taken for good (static mappings).
+    pub fn reserve(&mut self, addr_idx: u32, proto: Proto, port: u16) -> bool {
+        let (lo, hi) = (self.lo, self.hi);
+        let s = self.space(addr_idx, proto);
+        if port < lo || port > hi {
+            return true; // outside the dynamic range: never allocated anyway
+        }
+        if !s.is_free(port) {
+            return false;
+        }
+        s.take(port);
+        true
+    }
+
+    /// Allocates a port for one-at-a-time mode.
+    pub fn alloc_port(&mut self, addr_idx: u32, proto: Proto, want: u16, rng: &mut Rng) -> Result<u16, AllocError> {
+        let (lo, hi) = (self.lo, self.hi);
+        let parity = self.parity_of(proto, want);
+        let preserve = self.selection == PortSelection::Preserve;
+        let start = rng.range(u32::from(lo), u32::from(hi)) as u16;
+        let s = self.space(addr_idx, proto);
+        let port = if preserve && (lo..=hi).contains(&want) && s.is_free(want) {
+            Some(want)
+        } else {
+            s.find(start, lo, hi, parity)
+        };
+        let port = port.ok_or(AllocError::Exhausted)?;
+        s.take(port);
+        self.ports_in_use += 1;
+        Ok(port)
+    }
+
+    fn parity_of(&self, proto: Proto, want: u16) -> Option<u16> {
+        (self.parity && proto != Proto::Icmp).then_some(want & 1)
+    }
+
+    fn block_range(&self, block: u32) -> (u16, u16) {
+        let first = u32::from(self.lo) + block * u32::from(self.block_size);
+        (first as u16, (first + u32::from(self.block_size) - 1) as u16)
+    }
+
+    /// Allocates a port inside the subscriber's blocks, taking a new block when
+    /// those are full. `blocks` lists the subscriber's blocks as (space, block).
+    pub fn alloc_in_blocks(
+        &mut self,
+        addr_idx: u32,
+        proto: Proto,
+        want: u16,
+        owner: u32,
+        blocks: &mut Vec<(u32, u32)>,
+        max_blocks: usize,
+        rng: &mut Rng,
+    ) -> Result<(u16, Option<BlockChange>), AllocError> {
+        let space_idx = addr_idx * Proto::COUNT as u32 + proto as u32;
+        let parity = self.parity_of(proto, want);
+        let preserve = self.selection == PortSelection::Preserve;
+        for &(sp, b) in blocks.iter().filter(|(sp, _)| *sp == space_idx) {
+            let (first, last) = self.block_range(b);
+            let s = &mut self.spaces[sp as usize];
+            let start = if preserve && (first..=last).contains(&want) { want } else { first };
+            if let Some(p) = s.find(start, first, last, parity) {
+                s.take(p);
+                s.block_used[b as usize] += 1;
+                return Ok((p, None));
+            }
+        }
+        if blocks.iter().filter(|(sp, _)| *sp == space_idx).count() >= max_blocks {
+            return Err(AllocError::BlockQuota);
+        }
+        let nblocks = self.spaces[space_idx as usize].block_owner.len() as u32;
+        if nblocks == 0 || self.spaces[space_idx as usize].free_blocks == 0 {
+            return Err(AllocError::Exhausted);
+        }
+        let start = rng.range(0, nblocks - 1);
+        let s = &self.spaces[space_idx as usize];
+        let b = (0..nblocks).map(|i| (start + i) % nblocks).find(|&b| s.block_owner[b as usize] == 0).ok_or(AllocError::Exhausted)?;
+        let (first, last) = self.block_range(b);
+        let block_size = u64::from(self.block_size);
+        let s = &mut self.spaces[space_idx as usize];
+        s.block_owner[b as usize] = owner + 1;
+        s.free_blocks -= 1;
+        let start = if preserve && (first..=last).contains(&want) { want } else { first };
+        let p = s.find(start, first, last, parity).or_else(|| s.find(first, first, last, None)).ok_or(AllocError::Exhausted)?;
+        s.take(p);
+        s.block_used[b as usize] += 1;
+        blocks.push((space_idx, b));
+        self.ports_in_use += block_size;
+        Ok((p, Some(BlockChange { addr: self.addrs[addr_idx as usize], proto, first, last })))
+    }
+
+    /// Gives a port back. `immediate` skips the hold-down (TCP closed by FIN or
+    /// RST, RFC 6888 REQ-5). In block mode the port is free again at once
+    /// inside its block, and an emptied block is released instead.
+    pub fn release(&mut self, addr_idx: u32, proto: Proto, port: u16, now_s: u32, immediate: bool, blocks: &mut Vec<(u32, u32)>) -> Option<BlockChange> {
+        let space_idx = addr_idx * Proto::COUNT as u32 + proto as u32;
+        if self.block_size == 0 {
+            if immediate || self.hold_down_s == 0 {
+                self.spaces[space_idx as usize].put_back(port);
+            } else {
+                self.holds.push_back(Hold { until_s: now_s + self.hold_down_s, space: space_idx, item: port, is_block: false });
+            }
+            self.ports_in_use -= 1;
+            return None;
+        }
+        let b = u32::from(port - self.lo) / u32::from(self.block_size);
+        let s = &mut self.spaces[space_idx as usize];
+        s.put_back(port);
+        s.block_used[b as usize] -= 1;
+        if s.block_used[b as usize] != 0 {
+            return None;
+        }
+        s.block_owner[b as usize] = HELD;
+        blocks.retain(|&(sp, bb)| !(sp == space_idx && bb == b));
+        self.holds.push_back(Hold { until_s: now_s + self.hold_down_s, space: space_idx, item: b as u16, is_block: true });
+        self.ports_in_use -= u64::from(self.block_size);
+        let (first, last) = self.block_range(b);
+        Some(BlockChange { addr: self.addrs[addr_idx as usize], proto, first, last })
+    }
+
+    /// Frees ports and blocks whose hold-down has ended.
+    pub fn expire_holds(&mut self, now_s: u32) {
+        while let Some(h) = self.holds.front().copied() {
+            if h.until_s > now_s {
+                break;
+            }
+            self.holds.pop_front();
+            let s = &mut self.spaces[h.space as usize];
+            if h.is_block {
+                s.block_owner[usize::from(h.item)] = 0;
+                s.free_blocks += 1;
+            } else {
+                s.put_back(h.item);
+            }
+        }
+    }
+
+    /// Bytes of allocator state.
+    pub fn memory_bytes(&self) -> usize {
+        self.spaces.len() * (WORDS * 8 + self.spaces.first().map_or(0, |s| s.block_owner.len() * 6)) + self.holds.capacity() * 12
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(lo: u16, hi: u16, block: u16) -> Pool {
+        Pool::new(&[0xcb00_7101], (lo, hi), block, PortSelection::Preserve, true, 120)
+    }
+
+    #[test]
+    fn preserves_then_keeps_parity() {
+        let mut p = pool(1024, 65535, 0);
+        let mut rng = Rng::new(1);
+        assert_eq!(p.alloc_port(0, Proto::Udp, 5001, &mut rng), Ok(5001));
+        let second = p.alloc_port(0, Proto::Udp, 5001, &mut rng).unwrap();
+        assert_ne!(second, 5001);
+        assert_eq!(second & 1, 1);
+        // Low ports are outside the range: mapped into it, parity kept.
+        let low = p.alloc_port(0, Proto::Udp, 53, &mut rng).unwrap();
+        assert!(low >= 1024 && low & 1 == 1);
+    }
+
+    #[test]
+    fn exhausts_a_small_range_and_hold_down_returns_ports() {
+        let mut p = pool(5000, 5003, 0);
+        let mut rng = Rng::new(1);
+        let mut got: Vec<u16> = (0..4).map(|i| p.alloc_port(0, Proto::Tcp, 5000 + i, &mut rng).unwrap()).collect();
+        got.sort_unstable();
+        assert_eq!(got, vec![5000, 5001, 5002, 5003]);
+        assert_eq!(p.alloc_port(0, Proto::Tcp, 5000, &mut rng), Err(AllocError::Exhausted));
+        let mut none = Vec::new();
+        p.release(0, Proto::Tcp, 5000, 10, false, &mut none);
+        p.expire_holds(129);
+        assert_eq!(p.alloc_port(0, Proto::Tcp, 5000, &mut rng), Err(AllocError::Exhausted));
+        p.expire_holds(130);
+        assert_eq!(p.alloc_port(0, Proto::Tcp, 5000, &mut rng), Ok(5000));
+        p.release(0, Proto::Tcp, 5001, 200, true, &mut none);
+        assert_eq!(p.alloc_port(0, Proto::Tcp, 5001, &mut rng), Ok(5001));
+    }
+
+    #[test]
+    fn parity_search_finds_the_only_matching_port() {
+        let mut p = pool(5000, 5003, 0);
+        let mut rng = Rng::new(3);
+        for port in [5000, 5001, 5002] {
+            p.alloc_port(0, Proto::Udp, port, &mut rng).unwrap();
+        }
+        assert_eq!(p.alloc_port(0, Proto::Udp, 7, &mut rng), Ok(5003));
+        assert_eq!(p.alloc_port(0, Proto::Udp, 7, &mut rng), Err(AllocError::Exhausted));
+    }
+
+    #[test]
+    fn blocks_are_consecutive_and_released_when_empty() {
+        let mut p = pool(1024, 65535, 64);
+        let mut rng = Rng::new(1);
+        let mut blocks = Vec::new();
+        let (port, change) = p.alloc_in_blocks(0, Proto::Udp, 40000, 7, &mut blocks, 4, &mut rng).unwrap();
+        let change = change.unwrap();
+        assert_eq!(change.last - change.first, 63);
+        assert_eq!((change.first - 1024) % 64, 0);
+        assert!((change.first..=change.last).contains(&port));
+        for i in 0..63u16 {
+            let (q, c) = p.alloc_in_blocks(0, Proto::Udp, 40000 + i, 7, &mut blocks, 4, &mut rng).unwrap();
+            assert!(c.is_none() && (change.first..=change.last).contains(&q));
+        }
+        let (_, c) = p.alloc_in_blocks(0, Proto::Udp, 1, 7, &mut blocks, 4, &mut rng).unwrap();
+        assert!(c.is_some());
+        assert_eq!(blocks.len(), 2);
+        assert_eq!(p.release(0, Proto::Udp, port, 5, false, &mut blocks), None);
+    }
+
+    #[test]
+    fn find_scans_whole_range_circularly() {
+        let s = PortSpace::new(10, 200, 0);
+        assert_eq!(s.find(150, 10, 200, None), Some(150));
+        assert_eq!(s.find(200, 10, 200, Some(0)), Some(200));
+        assert_eq!(s.find(199, 10, 200, Some(1)), Some(199));
+        let mut t = PortSpace::new(10, 200, 0);
+        for p in 100..=200 {
+            t.take(p);
+        }
+        assert_eq!(t.find(150, 10, 200, None), Some(10));
+    }
+}

@@ -1,0 +1,122 @@
+//! Per-subscriber state: the paired external address, port and session
+//! counts against quotas, the new-mapping rate window and, in block mode, the
+//! blocks the subscriber owns.
+
+use crate::hash;
+use crate::table::FlowIndex;
+use crate::Proto;
+
+pub const NONE: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Default)]
+pub struct Subscriber {
+    pub addr: u32,
+    /// Pool address index every mapping of this subscriber uses (RFC 4787 REQ-2).
+    pub paired: u32,
+    pub ports: [u32; Proto::COUNT],
+    pub mappings: u32,
+    pub sessions: u32,
+    pub rate_window_s: u32,
+    pub rate_count: u32,
+    /// Block mode: (port space, block) pairs owned.
+    pub blocks: Vec<(u32, u32)>,
+    in_use: bool,
+}
+
+impl Subscriber {
+    pub fn ports_total(&self) -> u32 {
+        self.ports.iter().sum()
+    }
+
+    /// Counts one new mapping against a one-second window; false when over `limit`.
+    pub fn admit_new_mapping(&mut self, now_s: u32, limit: u32) -> bool {
+        if limit == 0 {
+            return true;
+        }
+        if self.rate_window_s != now_s {
+            self.rate_window_s = now_s;
+            self.rate_count = 0;
+        }
+        if self.rate_count >= limit {
+            return false;
+        }
+        self.rate_count += 1;
+        true
+    }
+}
+
+pub struct Subscribers {
+    slab: Vec<Subscriber>,
+    free: Vec<u32>,
+    index: FlowIndex,
+    seed: u64,
+    capacity: u32,
+}
+
+impl Subscribers {
+    pub fn new(capacity: u32, seed: u64) -> Self {
+        Subscribers { slab: Vec::new(), free: Vec::new(), index: FlowIndex::with_capacity(capacity as usize), seed, capacity }
+    }
+
+    pub fn find(&self, addr: u32) -> Option<u32> {
+        let slab = &self.slab;
+        self.index.find(hash::address(self.seed, addr), |id| slab[id as usize].addr == addr)
+    }
+
+    /// Returns the subscriber's id, creating it; None when the table is full.
+    pub fn find_or_create(&mut self, addr: u32) -> Option<u32> {
+        if let Some(id) = self.find(addr) {
+            return Some(id);
+        }
+        if self.index.len() >= self.capacity as usize {
+            return None;
+        }
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                self.slab.push(Subscriber::default());
+                (self.slab.len() - 1) as u32
+            }
+        };
+        let blocks = std::mem::take(&mut self.slab[id as usize].blocks);
+        self.slab[id as usize] = Subscriber { addr, paired: NONE, blocks, in_use: true, ..Default::default() };
+        self.index.insert(hash::address(self.seed, addr), id).ok()?;
+        Some(id)
+    }
+
+    pub fn get(&self, id: u32) -> &Subscriber {
+        &self.slab[id as usize]
+    }
+
+    pub fn get_mut(&mut self, id: u32) -> &mut Subscriber {
+        &mut self.slab[id as usize]
+    }
+
+    /// Forgets a subscriber that holds nothing any more.
+    pub fn release_if_idle(&mut self, id: u32) {
+        let s = &self.slab[id as usize];
+        if s.in_use && s.mappings == 0 && s.sessions == 0 && s.blocks.is_empty() {
+            let addr = s.addr;
+            self.index.remove(hash::address(self.seed, addr), id);
+            self.slab[id as usize].in_use = false;
+            self.slab[id as usize].blocks.clear();
+            self.free.push(id);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &Subscriber)> {
+        self.slab.iter().enumerate().filter(|(_, s)| s.in_use).map(|(i, s)| (i as u32, s))
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        self.slab.capacity() * core::mem::size_of::<Subscriber>() + self.index.memory_bytes()
+    }
+}

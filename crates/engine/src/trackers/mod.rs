@@ -1,0 +1,29 @@
+//! One module per protocol, as netfilter does: each owns its timeout class and
+//! its state machine.
+
+pub mod icmp;
+pub mod tcp;
+pub mod udp;
+
+/// Which idle timeout applies to a session; sessions of one class share an
+/// LRU list, so the oldest is always at its head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TimeoutClass {
+    Udp = 0,
+    TcpEstablished = 1,
+    TcpTransitory = 2,
+    Icmp = 3,
+}
+
+impl TimeoutClass {
+    pub const COUNT: usize = 4;
+    pub const ALL: [TimeoutClass; 4] = [Self::Udp, Self::TcpEstablished, Self::TcpTransitory, Self::Icmp];
+}
+
+/// Which way a packet crosses the NAT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Out,
+    In,
+}

@@ -1,0 +1,108 @@
+//! TCP session tracking (RFC 5382, RFC 7857 section 2).
+//!
+//! The state is a set of observed events, not a full TCP state machine: a NAT
+//! sees neither side's windows, only flags. Deviations kept on purpose:
+//! - established means a SYN was seen in both directions (covers simultaneous
+//!   open, RFC 5382 section 2.1);
+//! - a RST does not delete the session but moves it to the transitory timeout
+//!   (RFC 7857 section 2.2), so a spoofed RST cannot tear down a mapping;
+//! - a session closed by FIN both ways or by RST may be reused by a new SYN
+//!   (TIME_WAIT assassination, as hosts allow it).
+//!
+//! ```text
+//!   (none) --SYN out--> SYN_OUT --SYN in--> ESTABLISHED --FIN out+in--> CLOSED
+//!   (none) --SYN in---> SYN_IN  --SYN out-/        |                       |
+//!     any state --RST--> CLOSED (transitory)       '--RST--> CLOSED        |
+//!   CLOSED --SYN--> restarts as SYN_OUT/SYN_IN <-----------------------------'
+//! ```
+
+use super::{Direction, TimeoutClass};
+use natrix_wire::tcp::flags;
+
+pub const SYN_OUT: u8 = 0x01;
+pub const SYN_IN: u8 = 0x02;
+pub const FIN_OUT: u8 = 0x04;
+pub const FIN_IN: u8 = 0x08;
+pub const RST: u8 = 0x10;
+
+/// Applies one segment's flags to the session state.
+pub fn on_segment(state: &mut u8, dir: Direction, tcp_flags: u8) {
+    if tcp_flags & flags::SYN != 0 && tcp_flags & flags::ACK == 0 && is_closed(*state) {
+        *state = 0;
+    }
+    if tcp_flags & flags::RST != 0 {
+        *state |= RST;
+        return;
+    }
+    let (syn, fin) = match dir {
+        Direction::Out => (SYN_OUT, FIN_OUT),
+        Direction::In => (SYN_IN, FIN_IN),
+    };
+    if tcp_flags & flags::SYN != 0 {
+        *state |= syn;
+    }
+    if tcp_flags & flags::FIN != 0 {
+        *state |= fin;
+    }
+}
+
+pub fn is_established(state: u8) -> bool {
+    state & (SYN_OUT | SYN_IN) == SYN_OUT | SYN_IN
+}
+
+/// Closed by an observed FIN exchange or a RST: the port may skip hold-down.
+pub fn is_closed(state: u8) -> bool {
+    state & RST != 0 || state & (FIN_OUT | FIN_IN) == FIN_OUT | FIN_IN
+}
+
+pub fn timeout_class(state: u8) -> TimeoutClass {
+    if is_established(state) && !is_closed(state) {
+        TimeoutClass::TcpEstablished
+    } else {
+        TimeoutClass::TcpTransitory
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_way_handshake_establishes() {
+        let mut s = 0;
+        on_segment(&mut s, Direction::Out, flags::SYN);
+        assert_eq!(timeout_class(s), TimeoutClass::TcpTransitory);
+        on_segment(&mut s, Direction::In, flags::SYN | flags::ACK);
+        on_segment(&mut s, Direction::Out, flags::ACK);
+        assert_eq!(timeout_class(s), TimeoutClass::TcpEstablished);
+    }
+
+    #[test]
+    fn simultaneous_open_establishes() {
+        let mut s = 0;
+        on_segment(&mut s, Direction::Out, flags::SYN);
+        on_segment(&mut s, Direction::In, flags::SYN);
+        assert!(is_established(s));
+    }
+
+    #[test]
+    fn fin_both_ways_closes_one_fin_does_not() {
+        let mut s = SYN_OUT | SYN_IN;
+        on_segment(&mut s, Direction::Out, flags::FIN | flags::ACK);
+        assert!(!is_closed(s));
+        assert_eq!(timeout_class(s), TimeoutClass::TcpEstablished);
+        on_segment(&mut s, Direction::In, flags::FIN | flags::ACK);
+        assert!(is_closed(s));
+        assert_eq!(timeout_class(s), TimeoutClass::TcpTransitory);
+    }
+
+    #[test]
+    fn rst_moves_to_transitory_and_a_new_syn_restarts() {
+        let mut s = SYN_OUT | SYN_IN;
+        on_segment(&mut s, Direction::In, flags::RST);
+        assert!(is_closed(s));
+        assert_eq!(timeout_class(s), TimeoutClass::TcpTransitory);
+        on_segment(&mut s, Direction::Out, flags::SYN);
+        assert_eq!(s, SYN_OUT);
+    }
+}

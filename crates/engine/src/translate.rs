@@ -1,0 +1,95 @@
+//! Header rewrites with incremental checksum updates (RFC 1624). Callers have
+//! validated the headers; offsets are absolute positions in the frame.
+
+use natrix_wire::checksum::Delta;
+use natrix_wire::{get_u16_at, proto, set_u16_at};
+
+const IP_CHECKSUM: usize = 10;
+const IP_SRC: usize = 12;
+const IP_DST: usize = 16;
+
+/// Where the transport checksum and the rewritten port or identifier live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L4 {
+    /// Non-first fragment: no transport header here.
+    None,
+    Tcp { at: usize, len: usize },
+    Udp { at: usize },
+    /// ICMP query: the identifier plays the port; its checksum has no pseudo-header.
+    IcmpQuery { at: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    Src,
+    Dst,
+}
+
+fn addr_at(which: Which) -> usize {
+    match which {
+        Which::Src => IP_SRC,
+        Which::Dst => IP_DST,
+    }
+}
+
+/// Replaces the source or destination address and port (identifier) of the
+/// datagram whose IPv4 header is at `l3`, patching every checksum it affects.
+pub fn rewrite(frame: &mut [u8], l3: usize, l4: L4, which: Which, addr: u32, port: u16) {
+    let a = l3 + addr_at(which);
+    let old_addr = u32::from_be_bytes([frame[a], frame[a + 1], frame[a + 2], frame[a + 3]]);
+    let addr_delta = Delta::from_u32(old_addr, addr);
+    frame[a..a + 4].copy_from_slice(&addr.to_be_bytes());
+    let c = get_u16_at(frame, l3 + IP_CHECKSUM);
+    set_u16_at(frame, l3 + IP_CHECKSUM, addr_delta.apply(c));
+    let port_off = match which {
+        Which::Src => 0,
+        Which::Dst => 2,
+    };
+    match l4 {
+        L4::None => {}
+        L4::Tcp { at, len } => {
+            let old_port = get_u16_at(frame, at + port_off);
+            set_u16_at(frame, at + port_off, port);
+            // A TCP header quoted in an ICMP error may stop before its checksum.
+            if len >= natrix_wire::tcp::CHECKSUM_OFFSET + 2 {
+                let d = addr_delta.add(Delta::from_u16(old_port, port));
+                let ck = at + natrix_wire::tcp::CHECKSUM_OFFSET;
+                let c = get_u16_at(frame, ck);
+                set_u16_at(frame, ck, d.apply(c));
+            }
+        }
+        L4::Udp { at } => {
+            let old_port = get_u16_at(frame, at + port_off);
+            set_u16_at(frame, at + port_off, port);
+            let d = addr_delta.add(Delta::from_u16(old_port, port));
+            let ck = at + natrix_wire::udp::CHECKSUM_OFFSET;
+            let c = get_u16_at(frame, ck);
+            set_u16_at(frame, ck, d.apply_udp(c));
+        }
+        L4::IcmpQuery { at } => {
+            let id = at + natrix_wire::icmp::IDENT_OFFSET;
+            let old = get_u16_at(frame, id);
+            set_u16_at(frame, id, port);
+            let ck = at + natrix_wire::icmp::CHECKSUM_OFFSET;
+            let c = get_u16_at(frame, ck);
+            set_u16_at(frame, ck, Delta::from_u16(old, port).apply(c));
+        }
+    }
+}
+
+/// Decrements the TTL of the header at `l3` (callers checked it is above 1).
+pub fn decrement_ttl(frame: &mut [u8], l3: usize) {
+    if let Ok(mut ip) = natrix_wire::ipv4::Packet::new_lax(&mut frame[l3..]) {
+        ip.decrement_ttl();
+    }
+}
+
+/// The transport layout for a datagram of protocol `p` at `at` with `len` bytes present.
+pub fn l4_for(p: u8, at: usize, len: usize, icmp_query: bool) -> L4 {
+    match p {
+        proto::TCP => L4::Tcp { at, len },
+        proto::UDP => L4::Udp { at },
+        proto::ICMP if icmp_query => L4::IcmpQuery { at },
+        _ => L4::None,
+    }
+}

@@ -1,0 +1,54 @@
+//! Zero-copy views over the packet formats natrix translates.
+//!
+//! Each protocol has a view `Packet<T: AsRef<[u8]>>` built with `new_checked`,
+//! which validates lengths once so that no getter can panic afterwards, and a
+//! private `field` module of byte ranges. Setters never change lengths.
+
+pub mod checksum;
+pub mod error;
+pub mod ethernet;
+pub mod icmp;
+pub mod ipv4;
+pub mod tcp;
+pub mod udp;
+
+pub use error::{Field, WireError};
+
+/// IP protocol numbers natrix cares about.
+pub mod proto {
+    pub const ICMP: u8 = 1;
+    pub const TCP: u8 = 6;
+    pub const UDP: u8 = 17;
+}
+
+#[inline]
+pub(crate) fn get_u16(b: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([b[at], b[at + 1]])
+}
+
+#[inline]
+pub(crate) fn set_u16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+}
+
+#[inline]
+pub(crate) fn get_u32(b: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+#[inline]
+pub(crate) fn set_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+/// Reads a big-endian u16 at `at` (callers have validated the length).
+#[inline]
+pub fn get_u16_at(b: &[u8], at: usize) -> u16 {
+    get_u16(b, at)
+}
+
+/// Writes a big-endian u16 at `at` (callers have validated the length).
+#[inline]
+pub fn set_u16_at(b: &mut [u8], at: usize, v: u16) {
+    set_u16(b, at, v)
+}

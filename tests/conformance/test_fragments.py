@@ -1,0 +1,152 @@
+"""IP fragments (RFC 4787 REQ-14, RFC 5382 / RFC 7857 sec 3 contract: no reassembly)."""
+
+import socket
+import struct
+
+from scapy.all import defragment, fragment
+from scapy.utils import checksum
+
+import natrix_harness as h
+from natrix_harness import (
+    IP, TCP, Raw, POOL1, SRV1, SRV2, SUB_A, SUB_B, T0, UDP, eth_in, eth_out, has_payload, none_of, one, pick, udp_out,
+)
+
+PAYLOAD = bytes((i * 7) & 0xFF for i in range(2400))  # UDP length 2408 -> 808 + 808 + 792
+
+
+def _frags(src, dst, sport, dport, eth, ipid):
+    d = IP(src=src, dst=dst, ttl=64, id=ipid) / UDP(sport=sport, dport=dport) / PAYLOAD
+    fr = fragment(d, fragsize=808)
+    assert len(fr) == 3
+    return [eth / f for f in fr]
+
+
+def _out_frags(outs, side, ipid, src):
+    """Output frames on ``side`` that are fragments of datagram ``ipid`` from ``src``
+    (the IP id may legitimately be rewritten, so match on source + fragment flag)."""
+    return [o for o in outs if o.side == side and IP in o.pkt and o.pkt[IP].src == src
+            and (o.pkt[IP].flags.MF or o.pkt[IP].frag)]
+
+
+def _reassemble_and_check(frs, sport, dport, src, dst):
+    """Reassemble output fragments (own code and scapy's defragment) and verify the
+    datagram: addresses, ports, payload and UDP checksum over the whole datagram."""
+    ipbs = [h.ip_bytes(o.pkt) for o in frs]
+    assert len({b[4:6] for b in ipbs}) == 1, "fragments of one datagram got different IP ids"
+    pieces = sorted(((struct.unpack("!H", b[6:8])[0] & 0x1FFF) * 8, b[(b[0] & 0xF) * 4:]) for b in ipbs)
+    seg = b""
+    for off, data in pieces:
+        assert off == len(seg), f"gap/overlap in output fragments at {off}"
+        seg += data
+    src_b, dst_b = socket.inet_aton(src), socket.inet_aton(dst)
+    assert len(seg) == 8 + len(PAYLOAD)
+    assert struct.unpack("!HH", seg[:4]) == (sport, dport)
+    assert seg[8:] == PAYLOAD
+    assert h.l4_checksum_ok(src_b, dst_b, 17, seg), "UDP checksum of the reassembled datagram is wrong"
+    # scapy's reassembly agrees
+    whole = [p for p in defragment([IP(b) for b in ipbs]) if IP in p and not p[IP].flags.MF and p[IP].frag == 0]
+    assert len(whole) == 1, "scapy could not reassemble the output fragments"
+    w = whole[0]
+    assert (w[IP].src, w[IP].dst, w[UDP].sport, w[UDP].dport) == (src, dst, sport, dport)
+    wb = bytes(w[IP])
+    assert h.l4_checksum_ok(src_b, dst_b, 17, wb[(wb[0] & 0xF) * 4:])
+
+
+def _occupied_scenario(replay):
+    s = h.Scenario(replay, h.make_config())
+    s.add(T0 - 1, "inside", udp_out(SUB_B, 40000, SRV2, 9, b"occupy"))  # A's port 40000 gets remapped
+    return s
+
+
+def test_fragments_in_order(replay):
+    """RFC 4787 REQ-14: a NAT MUST support receiving in-order fragments. All
+    three fragments are translated (address in all, ports in the first); the
+    reassembled output datagram is intact with a valid UDP checksum. The same
+    holds for a fragmented reply in the other direction."""
+    s = _occupied_scenario(replay)
+    for i, f in enumerate(_frags(SUB_A, SRV1, 40000, 9000, eth_in(SUB_A), 0x4242)):
+        s.add(T0 + i * 0.01, "inside", f)
+    outs, _ = s.run()
+    frs = _out_frags(outs, "outside", 0x4242, POOL1)
+    assert len(frs) == 3, h.dump(outs)
+    assert [o.pkt[IP].frag for o in frs] == [0, 101, 202], "in-order fragments re-ordered"
+    for o in frs:
+        assert (o.pkt[IP].src, o.pkt[IP].dst, o.pkt[IP].ttl) == (POOL1, SRV1, 63)
+    ext_port = struct.unpack("!H", h.ip_bytes(frs[0].pkt)[20:22])[0]
+    assert ext_port != 40000
+    _reassemble_and_check(frs, ext_port, 9000, POOL1, SRV1)
+
+    for i, f in enumerate(_frags(SRV1, POOL1, 9000, ext_port, eth_out(), 0x5151)):
+        s.add(T0 + 1 + i * 0.01, "outside", f)
+    outs, _ = s.run()
+    frs_in = [o for o in outs if o.side == "inside" and IP in o.pkt and o.pkt[IP].src == SRV1
+              and (o.pkt[IP].flags.MF or o.pkt[IP].frag)]
+    assert len(frs_in) == 3, h.dump(outs)
+    for o in frs_in:
+        assert o.pkt[IP].dst == SUB_A
+    _reassemble_and_check(frs_in, 9000, 40000, SRV1, SUB_A)
+
+
+def test_fragments_out_of_order(replay):
+    """RFC 4787 REQ-14: a NAT MUST support receiving out-of-order fragments
+    (contract: non-first fragments arriving before the first are held, then sent
+    after it). Last, first, middle: all three leave translated, the held last
+    fragment no earlier than the first; the reassembled datagram is valid."""
+    s = _occupied_scenario(replay)
+    f0, f1, f2 = _frags(SUB_A, SRV1, 40000, 9000, eth_in(SUB_A), 0x4343)
+    s.add(T0, "inside", f2)
+    s.add(T0 + 0.1, "inside", f0)
+    s.add(T0 + 0.2, "inside", f1)
+    outs, rep = s.run()
+    frs = _out_frags(outs, "outside", 0x4343, POOL1)
+    assert len(frs) == 3, h.dump(outs)
+    offs = [o.pkt[IP].frag for o in frs]
+    assert sorted(offs) == [0, 101, 202]
+    assert offs.index(0) < offs.index(202), "held fragment sent before the first fragment"
+    for o in frs:
+        assert (o.pkt[IP].src, o.pkt[IP].dst, o.pkt[IP].ttl) == (POOL1, SRV1, 63)
+        assert o.ts >= T0 + 0.1 - 1e-6 or o.pkt[IP].frag != 202
+    ext_port = struct.unpack("!H", h.ip_bytes(pick(frs, None, lambda p: p[IP].frag == 0)[0].pkt)[20:22])[0]
+    _reassemble_and_check(frs, ext_port, 9000, POOL1, SRV1)
+    assert "fragment_timeout" not in rep["drops"]
+
+
+def test_lone_non_first_fragment_times_out(replay):
+    """Contract [timeouts] fragment (5 s): a non-first fragment whose first
+    fragment never arrives is held, then dropped (fragment_timeout) - it is never
+    forwarded (no mapping can be known for it)."""
+    s = h.Scenario(replay, h.make_config())
+    _f0, f1, _f2 = _frags(SUB_A, SRV1, 40000, 9000, eth_in(SUB_A), 0x4444)
+    s.add(T0, "inside", f1)
+    s.add(T0 + 10, "inside", udp_out(SUB_B, 40100, SRV2, 53, b"time-passes"))
+    outs, rep = s.run()
+    none_of(outs, None, lambda p: IP in p and p[IP].id == 0x4444, "fragment")
+    one(outs, "outside", has_payload(b"time-passes"))
+    assert rep["drops"].get("fragment_timeout", 0) == 1, rep["drops"]
+
+
+def test_tiny_first_fragment_dropped(replay):
+    """RFC 1858 / RFC 3128 (tiny fragment attack) and contract reason
+    fragment_too_small: a first fragment carrying only 8 bytes of the TCP header
+    (no flags) cannot be translated safely and is dropped; nothing of the
+    datagram is forwarded."""
+    s = h.Scenario(replay, h.make_config())
+    d = IP(src=SUB_A, dst=SRV1, ttl=64, id=0x4545) / TCP(sport=40000, dport=80, flags="S", seq=1) / (b"z" * 40)
+    raw = bytes(d)
+    first = bytearray(raw[:28])
+    struct.pack_into("!H", first, 2, 28)
+    struct.pack_into("!H", first, 6, 0x2000)  # MF, offset 0
+    struct.pack_into("!H", first, 10, 0)
+    struct.pack_into("!H", first, 10, checksum(bytes(first[:20])))
+    rest = bytearray(raw[:20]) + raw[28:]
+    struct.pack_into("!H", rest, 2, len(rest))
+    struct.pack_into("!H", rest, 6, 1)  # offset 8 bytes, last fragment
+    struct.pack_into("!H", rest, 10, 0)
+    struct.pack_into("!H", rest, 10, checksum(bytes(rest[:20])))
+    s.add(T0, "inside", h.raw_in(SUB_A, first))
+    s.add(T0 + 0.1, "inside", h.raw_in(SUB_A, rest))
+    s.add(T0 + 10, "inside", udp_out(SUB_B, 40100, SRV2, 53, b"time-passes"))
+    outs, rep = s.run()
+    none_of(outs, None, lambda p: IP in p and p[IP].src in (SUB_A, POOL1) and p[IP].dst == SRV1, "tiny fragment")
+    one(outs, "outside", has_payload(b"time-passes"))
+    assert rep["drops"].get("fragment_too_small", 0) >= 1, rep["drops"]

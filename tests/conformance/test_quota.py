@@ -1,0 +1,89 @@
+"""Per-subscriber limits (RFC 6888 REQ-3, REQ-4; RFC 5508 / RFC 7857 sec 5 ICMP on exhaustion)."""
+
+import pytest
+
+import natrix_harness as h
+from natrix_harness import (
+    ICMP, IP, INSIDE_ADDR, POOL1, SRV1, SUB_A, SUB_B, T0, UDP, Ether, has_payload, icmp_info, none_of, one, pick,
+    udp_in, udp_out,
+)
+
+
+@pytest.mark.parametrize("mode,code", [(None, 1), ("host-unreachable", 1), ("admin-prohibited", 13), ("none", None)])
+def test_per_subscriber_port_limit(replay, mode, code):
+    """RFC 6888 REQ-3: a CGN MUST support limiting the number of external ports
+    per subscriber; REQ-8 (RFC 6888 sec 3) when it cannot create a mapping it MUST
+    drop the packet, SHOULD send ICMP Destination Unreachable code 1 (Host
+    Unreachable) to the sender (contract: from the inside address; code 13 with
+    "admin-prohibited", nothing with "none"), and MUST NOT delete existing
+    mappings to make room. Other subscribers are unaffected."""
+    nat = {"max_ports_per_subscriber": 2}
+    if mode is not None:
+        nat["exhaustion_icmp"] = mode
+    s = h.Scenario(replay, h.make_config(nat=nat))
+    s.add(T0, "inside", udp_out(SUB_A, 40000, SRV1, 53, b"a1"))
+    s.add(T0 + 0.1, "inside", udp_out(SUB_A, 40002, SRV1, 53, b"a2"))
+    third = s.add(T0 + 0.2, "inside", udp_out(SUB_A, 40004, SRV1, 53, b"a3-over-quota"))
+    s.add(T0 + 0.3, "inside", udp_out(SUB_B, 40004, SRV1, 53, b"b1"))
+    s.add(T0 + 0.4, "outside", udp_in(SRV1, 53, POOL1, 40000, b"to-a1"))
+    s.add(T0 + 0.5, "outside", udp_in(SRV1, 53, POOL1, 40002, b"to-a2"))
+    outs, rep = s.run()
+    one(outs, "outside", has_payload(b"a1"))
+    one(outs, "outside", has_payload(b"a2"))
+    none_of(outs, "outside", has_payload(b"a3-over-quota"), "datagram beyond the port quota")
+    b = one(outs, "outside", has_payload(b"b1"), "other subscriber's datagram").pkt
+    assert b[IP].src == POOL1
+    # existing mappings were not deleted to make room
+    assert one(outs, "inside", has_payload(b"to-a1")).pkt[UDP].dport == 40000
+    assert one(outs, "inside", has_payload(b"to-a2")).pkt[UDP].dport == 40002
+    assert rep["drops"].get("port_quota", 0) == 1, rep["drops"]
+
+    errs = pick(outs, None, h.is_icmp_error)
+    if code is None:
+        assert not errs, f"exhaustion_icmp = none must not generate ICMP\n{h.dump(outs)}"
+        return
+    assert len(errs) == 1, h.dump(outs)
+    e = errs[0]
+    assert e.side == "inside", "the ICMP error must go back to the subscriber"
+    t, c, emb = icmp_info(e.pkt)
+    assert (t, c) == (3, code)
+    assert e.pkt[IP].src == INSIDE_ADDR, f"ICMP error source {e.pkt[IP].src}, contract says the inside address"
+    assert e.pkt[IP].dst == SUB_A
+    assert abs(e.ts - (T0 + 0.2)) < 1e-3
+    # generated frames carry the triggering frame's Ethernet addresses swapped
+    assert e.pkt[Ether].src == third[Ether].dst and e.pkt[Ether].dst == third[Ether].src
+    assert emb is not None and emb.header_checksum_ok
+    assert (emb.src, emb.dst, emb.sport, emb.dport) == (SUB_A, SRV1, 40004, 53)
+    assert rep["packets"]["generated"] == 1
+
+
+def test_per_protocol_port_limit(replay):
+    """RFC 6888 REQ-3: per-subscriber limits MAY be configurable per transport
+    protocol (contract max_ports_per_protocol): with udp = 1, a second UDP port
+    is refused while TCP still works."""
+    s = h.Scenario(replay, h.make_config(nat={"max_ports_per_protocol": {"tcp": 10, "udp": 1, "icmp": 10}}))
+    s.add(T0, "inside", udp_out(SUB_A, 40000, SRV1, 53, b"u1"))
+    s.add(T0 + 0.1, "inside", udp_out(SUB_A, 40002, SRV1, 53, b"u2"))
+    s.add(T0 + 0.2, "inside", h.tcp_out(SUB_A, 40002, SRV1, 80, "S", seq=42))
+    outs, rep = s.run()
+    one(outs, "outside", has_payload(b"u1"))
+    none_of(outs, "outside", has_payload(b"u2"), "second UDP port beyond the UDP quota")
+    one(outs, "outside", h.tcp_seq(42, "S"), "TCP SYN within the TCP quota")
+    assert rep["drops"].get("port_quota", 0) == 1, rep["drops"]
+
+
+def test_session_limit_per_subscriber(replay):
+    """RFC 6888 REQ-4: a CGN SHOULD support limiting state per subscriber
+    (contract max_sessions_per_subscriber): with a limit of 2 sessions, a third
+    destination through the same mapping is dropped (session_quota)."""
+    s = h.Scenario(replay, h.make_config(nat={"max_sessions_per_subscriber": 2, "exhaustion_icmp": "none"}))
+    s.add(T0, "inside", udp_out(SUB_A, 40000, SRV1, 53, b"s1"))
+    s.add(T0 + 0.1, "inside", udp_out(SUB_A, 40000, h.SRV2, 53, b"s2"))
+    s.add(T0 + 0.2, "inside", udp_out(SUB_A, 40000, h.SRV3, 53, b"s3"))
+    s.add(T0 + 0.3, "inside", udp_out(SUB_A, 40000, SRV1, 53, b"s1-again"))
+    outs, rep = s.run()
+    one(outs, "outside", has_payload(b"s1"))
+    one(outs, "outside", has_payload(b"s2"))
+    none_of(outs, "outside", has_payload(b"s3"), "third session beyond the session quota")
+    one(outs, "outside", has_payload(b"s1-again"), "packet of an existing session")
+    assert rep["drops"].get("session_quota", 0) == 1, rep["drops"]
