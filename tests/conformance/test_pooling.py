@@ -59,30 +59,79 @@ def test_non_contiguous_pool(replay):
         assert (p[IP].dst, p[UDP].dport) == (sub, 40000 + i)
 
 
+def greedy_blocks(ports, n):
+    """Minimum number of runs of ``n`` consecutive port numbers covering ``ports``
+    (greedy interval cover is optimal on a line)."""
+    blocks = 0
+    end = -1
+    for p in sorted(ports):
+        if p > end:
+            blocks += 1
+            end = p + n - 1
+    return blocks
+
+
+def test_greedy_blocks_helper():
+    assert greedy_blocks([1, 2, 16], 16) == 1
+    assert greedy_blocks([1, 2, 17], 16) == 2
+    assert greedy_blocks([5, 100, 101, 300], 8) == 3
+
+
 def test_port_block_allocation(replay):
-    """RFC 6888 sec 5 / RFC 7422 (port set / bulk allocation; contract
-    port_block_size): with port_block_size = 64 every external port of a
-    subscriber lies in one block of 64 consecutive ports aligned from the start
-    of the port range; different subscribers get different blocks."""
-    cfg = h.make_config(pool=[POOL1 + "/32"], nat={"port_block_size": 64})
+    """RFC 6888 sec 5 / RFC 7422 (port sets / bulk port allocation; contract
+    port_block_size): with port_block_size = 16 a subscriber receives blocks of
+    16 consecutive ports and takes its external ports from them: A's first 12
+    UDP mappings fit one block, its next 12 need a second one (never more); B's
+    ports come from a block of its own, disjoint from A's ports; all ports are
+    distinct, in range and on the single pool address."""
+    n = 16
+    cfg = h.make_config(pool=[POOL1 + "/32"], nat={"port_block_size": n, "port_parity": False})
     s = h.Scenario(replay, cfg)
     a, b = "100.64.0.40", "100.64.0.41"
-    a_sports = [40000, 40001, 12345, 5000, 60000, 1500, 33333, 44444]
-    for i, sp in enumerate(a_sports):
+    a_sports = [40000 + 7 * i for i in range(24)]
+    for i, sp in enumerate(a_sports[:12]):
         s.add(T0 + i * 0.01, "inside", udp_out(a, sp, SRV1, 53, b"a%d" % i))
-    s.add(T0 + 0.5, "inside", tcp_out(a, 40000, SRV1, 80, "S", seq=777))
-    for i, sp in enumerate([40000, 40001, 2000, 2001]):
+    for i, sp in enumerate([40000, 40001, 2000, 2001, 1500]):
         s.add(T0 + 1 + i * 0.01, "inside", udp_out(b, sp, SRV1, 53, b"b%d" % i))
-    outs, _ = s.run()
+    for i, sp in enumerate(a_sports[12:], start=12):
+        s.add(T0 + 2 + i * 0.01, "inside", udp_out(a, sp, SRV1, 53, b"a%d" % i))
+    outs, rep = s.run()
 
-    def block(p):
-        return (p - 1024) // 64
+    def ext(tag):
+        p = one(outs, "outside", has_payload(tag)).pkt
+        assert p[IP].src == POOL1
+        return p[UDP].sport
 
-    a_ports = [one(outs, "outside", has_payload(b"a%d" % i)).pkt[UDP].sport for i in range(len(a_sports))]
-    a_ports.append(one(outs, "outside", h.tcp_seq(777, "S")).pkt[TCP].sport)
-    b_ports = [one(outs, "outside", has_payload(b"b%d" % i)).pkt[UDP].sport for i in range(4)]
-    assert all(1024 <= p <= 65535 for p in a_ports + b_ports)
-    assert len({block(p) for p in a_ports}) == 1, f"subscriber A ports span several blocks: {a_ports}"
-    assert len({block(p) for p in b_ports}) == 1, f"subscriber B ports span several blocks: {b_ports}"
-    assert block(a_ports[0]) != block(b_ports[0]), "two subscribers share one port block"
-    assert len(set(a_ports[:-1])) == len(a_sports), "duplicate UDP external ports"
+    a_first = [ext(b"a%d" % i) for i in range(12)]
+    a_all = a_first + [ext(b"a%d" % i) for i in range(12, 24)]
+    b_ports = [ext(b"b%d" % i) for i in range(5)]
+    assert all(1024 <= p <= 65535 for p in a_all + b_ports)
+    assert len(set(a_all)) == 24 and len(set(b_ports)) == 5, "an external port was handed out twice"
+    assert not set(a_all) & set(b_ports), "two subscribers share an external port"
+    assert max(a_first) - min(a_first) < n, f"A's first 12 ports are not in one block of {n}: {sorted(a_first)}"
+    assert max(b_ports) - min(b_ports) < n, f"B's 5 ports are not in one block of {n}: {sorted(b_ports)}"
+    assert greedy_blocks(a_all, n) == 2, f"A's 24 ports do not fit in two blocks of {n}: {sorted(a_all)}"
+    lo, hi = min(b_ports), max(b_ports)
+    assert not [p for p in a_all if lo <= p <= hi], "A's ports lie inside B's block"
+    assert rep["drops"] == {}, rep["drops"]
+
+
+def test_port_block_quota(replay):
+    """RFC 6888 REQ-3 with bulk allocation: the per-subscriber port limit is
+    enforced in whole blocks: with port_block_size = 8 and
+    max_ports_per_subscriber = 16 a subscriber gets at most two blocks: 16 UDP
+    mappings are translated (within two runs of 8 consecutive ports), the 17th
+    is dropped as port_quota; another subscriber is unaffected."""
+    cfg = h.make_config(pool=[POOL1 + "/32"], nat={"port_block_size": 8, "max_ports_per_subscriber": 16,
+                                                   "port_parity": False, "exhaustion_icmp": "none"})
+    a, b = "100.64.0.42", "100.64.0.43"
+    frames = [(T0 + i * 0.01, "inside", udp_out(a, 30000 + i, SRV1, 53, b"q%d" % i)) for i in range(17)]
+    frames.append((T0 + 1, "inside", udp_out(b, 30000, SRV1, 53, b"other")))
+    outs, rep = replay(cfg, frames)
+    ports = [one(outs, "outside", has_payload(b"q%d" % i)).pkt[UDP].sport for i in range(16)]
+    assert len(set(ports)) == 16
+    assert greedy_blocks(ports, 8) == 2, f"16 ports not in two blocks of 8: {sorted(ports)}"
+    h.none_of(outs, "outside", has_payload(b"q16"), "mapping beyond the block quota")
+    o = one(outs, "outside", has_payload(b"other")).pkt
+    assert o[UDP].sport not in ports
+    assert rep["drops"] == {"port_quota": 1}, rep["drops"]

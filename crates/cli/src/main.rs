@@ -1,1 +1,77 @@
-fn main() {}
+//! The `natrix` command.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod check_config;
+mod replay;
+
+#[derive(Parser)]
+#[command(name = "natrix", version, about = "natrix: a software carrier-grade NAT (NAPT44)")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a configuration file: exit 0 if valid, else name the key and the problem.
+    CheckConfig {
+        /// The TOML configuration file.
+        file: PathBuf,
+    },
+    /// Run the engine over a capture (pcap or pcapng) and write the translated frames as pcapng.
+    Replay(replay::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::CheckConfig { file } => check_config::run(&file),
+        Command::Replay(args) => replay::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("natrix: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// A failure of a subcommand, with the exit status it maps to.
+#[derive(Debug)]
+pub enum Failure {
+    /// The configuration was refused (exit 2).
+    Config(String),
+    /// Anything else: unreadable input, unwritable output (exit 1).
+    Other(String),
+}
+
+impl Failure {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Config(_) => 2,
+            Failure::Other(_) => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Config(m) | Failure::Other(m) => f.write_str(m),
+        }
+    }
+}
+
+/// Loads a config, printing its warnings; refusals name the file and the key.
+pub fn load_config(path: &std::path::Path) -> Result<natrix_control::Config, Failure> {
+    let cfg = natrix_control::Config::load(path).map_err(|e| Failure::Config(format!("{}: {e}", path.display())))?;
+    for w in &cfg.warnings {
+        eprintln!("natrix: warning: {}: {w}", path.display());
+    }
+    Ok(cfg)
+}

@@ -1,0 +1,10 @@
+//! natrix's control plane: the operator's TOML configuration (parsed and
+//! validated into the engine's typed config), the replay report, and the
+//! NAT event log. Nothing here is on the per-packet path.
+
+pub mod config;
+pub mod duration;
+pub mod eventlog;
+pub mod report;
+
+pub use config::{Config, ConfigError, IoBackend, LiveConfig};

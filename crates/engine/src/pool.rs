@@ -386,7 +386,7 @@ mod tests {
         assert_eq!((change.first - 1024) % 64, 0);
         assert!((change.first..=change.last).contains(&port));
         for i in 0..63u16 {
-            let (q, c) = p.alloc_in_blocks(0, Proto::Udp, 40000 + i, 7, &mut blocks, 4, &mut rng).unwrap();
+            let (q, c) = p.alloc_in_blocks(0, Proto::Udp, 40001 + i, 7, &mut blocks, 4, &mut rng).unwrap();
             assert!(c.is_none() && (change.first..=change.last).contains(&q));
         }
         let (_, c) = p.alloc_in_blocks(0, Proto::Udp, 1, 7, &mut blocks, 4, &mut rng).unwrap();

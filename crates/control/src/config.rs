@@ -1,0 +1,551 @@
+//! The operator's configuration file. Every key is optional except
+//! `[nat] pool`; an unknown key, a wrong type or a value out of range is
+//! refused with an error naming the key. Values the RFCs advise against
+//! (timeouts below their minima) are accepted with a warning.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use natrix_engine::config::{Exemption, Filtering, PortSelection, StaticMapping, UnsolicitedSyn};
+use natrix_engine::{EngineConfig, Proto};
+use toml::{Table, Value};
+
+use crate::duration;
+
+/// More pool addresses than this is a typo (a /8 where a /28 was meant).
+const MAX_POOL_ADDRESSES: u64 = 1 << 16;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted path of the offending key, e.g. `nat.pool[1]`; empty for a syntax error.
+    pub key: String,
+    pub problem: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}", self.problem)
+        } else {
+            write!(f, "{}: {}", self.key, self.problem)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err<T>(key: impl Into<String>, problem: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError { key: key.into(), problem: problem.into() })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoBackend {
+    Auto,
+    AfXdp,
+    AfPacket,
+}
+
+/// Keys only the live dataplane uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveConfig {
+    pub inside_interface: Option<String>,
+    pub outside_interface: Option<String>,
+    pub gateway: Option<Ipv4Addr>,
+    pub workers: u32,
+    pub io: IoBackend,
+    pub management_listen: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoggingConfig {
+    /// JSON-lines event log.
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub engine: EngineConfig,
+    pub live: LiveConfig,
+    pub logging: LoggingConfig,
+    /// Accepted but questionable settings, for the operator to read.
+    pub warnings: Vec<String>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError { key: String::new(), problem: format!("cannot read {}: {e}", path.display()) })?;
+        Config::parse(&text)
+    }
+
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let root: Table = text.parse().map_err(|e: toml::de::Error| ConfigError { key: String::new(), problem: format!("not valid TOML: {e}") })?;
+        let mut root = Section::new("", &root);
+        let mut warnings = Vec::new();
+        let mut engine = EngineConfig::default();
+        let mut live = LiveConfig { inside_interface: None, outside_interface: None, gateway: None, workers: 1, io: IoBackend::Auto, management_listen: None };
+
+        if let Some(mut s) = root.section("inside")? {
+            live.inside_interface = s.string("interface")?.map(str::to_owned);
+            if let Some((addr, len)) = s.parsed("address", parse_interface_address)? {
+                engine.inside_addr = addr;
+                engine.inside_prefix_len = len;
+            }
+            s.finish()?;
+        }
+        if let Some(mut s) = root.section("outside")? {
+            live.outside_interface = s.string("interface")?.map(str::to_owned);
+            engine.outside_addr = s.parsed("address", parse_interface_address)?.map(|(a, _)| a);
+            live.gateway = s.parsed("gateway", |t| t.parse::<Ipv4Addr>().map_err(|_| format!("\"{t}\" is not an IPv4 address")))?;
+            s.finish()?;
+        }
+        let Some(mut nat) = root.section("nat")? else {
+            return err("nat.pool", "missing: the [nat] section with a pool of external addresses is required");
+        };
+        parse_nat(&mut nat, &mut engine, &mut warnings)?;
+        nat.finish()?;
+        if let Some(mut s) = root.section("timeouts")? {
+            parse_timeouts(&mut s, &mut engine, &mut warnings)?;
+            s.finish()?;
+        }
+        if let Some(mut s) = root.section("fragments")? {
+            engine.max_held_fragments = s.integer("max_held", 0, 1 << 20)?.unwrap_or(engine.max_held_fragments);
+            engine.max_held_fragment_bytes = s.integer("max_held_bytes", 0, 1 << 30)?.unwrap_or(engine.max_held_fragment_bytes);
+            s.finish()?;
+        }
+        let logging = parse_logging(&mut root, &mut engine, &mut warnings)?;
+        if let Some(mut s) = root.section("pcp")? {
+            if s.boolean("enabled")? == Some(true) {
+                warnings.push("pcp.enabled: the PCP server is not implemented in this version; no PCP requests will be answered".into());
+            }
+            s.parsed("max_lifetime", duration::parse_ms)?;
+            s.finish()?;
+        }
+        if let Some(mut s) = root.section("management")? {
+            live.management_listen = s.parsed("listen", |t| t.parse::<std::net::SocketAddr>().map(|_| t.to_owned()).map_err(|_| format!("\"{t}\" is not ADDRESS:PORT")))?;
+            s.finish()?;
+        }
+        live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
+        live.io = root
+            .choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?
+            .unwrap_or(IoBackend::Auto);
+        root.finish()?;
+        check_consistency(&engine)?;
+        Ok(Config { engine, live, logging, warnings })
+    }
+}
+
+fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
+    let mode = s.choice("mode", &[("dynamic", false), ("deterministic", true)])?;
+    if mode == Some(true) {
+        return err("nat.mode", "deterministic mode (RFC 7422) is not implemented in this version; use \"dynamic\"");
+    }
+    for key in ["subscribers", "ports_per_subscriber"] {
+        if s.has(key) {
+            return err(s.path(key), "only meaningful with mode = \"deterministic\"");
+        }
+    }
+    e.pool = parse_pool(s)?;
+    if let Some((lo, hi)) = s.parsed("ports", parse_port_range)? {
+        if lo == 0 {
+            return err("nat.ports", "port 0 cannot be an external port");
+        }
+        if lo < 1024 {
+            warnings.push(format!("nat.ports: range starts at {lo}; RFC 6056 advises external ports from 1024 up"));
+        }
+        e.ports = (lo, hi);
+    }
+    let range = u32::from(e.ports.1 - e.ports.0) + 1;
+    e.filtering = s
+        .choice(
+            "filtering",
+            &[
+                ("endpoint-independent", Filtering::EndpointIndependent),
+                ("address-dependent", Filtering::AddressDependent),
+                ("address-and-port-dependent", Filtering::AddressAndPortDependent),
+            ],
+        )?
+        .unwrap_or(e.filtering);
+    e.max_ports_per_subscriber = s.integer("max_ports_per_subscriber", 1, 3 * range)?.unwrap_or(e.max_ports_per_subscriber);
+    if let Some(mut per) = s.section("max_ports_per_protocol")? {
+        for p in Proto::ALL {
+            if let Some(n) = per.integer(p.name(), 1, range)? {
+                e.max_ports_per_protocol[p as usize] = n;
+            }
+        }
+        per.finish()?;
+    }
+    e.max_new_mappings_per_second = s.integer("max_new_mappings_per_second", 0, u32::MAX)?.unwrap_or(e.max_new_mappings_per_second);
+    e.max_sessions_per_subscriber = s.integer("max_sessions_per_subscriber", 1, u32::MAX)?.unwrap_or(e.max_sessions_per_subscriber);
+    e.max_sessions = s.integer("max_sessions", 1, 1 << 28)?.unwrap_or(e.max_sessions);
+    e.max_subscribers = s.integer("max_subscribers", 1, 1 << 24)?.unwrap_or(e.max_subscribers);
+    e.port_block_size = s.integer("port_block_size", 0, range)?.map(|v| v as u16).unwrap_or(e.port_block_size);
+    if let Some(ms) = s.parsed("hold_down", duration::parse_ms)? {
+        e.hold_down_s = seconds("nat.hold_down", ms)?;
+    }
+    e.port_selection = s.choice("port_selection", &[("preserve", PortSelection::Preserve), ("random", PortSelection::Random)])?.unwrap_or(e.port_selection);
+    e.port_parity = s.boolean("port_parity")?.unwrap_or(e.port_parity);
+    e.inbound_refresh = s.boolean("inbound_refresh")?.unwrap_or(e.inbound_refresh);
+    e.unsolicited_syn = s.choice("unsolicited_syn", &[("icmp", UnsolicitedSyn::IcmpPortUnreachable), ("drop", UnsolicitedSyn::Drop)])?.unwrap_or(e.unsolicited_syn);
+    e.exhaustion_icmp_code = s.choice("exhaustion_icmp", &REFUSAL_CODES)?.unwrap_or(e.exhaustion_icmp_code);
+    e.icmp_errors_per_second = s.integer("icmp_errors_per_second", 0, u32::MAX)?.unwrap_or(e.icmp_errors_per_second);
+    e.exempt = parse_exempt(s)?;
+    e.statics = parse_statics(s)?;
+    e.seed = s.integer_u64("seed")?.unwrap_or(e.seed);
+    Ok(())
+}
+
+/// ICMP destination-unreachable codes an operator may choose for refusals:
+/// 1 is RFC 6888's host unreachable, 13 communication administratively prohibited.
+const REFUSAL_CODES: [(&str, Option<u8>); 3] = [("host-unreachable", Some(1)), ("admin-prohibited", Some(13)), ("none", None)];
+
+fn parse_pool(s: &mut Section) -> Result<Vec<u32>, ConfigError> {
+    let Some(list) = s.array("pool")? else {
+        return err("nat.pool", "missing: list the external addresses, e.g. pool = [\"203.0.113.0/28\"]");
+    };
+    let mut addrs = Vec::new();
+    for (i, v) in list.iter().enumerate() {
+        let key = format!("nat.pool[{i}]");
+        let Some(t) = v.as_str() else { return err(key, "expected a string like \"203.0.113.0/28\"") };
+        let (net, len) = parse_prefix(t).or_else(|m| err(&key, m))?;
+        let count = 1u64 << (32 - u32::from(len));
+        if addrs.len() as u64 + count > MAX_POOL_ADDRESSES {
+            return err(key, format!("the pool would exceed {MAX_POOL_ADDRESSES} addresses"));
+        }
+        addrs.extend((0..count).map(|k| net + k as u32));
+    }
+    if addrs.is_empty() {
+        return err("nat.pool", "the pool is empty");
+    }
+    let n = addrs.len();
+    addrs.sort_unstable();
+    addrs.dedup();
+    if addrs.len() != n {
+        return err("nat.pool", "entries overlap: an address appears more than once");
+    }
+    Ok(addrs)
+}
+
+fn parse_exempt(s: &mut Section) -> Result<Vec<Exemption>, ConfigError> {
+    let mut out = Vec::new();
+    for (i, v) in s.array("exempt")?.into_iter().flatten().enumerate() {
+        let key = format!("nat.exempt[{i}]");
+        let Some(t) = v.as_str() else { return err(key, "expected a string like \"192.0.2.0/24\" or \"198.51.100.53/32:53\"") };
+        let (prefix, ports) = match t.split_once(':') {
+            Some((p, r)) => (p, parse_port_range(r).or_else(|m| err(&key, m))?),
+            None => (t, (0, u16::MAX)),
+        };
+        let (network, prefix_len) = parse_prefix(prefix).or_else(|m| err(&key, m))?;
+        out.push(Exemption { network, prefix_len, ports });
+    }
+    Ok(out)
+}
+
+fn parse_statics(s: &mut Section) -> Result<Vec<StaticMapping>, ConfigError> {
+    let mut out: Vec<StaticMapping> = Vec::new();
+    for (i, v) in s.array("static")?.into_iter().flatten().enumerate() {
+        let key = format!("nat.static[{i}]");
+        let Some(t) = v.as_table() else { return err(key, "expected { proto = \"tcp\", inside = \"ADDR:PORT\", outside = \"ADDR:PORT\" }") };
+        let mut st = Section::new(&key, t);
+        let proto = st.choice("proto", &[("tcp", Proto::Tcp), ("udp", Proto::Udp), ("icmp", Proto::Icmp)])?;
+        let inside = st.parsed("inside", parse_endpoint)?;
+        let outside = st.parsed("outside", parse_endpoint)?;
+        st.finish()?;
+        let (Some(proto), Some((int_addr, int_port)), Some((ext_addr, ext_port))) = (proto, inside, outside) else {
+            return err(key, "needs proto, inside and outside");
+        };
+        let m = StaticMapping { proto, int_addr, int_port, ext_addr, ext_port };
+        if out.iter().any(|o| o.proto == proto && (o.ext_addr, o.ext_port) == (ext_addr, ext_port)) {
+            return err(format!("{key}.outside"), "the same external endpoint is mapped twice");
+        }
+        out.push(m);
+    }
+    Ok(out)
+}
+
+fn parse_timeouts(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
+    // (key, RFC minimum in seconds, where the minimum comes from)
+    let keys: [(&str, u32, &str); 4] = [
+        ("udp", 120, "RFC 4787 REQ-5"),
+        ("tcp_established", 7440, "RFC 5382 REQ-5"),
+        ("tcp_transitory", 240, "RFC 5382 REQ-5"),
+        ("icmp", 60, "RFC 5508 REQ-1"),
+    ];
+    for (key, min, rfc) in keys {
+        let Some(ms) = s.parsed(key, duration::parse_ms)? else { continue };
+        let secs = seconds(&s.path(key), ms)?;
+        if secs == 0 {
+            return err(s.path(key), "must be at least 1s");
+        }
+        if secs < min {
+            warnings.push(format!("timeouts.{key}: {secs}s is below the {min}s minimum of {rfc}"));
+        }
+        let t = &mut e.timeouts;
+        *match key {
+            "udp" => &mut t.udp_s,
+            "tcp_established" => &mut t.tcp_established_s,
+            "tcp_transitory" => &mut t.tcp_transitory_s,
+            _ => &mut t.icmp_s,
+        } = secs;
+    }
+    if let Some(ms) = s.parsed("fragment", duration::parse_ms)? {
+        if ms == 0 {
+            return err("timeouts.fragment", "must be above zero");
+        }
+        e.timeouts.fragment_ns = ms * 1_000_000;
+    }
+    if let Some(ms) = s.parsed("syn_hold", duration::parse_ms)? {
+        e.timeouts.syn_hold_ns = ms * 1_000_000;
+    }
+    Ok(())
+}
+
+fn parse_logging(root: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<LoggingConfig, ConfigError> {
+    let mut logging = LoggingConfig { json: None };
+    let Some(mut s) = root.section("logging")? else { return Ok(logging) };
+    let unit = s.choice("unit", &[("mapping", 0), ("session", 1), ("block", 2)])?;
+    e.log_sessions = unit == Some(1);
+    if unit == Some(2) && e.port_block_size == 0 {
+        return err("logging.unit", "\"block\" needs nat.port_block_size > 0");
+    }
+    logging.json = s.string("json")?.map(PathBuf::from);
+    for key in ["ipfix", "syslog"] {
+        if s.string(key)?.is_some() {
+            warnings.push(format!("logging.{key}: this exporter is not implemented in this version; use logging.json"));
+        }
+    }
+    s.finish()?;
+    Ok(logging)
+}
+
+fn check_consistency(e: &EngineConfig) -> Result<(), ConfigError> {
+    for (i, st) in e.statics.iter().enumerate() {
+        if e.pool.binary_search(&st.ext_addr).is_err() {
+            return err(format!("nat.static[{i}].outside"), "address is not in nat.pool");
+        }
+        if st.proto != Proto::Icmp && !(e.ports.0..=e.ports.1).contains(&st.ext_port) {
+            return err(format!("nat.static[{i}].outside"), format!("port is outside nat.ports {}-{}", e.ports.0, e.ports.1));
+        }
+    }
+    if e.pool.binary_search(&e.inside_addr).is_ok() {
+        return err("inside.address", "is also a pool address");
+    }
+    Ok(())
+}
+
+fn seconds(key: &str, ms: u64) -> Result<u32, ConfigError> {
+    u32::try_from(ms / 1000).or_else(|_| err(key, "duration too large"))
+}
+
+fn parse_ipv4(t: &str) -> Result<u32, String> {
+    t.parse::<Ipv4Addr>().map(u32::from).map_err(|_| format!("\"{t}\" is not an IPv4 address"))
+}
+
+/// "a.b.c.d/len" or a bare address (/32); host bits must be zero.
+fn parse_prefix(t: &str) -> Result<(u32, u8), String> {
+    let (a, len) = match t.split_once('/') {
+        Some((a, l)) => (a, l.parse::<u8>().ok().filter(|&l| l <= 32).ok_or_else(|| format!("\"{t}\": prefix length must be 0-32"))?),
+        None => (t, 32),
+    };
+    let addr = parse_ipv4(a)?;
+    let host_mask = if len == 0 { u32::MAX } else { (1u64 << (32 - u32::from(len))) as u32 - 1 };
+    if addr & host_mask != 0 {
+        return Err(format!("\"{t}\" has host bits set; did you mean {}/{len}?", Ipv4Addr::from(addr & !host_mask)));
+    }
+    Ok((addr, len))
+}
+
+/// The NAT's own address on a link and the link's prefix length.
+fn parse_interface_address(t: &str) -> Result<(u32, u8), String> {
+    let (a, len) = t.split_once('/').ok_or_else(|| format!("\"{t}\": expected ADDRESS/PREFIX, e.g. \"100.64.0.1/10\""))?;
+    let len = len.parse::<u8>().ok().filter(|&l| (1..=32).contains(&l)).ok_or_else(|| format!("\"{t}\": prefix length must be 1-32"))?;
+    Ok((parse_ipv4(a)?, len))
+}
+
+fn parse_port_range(t: &str) -> Result<(u16, u16), String> {
+    let port = |p: &str| p.trim().parse::<u16>().map_err(|_| format!("\"{p}\" is not a port (0-65535)"));
+    let (lo, hi) = match t.split_once('-') {
+        Some((a, b)) => (port(a)?, port(b)?),
+        None => (port(t)?, port(t)?),
+    };
+    if lo > hi {
+        return Err(format!("\"{t}\": the range is reversed"));
+    }
+    Ok((lo, hi))
+}
+
+fn parse_endpoint(t: &str) -> Result<(u32, u16), String> {
+    let (a, p) = t.rsplit_once(':').ok_or_else(|| format!("\"{t}\": expected ADDRESS:PORT"))?;
+    Ok((parse_ipv4(a)?, p.parse::<u16>().map_err(|_| format!("\"{p}\" is not a port"))?))
+}
+
+/// A TOML table being read; remembers which keys were used so that any
+/// other key is reported as unknown.
+struct Section<'a> {
+    name: String,
+    table: &'a Table,
+    used: Vec<&'a str>,
+}
+
+impl<'a> Section<'a> {
+    fn new(name: &str, table: &'a Table) -> Self {
+        Section { name: name.to_owned(), table, used: Vec::new() }
+    }
+
+    fn path(&self, key: &str) -> String {
+        if self.name.is_empty() { key.to_owned() } else { format!("{}.{key}", self.name) }
+    }
+
+    fn has(&self, key: &str) -> bool {
+        self.table.contains_key(key)
+    }
+
+    fn get(&mut self, key: &str) -> Option<&'a Value> {
+        let (k, v) = self.table.get_key_value(key)?;
+        self.used.push(k.as_str());
+        Some(v)
+    }
+
+    fn typed<T>(&mut self, key: &str, what: &str, f: impl FnOnce(&'a Value) -> Option<T>) -> Result<Option<T>, ConfigError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match f(v) {
+                Some(t) => Ok(Some(t)),
+                None => err(self.path(key), format!("expected {what}, found {}", v.type_str())),
+            },
+        }
+    }
+
+    fn section(&mut self, key: &str) -> Result<Option<Section<'a>>, ConfigError> {
+        let path = self.path(key);
+        Ok(self.typed(key, "a table", Value::as_table)?.map(|t| Section::new(&path, t)))
+    }
+
+    fn string(&mut self, key: &str) -> Result<Option<&'a str>, ConfigError> {
+        self.typed(key, "a string", Value::as_str)
+    }
+
+    fn boolean(&mut self, key: &str) -> Result<Option<bool>, ConfigError> {
+        self.typed(key, "true or false", Value::as_bool)
+    }
+
+    fn array(&mut self, key: &str) -> Result<Option<&'a Vec<Value>>, ConfigError> {
+        self.typed(key, "a list", Value::as_array)
+    }
+
+    fn integer(&mut self, key: &str, min: u32, max: u32) -> Result<Option<u32>, ConfigError> {
+        let Some(v) = self.typed(key, "an integer", Value::as_integer)? else { return Ok(None) };
+        if v < i64::from(min) || v > i64::from(max) {
+            return err(self.path(key), format!("{v} is out of range {min}-{max}"));
+        }
+        Ok(Some(v as u32))
+    }
+
+    fn integer_u64(&mut self, key: &str) -> Result<Option<u64>, ConfigError> {
+        let Some(v) = self.typed(key, "an integer", Value::as_integer)? else { return Ok(None) };
+        u64::try_from(v).map(Some).or_else(|_| err(self.path(key), "must not be negative"))
+    }
+
+    /// A string parsed by `f`, whose error message is reported against the key.
+    fn parsed<T>(&mut self, key: &str, f: impl FnOnce(&str) -> Result<T, String>) -> Result<Option<T>, ConfigError> {
+        let v = match self.get(key) {
+            None => return Ok(None),
+            Some(Value::String(s)) => f(s),
+            // Durations may also be bare seconds.
+            Some(Value::Integer(i)) => f(&i.to_string()),
+            Some(v) => return err(self.path(key), format!("expected a string, found {}", v.type_str())),
+        };
+        v.map(Some).or_else(|m| err(self.path(key), m))
+    }
+
+    fn choice<T: Copy>(&mut self, key: &str, options: &[(&str, T)]) -> Result<Option<T>, ConfigError> {
+        let Some(s) = self.string(key)? else { return Ok(None) };
+        match options.iter().find(|(name, _)| *name == s) {
+            Some((_, v)) => Ok(Some(*v)),
+            None => {
+                let names: Vec<String> = options.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+                err(self.path(key), format!("\"{s}\" is not one of {}", names.join(", ")))
+            }
+        }
+    }
+
+    /// Refuses keys nobody read.
+    fn finish(self) -> Result<(), ConfigError> {
+        match self.table.keys().find(|k| !self.used.contains(&k.as_str())) {
+            None => Ok(()),
+            Some(k) => err(self.path(k), "unknown key"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text)
+    }
+
+    fn key_of(text: &str) -> String {
+        parse(text).unwrap_err().key
+    }
+
+    #[test]
+    fn a_pool_alone_is_a_config() {
+        let c = parse("[nat]\npool = [\"203.0.113.0/30\", \"198.51.100.10\"]\n").unwrap();
+        assert_eq!(c.engine.pool.len(), 5);
+        assert_eq!(c.engine.ports, (1024, 65535));
+        assert_eq!(c.engine.timeouts.tcp_established_s, 7440);
+        assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn the_shipped_example_is_valid() {
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/natrix.toml")).unwrap();
+        let c = parse(&text).unwrap();
+        assert_eq!(c.engine.pool.len(), 17);
+        assert_eq!(c.live.inside_interface.as_deref(), Some("eth1"));
+        assert_eq!(c.live.gateway, Some(Ipv4Addr::new(198, 51, 100, 254)));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\nbogus = 1\n"), "nat.bogus");
+        assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\", \"300.1.1.1\"]\n"), "nat.pool[1]");
+        assert_eq!(key_of("[nat]\npool = [\"203.0.113.1/28\"]\n"), "nat.pool[0]");
+        assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\nfiltering = \"full-cone\"\n"), "nat.filtering");
+        assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\nports = \"5000-1024\"\n"), "nat.ports");
+        assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\n[timeouts]\nudp = \"5 minutes\"\n"), "timeouts.udp");
+        assert_eq!(key_of("[nat]\npool = []\n"), "nat.pool");
+        assert_eq!(key_of("[inside]\naddress = \"100.64.0.1/10\"\n"), "nat.pool");
+        assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\nmax_ports_per_subscriber = \"many\"\n"), "nat.max_ports_per_subscriber");
+        assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\nstatic = [{ proto = \"tcp\", inside = \"100.64.0.5:22\", outside = \"192.0.2.1:2222\" }]\n"), "nat.static[0].outside");
+        assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\n[unknown]\n"), "unknown");
+    }
+
+    #[test]
+    fn syntax_errors_say_so() {
+        let e = parse("[nat\npool = 1").unwrap_err();
+        assert!(e.problem.contains("not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn timeouts_below_rfc_minima_warn() {
+        let c = parse("[nat]\npool = [\"203.0.113.0/28\"]\n[timeouts]\nudp = \"30s\"\ntcp_established = \"2h4m\"\n").unwrap();
+        assert_eq!(c.engine.timeouts.udp_s, 30);
+        assert_eq!(c.warnings.len(), 1);
+        assert!(c.warnings[0].contains("RFC 4787"));
+    }
+
+    #[test]
+    fn exemptions_and_statics_parse() {
+        let c = parse(
+            "[nat]\npool = [\"203.0.113.0/28\"]\nexempt = [\"192.0.2.0/24\", \"198.51.100.53/32:53\", \"203.0.113.64/26:8000-8080\"]\n\
+             static = [{ proto = \"udp\", inside = \"100.64.0.5:53\", outside = \"203.0.113.1:5353\" }]\n",
+        )
+        .unwrap();
+        assert_eq!(c.engine.exempt[1].ports, (53, 53));
+        assert_eq!(c.engine.exempt[2].ports, (8000, 8080));
+        assert_eq!(c.engine.statics[0].ext_port, 5353);
+    }
+}

@@ -1,0 +1,117 @@
+//! NAT event log as JSON lines (RFC 6888 REQ-12: who held which external
+//! address and port, when). One object per line; `time` is RFC 3339 UTC and
+//! `nat_event` the RFC 8158 natEvent value, so IPFIX and JSON say the same.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::net::Ipv4Addr;
+use std::path::Path;
+
+use natrix_engine::{Event, EventKind};
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Line {
+    time: String,
+    event: &'static str,
+    nat_event: u8,
+    proto: &'static str,
+    subscriber: Ipv4Addr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subscriber_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    external: Option<Ipv4Addr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    external_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    port_range_end: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote: Option<Ipv4Addr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote_port: Option<u16>,
+}
+
+pub struct EventLog {
+    out: BufWriter<File>,
+    written: u64,
+    bytes: u64,
+}
+
+impl EventLog {
+    pub fn create(path: &Path) -> io::Result<Self> {
+        Ok(EventLog { out: BufWriter::new(File::create(path)?), written: 0, bytes: 0 })
+    }
+
+    pub fn write(&mut self, e: &Event) -> io::Result<()> {
+        let mut line = serde_json::to_vec(&line_for(e)).map_err(io::Error::other)?;
+        line.push(b'\n');
+        self.out.write_all(&line)?;
+        self.written += 1;
+        self.bytes += line.len() as u64;
+        Ok(())
+    }
+
+    /// Records and bytes written so far.
+    pub fn volume(&self) -> (u64, u64) {
+        (self.written, self.bytes)
+    }
+
+    pub fn finish(mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+fn line_for(e: &Event) -> Line {
+    let is_block = matches!(e.kind, EventKind::BlockAllocated | EventKind::BlockReleased);
+    let is_session = matches!(e.kind, EventKind::SessionCreated | EventKind::SessionDeleted);
+    let nonzero_addr = |a: u32| (a != 0).then(|| Ipv4Addr::from(a));
+    Line {
+        time: rfc3339(e.time_ns),
+        event: e.kind.name(),
+        nat_event: e.kind as u8,
+        proto: e.proto.name(),
+        subscriber: Ipv4Addr::from(e.int_addr),
+        subscriber_port: (!is_block).then_some(e.int_port),
+        external: nonzero_addr(e.ext_addr),
+        external_port: (e.ext_addr != 0).then_some(e.ext_port),
+        port_range_end: is_block.then_some(e.ext_port_end),
+        remote: if is_session { nonzero_addr(e.rem_addr) } else { None },
+        remote_port: is_session.then_some(e.rem_port),
+    }
+}
+
+/// RFC 3339 UTC with milliseconds, from nanoseconds since the Unix epoch.
+pub fn rfc3339(ns: u64) -> String {
+    let secs = ns / 1_000_000_000;
+    let ms = (ns / 1_000_000) % 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+/// Howard Hinnant's days-to-civil algorithm (proleptic Gregorian calendar).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000_000_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_435_200_123_000_000), "2026-11-23T12:00:00.123Z");
+    }
+}
