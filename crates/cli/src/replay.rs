@@ -87,7 +87,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         }
         sinks.drain(&mut engine)?;
         count += 1;
-        if count % PROGRESS_EVERY == 0 {
+        if count.is_multiple_of(PROGRESS_EVERY) {
             bar.set_position(reader.progress().0);
         }
     }

@@ -253,8 +253,8 @@ impl Engine {
         self.advance(now_ns);
         self.stats.received[side as usize] += 1;
         let result = match side {
-            Side::Inside => self.from_inside(frame),
-            Side::Outside => self.from_outside(frame),
+            Side::Inside => self.arrived_inside(frame),
+            Side::Outside => self.arrived_outside(frame),
         };
         match result {
             Ok(Some(out)) => {
@@ -357,7 +357,7 @@ impl Engine {
         }
     }
 
-    fn from_inside(&mut self, frame: &mut [u8]) -> Result<Option<Side>, DropReason> {
+    fn arrived_inside(&mut self, frame: &mut [u8]) -> Result<Option<Side>, DropReason> {
         let ip = self.parse_ip(frame)?;
         if ip.dst == self.cfg.inside_addr {
             return Err(DropReason::LocalDestination);
@@ -386,7 +386,7 @@ impl Engine {
         Ok(Some(out))
     }
 
-    fn from_outside(&mut self, frame: &mut [u8]) -> Result<Option<Side>, DropReason> {
+    fn arrived_outside(&mut self, frame: &mut [u8]) -> Result<Option<Side>, DropReason> {
         let ip = self.parse_ip(frame)?;
         let to_pool = self.pool.contains(ip.dst);
         if !to_pool {

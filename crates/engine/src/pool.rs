@@ -226,6 +226,7 @@ impl Pool {
 
     /// Allocates a port inside the subscriber's blocks, taking a new block when
     /// those are full. `blocks` lists the subscriber's blocks as (space, block).
+    #[allow(clippy::too_many_arguments)]
     pub fn alloc_in_blocks(
         &mut self,
         addr_idx: u32,

@@ -52,7 +52,7 @@ pub fn rewrite(frame: &mut [u8], l3: usize, l4: L4, which: Which, addr: u32, por
             set_u16_at(frame, at + port_off, port);
             // A TCP header quoted in an ICMP error may stop before its checksum.
             if len >= natrix_wire::tcp::CHECKSUM_OFFSET + 2 {
-                let d = addr_delta.add(Delta::from_u16(old_port, port));
+                let d = addr_delta.then(Delta::from_u16(old_port, port));
                 let ck = at + natrix_wire::tcp::CHECKSUM_OFFSET;
                 let c = get_u16_at(frame, ck);
                 set_u16_at(frame, ck, d.apply(c));
@@ -61,7 +61,7 @@ pub fn rewrite(frame: &mut [u8], l3: usize, l4: L4, which: Which, addr: u32, por
         L4::Udp { at } => {
             let old_port = get_u16_at(frame, at + port_off);
             set_u16_at(frame, at + port_off, port);
-            let d = addr_delta.add(Delta::from_u16(old_port, port));
+            let d = addr_delta.then(Delta::from_u16(old_port, port));
             let ck = at + natrix_wire::udp::CHECKSUM_OFFSET;
             let c = get_u16_at(frame, ck);
             set_u16_at(frame, ck, d.apply_udp(c));

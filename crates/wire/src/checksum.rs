@@ -73,7 +73,7 @@ impl Delta {
     /// Combines two differences.
     #[inline]
     #[must_use]
-    pub fn add(self, other: Delta) -> Self {
+    pub fn then(self, other: Delta) -> Self {
         Delta(u32::from(fold(self.0)) + u32::from(fold(other.0)))
     }
 
@@ -140,7 +140,7 @@ mod tests {
             data[off..off + 2].copy_from_slice(&new16.to_be_bytes());
             let oldw = u32::from_be_bytes([data[4], data[5], data[6], data[7]]);
             data[4..8].copy_from_slice(&new32.to_be_bytes());
-            let delta = Delta::from_u16(old16, new16).add(Delta::from_u32(oldw, new32));
+            let delta = Delta::from_u16(old16, new16).then(Delta::from_u32(oldw, new32));
             // One's-complement has two zeros; compare the folded values' meaning.
             let inc = delta.apply(before);
             let full = checksum(&data);

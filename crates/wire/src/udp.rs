@@ -22,7 +22,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Validates the header and that the length field fits the buffer.
     pub fn new_checked(buffer: T) -> Result<Self, WireError> {
         let p = Self::new_lax(buffer)?;
-        let len = usize::from(p.len());
+        let len = usize::from(p.length());
         if len < HEADER_LEN {
             return Err(WireError::Malformed { layer: "udp", field: Field::Length, value: len as u32 });
         }
@@ -44,7 +44,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         get_u16(self.buffer.as_ref(), field::DST_PORT)
     }
 
-    pub fn len(&self) -> u16 {
+    pub fn length(&self) -> u16 {
         get_u16(self.buffer.as_ref(), field::LENGTH)
     }
 
@@ -81,7 +81,7 @@ mod tests {
             .write(&mut out, b"abcd")
             .unwrap();
         let p = Packet::new_checked(&out[20..]).unwrap();
-        assert_eq!((p.src_port(), p.dst_port(), p.len()), (5353, 53, 12));
+        assert_eq!((p.src_port(), p.dst_port(), p.length()), (5353, 53, 12));
         assert_ne!(p.checksum(), 0);
     }
 

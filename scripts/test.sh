@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The whole test suite: unit and property tests, clippy, the conformance suite
+# (scapy builds and checks the packets, never natrix's own code), and a bounded
+# fuzzing run. Installs what it needs on a fresh machine.
+#   FUZZ_SECONDS=N  fuzzing time (default 60; 0 skips fuzzing)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "python test dependencies"
+python3 -c 'import scapy, pytest' 2>/dev/null || python3 -m pip install --quiet scapy pytest
+
+step "cargo build and unit/property tests"
+cargo build --workspace --all-targets
+cargo test --workspace
+
+step "clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "conformance suite (pytest + scapy)"
+NATRIX_BIN="$PWD/target/debug/natrix" python3 -m pytest tests/conformance -q
+
+step "example replay: every emitted checksum verified by scapy"
+mkdir -p out
+./target/debug/natrix replay --quiet --config examples/natrix.toml --in examples/subscribers.pcapng \
+    --out out/test-example.pcapng --report out/test-example.json
+python3 tools/verify_checksums.py out/test-example.pcapng
+
+if [ "$FUZZ_SECONDS" -gt 0 ]; then
+    step "fuzzing Engine::process for ${FUZZ_SECONDS}s"
+    rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+    cargo +nightly fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+    python3 tools/fuzz_seeds.py fuzz/corpus/engine_process
+    cargo +nightly fuzz run engine_process fuzz/corpus/engine_process -- \
+        -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=1024 -print_final_stats=1
+fi
+
+step "all tests passed"
