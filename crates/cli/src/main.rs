@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod check_config;
 mod replay;
 
@@ -24,6 +25,8 @@ enum Command {
     },
     /// Run the engine over a capture (pcap or pcapng) and write the translated frames as pcapng.
     Replay(replay::Args),
+    /// Measure the engine's speed and memory on generated 64-byte frames (new and established flows).
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +34,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::CheckConfig { file } => check_config::run(&file),
         Command::Replay(args) => replay::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
