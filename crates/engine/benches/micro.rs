@@ -1,0 +1,91 @@
+//! Micro-benchmarks of the per-packet building blocks: incremental checksum
+//! update, flow index hit, miss and insert, and port allocation.
+//! Run: cargo bench -p natrix-engine --bench micro
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
+use natrix_engine::config::PortSelection;
+use natrix_engine::pool::Pool;
+use natrix_engine::rng::Rng;
+use natrix_engine::table::FlowIndex;
+use natrix_engine::Proto;
+use natrix_wire::checksum::Delta;
+
+const ENTRIES: u32 = 1 << 20;
+
+fn hash_of(k: u32) -> u64 {
+    let mut z = u64::from(k).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^ (z >> 31)
+}
+
+fn checksum_update(c: &mut Criterion) {
+    c.bench_function("checksum/incremental address+port", |b| {
+        let mut field = 0x1c46u16;
+        let mut addr = 0x6440_000au32;
+        b.iter(|| {
+            let d = Delta::from_u32(addr, addr ^ 0x5555).then(Delta::from_u16(40000, 1024));
+            field = d.apply(black_box(field));
+            addr = addr.wrapping_add(1);
+            field
+        })
+    });
+}
+
+fn filled_index() -> FlowIndex {
+    let mut t = FlowIndex::with_capacity(ENTRIES as usize);
+    for k in 0..ENTRIES {
+        t.insert(hash_of(k), k).unwrap();
+    }
+    t
+}
+
+fn flow_index(c: &mut Criterion) {
+    let t = filled_index();
+    let mut k = 0u32;
+    c.bench_function("flow index/hit (1M entries)", |b| {
+        b.iter(|| {
+            k = (k + 7919) % ENTRIES;
+            t.find(hash_of(k), |id| id == k)
+        })
+    });
+    c.bench_function("flow index/miss (1M entries)", |b| {
+        b.iter(|| {
+            k = k.wrapping_add(7919);
+            t.find(hash_of(k | 0x8000_0000), |_| false)
+        })
+    });
+    c.bench_function("flow index/insert+remove (1M entries)", |b| {
+        let mut t = filled_index();
+        let mut k = ENTRIES;
+        b.iter(|| {
+            k += 1;
+            t.insert(hash_of(k), k).unwrap();
+            t.remove(hash_of(k), k)
+        })
+    });
+}
+
+fn port_allocation(c: &mut Criterion) {
+    c.bench_function("pool/alloc+release, half-full address", |b| {
+        b.iter_batched_ref(
+            || {
+                let mut p = Pool::new(&[0xcb00_7101], (1024, 65535), 0, PortSelection::Preserve, true, 0);
+                let mut rng = Rng::new(1);
+                for port in (1024..=65535u16).filter(|p| p % 4 < 2) {
+                    p.alloc_port(0, Proto::Udp, port, &mut rng).unwrap();
+                }
+                (p, rng, 1024u16)
+            },
+            |(p, rng, want)| {
+                *want = want.wrapping_add(2).max(1024);
+                let got = p.alloc_port(0, Proto::Udp, *want, rng).unwrap();
+                let mut none = Vec::new();
+                p.release(0, Proto::Udp, got, 0, true, &mut none);
+            },
+            BatchSize::LargeInput,
+        )
+    });
+}
+
+criterion_group!(benches, checksum_update, flow_index, port_allocation);
+criterion_main!(benches);
