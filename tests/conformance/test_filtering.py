@@ -78,3 +78,21 @@ def test_tcp_filtering_other_host(replay, mode, allowed):
         assert (got[0].pkt[IP].dst, got[0].pkt[TCP].dport) == (SUB_A, 40000)
     else:
         assert not got, f"{mode}: SYN from an uncontacted host must not be forwarded\n{h.dump(outs)}"
+
+
+@pytest.mark.parametrize("mode", ["address-dependent", "address-and-port-dependent"])
+def test_simultaneous_open_through_restrictive_filtering(replay, mode):
+    """RFC 5382 REQ-2 / contract: an inbound SYN that matches an existing TCP
+    mapping and passes filtering is forwarded (simultaneous open, hole
+    punching): with address(-and-port)-dependent filtering, the SYN from the
+    very endpoint the subscriber sent its SYN to passes; no ICMP is sent."""
+    s = h.Scenario(replay, h.make_config(nat={"filtering": mode}))
+    s.add(T0, "inside", tcp_out(SUB_A, 40000, SRV1, 5555, "S", seq=8000))
+    s.add(T0 + 0.5, "outside", tcp_in(SRV1, 5555, POOL1, 40000, "S", seq=7000))
+    s.add(T0 + 10, "inside", udp_out(SUB_A, 40100, SRV2, 53, b"time-passes"))
+    outs, rep = s.run()
+    assert one(outs, "outside", h.tcp_seq(8000, "S")).pkt[TCP].sport == 40000
+    p = one(outs, "inside", h.tcp_seq(7000, "S"), "peer's SYN").pkt
+    assert (p[IP].dst, p[TCP].dport) == (SUB_A, 40000)
+    none_of(outs, None, h.is_icmp, "ICMP")
+    assert rep["drops"] == {}, rep["drops"]

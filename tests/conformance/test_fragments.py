@@ -44,7 +44,8 @@ def _reassemble_and_check(frs, sport, dport, src, dst):
     assert seg[8:] == PAYLOAD
     assert h.l4_checksum_ok(src_b, dst_b, 17, seg), "UDP checksum of the reassembled datagram is wrong"
     # scapy's reassembly agrees
-    whole = [p for p in defragment([IP(b) for b in ipbs]) if IP in p and not p[IP].flags.MF and p[IP].frag == 0]
+    in_order = sorted(ipbs, key=lambda b: struct.unpack("!H", b[6:8])[0] & 0x1FFF)  # scapy needs offset order
+    whole = [p for p in defragment([IP(b) for b in in_order]) if IP in p and not p[IP].flags.MF and p[IP].frag == 0]
     assert len(whole) == 1, "scapy could not reassemble the output fragments"
     w = whole[0]
     assert (w[IP].src, w[IP].dst, w[UDP].sport, w[UDP].dport) == (src, dst, sport, dport)
@@ -151,3 +152,50 @@ def test_tiny_first_fragment_dropped(replay):
     none_of(outs, None, lambda p: IP in p and p[IP].src in (SUB_A, POOL1) and p[IP].dst == SRV1, "tiny fragment")
     one(outs, "outside", has_payload(b"time-passes"))
     assert rep["drops"].get("fragment_too_small", 0) >= 1, rep["drops"]
+
+
+def test_fragment_buffer_bound(replay):
+    """Contract [fragments] max_held: out-of-order (non-first) fragments are
+    held only up to the bound; past it they are dropped and counted
+    (fragment_buffer_full). With max_held = 2, three datagrams whose last
+    fragment comes first: two last fragments are held and sent after their
+    first fragments, the third is dropped; the datagram with a dropped piece
+    is incomplete on the output, the others are complete."""
+    s = h.Scenario(replay, h.make_config(fragments={"max_held": 2}))
+    sets = [_frags(SUB_A, SRV1, 40000 + 2 * k, 9000, eth_in(SUB_A), 0x6000 + k) for k in range(3)]
+    t = T0
+    for k in range(3):
+        s.add(t, "inside", sets[k][2]); t += 0.01
+    for k in range(3):
+        s.add(t, "inside", sets[k][0]); t += 0.01
+        s.add(t, "inside", sets[k][1]); t += 0.01
+    outs, rep = s.run()
+    assert rep["drops"] == {"fragment_buffer_full": 1}, rep["drops"]
+    frs = _out_frags(outs, "outside", None, POOL1)
+    assert len(frs) == 8, f"expected 9 - 1 fragments on the outside\n{h.dump(outs)}"
+    by_id = {}
+    for o in frs:
+        by_id.setdefault(h.ip_bytes(o.pkt)[4:6], []).append(o.pkt[IP].frag)
+    assert sorted(sorted(v) for v in by_id.values()) == [[0, 101], [0, 101, 202], [0, 101, 202]], by_id
+
+
+def test_inbound_fragments_out_of_order(replay):
+    """RFC 4787 REQ-14 inbound: a fragmented reply whose fragments arrive
+    middle, last, first is delivered to the subscriber complete (held
+    fragments released after the first), with a valid UDP checksum over the
+    reassembled datagram."""
+    s = h.Scenario(replay, h.make_config())
+    s.add(T0, "inside", udp_out(SUB_A, 40000, SRV1, 9000, b"open"))
+    f0, f1, f2 = _frags(SRV1, POOL1, 9000, 40000, eth_out(), 0x5252)
+    s.add(T0 + 1, "outside", f1)
+    s.add(T0 + 1.1, "outside", f2)
+    s.add(T0 + 1.2, "outside", f0)
+    outs, rep = s.run()
+    assert one(outs, "outside", has_payload(b"open")).pkt[UDP].sport == 40000
+    frs = [o for o in outs if o.side == "inside" and IP in o.pkt and o.pkt[IP].src == SRV1
+           and (o.pkt[IP].flags.MF or o.pkt[IP].frag)]
+    assert len(frs) == 3, f"{rep['drops']}\n{h.dump(outs)}"
+    assert frs[0].pkt[IP].frag == 0, "held fragments sent before the first fragment"
+    for o in frs:
+        assert (o.pkt[IP].dst, o.pkt[IP].ttl) == (SUB_A, 63)
+    _reassemble_and_check(frs, 9000, 40000, SRV1, SUB_A)

@@ -90,3 +90,29 @@ def test_tcp_port_released_by_timeout_is_held_down(replay):
     assert a[TCP].sport == 5000
     b = one(outs, "outside", h.tcp_seq(300, "S"), "new SYN from B").pkt
     assert b[TCP].sport == 5001, "timed-out TCP port reused within hold-down"
+
+
+def test_port_block_hold_down(replay):
+    """Issue #3 / RFC 6888 REQ-8 with bulk allocation: "a released external
+    port or block is not handed out again for 120 s". Two blocks of 8
+    (ports 5000-5015): A's block is released when its only mapping expires
+    (T0+120, udp = 2m); B (T0+130) gets the other block; C (T0+140) finds no
+    block it may use and is dropped (pool_exhausted); D (T0+300, after the
+    hold-down) gets A's old block."""
+    cfg = h.make_config(pool=[POOL1 + "/32"], nat={"ports": "5000-5015", "port_parity": False,
+                                                   "port_block_size": 8, "exhaustion_icmp": "none"},
+                        timeouts={"udp": "2m"})
+    frames = [(T0, "inside", udp_out(SUB_A, 1111, SRV1, 53, b"A")),
+              (T0 + 130, "inside", udp_out(SUB_B, 1111, SRV1, 53, b"B")),
+              (T0 + 140, "inside", udp_out(SUB_C, 1111, SRV1, 53, b"C")),
+              (T0 + 300, "inside", udp_out(SUB_D, 1111, SRV1, 53, b"D"))]
+    outs, rep = replay(cfg, frames)
+
+    def blk(tag):
+        return (one(outs, "outside", has_payload(tag)).pkt[UDP].sport - 5000) // 8
+
+    a, b, d = blk(b"A"), blk(b"B"), blk(b"D")
+    assert b != a, "a released block was handed out within the hold-down time"
+    none_of(outs, "outside", has_payload(b"C"), "mapping while both blocks are in use or held down")
+    assert d == a, "the held-down block was not reusable after the hold-down time"
+    assert rep["drops"] == {"pool_exhausted": 1}, rep["drops"]

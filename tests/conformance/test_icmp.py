@@ -95,6 +95,7 @@ def test_inbound_icmp_error_udp_zero_checksum(replay):
     outs, _ = s.run()
     sent = one(outs, "outside", has_payload(b"nock")).pkt
     assert sent[UDP].chksum == 0
+    assert sent[IP].src == POOL1 and sent[UDP].sport != 40000, "precondition: A's port was remapped"
     s.add(T0 + 2, "outside", icmp_error(eth_out(), SRV1, POOL1, ip_bytes(sent), 3, 3))
     outs, _ = s.run()
     e = one(outs, "inside", h.is_icmp_error)
@@ -242,3 +243,57 @@ def test_outbound_icmp_error_without_mapping_dropped(replay):
     outs, rep = s.run()
     assert not outs, h.dump(outs)
     assert rep["drops"].get("icmp_error_no_mapping", 0) == 1, rep["drops"]
+
+
+def test_icmp_error_with_rfc4884_extension(replay):
+    """RFC 5508 REQ-3 / RFC 4884: an ICMP time exceeded carrying a length
+    field, the original datagram zero-padded to 128 bytes and an extension
+    structure is translated: embedded source address and port reverted with
+    valid embedded checksums (the padding and extension excluded), the length
+    field, padding and extension structure forwarded unchanged, ICMP checksum
+    valid."""
+    s = h.Scenario(replay, h.make_config())
+    _occupy(s, T0)
+    s.add(T0 + 1, "inside", udp_out(SUB_A, 40000, SRV1, 53, b"q" * 20))
+    outs, _ = s.run()
+    sent = one(outs, "outside", has_payload(b"q" * 20)).pkt
+    assert sent[UDP].sport != 40000
+    emb = ip_bytes(sent)
+    padded = emb + b"\x00" * (128 - len(emb))
+    ext = bytearray(struct.pack("!BBH", 0x20, 0, 0) + struct.pack("!HBB", 8, 2, 1) + b"\x00\x00\x05\xdc")
+    struct.pack_into("!H", ext, 2, checksum(bytes(ext)))
+    icmp = bytearray(struct.pack("!BBHBBH", 11, 0, 0, 0, 32, 0) + padded + bytes(ext))
+    struct.pack_into("!H", icmp, 2, checksum(bytes(icmp)))
+    s.add(T0 + 2, "outside", eth_out() / IP(src=ROUTER, dst=POOL1, ttl=64, proto=1) / h.Raw(bytes(icmp)))
+    outs, _ = s.run()
+    e = one(outs, "inside", h.is_icmp_error).pkt
+    seg = ip_bytes(e)[20:]
+    assert (e[IP].src, e[IP].dst) == (ROUTER, SUB_A)
+    assert seg[0:2] == b"\x0b\x00" and seg[5] == 32, "type/code or RFC 4884 length changed"
+    assert len(seg) == 8 + 128 + len(ext)
+    assert seg[8 + len(emb):8 + 128] == b"\x00" * (128 - len(emb)), "padding changed"
+    assert seg[8 + 128:] == bytes(ext), "extension structure changed"
+    inner = h.Embedded(seg[8:8 + len(emb)])
+    assert (inner.src, inner.sport, inner.dst, inner.dport) == (SUB_A, 40000, SRV1, 53)
+    assert inner.header_checksum_ok and inner.transport_checksum_ok()
+
+
+def test_icmp_errors_under_restrictive_filtering(replay):
+    """RFC 5508 sec 4.1/REQ-3 with RFC 4787 filtering: an ICMP error from an
+    intermediate router (an address the subscriber never contacted) about an
+    existing session is forwarded even with address(-and-port)-dependent
+    filtering; an error quoting a session that does not exist on that mapping
+    (another remote endpoint) is dropped (icmp_error_no_mapping)."""
+    for mode in ("address-dependent", "address-and-port-dependent"):
+        cfg = h.make_config(nat={"filtering": mode})
+        s = h.Scenario(replay, cfg)
+        s.add(T0, "inside", udp_out(SUB_A, 40000, SRV1, 53, b"q"))
+        outs, _ = s.run()
+        sent = one(outs, "outside", has_payload(b"q")).pkt
+        s.add(T0 + 1, "outside", icmp_error(eth_out(), ROUTER, POOL1, ip_bytes(sent), 11, 0))
+        fake = bytes(IP(src=POOL1, dst=SRV2, ttl=60) / UDP(sport=sent[UDP].sport, dport=999) / b"x")
+        s.add(T0 + 2, "outside", icmp_error(eth_out(), ROUTER, POOL1, fake, 3, 3))
+        outs, rep = s.run()
+        e = one(outs, "inside", h.is_icmp_error, f"{mode}: error from a router").pkt
+        assert e[IP].dst == SUB_A and abs(one(outs, "inside", h.is_icmp_error).ts - (T0 + 1)) < 1e-6
+        assert rep["drops"] == {"icmp_error_no_mapping": 1}, (mode, rep["drops"])

@@ -45,8 +45,8 @@ def test_malformed_frames_dropped_and_counted(replay):
     add("inside", raw_in(SUB_A, _good_ip()[:12]))                                        # ipv4_truncated
     b = _good_ip(); b[0] = 0x65; add("inside", raw_in(SUB_A, _fix_ck(b)))                # ipv4_bad_version
     b = _good_ip(); b[0] = 0x44; add("inside", raw_in(SUB_A, _fix_ck(b)))                # ipv4_bad_header_length
-    b = _good_ip(); struct.pack_into("!H", b, 2, 1000); add("inside", raw_in(SUB_A, _fix_ck(b)))  # bad total length
-    b = _good_ip(); struct.pack_into("!H", b, 2, 12); add("inside", raw_in(SUB_A, _fix_ck(b)))    # total < header
+    b = _good_ip(); struct.pack_into("!H", b, 2, 1000); add("inside", raw_in(SUB_A, _fix_ck(b)))  # ipv4_truncated (frame < total length)
+    b = _good_ip(); struct.pack_into("!H", b, 2, 12); add("inside", raw_in(SUB_A, _fix_ck(b)))    # ipv4_bad_total_length (total < header)
     b = _good_ip(); struct.pack_into("!H", b, 10, struct.unpack("!H", b[10:12])[0] ^ 0x00FF)
     add("inside", raw_in(SUB_A, b))                                                      # ipv4_bad_checksum
     ttl1 = udp_out(SUB_A, 40001, SRV1, 53, b"ttl-one", ttl=1)
@@ -61,8 +61,8 @@ def test_malformed_frames_dropped_and_counted(replay):
 
     outs, rep = replay(h.make_config(), frames)
     expected = {
-        "eth_truncated": 1, "not_ipv4": 1, "ipv4_truncated": 1, "ipv4_bad_version": 1,
-        "ipv4_bad_header_length": 1, "ipv4_bad_total_length": 2, "ipv4_bad_checksum": 1,
+        "eth_truncated": 1, "not_ipv4": 1, "ipv4_truncated": 2, "ipv4_bad_version": 1,
+        "ipv4_bad_header_length": 1, "ipv4_bad_total_length": 1, "ipv4_bad_checksum": 1,
         "ttl_expired": 1, "l4_truncated": 2, "unsupported_protocol": 1, "not_for_pool": 1,
     }
     assert rep["drops"] == expected, f"drops {rep['drops']} != {expected}"

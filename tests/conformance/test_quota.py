@@ -87,3 +87,44 @@ def test_session_limit_per_subscriber(replay):
     none_of(outs, "outside", has_payload(b"s3"), "third session beyond the session quota")
     one(outs, "outside", has_payload(b"s1-again"), "packet of an existing session")
     assert rep["drops"].get("session_quota", 0) == 1, rep["drops"]
+
+
+def test_new_mappings_rate_limit(replay):
+    """RFC 6888 REQ-4 ("rate-limit the subscriber's creation of new
+    mappings"; contract max_new_mappings_per_second, drop reason
+    rate_limited): with a limit of 2 per second, a burst of 6 new mappings in
+    50 ms gets at most 2 through (at least 1), the rest are dropped as
+    rate_limited; packets of an already created mapping are never limited; two
+    seconds later new mappings are allowed again; another subscriber has its
+    own budget."""
+    s = h.Scenario(replay, h.make_config(nat={"max_new_mappings_per_second": 2, "exhaustion_icmp": "none"}))
+    for i in range(6):
+        s.add(T0 + i * 0.01, "inside", udp_out(SUB_A, 40000 + 2 * i, SRV1, 53, b"burst%d" % i))
+    s.add(T0 + 0.06, "inside", udp_out(SUB_A, 40000, SRV1, 53, b"existing"))
+    s.add(T0 + 0.07, "inside", udp_out(SUB_B, 40000, SRV1, 53, b"other-sub"))
+    s.add(T0 + 2.5, "inside", udp_out(SUB_A, 41000, SRV1, 53, b"later"))
+    outs, rep = s.run()
+    passed = [i for i in range(6) if pick(outs, "outside", has_payload(b"burst%d" % i))]
+    assert 1 <= len(passed) <= 2, f"{len(passed)} of a burst of 6 new mappings passed a 2/s limit\n{h.dump(outs)}"
+    assert passed[0] == 0
+    one(outs, "outside", has_payload(b"existing"), "packet of an existing mapping")
+    one(outs, "outside", has_payload(b"other-sub"), "another subscriber's first mapping")
+    one(outs, "outside", has_payload(b"later"), "new mapping 2.5 s after the burst")
+    assert rep["drops"] == {"rate_limited": 6 - len(passed)}, rep["drops"]
+
+
+def test_exhaustion_icmp_is_rate_limited(replay):
+    """Contract icmp_errors_per_second (RFC 6888 REQ-8 / RFC 5508: generated
+    ICMP is rate limited): with 2 per second and a port quota of 1, twenty
+    refused datagrams within 0.2 s produce at most 2 ICMP errors (at least 1);
+    all twenty are dropped as port_quota."""
+    nat = {"max_ports_per_subscriber": 1, "icmp_errors_per_second": 2}
+    frames = [(T0, "inside", udp_out(SUB_A, 40000, SRV1, 53, b"ok"))]
+    frames += [(T0 + 0.01 * (i + 1), "inside", udp_out(SUB_A, 40002 + 2 * i, SRV1, 53, b"no%d" % i))
+               for i in range(20)]
+    outs, rep = replay(h.make_config(nat=nat), frames)
+    one(outs, "outside", has_payload(b"ok"))
+    errs = pick(outs, "inside", h.is_icmp_error)
+    assert 1 <= len(errs) <= 2, f"{len(errs)} ICMP errors with icmp_errors_per_second = 2\n{h.dump(outs)}"
+    assert rep["drops"] == {"port_quota": 20}, rep["drops"]
+    assert rep["packets"]["generated"] == len(errs)

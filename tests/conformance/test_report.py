@@ -27,9 +27,9 @@ def test_report_counts(replay):
     four different reasons; one ICMP time exceeded is generated. The report's
     packet counters must match the input and the output file, drops by reason
     must be exact and non-zero only, mappings/sessions/peaks/subscribers must be
-    the numbers above, ports per subscriber p50 = 2, p99 = max = 6 (every
-    percentile definition gives these for 1,1,2,6,6), and the pool figures
-    must follow from 2 addresses x 64512 ports and 16 ports in use."""
+    the numbers above, ports per subscriber p50 = 2, p99 = max = 6 (nearest
+    rank over 1,1,2,6,6), and the pool figures must follow from 2 addresses x
+    64512 ports x 3 protocols and 16 ports in use (contract definitions)."""
     cfg = h.make_config(pool=[POOL_A + "/32", POOL_B + "/32"])
     subs = ["100.64.0.50", "100.64.0.51", "100.64.0.52", "100.64.0.53", "100.64.0.54"]
     nports = [1, 1, 2, 6, 6]
@@ -78,13 +78,14 @@ def test_report_counts(replay):
     assert rep["ports_per_subscriber"] == {"p50": 2, "p99": 6, "max": 6}, rep["ports_per_subscriber"]
     pool = rep["pool"]
     assert pool["addresses"] == 2, pool
-    assert pool["ports"] in (2 * RANGE_SIZE, 3 * 2 * RANGE_SIZE), \
-        f"pool.ports {pool['ports']} is neither addresses x port range nor that x 3 protocols"
+    # contract: every port of nat.ports on every pool address, TCP+UDP+ICMP together
+    assert pool["ports"] == 3 * 2 * RANGE_SIZE, pool
     assert pool["peak_ports_used"] == 16, pool
     frac = 16 / pool["ports"]
-    u = pool["peak_utilisation"]
-    assert abs(u - frac) < 1e-6 * max(frac, 1e-9) + 1e-9 or abs(u - 100 * frac) < 1e-4, \
-        f"peak_utilisation {u} is not peak_ports_used/ports ({frac}) (nor in percent)"
+    assert abs(pool["peak_utilisation"] - frac) <= 1e-9 + 1e-6 * frac, \
+        f"peak_utilisation {pool['peak_utilisation']} != peak_ports_used/ports = {frac}"
+    # contract identities
+    assert pk["in"] == pk["out"] - pk["generated"] + pk["dropped"], pk
 
 
 def test_report_peaks_are_concurrent(replay):

@@ -57,6 +57,7 @@ def test_tcp_endpoint_independent_mapping(replay):
     outs, _ = s.run()
     a = one(outs, "outside", tcp_seq(1, "S")).pkt
     b = one(outs, "outside", tcp_seq(2, "S")).pkt
+    assert in_net(a[IP].src, POOL28), "not translated"
     assert (a[IP].src, a[TCP].sport) == (b[IP].src, b[TCP].sport)
 
 
@@ -176,9 +177,12 @@ def test_tcp_transitory_timeout(replay, delay, forwarded):
     s.add(T0, "inside", tcp_out(SUB_A, 40000, SRV1, 80, "S", seq=1000))
     s.add(T0 + delay, "outside", tcp_in(SRV1, 80, POOL1, 40000, "SA", seq=5000, ack=1001))
     outs, _ = s.run()
+    syn = one(outs, "outside", tcp_seq(1000, "S")).pkt
+    assert (syn[IP].src, syn[TCP].sport) == (POOL1, 40000)
     got = pick(outs, "inside", tcp_seq(5000, "SA"))
     if forwarded:
         assert len(got) == 1, f"SYN-ACK after {delay} s must pass\n{h.dump(outs)}"
+        assert (got[0].pkt[IP].dst, got[0].pkt[TCP].dport) == (SUB_A, 40000)
     else:
         assert not got, f"SYN-ACK after {delay} s (transitory expired) must not pass\n{h.dump(outs)}"
 

@@ -54,6 +54,7 @@ def test_udp_zero_checksum_stays_zero(replay):
     o = one(outs, "outside", has_payload(b"zero-out"))
     assert o.pkt[UDP].chksum == 0, "outbound zero UDP checksum was changed"
     ext, port = o.pkt[IP].src, o.pkt[UDP].sport
+    assert in_net(ext, POOL28), "not translated"
     s.add(T0 + 0.1, "outside", udp_in(SRV1, 5000, ext, port, b"zero-in", chksum=0))
     outs, _ = s.run()
     o = one(outs, "inside", has_payload(b"zero-in"))
@@ -77,6 +78,7 @@ def test_endpoint_independent_mapping_udp(replay, selection):
         assert (o.pkt[IP].dst, o.pkt[UDP].dport) == (d, dp)
         exts.add((o.pkt[IP].src, o.pkt[UDP].sport))
     assert len(exts) == 1, f"mapping depends on the destination: {exts}"
+    assert in_net(next(iter(exts))[0], POOL28), "not translated"
 
 
 def test_port_parity_when_preserved_port_taken(replay):
@@ -112,12 +114,17 @@ def test_random_port_selection_keeps_parity(replay):
         s.add(T0 + i * 0.01, "inside", udp_out(SUB_A, sp, SRV1, 53, b"r%d" % i))
     outs, _ = s.run()
     seen = set()
+    same = 0
     for i, sp in enumerate(sports):
-        p = one(outs, "outside", has_payload(b"r%d" % i)).pkt[UDP].sport
+        o = one(outs, "outside", has_payload(b"r%d" % i)).pkt
+        assert o[IP].src == POOL1
+        p = o[UDP].sport
         assert p % 2 == sp % 2, f"parity not kept: {sp} -> {p}"
         assert 1024 <= p <= 65535
+        same += p == sp
         seen.add(p)
     assert len(seen) == len(sports)
+    assert same < 3, f"port_selection = random preserved {same} of {len(sports)} source ports"
 
 
 def test_no_port_overloading_same_source_port(replay):
@@ -183,8 +190,10 @@ def test_udp_inbound_refresh_enabled(replay):
     s.add(T0 + 100, "outside", udp_in(SRV1, 53, POOL1, 40000, b"i1"))
     s.add(T0 + 200, "outside", udp_in(SRV1, 53, POOL1, 40000, b"i2"))
     outs, _ = s.run()
+    assert one(outs, "outside", has_payload(b"o1")).pkt[IP].src == POOL1
     one(outs, "inside", has_payload(b"i1"))
-    one(outs, "inside", has_payload(b"i2"), "reply after an inbound refresh")
+    p = one(outs, "inside", has_payload(b"i2"), "reply after an inbound refresh").pkt
+    assert (p[IP].dst, p[UDP].dport) == (SUB_A, 40000)
 
 
 def test_udp_default_timeout_at_least_two_minutes(replay):
@@ -194,7 +203,8 @@ def test_udp_default_timeout_at_least_two_minutes(replay):
     s.add(T0, "inside", udp_out(SUB_A, 40000, SRV1, 53, b"o1"))
     s.add(T0 + 290, "outside", udp_in(SRV1, 53, POOL1, 40000, b"late"))
     outs, _ = s.run()
-    one(outs, "inside", has_payload(b"late"), "reply 290 s after the last outbound packet")
+    p = one(outs, "inside", has_payload(b"late"), "reply 290 s after the last outbound packet").pkt
+    assert (p[IP].dst, p[UDP].dport) == (SUB_A, 40000)
 
 
 def test_vlan_tag_kept(replay):

@@ -798,6 +798,9 @@ impl Engine {
     }
 
     fn send_icmp_error(&mut self, frame: &[u8], l3: usize, src: u32, side: Side, msg_type: u8, code: u8) {
+        if !may_trigger_icmp_error(frame, l3) {
+            return;
+        }
         if self.icmp_window_s != self.now_s {
             self.icmp_window_s = self.now_s;
             self.icmp_sent = 0;
@@ -812,6 +815,20 @@ impl Engine {
         self.out.push(side, self.now_ns, buf);
         self.stats.generated[side as usize] += 1;
     }
+}
+
+/// RFC 1812 section 4.3.2.7: no ICMP error about an ICMP error, a non-first
+/// fragment, or a frame sent to a link-layer broadcast or multicast address.
+fn may_trigger_icmp_error(frame: &[u8], l3: usize) -> bool {
+    if frame.first().is_none_or(|b| b & 1 != 0) {
+        return false;
+    }
+    let Ok(ip) = ipv4::Packet::new_lax(&frame[l3..]) else { return false };
+    if ip.frag_offset() != 0 {
+        return false;
+    }
+    let l4 = l3 + ip.header_len();
+    !(ip.protocol() == proto::ICMP && frame.get(l4).is_some_and(|&t| icmp::classify(t) == icmp::Class::Error))
 }
 
 fn apply_fragment_rewrite(frame: &mut [u8], l3: usize, rw: FragRewrite) {
