@@ -70,7 +70,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let mut reader = CaptureReader::open(&args.input).map_err(|e| Failure::Other(e.to_string()))?;
     let writer = CaptureWriter::create(&args.out).map_err(|e| Failure::Other(e.to_string()))?;
     let log = match &cfg.logging.json {
-        Some(p) => Some(EventLog::create(p).map_err(|e| Failure::Other(format!("logging.json {}: {e}", p.display())))?),
+        Some(p) => Some(EventLog::create(p, cfg.logging.unit).map_err(|e| Failure::Other(format!("logging.json {}: {e}", p.display())))?),
         None => None,
     };
     let mut sinks = Sinks { writer, log, report: ReportBuilder::default() };

@@ -57,8 +57,19 @@ pub struct LiveConfig {
     pub management_listen: Option<String>,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogUnit {
+    /// One record per mapping created or deleted.
+    Mapping,
+    /// Mapping records plus one per session, with the remote endpoint.
+    Session,
+    /// One record per port block allocated or released (RFC 6888 REQ-12's log reduction).
+    Block,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoggingConfig {
+    pub unit: LogUnit,
     /// JSON-lines event log.
     pub json: Option<PathBuf>,
 }
@@ -301,11 +312,12 @@ fn parse_timeouts(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<Stri
 }
 
 fn parse_logging(root: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<LoggingConfig, ConfigError> {
-    let mut logging = LoggingConfig { json: None };
+    let default_unit = if e.port_block_size > 0 { LogUnit::Block } else { LogUnit::Mapping };
+    let mut logging = LoggingConfig { unit: default_unit, json: None };
     let Some(mut s) = root.section("logging")? else { return Ok(logging) };
-    let unit = s.choice("unit", &[("mapping", 0), ("session", 1), ("block", 2)])?;
-    e.log_sessions = unit == Some(1);
-    if unit == Some(2) && e.port_block_size == 0 {
+    logging.unit = s.choice("unit", &[("mapping", LogUnit::Mapping), ("session", LogUnit::Session), ("block", LogUnit::Block)])?.unwrap_or(default_unit);
+    e.log_sessions = logging.unit == LogUnit::Session;
+    if logging.unit == LogUnit::Block && e.port_block_size == 0 {
         return err("logging.unit", "\"block\" needs nat.port_block_size > 0");
     }
     logging.json = s.string("json")?.map(PathBuf::from);

@@ -8,6 +8,8 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use natrix_engine::{Event, EventKind};
+
+use crate::config::LogUnit;
 use serde::Serialize;
 
 #[derive(Serialize)]
@@ -33,16 +35,21 @@ struct Line {
 
 pub struct EventLog {
     out: BufWriter<File>,
+    unit: LogUnit,
     written: u64,
     bytes: u64,
 }
 
 impl EventLog {
-    pub fn create(path: &Path) -> io::Result<Self> {
-        Ok(EventLog { out: BufWriter::new(File::create(path)?), written: 0, bytes: 0 })
+    pub fn create(path: &Path, unit: LogUnit) -> io::Result<Self> {
+        Ok(EventLog { out: BufWriter::new(File::create(path)?), unit, written: 0, bytes: 0 })
     }
 
+    /// Writes the event if the configured unit records it.
     pub fn write(&mut self, e: &Event) -> io::Result<()> {
+        if !records(self.unit, e.kind) {
+            return Ok(());
+        }
         let mut line = serde_json::to_vec(&line_for(e)).map_err(io::Error::other)?;
         line.push(b'\n');
         self.out.write_all(&line)?;
@@ -58,6 +65,18 @@ impl EventLog {
 
     pub fn finish(mut self) -> io::Result<()> {
         self.out.flush()
+    }
+}
+
+/// In block mode one record per block replaces the per-mapping ones;
+/// exhaustion and quota events are always recorded.
+fn records(unit: LogUnit, kind: EventKind) -> bool {
+    use EventKind::*;
+    match kind {
+        MappingCreated | MappingDeleted => unit != LogUnit::Block,
+        SessionCreated | SessionDeleted => unit == LogUnit::Session,
+        BlockAllocated | BlockReleased => unit == LogUnit::Block,
+        AddressesExhausted | PortsExhausted | QuotaExceeded => true,
     }
 }
 
@@ -107,6 +126,16 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_unit_logs_blocks_not_mappings() {
+        assert!(records(LogUnit::Block, EventKind::BlockAllocated));
+        assert!(!records(LogUnit::Block, EventKind::MappingCreated));
+        assert!(!records(LogUnit::Mapping, EventKind::BlockAllocated));
+        assert!(!records(LogUnit::Mapping, EventKind::SessionCreated));
+        assert!(records(LogUnit::Session, EventKind::SessionDeleted));
+        assert!(records(LogUnit::Block, EventKind::QuotaExceeded));
+    }
 
     #[test]
     fn rfc3339_matches_known_instants() {

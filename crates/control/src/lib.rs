@@ -7,4 +7,4 @@ pub mod duration;
 pub mod eventlog;
 pub mod report;
 
-pub use config::{Config, ConfigError, IoBackend, LiveConfig};
+pub use config::{Config, ConfigError, IoBackend, LiveConfig, LogUnit, LoggingConfig};

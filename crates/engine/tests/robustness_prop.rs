@@ -109,7 +109,6 @@ fn setup(e: &mut Engine, now: &mut u64, sent: &mut u64) -> Corpus {
         let q = quote_of(&x);
         send(e, Side::Outside, icmp_frame(Side::Outside, REMOTES[1], ext, 64, Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::Port), &q), &mut frames);
     }
-    drop(send);
     // Everything valid is forwarded, except the three deliberately unsolicited SYNs.
     assert_eq!(not_forwarded.len(), 3, "setup verdicts: {not_forwarded:?}");
     Corpus { frames }

@@ -4,6 +4,11 @@
 
 mod common;
 
+/// An address and port (or ICMP identifier).
+type Endpoint = ([u8; 4], u16);
+/// An endpoint of one protocol.
+type ProtoEndpoint = (u8, [u8; 4], u16);
+
 use common::*;
 use natrix_engine::{Side, Verdict};
 use proptest::prelude::*;
@@ -90,9 +95,9 @@ proptest! {
         // Paired pooling: subscriber -> external address.
         let mut paired: HashMap<[u8; 4], [u8; 4]> = HashMap::new();
         // EIM: (proto, internal endpoint) -> external endpoint.
-        let mut eim: HashMap<(u8, [u8; 4], u16), ([u8; 4], u16)> = HashMap::new();
+        let mut eim: HashMap<ProtoEndpoint, Endpoint> = HashMap::new();
         // Uniqueness: (proto, external endpoint) -> internal endpoint.
-        let mut owner: HashMap<(u8, [u8; 4], u16), ([u8; 4], u16)> = HashMap::new();
+        let mut owner: HashMap<ProtoEndpoint, Endpoint> = HashMap::new();
 
         for (i, f) in flows.iter().enumerate() {
             let sub = subs[f.sub];

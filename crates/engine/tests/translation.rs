@@ -2,6 +2,8 @@
 //! unsolicited SYN handling (RFC 5382 REQ-4), quota ICMP (RFC 6888), TTL expiry,
 //! filtering modes (RFC 4787 REQ-8), port parity and hold-down (contract).
 
+#![allow(clippy::too_many_arguments)]
+
 mod common;
 
 use common::*;

@@ -2,7 +2,7 @@
 //! decoded with etherparse only; checksums are verified with etherparse's own
 //! calculators, never with natrix_wire.
 
-#![allow(dead_code)]
+#![allow(dead_code, clippy::too_many_arguments, clippy::type_complexity)]
 
 use etherparse::{
     checksum::Sum16BitWords, Ethernet2Header, Icmpv4Header, Icmpv4Type, Ipv4Header, NetHeaders,
