@@ -10,7 +10,8 @@ FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 step() { printf '\n=== %s\n' "$*"; }
 
 step "python test dependencies"
-python3 -c 'import scapy, pytest' 2>/dev/null || python3 -m pip install --quiet scapy pytest
+python3 -c 'import scapy, pytest' 2>/dev/null || python3 -m pip install --quiet scapy pytest \
+    || python3 -m pip install --quiet --break-system-packages scapy pytest
 
 step "cargo build and unit/property tests"
 cargo build --workspace --all-targets
