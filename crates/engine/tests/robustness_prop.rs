@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use etherparse::{icmpv4::DestUnreachableHeader, Ethernet2Header, Icmpv4Type, IpFragOffset, IpNumber, Ipv4Header, UdpHeader};
+use etherparse::{icmpv4::DestUnreachableHeader, Ethernet2Header, Icmpv4Type, IpNumber, Ipv4Header, UdpHeader};
 use natrix_engine::{Engine, EngineConfig, Side, Verdict};
 use proptest::prelude::*;
 
@@ -26,21 +26,7 @@ fn fragment_pair(side: Side, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16,
     l4.extend_from_slice(&data);
     let (ms, md) = macs(side);
     let eth = Ethernet2Header { source: ms, destination: md, ether_type: etherparse::EtherType::IPV4 };
-    let mut out = Vec::new();
-    for (off, chunk, more) in [(0usize, &l4[..24], true), (24, &l4[24..], false)] {
-        let mut ip = Ipv4Header::new(chunk.len() as u16, 64, IpNumber::UDP, src, dst).unwrap();
-        ip.dont_fragment = false;
-        ip.more_fragments = more;
-        ip.identification = ident;
-        ip.fragment_offset = IpFragOffset::try_new((off / 8) as u16).unwrap();
-        ip.header_checksum = ip.calc_header_checksum();
-        let mut v = Vec::new();
-        eth.write(&mut v).unwrap();
-        ip.write(&mut v).unwrap();
-        v.extend_from_slice(chunk);
-        out.push(v);
-    }
-    [out[0].clone(), out[1].clone()]
+    [ipv4_fragment(&eth, src, dst, ident, 0, &l4[..24], true), ipv4_fragment(&eth, src, dst, ident, 24, &l4[24..], false)]
 }
 
 /// Sends a set of valid flows to set up mappings and collects inputs of every

@@ -165,8 +165,12 @@ fn icmp_error_outbound_round_trip() {
     assert_eq!(q.udp_checksum(), must_decode(&orig_inb).udp().checksum);
 }
 
-#[test]
-fn hairpin_udp() {
+/// An address and port.
+type Endpoint = ([u8; 4], u16);
+
+/// SUB (port 5000) and SUB2 (port 6000) each with a UDP mapping to REMOTE;
+/// returns the engine and their external endpoints.
+fn two_subscribers_with_udp_mappings() -> (natrix_engine::Engine, Endpoint, Endpoint) {
     let mut e = engine(config());
     let (_, xa) = udp_out(&mut e, SUB, 5000, REMOTE, 9000, b"a", false, SEC);
     let xa = must_decode(&xa);
@@ -174,6 +178,12 @@ fn hairpin_udp() {
     let (_, xb) = udp_out(&mut e, SUB2, 6000, REMOTE, 9000, b"b", false, SEC + 1);
     let xb = must_decode(&xb);
     let (eb, pb) = (xb.src(), xb.udp().source_port);
+    (e, (ea, pa), (eb, pb))
+}
+
+#[test]
+fn hairpin_udp() {
+    let (mut e, (ea, pa), (eb, pb)) = two_subscribers_with_udp_mappings();
 
     // B -> A's external endpoint: leaves inside, from B's external endpoint.
     let mut f = udp_frame(Side::Inside, SUB2, 6000, ea, pa, 64, b"hairpin payload", false);
@@ -376,13 +386,7 @@ fn released_port_held_down() {
 
 #[test]
 fn hairpin_icmp_error() {
-    let mut e = engine(config());
-    let (_, xa) = udp_out(&mut e, SUB, 5000, REMOTE, 9000, b"a", false, SEC);
-    let xa = must_decode(&xa);
-    let (ea, pa) = (xa.src(), xa.udp().source_port);
-    let (_, xb) = udp_out(&mut e, SUB2, 6000, REMOTE, 9000, b"b", false, SEC + 1);
-    let xb = must_decode(&xb);
-    let (eb, pb) = (xb.src(), xb.udp().source_port);
+    let (mut e, (ea, pa), (eb, pb)) = two_subscribers_with_udp_mappings();
     // A -> B's external endpoint, hairpinned to B.
     let mut f = udp_frame(Side::Inside, SUB, 5000, eb, pb, 64, b"to b via hairpin", false);
     assert_eq!(e.process(&mut f, Side::Inside, 2 * SEC), Verdict::Forward(Side::Inside));
@@ -471,7 +475,7 @@ fn vlan_tag_kept_and_generated_frames_swap_macs() {
 
 #[test]
 fn fragments_out_of_order_held_then_released() {
-    use etherparse::{Ethernet2Header, IpFragOffset, IpNumber, Ipv4Header, UdpHeader};
+    use etherparse::{Ethernet2Header, IpNumber, Ipv4Header, UdpHeader};
     let mut e = engine(config());
     let data: Vec<u8> = (0..64u8).collect();
     let probe = Ipv4Header::new(8 + data.len() as u16, 64, IpNumber::UDP, SUB, REMOTE).unwrap();
@@ -479,19 +483,7 @@ fn fragments_out_of_order_held_then_released() {
     let mut l4 = udp.to_bytes().to_vec();
     l4.extend_from_slice(&data);
     let eth = Ethernet2Header { source: MAC_SUB, destination: MAC_NAT_IN, ether_type: etherparse::EtherType::IPV4 };
-    let frag = |off: usize, chunk: &[u8], more: bool| {
-        let mut ip = Ipv4Header::new(chunk.len() as u16, 64, IpNumber::UDP, SUB, REMOTE).unwrap();
-        ip.dont_fragment = false;
-        ip.more_fragments = more;
-        ip.identification = 0x1234;
-        ip.fragment_offset = IpFragOffset::try_new((off / 8) as u16).unwrap();
-        ip.header_checksum = ip.calc_header_checksum();
-        let mut v = Vec::new();
-        eth.write(&mut v).unwrap();
-        ip.write(&mut v).unwrap();
-        v.extend_from_slice(chunk);
-        v
-    };
+    let frag = |off: usize, chunk: &[u8], more: bool| ipv4_fragment(&eth, SUB, REMOTE, 0x1234, off, chunk, more);
     let mut second = frag(32, &l4[32..], false);
     let mut first = frag(0, &l4[..32], true);
     assert_eq!(e.process(&mut second, Side::Inside, SEC), Verdict::Held);

@@ -275,3 +275,19 @@ pub fn outputs(e: &mut Engine) -> Vec<(Side, u64, Vec<u8>)> {
 }
 
 pub const SEC: u64 = 1_000_000_000;
+
+/// One IPv4 fragment (offset `off` bytes into the datagram's payload) of a UDP
+/// datagram, framed with `eth`.
+pub fn ipv4_fragment(eth: &Ethernet2Header, src: [u8; 4], dst: [u8; 4], ident: u16, off: usize, chunk: &[u8], more: bool) -> Vec<u8> {
+    let mut ip = Ipv4Header::new(chunk.len() as u16, 64, etherparse::IpNumber::UDP, src, dst).unwrap();
+    ip.dont_fragment = false;
+    ip.more_fragments = more;
+    ip.identification = ident;
+    ip.fragment_offset = etherparse::IpFragOffset::try_new((off / 8) as u16).unwrap();
+    ip.header_checksum = ip.calc_header_checksum();
+    let mut v = Vec::new();
+    eth.write(&mut v).unwrap();
+    ip.write(&mut v).unwrap();
+    v.extend_from_slice(chunk);
+    v
+}
