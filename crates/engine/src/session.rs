@@ -105,14 +105,6 @@ impl Tables {
         hash::five_tuple(!self.seed, proto as u8, addr, port, rem, rport)
     }
 
-    pub fn prefetch_in(&self, hash: u64) {
-        self.sess_in.prefetch(hash);
-    }
-
-    pub fn prefetch_out(&self, hash: u64) {
-        self.sess_out.prefetch(hash);
-    }
-
     /// Session for an outbound packet: (internal endpoint, remote endpoint).
     #[inline]
     pub fn find_session_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {

@@ -64,20 +64,6 @@ impl FlowIndex {
         (hash as usize) & self.mask
     }
 
-    /// Asks the CPU to start loading the bucket `hash` lands in.
-    #[inline]
-    pub fn prefetch(&self, hash: u64) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let p = &self.buckets[self.home(hash)] as *const Bucket as *const i8;
-            // SAFETY: `p` points into `self.buckets` (home() masks into range);
-            // prefetching never dereferences in the language sense.
-            unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = hash;
-    }
-
     /// Finds the entry indexed under `hash` for which `eq` holds.
     #[inline]
     pub fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
