@@ -8,8 +8,9 @@
 
 use std::time::Instant;
 
+use natrix_engine::rng::Rng;
 use natrix_engine::{Engine, EngineConfig, Side, Verdict};
-use natrix_wire::checksum;
+use natrix_wire::{checksum, get_u16_at, get_u32_at, ipv4, proto, set_u16_at};
 use serde::Serialize;
 
 use crate::Failure;
@@ -204,7 +205,7 @@ struct Flow {
 fn flow(first_sub: u64, i: u64) -> Flow {
     let sub_index = first_sub + i / FLOWS_PER_SUBSCRIBER;
     let j = i % FLOWS_PER_SUBSCRIBER;
-    let r = splitmix(i ^ first_sub << 40);
+    let r = Rng::new(i ^ first_sub << 40).next_u64();
     Flow {
         tcp: i % 2 == 1,
         sub: SUBSCRIBER_BASE + sub_index as u32,
@@ -212,13 +213,6 @@ fn flow(first_sub: u64, i: u64) -> Flow {
         server: SERVER_BASE + (r & 0xffff) as u32,
         dport: 1 + ((r >> 16) % 49151) as u16,
     }
-}
-
-fn splitmix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> PassResult {
@@ -245,8 +239,8 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> Pass
         });
         for k in 0..n {
             let t = &out[k];
-            let (ext, eport) = (get_u32(t, 26), get_u16(t, 34));
-            build(&mut back[k], t[23] == 6, get_u32(t, 30), get_u16(t, 36), ext, eport, back_flags);
+            let (ext, eport) = (get_u32_at(t, 26), get_u16_at(t, 34));
+            build(&mut back[k], t[23] == 6, get_u32_at(t, 30), get_u16_at(t, 36), ext, eport, back_flags);
         }
         time_batch(&mut res, || {
             for (k, frame) in back.iter_mut().enumerate().take(n) {
@@ -255,7 +249,7 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> Pass
         });
         for k in 0..n {
             let f = flow(first_sub, start + k as u64);
-            let ok = verdicts[k] == Verdict::Forward(Side::Inside) && get_u32(&back[k], 30) == f.sub && get_u16(&back[k], 36) == f.sport;
+            let ok = verdicts[k] == Verdict::Forward(Side::Inside) && get_u32_at(&back[k], 30) == f.sub && get_u16_at(&back[k], 36) == f.sport;
             res.errors += u64::from(!ok);
         }
         engine.drain_events(|_| {});
@@ -280,41 +274,28 @@ const TCP_ACK: u8 = 0x10;
 
 /// Writes a 60-byte Ethernet/IPv4/TCP-or-UDP frame with valid checksums.
 fn build(f: &mut [u8; FRAME_LEN], tcp: bool, src: u32, sport: u16, dst: u32, dport: u16, tcp_flags: u8) {
+    const L4: usize = 34;
     *f = [0; FRAME_LEN];
     f[0..6].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
     f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 2]);
     f[12..14].copy_from_slice(&[0x08, 0x00]);
-    let l4_len: usize = if tcp { 20 } else { FRAME_LEN - 34 };
-    f[14] = 0x45;
-    f[16..18].copy_from_slice(&((20 + l4_len) as u16).to_be_bytes());
-    f[22] = 64;
-    f[23] = if tcp { 6 } else { 17 };
-    f[26..30].copy_from_slice(&src.to_be_bytes());
-    f[30..34].copy_from_slice(&dst.to_be_bytes());
-    let c = checksum::checksum(&f[14..34]);
-    f[24..26].copy_from_slice(&c.to_be_bytes());
-    f[34..36].copy_from_slice(&sport.to_be_bytes());
-    f[36..38].copy_from_slice(&dport.to_be_bytes());
+    let (protocol, l4_len) = if tcp { (proto::TCP, 20) } else { (proto::UDP, FRAME_LEN - L4) };
+    ipv4::emit_header(&mut f[14..L4], src, dst, protocol, (20 + l4_len) as u16, 64, 0);
+    set_u16_at(f, L4, sport);
+    set_u16_at(f, L4 + 2, dport);
     let ck_at = if tcp {
-        f[46] = 0x50;
-        f[47] = tcp_flags;
-        f[48..50].copy_from_slice(&65535u16.to_be_bytes());
-        50
+        f[L4 + 12] = 0x50;
+        f[L4 + 13] = tcp_flags;
+        set_u16_at(f, L4 + 14, u16::MAX);
+        L4 + 16
     } else {
-        f[38..40].copy_from_slice(&(l4_len as u16).to_be_bytes());
-        40
+        set_u16_at(f, L4 + 4, l4_len as u16);
+        L4 + 6
     };
-    let sum = checksum::pseudo_header_sum(src, dst, f[23], l4_len as u16) + checksum::sum(&f[34..34 + l4_len]);
+    let sum = checksum::pseudo_header_sum(src, dst, protocol, l4_len as u16) + checksum::sum(&f[L4..L4 + l4_len]);
     let c = !checksum::fold(sum);
-    f[ck_at..ck_at + 2].copy_from_slice(&(if !tcp && c == 0 { 0xffff } else { c }).to_be_bytes());
-}
-
-fn get_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
-}
-
-fn get_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    // RFC 768: a computed UDP checksum of zero is sent as all ones.
+    set_u16_at(f, ck_at, if !tcp && c == 0 { 0xffff } else { c });
 }
 
 /// Resident memory of the process, from /proc (0 where unavailable).

@@ -71,11 +71,13 @@ impl std::fmt::Display for Failure {
     }
 }
 
-/// Loads a config, printing its warnings; refusals name the file and the key.
-pub fn load_config(path: &std::path::Path) -> Result<natrix_control::Config, Failure> {
+/// Loads a config, printing its warnings, and builds the engine it
+/// describes; refusals name the file and the key.
+pub fn load_engine(path: &std::path::Path) -> Result<(natrix_control::Config, natrix_engine::Engine), Failure> {
     let cfg = natrix_control::Config::load(path).map_err(|e| Failure::Config(format!("{}: {e}", path.display())))?;
     for w in &cfg.warnings {
         eprintln!("natrix: warning: {}: {w}", path.display());
     }
-    Ok(cfg)
+    let engine = natrix_engine::Engine::new(cfg.engine.clone()).map_err(|e| Failure::Config(format!("{}: nat.static: {e}", path.display())))?;
+    Ok((cfg, engine))
 }

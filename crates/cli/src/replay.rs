@@ -10,7 +10,7 @@ use natrix_control::report::{Report, ReportBuilder};
 use natrix_engine::{Engine, Verdict};
 use natrix_io::{CaptureReader, CaptureWriter};
 
-use crate::{load_config, Failure};
+use crate::{load_engine, Failure};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -65,8 +65,7 @@ impl Sinks {
 }
 
 pub fn run(args: &Args) -> Result<(), Failure> {
-    let cfg = load_config(&args.config)?;
-    let mut engine = Engine::new(cfg.engine.clone()).map_err(|e| Failure::Config(format!("{}: nat.static: {e}", args.config.display())))?;
+    let (cfg, mut engine) = load_engine(&args.config)?;
     let mut reader = CaptureReader::open(&args.input).map_err(|e| Failure::Other(e.to_string()))?;
     let writer = CaptureWriter::create(&args.out).map_err(|e| Failure::Other(e.to_string()))?;
     let log = match &cfg.logging.json {

@@ -167,16 +167,7 @@ fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) 
         e.ports = (lo, hi);
     }
     let range = u32::from(e.ports.1 - e.ports.0) + 1;
-    e.filtering = s
-        .choice(
-            "filtering",
-            &[
-                ("endpoint-independent", Filtering::EndpointIndependent),
-                ("address-dependent", Filtering::AddressDependent),
-                ("address-and-port-dependent", Filtering::AddressAndPortDependent),
-            ],
-        )?
-        .unwrap_or(e.filtering);
+    e.filtering = s.choice("filtering", &Filtering::ALL.map(|f| (f.name(), f)))?.unwrap_or(e.filtering);
     e.max_ports_per_subscriber = s.integer("max_ports_per_subscriber", 1, 3 * range)?.unwrap_or(e.max_ports_per_subscriber);
     if let Some(mut per) = s.section("max_ports_per_protocol")? {
         for p in Proto::ALL {
@@ -275,14 +266,15 @@ fn parse_statics(s: &mut Section) -> Result<Vec<StaticMapping>, ConfigError> {
 }
 
 fn parse_timeouts(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
-    // (key, RFC minimum in seconds, where the minimum comes from)
-    let keys: [(&str, u32, &str); 4] = [
-        ("udp", 120, "RFC 4787 REQ-5"),
-        ("tcp_established", 7440, "RFC 5382 REQ-5"),
-        ("tcp_transitory", 240, "RFC 5382 REQ-5"),
-        ("icmp", 60, "RFC 5508 REQ-1"),
+    let t = &mut e.timeouts;
+    // (key, field, RFC minimum in seconds, where the minimum comes from)
+    let keys: [(&str, &mut u32, u32, &str); 4] = [
+        ("udp", &mut t.udp_s, 120, "RFC 4787 REQ-5"),
+        ("tcp_established", &mut t.tcp_established_s, 7440, "RFC 5382 REQ-5"),
+        ("tcp_transitory", &mut t.tcp_transitory_s, 240, "RFC 5382 REQ-5"),
+        ("icmp", &mut t.icmp_s, 60, "RFC 5508 REQ-1"),
     ];
-    for (key, min, rfc) in keys {
+    for (key, field, min, rfc) in keys {
         let Some(ms) = s.parsed(key, duration::parse_ms)? else { continue };
         let secs = seconds(&s.path(key), ms)?;
         if secs == 0 {
@@ -291,13 +283,7 @@ fn parse_timeouts(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<Stri
         if secs < min {
             warnings.push(format!("timeouts.{key}: {secs}s is below the {min}s minimum of {rfc}"));
         }
-        let t = &mut e.timeouts;
-        *match key {
-            "udp" => &mut t.udp_s,
-            "tcp_established" => &mut t.tcp_established_s,
-            "tcp_transitory" => &mut t.tcp_transitory_s,
-            _ => &mut t.icmp_s,
-        } = secs;
+        *field = secs;
     }
     if let Some(ms) = s.parsed("fragment", duration::parse_ms)? {
         if ms == 0 {

@@ -90,7 +90,7 @@ impl ReportBuilder {
             out_inside,
             out_outside,
             generated: st.generated[i] + st.generated[o],
-            dropped: drops.values().sum(),
+            dropped: st.drops.total(),
         };
         let mut peaks: Vec<u32> = self.ports.values().map(|&(_, peak)| peak).collect();
         peaks.sort_unstable();

@@ -10,6 +10,19 @@ pub enum Filtering {
     AddressAndPortDependent,
 }
 
+impl Filtering {
+    pub const ALL: [Filtering; 3] = [Filtering::EndpointIndependent, Filtering::AddressDependent, Filtering::AddressAndPortDependent];
+
+    /// The name operators write in `[nat] filtering` (RFC 4787 section 5 terms).
+    pub fn name(self) -> &'static str {
+        match self {
+            Filtering::EndpointIndependent => "endpoint-independent",
+            Filtering::AddressDependent => "address-dependent",
+            Filtering::AddressAndPortDependent => "address-and-port-dependent",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PortSelection {
     /// Keep the subscriber's source port when it is free (RFC 4787 REQ-3 port preservation).

@@ -784,10 +784,12 @@ impl Engine {
         if self.cfg.unsolicited_syn != UnsolicitedSyn::IcmpPortUnreachable {
             return;
         }
+        // Callers have moved the clock to or past the deadline; the answer is
+        // stamped with the deadline itself, when the hold ended.
         let now = self.now_ns;
-        self.now_ns = h.deadline_ns.min(now).max(h.deadline_ns);
+        self.now_ns = h.deadline_ns;
         self.send_icmp_error(&h.bytes[..h.len], h.l3, h.ext_addr, Side::Outside, icmp::kind::DEST_UNREACHABLE, icmp::unreachable::PORT);
-        self.now_ns = now.max(h.deadline_ns);
+        self.now_ns = now;
     }
 
     /// RFC 6888 REQ-8: tell the subscriber why its packet went nowhere.

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt;
 use std::fs::File;
-use std::io::{self, BufReader, BufWriter, Read};
+use std::io::{self, BufRead, BufReader, BufWriter, Read};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
@@ -84,13 +84,18 @@ impl CaptureReader {
     pub fn open(path: &Path) -> Result<Self, CaptureError> {
         let open_err = |source| CaptureError::Open { path: path.to_path_buf(), source };
         let format_err = |detail: String| CaptureError::Format { path: path.to_path_buf(), detail };
-        let mut file = File::open(path).map_err(open_err)?;
-        let size = file.metadata().map_err(open_err)?.len();
-        let mut magic = [0u8; 4];
-        file.read_exact(&mut magic).map_err(|_| format_err("too short to be a capture file".into()))?;
         let file = File::open(path).map_err(open_err)?;
+        let size = file.metadata().map_err(open_err)?.len();
+        let mut inner = BufReader::with_capacity(1 << 20, file);
+        // Peek at the magic number; the parsers read it again from the buffer.
+        let magic: [u8; 4] = inner
+            .fill_buf()
+            .map_err(open_err)?
+            .get(..4)
+            .and_then(|m| m.try_into().ok())
+            .ok_or_else(|| format_err("too short to be a capture file".into()))?;
         let read = Rc::new(Cell::new(0));
-        let source = Counting { inner: BufReader::with_capacity(1 << 20, file), read: Rc::clone(&read) };
+        let source = Counting { inner, read: Rc::clone(&read) };
         let format = if magic == PCAPNG_MAGIC {
             Format::PcapNg(PcapNgReader::new(source).map_err(|e| format_err(format!("bad pcapng section header: {e}")))?)
         } else if PCAP_MAGICS.contains(&magic) {

@@ -47,6 +47,12 @@ pub fn get_u16_at(b: &[u8], at: usize) -> u16 {
     get_u16(b, at)
 }
 
+/// Reads a big-endian u32 at `at` (callers have validated the length).
+#[inline]
+pub fn get_u32_at(b: &[u8], at: usize) -> u32 {
+    get_u32(b, at)
+}
+
 /// Writes a big-endian u16 at `at` (callers have validated the length).
 #[inline]
 pub fn set_u16_at(b: &mut [u8], at: usize, v: u16) {
