@@ -30,6 +30,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    restore_default_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::CheckConfig { file } => check_config::run(&file),
@@ -42,6 +43,15 @@ fn main() -> ExitCode {
             eprintln!("natrix: {e}");
             ExitCode::from(e.exit_code())
         }
+    }
+}
+
+/// Rust ignores SIGPIPE, which turns `natrix bench | head` into a panic on
+/// the next print; a command-line tool should end quietly instead.
+fn restore_default_sigpipe() {
+    // SAFETY: called first thing in main, before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 
