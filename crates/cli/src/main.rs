@@ -7,7 +7,10 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod check_config;
+mod lab;
 mod replay;
+mod run;
+mod show;
 
 #[derive(Parser)]
 #[command(name = "natrix", version, about = "natrix: a software carrier-grade NAT (NAPT44)")]
@@ -27,6 +30,14 @@ enum Command {
     Replay(replay::Args),
     /// Measure the engine's speed and memory on generated 64-byte frames (new and established flows).
     Bench(bench::Args),
+    /// A lab of network namespaces on this machine: `up`, `down`, or (default) a demo with real traffic through natrix.
+    Lab(lab::Args),
+    /// Run the NAT live on the configured interfaces, in the foreground.
+    Run(run::Args),
+    /// Show a running natrix's sessions, mappings or statistics.
+    Show(show::ShowArgs),
+    /// Remove a subscriber's sessions and mappings from a running natrix.
+    Clear(show::ClearArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +47,10 @@ fn main() -> ExitCode {
         Command::CheckConfig { file } => check_config::run(&file),
         Command::Replay(args) => replay::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Lab(args) => lab::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Show(args) => show::show(&args),
+        Command::Clear(args) => show::clear(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

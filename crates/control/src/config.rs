@@ -54,7 +54,11 @@ pub struct LiveConfig {
     pub gateway: Option<Ipv4Addr>,
     pub workers: u32,
     pub io: IoBackend,
+    /// Poll without sleeping: lowest latency, but a whole core per thread.
+    pub busy_poll: bool,
     pub management_listen: Option<String>,
+    /// Prefix length of the outside address: hosts inside it are on-link.
+    pub outside_prefix_len: u8,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +98,7 @@ impl Config {
         let mut root = Section::new("", &root);
         let mut warnings = Vec::new();
         let mut engine = EngineConfig::default();
-        let mut live = LiveConfig { inside_interface: None, outside_interface: None, gateway: None, workers: 1, io: IoBackend::Auto, management_listen: None };
+        let mut live = LiveConfig { inside_interface: None, outside_interface: None, gateway: None, workers: 1, io: IoBackend::Auto, busy_poll: false, management_listen: None, outside_prefix_len: 32 };
 
         if let Some(mut s) = root.section("inside")? {
             live.inside_interface = s.string("interface")?.map(str::to_owned);
@@ -106,7 +110,10 @@ impl Config {
         }
         if let Some(mut s) = root.section("outside")? {
             live.outside_interface = s.string("interface")?.map(str::to_owned);
-            engine.outside_addr = s.parsed("address", parse_interface_address)?.map(|(a, _)| a);
+            if let Some((addr, len)) = s.parsed("address", parse_interface_address)? {
+                engine.outside_addr = Some(addr);
+                live.outside_prefix_len = len;
+            }
             live.gateway = s.parsed("gateway", |t| t.parse::<Ipv4Addr>().map_err(|_| format!("\"{t}\" is not an IPv4 address")))?;
             s.finish()?;
         }
@@ -140,6 +147,7 @@ impl Config {
         live.io = root
             .choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?
             .unwrap_or(IoBackend::Auto);
+        live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
         root.finish()?;
         check_consistency(&engine)?;
         Ok(Config { engine, live, logging, warnings })

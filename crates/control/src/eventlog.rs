@@ -45,6 +45,16 @@ impl EventLog {
         Ok(EventLog { out: BufWriter::new(File::create(path)?), unit, written: 0, bytes: 0 })
     }
 
+    /// Opens for appending: a live natrix never truncates its own records.
+    pub fn append(path: &Path, unit: LogUnit) -> io::Result<Self> {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(EventLog { out: BufWriter::new(file), unit, written: 0, bytes: 0 })
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+
     /// Writes the event if the configured unit records it.
     pub fn write(&mut self, e: &Event) -> io::Result<()> {
         if !records(self.unit, e.kind) {

@@ -2,9 +2,11 @@
 //! validated into the engine's typed config), the replay report, and the
 //! NAT event log. Nothing here is on the per-packet path.
 
+pub mod api;
 pub mod config;
 pub mod duration;
 pub mod eventlog;
+pub mod metrics;
 pub mod report;
 
 pub use config::{Config, ConfigError, IoBackend, LiveConfig, LogUnit, LoggingConfig};

@@ -106,7 +106,7 @@ impl ReportBuilder {
             subscribers: peaks.len() as u64,
             ports_per_subscriber: Percentiles { p50: nearest_rank(&peaks, 50), p99: nearest_rank(&peaks, 99), max: peaks.last().copied().unwrap_or(0) },
             pool: PoolUse {
-                addresses: pool.addresses().len() as u64,
+                addresses: pool.addresses().count() as u64,
                 ports,
                 peak_ports_used: st.peak_ports_in_use,
                 peak_utilisation: if ports == 0 { 0.0 } else { st.peak_ports_in_use as f64 / ports as f64 },

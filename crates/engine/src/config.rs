@@ -1,6 +1,7 @@
 //! The engine's typed configuration. Parsing and validation of the operator's
 //! file live in the control plane; this is what it produces.
 
+use crate::shard::Shard;
 use crate::Proto;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +123,10 @@ pub struct EngineConfig {
     pub log_sessions: bool,
     pub event_capacity: u32,
     pub seed: u64,
+    /// Which worker this engine is; it allocates from its slice of `ports`.
+    pub shard: Shard,
+    /// MTU of the link each side sends on (inside, outside); 0: no limit.
+    pub egress_mtu: [u16; 2],
 }
 
 impl Default for EngineConfig {
@@ -156,6 +161,8 @@ impl Default for EngineConfig {
             log_sessions: false,
             event_capacity: 1 << 16,
             seed: 1,
+            shard: Shard::default(),
+            egress_mtu: [0, 0],
         }
     }
 }

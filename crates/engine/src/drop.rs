@@ -41,6 +41,8 @@ drop_reasons! {
     IcmpErrorFragmented => "icmp_error_fragmented", "fragmented ICMP error (cannot be validated)";
     UnsupportedProtocol => "unsupported_protocol", "IP protocol natrix does not translate";
     TtlExpired => "ttl_expired", "TTL reached zero; ICMP time exceeded sent";
+    FragmentationNeeded => "fragmentation_needed", "larger than the egress MTU with DF set; ICMP fragmentation needed sent (RFC 1191)";
+    TooBig => "too_big", "larger than the egress MTU without DF (natrix does not fragment)";
     LocalDestination => "local_destination", "addressed to natrix itself";
     NotForPool => "not_for_pool", "arrived outside for an address outside the pool";
     NoMapping => "no_mapping", "inbound packet matching no mapping";

@@ -15,6 +15,7 @@ use crate::generate::{self, OutFrame, OutQueue};
 use crate::pool::{AllocError, Pool};
 use crate::rng::Rng;
 use crate::session::{mapping_flags, Mapping, Tables, NIL};
+use crate::shard::{self, Owners};
 use crate::subscriber::{Subscribers, NONE};
 use crate::trackers::{self, Direction, TimeoutClass};
 use crate::translate::{self, Which, L4};
@@ -63,6 +64,7 @@ pub(crate) struct Ip {
     pub ident: u16,
     pub first_frag: bool,
     pub later_frag: bool,
+    pub dont_fragment: bool,
 }
 
 /// The transport view of a first (or only) fragment.
@@ -111,11 +113,12 @@ pub struct Engine {
     rng: Rng,
     pub(crate) stats: Stats,
     now_ns: u64,
-    now_s: u32,
+    pub(crate) now_s: u32,
     icmp_window_s: u32,
     icmp_sent: u32,
     ip_ident: u16,
     outside_source: u32,
+    owners: Owners,
 }
 
 fn ipv4_reason(e: WireError) -> DropReason {
@@ -151,7 +154,9 @@ impl DropReason {
 impl Engine {
     /// Builds an engine; fails when a static mapping conflicts with another.
     pub fn new(cfg: EngineConfig) -> Result<Self, String> {
-        let pool = Pool::new(&cfg.pool, cfg.ports, cfg.port_block_size, cfg.port_selection, cfg.port_parity, cfg.hold_down_s);
+        let slice = shard::port_slice(cfg.ports, cfg.port_block_size, cfg.shard);
+        let pool = Pool::new(&cfg.pool, slice, cfg.port_block_size, cfg.port_selection, cfg.port_parity, cfg.hold_down_s);
+        let owners = Owners::new(cfg.ports, cfg.port_block_size, cfg.shard.count, &cfg.statics);
         let outside_source = cfg.outside_addr.or_else(|| cfg.pool.first().copied()).unwrap_or(0);
         let mut e = Engine {
             tables: Tables::new(cfg.max_sessions, cfg.statics.len(), cfg.seed),
@@ -169,6 +174,7 @@ impl Engine {
             icmp_sent: 0,
             ip_ident: 0,
             outside_source,
+            owners,
             cfg,
         };
         e.install_statics()?;
@@ -180,6 +186,11 @@ impl Engine {
             let ext_index = self.pool.index_of(st.ext_addr).ok_or_else(|| format!("static mapping: {} is not a pool address", fmt_addr(st.ext_addr)))?;
             if !self.pool.reserve(ext_index, st.proto, st.ext_port) || self.tables.find_mapping_in(st.proto, st.int_addr, st.int_port).is_some() {
                 return Err(format!("static mapping {}:{} conflicts with another", fmt_addr(st.ext_addr), st.ext_port));
+            }
+            // Every worker keeps the port out of its allocator; only the
+            // subscriber's own worker holds the mapping.
+            if shard::worker_of_subscriber(st.int_addr, self.cfg.shard.count) != self.cfg.shard.index {
+                continue;
             }
             let sub = self.subs.find_or_create(st.int_addr).ok_or("static mapping: subscriber table full")?;
             let m = Mapping {
@@ -332,6 +343,7 @@ impl Engine {
             ident: ip.ident(),
             first_frag: ip.more_frags() && ip.frag_offset() == 0,
             later_frag: ip.frag_offset() != 0,
+            dont_fragment: ip.dont_frag(),
         })
     }
 
@@ -363,9 +375,10 @@ impl Engine {
             return Err(DropReason::LocalDestination);
         }
         if ip.ttl <= 1 {
-            self.send_icmp_error(frame, ip.l3, self.cfg.inside_addr, Side::Inside, icmp::kind::TIME_EXCEEDED, 0);
+            self.send_icmp_error(frame, ip.l3, self.cfg.inside_addr, Side::Inside, (icmp::kind::TIME_EXCEEDED, 0), 0);
             return Err(DropReason::TtlExpired);
         }
+        self.check_mtu(frame, &ip, Side::Outside, self.cfg.inside_addr, Side::Inside)?;
         if ip.later_frag {
             return self.later_fragment(frame, &ip, Side::Inside);
         }
@@ -398,9 +411,10 @@ impl Engine {
             }
         }
         if ip.ttl <= 1 {
-            self.send_icmp_error(frame, ip.l3, self.outside_source, Side::Outside, icmp::kind::TIME_EXCEEDED, 0);
+            self.send_icmp_error(frame, ip.l3, self.outside_source, Side::Outside, (icmp::kind::TIME_EXCEEDED, 0), 0);
             return Err(DropReason::TtlExpired);
         }
+        self.check_mtu(frame, &ip, Side::Inside, self.outside_source, Side::Outside)?;
         if ip.later_frag {
             return self.later_fragment(frame, &ip, Side::Outside);
         }
@@ -413,6 +427,22 @@ impl Engine {
         };
         self.finish_forward(frame, &ip, Side::Outside, out);
         Ok(Some(out))
+    }
+
+    /// A datagram larger than the link it leaves on: with DF, tell the sender
+    /// the MTU (RFC 1191 path MTU discovery); without, drop it, since
+    /// natrix does not fragment.
+    fn check_mtu(&mut self, frame: &[u8], ip: &Ip, out: Side, icmp_src: u32, back: Side) -> Result<(), DropReason> {
+        let mtu = self.cfg.egress_mtu[out as usize];
+        let total = ip.l4 - ip.l3 + ip.l4_len;
+        if mtu == 0 || total <= usize::from(mtu) {
+            return Ok(());
+        }
+        if !ip.dont_fragment {
+            return Err(DropReason::TooBig);
+        }
+        self.send_icmp_error(frame, ip.l3, icmp_src, back, (icmp::kind::DEST_UNREACHABLE, icmp::unreachable::FRAG_NEEDED), mtu);
+        Err(DropReason::FragmentationNeeded)
     }
 
     /// Common tail of every forwarded frame: remember a first fragment's
@@ -494,13 +524,19 @@ impl Engine {
         let sid = self.outbound_session(frame, ip, &flow, may_create)?;
         let s = self.tables.sessions[sid as usize];
         translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
-        if !hairpin {
+        if !hairpin || !self.owns_external(flow.proto, ip.dst, flow.dport) {
+            // A hairpin to another worker's mapping leaves as if outbound; the
+            // dataplane turns it around to that worker as an inbound packet.
             return Ok(Side::Outside);
         }
         let peer = self.inbound_session(frame, ip.l3, flow.proto, ip.dst, flow.dport, s.ext_addr, s.ext_port, flow.tcp_flags, true)?;
         let p = self.tables.sessions[peer as usize];
         translate::rewrite(frame, ip.l3, flow.l4, Which::Dst, p.int_addr, p.int_port);
         Ok(Side::Inside)
+    }
+
+    fn owns_external(&self, proto: Proto, addr: u32, port: u16) -> bool {
+        self.owners.of_external(proto, addr, port) == self.cfg.shard.index
     }
 
     fn translate_in(&mut self, frame: &mut [u8], ip: &Ip) -> Result<Side, DropReason> {
@@ -640,7 +676,7 @@ impl Engine {
                 Err(e) => (Err(e), None),
             }
         };
-        let ext_addr = self.pool.addresses()[paired as usize];
+        let ext_addr = self.pool.address(paired);
         let port = match port {
             Ok(p) => p,
             Err(AllocError::BlockQuota) => {
@@ -699,7 +735,7 @@ impl Engine {
         Ok(sid)
     }
 
-    fn timeout_of(&self, class: TimeoutClass) -> u32 {
+    pub(crate) fn timeout_of(&self, class: TimeoutClass) -> u32 {
         let t = &self.cfg.timeouts;
         match class {
             TimeoutClass::Udp => t.udp_s,
@@ -788,18 +824,18 @@ impl Engine {
         // stamped with the deadline itself, when the hold ended.
         let now = self.now_ns;
         self.now_ns = h.deadline_ns;
-        self.send_icmp_error(&h.bytes[..h.len], h.l3, h.ext_addr, Side::Outside, icmp::kind::DEST_UNREACHABLE, icmp::unreachable::PORT);
+        self.send_icmp_error(&h.bytes[..h.len], h.l3, h.ext_addr, Side::Outside, (icmp::kind::DEST_UNREACHABLE, icmp::unreachable::PORT), 0);
         self.now_ns = now;
     }
 
     /// RFC 6888 REQ-8: tell the subscriber why its packet went nowhere.
     fn refuse(&mut self, frame: &[u8], l3: usize) {
         if let Some(code) = self.cfg.exhaustion_icmp_code {
-            self.send_icmp_error(frame, l3, self.cfg.inside_addr, Side::Inside, icmp::kind::DEST_UNREACHABLE, code);
+            self.send_icmp_error(frame, l3, self.cfg.inside_addr, Side::Inside, (icmp::kind::DEST_UNREACHABLE, code), 0);
         }
     }
 
-    fn send_icmp_error(&mut self, frame: &[u8], l3: usize, src: u32, side: Side, msg_type: u8, code: u8) {
+    fn send_icmp_error(&mut self, frame: &[u8], l3: usize, src: u32, side: Side, (msg_type, code): (u8, u8), next_hop_mtu: u16) {
         if !may_trigger_icmp_error(frame, l3) {
             return;
         }
@@ -813,7 +849,7 @@ impl Engine {
         self.icmp_sent += 1;
         self.ip_ident = self.ip_ident.wrapping_add(1);
         let mut buf = self.out.buffer();
-        generate::icmp_error(&mut buf, frame, l3, src, msg_type, code, self.ip_ident);
+        generate::icmp_error(&mut buf, frame, l3, src, msg_type, code, next_hop_mtu, self.ip_ident);
         self.out.push(side, self.now_ns, buf);
         self.stats.generated[side as usize] += 1;
     }

@@ -3,12 +3,14 @@
 //! 7857 require. No I/O, no configuration parsing, no clock: the caller passes
 //! time in and seeds the randomness, so every behaviour is reproducible.
 //!
-//! Layout: `table` (hash index), `session` (mappings and sessions),
+//! Layout: `shard` (how work splits across workers), `admin` (what
+//! operators do to a running engine), `table` (hash index), `session` (mappings and sessions),
 //! `subscriber`, `pool` (address and port allocation), `trackers` (one module
 //! per protocol), `translate` (header rewrites), `icmp_error`, `fragment`,
 //! `generate` (frames natrix sends itself), `events` (for logging), and
 //! `engine`, which ties them together.
 
+pub mod admin;
 pub mod config;
 pub mod drop;
 pub mod engine;
@@ -20,6 +22,7 @@ mod icmp_error;
 pub mod pool;
 pub mod rng;
 pub mod session;
+pub mod shard;
 pub mod subscriber;
 pub mod table;
 pub mod trackers;

@@ -113,7 +113,11 @@ pub struct BlockChange {
 }
 
 pub struct Pool {
+    /// Every address ever in the pool, by index; indexes never change, so
+    /// mappings keep theirs across reloads.
     addrs: Vec<u32>,
+    /// The addresses in service, sorted, with their index.
+    in_service: Vec<(u32, u32)>,
     spaces: Vec<PortSpace>,
     lo: u16,
     hi: u16,
@@ -130,11 +134,38 @@ impl Pool {
         let (lo, hi) = ports;
         let blocks = if block_size == 0 { 0 } else { (usize::from(hi - lo) + 1) / usize::from(block_size) };
         let spaces = (0..addrs.len() * Proto::COUNT).map(|_| PortSpace::new(lo, hi, blocks)).collect();
-        Pool { addrs: addrs.to_vec(), spaces, lo, hi, block_size, selection, parity, hold_down_s, holds: VecDeque::new(), ports_in_use: 0 }
+        let mut in_service: Vec<(u32, u32)> = addrs.iter().enumerate().map(|(i, &a)| (a, i as u32)).collect();
+        in_service.sort_unstable();
+        Pool { addrs: addrs.to_vec(), in_service, spaces, lo, hi, block_size, selection, parity, hold_down_s, holds: VecDeque::new(), ports_in_use: 0 }
     }
 
-    pub fn addresses(&self) -> &[u32] {
-        &self.addrs
+    /// The addresses in service, sorted.
+    pub fn addresses(&self) -> impl Iterator<Item = u32> + '_ {
+        self.in_service.iter().map(|&(a, _)| a)
+    }
+
+    /// Puts an address into service (a reload that grows the pool).
+    pub fn add_address(&mut self, addr: u32) {
+        if self.contains(addr) {
+            return;
+        }
+        let blocks = if self.block_size == 0 { 0 } else { (usize::from(self.hi - self.lo) + 1) / usize::from(self.block_size) };
+        let index = self.addrs.len() as u32;
+        self.addrs.push(addr);
+        self.spaces.extend((0..Proto::COUNT).map(|_| PortSpace::new(self.lo, self.hi, blocks)));
+        let at = self.in_service.partition_point(|&(a, _)| a < addr);
+        self.in_service.insert(at, (addr, index));
+    }
+
+    /// Takes an address out of service; the caller has deleted its mappings.
+    pub fn retire_address(&mut self, addr: u32) {
+        self.in_service.retain(|&(a, _)| a != addr);
+    }
+
+    pub fn set_policy(&mut self, selection: PortSelection, parity: bool, hold_down_s: u32) {
+        self.selection = selection;
+        self.parity = parity;
+        self.hold_down_s = hold_down_s;
     }
 
     pub fn contains(&self, addr: u32) -> bool {
@@ -142,11 +173,11 @@ impl Pool {
     }
 
     pub fn index_of(&self, addr: u32) -> Option<u32> {
-        self.addrs.binary_search(&addr).ok().map(|i| i as u32)
+        self.in_service.binary_search_by_key(&addr, |&(a, _)| a).ok().map(|i| self.in_service[i].1)
     }
 
     pub fn total_ports(&self) -> u64 {
-        self.addrs.len() as u64 * Proto::COUNT as u64 * (u64::from(self.hi - self.lo) + 1)
+        self.in_service.len() as u64 * Proto::COUNT as u64 * (u64::from(self.hi - self.lo) + 1)
     }
 
     /// Ports held by mappings (or by blocks, in block mode).
@@ -158,8 +189,9 @@ impl Pool {
         self.block_size
     }
 
-    pub fn set_hold_down(&mut self, s: u32) {
-        self.hold_down_s = s;
+    /// The address at `index` (a mapping's `ext_index`).
+    pub fn address(&self, index: u32) -> u32 {
+        self.addrs[index as usize]
     }
 
     fn space(&mut self, addr_idx: u32, proto: Proto) -> &mut PortSpace {
@@ -175,12 +207,12 @@ impl Pool {
     /// a hash of its address spreads subscribers, and probing skips addresses
     /// with no room for the protocol it starts with.
     pub fn choose_address(&self, start_hash: u64, proto: Proto) -> Option<u32> {
-        let n = self.addrs.len();
+        let n = self.in_service.len();
         if n == 0 {
             return None;
         }
         let start = (start_hash % n as u64) as usize;
-        (0..n).map(|i| (start + i) % n).find(|&i| self.has_room(i, proto)).map(|i| i as u32)
+        (0..n).map(|i| self.in_service[(start + i) % n].1).find(|&i| self.has_room(i as usize, proto))
     }
 
     /// Marks a port taken for good (static mappings).

@@ -61,6 +61,8 @@ pub struct Tables {
     map_in: FlowIndex,
     map_out: FlowIndex,
     lru: [(u32, u32); TimeoutClass::COUNT],
+    sessions_by_proto: [u32; Proto::COUNT],
+    mappings_by_proto: [u32; Proto::COUNT],
     max_sessions: usize,
     seed: u64,
 }
@@ -78,6 +80,8 @@ impl Tables {
             map_in: FlowIndex::with_capacity(n + extra_mappings),
             map_out: FlowIndex::with_capacity(n + extra_mappings),
             lru: [(NIL, NIL); TimeoutClass::COUNT],
+            sessions_by_proto: [0; Proto::COUNT],
+            mappings_by_proto: [0; Proto::COUNT],
             max_sessions: n,
             seed,
         }
@@ -89,6 +93,14 @@ impl Tables {
 
     pub fn mapping_count(&self) -> usize {
         self.map_in.len()
+    }
+
+    pub fn sessions_by_proto(&self) -> [u32; Proto::COUNT] {
+        self.sessions_by_proto
+    }
+
+    pub fn mappings_by_proto(&self) -> [u32; Proto::COUNT] {
+        self.mappings_by_proto
     }
 
     pub fn is_full(&self) -> bool {
@@ -163,6 +175,7 @@ impl Tables {
             self.free_mappings.push(id);
             return Err(TableFull);
         }
+        self.mappings_by_proto[m.proto as usize] += 1;
         Ok(id)
     }
 
@@ -171,6 +184,7 @@ impl Tables {
         self.map_in.remove(hash::endpoint(self.seed, m.proto as u8, m.int_addr, m.int_port), id);
         self.map_out.remove(hash::endpoint(!self.seed, m.proto as u8, m.ext_addr, m.ext_port), id);
         self.free_mappings.push(id);
+        self.mappings_by_proto[m.proto as usize] -= 1;
     }
 
     /// Adds a session to `mapping` for the remote endpoint.
@@ -224,6 +238,7 @@ impl Tables {
         mm.first_session = id;
         mm.sessions += 1;
         self.lru_push_tail(id);
+        self.sessions_by_proto[m.proto as usize] += 1;
         Ok(id)
     }
 
@@ -243,6 +258,7 @@ impl Tables {
         }
         self.mappings[s.mapping as usize].sessions -= 1;
         self.free_sessions.push(id);
+        self.sessions_by_proto[s.proto as usize] -= 1;
         s
     }
 
@@ -277,6 +293,20 @@ impl Tables {
     pub fn oldest(&self, class: TimeoutClass) -> Option<u32> {
         let head = self.lru[class as usize].0;
         (head != NIL).then_some(head)
+    }
+
+    /// Every live session: each is in exactly one timeout class's LRU list.
+    pub fn live_sessions(&self) -> impl Iterator<Item = u32> + '_ {
+        TimeoutClass::ALL.into_iter().flat_map(move |class| {
+            let mut next = self.lru[class as usize].0;
+            std::iter::from_fn(move || {
+                let id = next;
+                (id != NIL).then(|| {
+                    next = self.sessions[id as usize].lru_next;
+                    id
+                })
+            })
+        })
     }
 
     /// Sessions of a mapping.

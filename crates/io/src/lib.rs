@@ -1,8 +1,12 @@
-//! Packet I/O for natrix. Today: capture files (pcap and pcapng in, pcapng
-//! out) for `natrix replay`. Live backends (AF_PACKET, AF_XDP) will live next
-//! to `capture` and hand the engine the same thing: a frame, the side it
-//! arrived on, and a time.
+//! Packet I/O for natrix: capture files (pcap and pcapng in, pcapng out) for
+//! `natrix replay`, and live backends (AF_XDP, AF_PACKET) that hand the
+//! dataplane batches of frames through one trait, `PacketPort`.
 
+pub mod af_packet;
+pub mod af_xdp;
 pub mod capture;
+pub mod iface;
+pub mod port;
 
 pub use capture::{CaptureError, CaptureReader, CaptureWriter, ReadFrame};
+pub use port::{IoError, PacketPort, MAX_FRAME};

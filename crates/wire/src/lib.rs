@@ -4,6 +4,7 @@
 //! which validates lengths once so that no getter can panic afterwards, and a
 //! private `field` module of byte ranges. Setters never change lengths.
 
+pub mod arp;
 pub mod checksum;
 pub mod error;
 pub mod ethernet;

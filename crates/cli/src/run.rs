@@ -1,0 +1,244 @@
+//! `natrix run`: the live NAT in the foreground. Prints a line with `ready`
+//! once it forwards; SIGTERM or SIGINT stop it (exit 0); SIGHUP reloads the
+//! configuration without losing state, or refuses a bad one and keeps the
+//! running one.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::Duration;
+
+use natrix_control::eventlog::EventLog;
+use natrix_control::{api, Config, IoBackend, LoggingConfig};
+use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings};
+use natrix_engine::Event;
+
+use crate::Failure;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The TOML configuration file; `[inside]` and `[outside]` name the interfaces.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+const EVENT_BUFFER: usize = 1 << 16;
+
+pub fn run(args: &Args) -> Result<(), Failure> {
+    // Blocked before any thread starts, so every thread inherits the mask
+    // and the signals wait for this thread's sigtimedwait.
+    let signals = Signals::block();
+    let cfg = load(&args.config)?;
+    let settings = settings(&cfg, &args.config)?;
+    let dp = Arc::new(Dataplane::start(settings).map_err(|e| Failure::Other(format!("starting the dataplane: {e}")))?);
+    for note in dp.notes() {
+        eprintln!("natrix: {note}");
+    }
+    let logger = Logger::start(dp.take_events(), &cfg.logging).map_err(Failure::Other)?;
+    if let Some(listen) = &cfg.live.management_listen {
+        let addr = api::serve(listen, dp.clone()).map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
+        eprintln!("natrix: management API and metrics on http://{addr}/");
+    }
+    println!(
+        "natrix: ready: forwarding between {} and {} ({}, {} worker{})",
+        cfg.live.inside_interface.as_deref().unwrap_or_default(),
+        cfg.live.outside_interface.as_deref().unwrap_or_default(),
+        dp.backend(),
+        dp.workers(),
+        if dp.workers() == 1 { "" } else { "s" }
+    );
+    let mut running = cfg;
+    loop {
+        match signals.wait() {
+            libc::SIGHUP => {
+                if let Some(new) = reload(&args.config, &running, &dp, &logger) {
+                    running = new;
+                }
+            }
+            libc::SIGTERM | libc::SIGINT => break,
+            _ => {}
+        }
+    }
+    dp.stop();
+    logger.stop();
+    eprintln!("natrix: stopped");
+    Ok(())
+}
+
+fn load(path: &Path) -> Result<Config, Failure> {
+    let cfg = Config::load(path).map_err(|e| Failure::Config(format!("{}: {e}", path.display())))?;
+    for w in &cfg.warnings {
+        eprintln!("natrix: warning: {}: {w}", path.display());
+    }
+    Ok(cfg)
+}
+
+fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
+    let missing = |key: &str| Failure::Config(format!("{}: {key}: missing: natrix run needs it", path.display()));
+    let live = &cfg.live;
+    let inside = live.inside_interface.clone().ok_or_else(|| missing("inside.interface"))?;
+    let outside = live.outside_interface.clone().ok_or_else(|| missing("outside.interface"))?;
+    let outside_addr = cfg.engine.outside_addr.ok_or_else(|| missing("outside.address"))?;
+    Ok(Settings {
+        engine: cfg.engine.clone(),
+        inside: LinkSettings { interface: inside, addr: cfg.engine.inside_addr, prefix_len: cfg.engine.inside_prefix_len },
+        outside: LinkSettings { interface: outside, addr: outside_addr, prefix_len: live.outside_prefix_len },
+        gateway: live.gateway.map(u32::from),
+        workers: live.workers as u16,
+        io: match live.io {
+            IoBackend::Auto => IoChoice::Auto,
+            IoBackend::AfXdp => IoChoice::AfXdp,
+            IoBackend::AfPacket => IoChoice::AfPacket,
+        },
+        busy_poll: live.busy_poll,
+        event_buffer: EVENT_BUFFER,
+    })
+}
+
+/// Reads the file again and applies it; on any refusal, says why and keeps
+/// the running configuration.
+fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Option<Config> {
+    let refuse = |why: String| {
+        eprintln!("natrix: reload refused: {why}; still running the previous configuration");
+        None
+    };
+    let new = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => return refuse(format!("{}: {e}", path.display())),
+    };
+    if let Some(key) = restart_key_changed(running, &new) {
+        return refuse(format!("{key} changed: that needs a restart"));
+    }
+    if let Err(e) = dp.reload(&new.engine) {
+        return refuse(e);
+    }
+    logger.reconfigure(&new.logging);
+    for w in &new.warnings {
+        eprintln!("natrix: warning: {}: {w}", path.display());
+    }
+    eprintln!("natrix: configuration reloaded from {}", path.display());
+    Some(new)
+}
+
+fn restart_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
+    let (a, b) = (&old.live, &new.live);
+    [
+        (a.inside_interface != b.inside_interface, "inside.interface"),
+        (a.outside_interface != b.outside_interface, "outside.interface"),
+        (old.engine.outside_addr != new.engine.outside_addr || a.outside_prefix_len != b.outside_prefix_len, "outside.address"),
+        (a.gateway != b.gateway, "outside.gateway"),
+        (a.workers != b.workers, "workers"),
+        (a.io != b.io, "io"),
+        (a.busy_poll != b.busy_poll, "busy_poll"),
+        (a.management_listen != b.management_listen, "management.listen"),
+    ]
+    .into_iter()
+    .find_map(|(changed, key)| changed.then_some(key))
+}
+
+/// SIGTERM, SIGINT and SIGHUP, taken synchronously by the main thread.
+struct Signals(libc::sigset_t);
+
+impl Signals {
+    fn block() -> Signals {
+        // SAFETY: sigset manipulation on a local set, then masking this
+        // thread before any other exists.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+                libc::sigaddset(&mut set, s);
+            }
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            Signals(set)
+        }
+    }
+
+    fn wait(&self) -> i32 {
+        let timeout = libc::timespec { tv_sec: 1, tv_nsec: 0 };
+        // SAFETY: waits on our own blocked set; no siginfo wanted.
+        unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &timeout) }
+    }
+}
+
+/// Writes NAT events to the JSON-lines log off the packet path; the
+/// workers count what does not fit in the channel as lost.
+struct Logger {
+    control: mpsc::Sender<LoggerCommand>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+enum LoggerCommand {
+    Reconfigure(LoggingConfig),
+    Stop,
+}
+
+impl Logger {
+    fn start(events: Option<Receiver<Event>>, cfg: &LoggingConfig) -> Result<Logger, String> {
+        let events = events.ok_or("the event stream was already taken")?;
+        let mut log = open_log(cfg)?;
+        let (control, commands) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("natrix-log".into())
+            .spawn(move || {
+                loop {
+                    match events.recv_timeout(Duration::from_millis(200)) {
+                        Ok(e) => write_event(&mut log, &e),
+                        Err(RecvTimeoutError::Timeout) => flush(&mut log),
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                    match commands.try_recv() {
+                        Ok(LoggerCommand::Reconfigure(cfg)) => {
+                            flush(&mut log);
+                            log = open_log(&cfg).unwrap_or_else(|e| {
+                                eprintln!("natrix: {e}; event logging stopped");
+                                None
+                            });
+                        }
+                        Ok(LoggerCommand::Stop) => break,
+                        Err(_) => {}
+                    }
+                }
+                while let Ok(e) = events.try_recv() {
+                    write_event(&mut log, &e);
+                }
+                flush(&mut log);
+            })
+            .map_err(|e| format!("starting the logger: {e}"))?;
+        Ok(Logger { control, thread })
+    }
+
+    fn reconfigure(&self, cfg: &LoggingConfig) {
+        let _ = self.control.send(LoggerCommand::Reconfigure(cfg.clone()));
+    }
+
+    fn stop(self) {
+        let _ = self.control.send(LoggerCommand::Stop);
+        let _ = self.thread.join();
+    }
+}
+
+fn open_log(cfg: &LoggingConfig) -> Result<Option<EventLog>, String> {
+    cfg.json.as_ref().map(|p| EventLog::append(p, cfg.unit).map_err(|e| format!("logging.json {}: {e}", p.display()))).transpose()
+}
+
+fn write_event(log: &mut Option<EventLog>, e: &Event) {
+    if let Some(l) = log {
+        if let Err(err) = l.write(e) {
+            eprintln!("natrix: writing the event log: {err}; event logging stopped");
+            *log = None;
+        }
+    }
+}
+
+fn flush(log: &mut Option<EventLog>) {
+    if let Some(l) = log {
+        let _ = l.flush();
+    }
+}
+
+/// An address operators type, for `show` and `clear`.
+pub fn parse_subscriber(s: &str) -> Result<Ipv4Addr, Failure> {
+    s.parse().map_err(|_| Failure::Other(format!("--subscriber {s}: not an IPv4 address")))
+}

@@ -1,0 +1,114 @@
+//! `natrix show` and `natrix clear`: read or change a running natrix
+//! through its management API (`[management] listen`).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use serde_json::Value;
+
+use crate::run::parse_subscriber;
+use crate::Failure;
+
+const DEFAULT_API: &str = "127.0.0.1:9300";
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum What {
+    Sessions,
+    Mappings,
+    Stats,
+}
+
+#[derive(clap::Args)]
+pub struct ShowArgs {
+    what: What,
+    /// Only this subscriber's (inside address) sessions or mappings.
+    #[arg(long)]
+    subscriber: Option<String>,
+    /// Print the API's JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The management API of the running natrix.
+    #[arg(long, default_value = DEFAULT_API)]
+    api: String,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Clearable {
+    Sessions,
+}
+
+#[derive(clap::Args)]
+pub struct ClearArgs {
+    what: Clearable,
+    /// The subscriber (inside address) whose sessions and mappings go.
+    #[arg(long)]
+    subscriber: String,
+    #[arg(long, default_value = DEFAULT_API)]
+    api: String,
+}
+
+pub fn show(args: &ShowArgs) -> Result<(), Failure> {
+    let query = match &args.subscriber {
+        Some(s) => format!("?subscriber={}", parse_subscriber(s)?),
+        None => String::new(),
+    };
+    let path = match args.what {
+        What::Sessions => "/api/sessions",
+        What::Mappings => "/api/mappings",
+        What::Stats => "/api/stats",
+    };
+    let v = request(&args.api, "GET", &format!("{path}{query}"))?;
+    if args.json {
+        println!("{v}");
+        return Ok(());
+    }
+    match args.what {
+        What::Sessions => print_table(&v, &["protocol", "inside", "outside", "remote", "idle_s", "timeout_s"]),
+        What::Mappings => print_table(&v, &["protocol", "inside", "outside", "sessions", "static"]),
+        What::Stats => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
+    }
+    Ok(())
+}
+
+pub fn clear(args: &ClearArgs) -> Result<(), Failure> {
+    let Clearable::Sessions = args.what;
+    let sub = parse_subscriber(&args.subscriber)?;
+    let v = request(&args.api, "POST", &format!("/api/clear?subscriber={sub}"))?;
+    println!("cleared {} sessions and {} mappings of {sub}", v["sessions"], v["mappings"]);
+    Ok(())
+}
+
+fn print_table(rows: &Value, columns: &[&str]) {
+    let rows = rows.as_array().map(Vec::as_slice).unwrap_or_default();
+    let cell = |r: &Value, c: &str| match &r[c] {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let widths: Vec<usize> = columns.iter().map(|c| rows.iter().map(|r| cell(r, c).len()).chain([c.len()]).max().unwrap_or(0)).collect();
+    let line = |cells: Vec<String>| cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join("  ");
+    println!("{}", line(columns.iter().map(|c| c.to_string()).collect()));
+    for r in rows {
+        println!("{}", line(columns.iter().map(|c| cell(r, c)).collect()));
+    }
+    println!("({} total)", rows.len());
+}
+
+/// One HTTP/1.1 request; the body of a 200 answer as JSON, else the
+/// server's error message.
+fn request(api: &str, method: &str, path: &str) -> Result<Value, Failure> {
+    let unreachable = |e: std::io::Error| Failure::Other(format!("cannot reach natrix's management API at {api}: {e} (is natrix running with [management] listen = \"{api}\"?)"));
+    let mut s = TcpStream::connect(api).map_err(unreachable)?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(unreachable)?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {api}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").map_err(unreachable)?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).map_err(unreachable)?;
+    let (head, body) = raw.split_once("\r\n\r\n").ok_or_else(|| Failure::Other(format!("{api}: not an HTTP answer")))?;
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    let json: Value = serde_json::from_str(body).map_err(|e| Failure::Other(format!("{api}: answer is not JSON: {e}")))?;
+    if status != "200" {
+        return Err(Failure::Other(format!("{api}: {}", json["error"].as_str().unwrap_or(status))));
+    }
+    Ok(json)
+}

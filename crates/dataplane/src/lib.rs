@@ -1,0 +1,13 @@
+//! natrix's live dataplane: the engine on real interfaces.
+//!
+//! `gateway` is the router around the NAT (ARP, next hops, Ethernet
+//! addresses), `steer` decides which worker owns a frame, `ring` hands frames
+//! between threads without locks, and `runtime` runs the threads and gives
+//! the control plane a handle to them. Packet I/O itself is natrix-io's.
+
+pub mod gateway;
+pub mod ring;
+pub mod runtime;
+pub mod steer;
+
+pub use runtime::{Dataplane, DataplaneError, IoChoice, IoSnapshot, LinkSettings, Settings, WorkerSnapshot, PORT_USE_THRESHOLDS};

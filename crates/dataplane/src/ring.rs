@@ -1,0 +1,185 @@
+//! Lock-free single-producer single-consumer rings of frames, for handing
+//! frames between the I/O thread and the workers, and doorbells to wake a
+//! sleeping thread. A push copies the frame into a slot; no allocation.
+
+use std::cell::UnsafeCell;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use natrix_engine::Side;
+use natrix_io::MAX_FRAME;
+
+struct Slot {
+    len: usize,
+    side: Side,
+    data: [u8; MAX_FRAME],
+}
+
+/// Keeps the producer's and consumer's indexes on separate cache lines.
+#[repr(align(64))]
+struct Padded(AtomicUsize);
+
+struct Shared {
+    slots: Box<[UnsafeCell<Slot>]>,
+    mask: usize,
+    head: Padded,
+    tail: Padded,
+}
+
+// SAFETY: a slot is written only by the producer before it publishes the
+// tail, and read only by the consumer before it publishes the head.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the slots are plain data.
+unsafe impl Send for Shared {}
+
+pub struct Producer(Arc<Shared>);
+pub struct Consumer(Arc<Shared>);
+
+/// A ring of `capacity` frames (rounded up to a power of two).
+pub fn ring(capacity: usize) -> (Producer, Consumer) {
+    let n = capacity.next_power_of_two();
+    let slots = (0..n).map(|_| UnsafeCell::new(Slot { len: 0, side: Side::Inside, data: [0; MAX_FRAME] })).collect();
+    let shared = Arc::new(Shared { slots, mask: n - 1, head: Padded(AtomicUsize::new(0)), tail: Padded(AtomicUsize::new(0)) });
+    (Producer(shared.clone()), Consumer(shared))
+}
+
+impl Producer {
+    /// Copies a frame in; false when the ring is full or the frame too big.
+    pub fn push(&mut self, side: Side, frame: &[u8]) -> bool {
+        let r = &*self.0;
+        let tail = r.tail.0.load(Ordering::Relaxed);
+        if tail.wrapping_sub(r.head.0.load(Ordering::Acquire)) > r.mask || frame.len() > MAX_FRAME {
+            return false;
+        }
+        // SAFETY: the slot at tail is not visible to the consumer until the
+        // release store below.
+        let slot = unsafe { &mut *r.slots[tail & r.mask].get() };
+        slot.len = frame.len();
+        slot.side = side;
+        slot.data[..frame.len()].copy_from_slice(frame);
+        r.tail.0.store(tail.wrapping_add(1), Ordering::Release);
+        true
+    }
+}
+
+impl Consumer {
+    /// Hands the oldest frame to `f`, writable in place; false when empty.
+    pub fn pop(&mut self, f: impl FnOnce(Side, &mut [u8])) -> bool {
+        let r = &*self.0;
+        let head = r.head.0.load(Ordering::Relaxed);
+        if head == r.tail.0.load(Ordering::Acquire) {
+            return false;
+        }
+        // SAFETY: the producer published this slot and will not touch it
+        // until the release store of head below.
+        let slot = unsafe { &mut *r.slots[head & r.mask].get() };
+        f(slot.side, &mut slot.data[..slot.len]);
+        r.head.0.store(head.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    pub fn is_empty(&self) -> bool {
+        let r = &*self.0;
+        r.head.0.load(Ordering::Relaxed) == r.tail.0.load(Ordering::Acquire)
+    }
+}
+
+/// Wakes a thread sleeping in poll(). Ringing costs a system call only when
+/// the thread has said it is about to sleep.
+pub struct Doorbell {
+    fd: OwnedFd,
+    sleeping: AtomicBool,
+}
+
+impl Doorbell {
+    pub fn new() -> std::io::Result<Doorbell> {
+        // SAFETY: plain eventfd creation.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is fresh and ours.
+        Ok(Doorbell { fd: unsafe { OwnedFd::from_raw_fd(fd) }, sleeping: AtomicBool::new(false) })
+    }
+
+    pub fn ring(&self) {
+        if self.sleeping.load(Ordering::SeqCst) {
+            self.ring_always();
+        }
+    }
+
+    pub fn ring_always(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.fd.as_raw_fd(), std::ptr::addr_of!(one).cast(), 8) };
+    }
+
+    /// Marks the owner asleep; it must re-check for work after this and
+    /// before blocking, so a ring in between is not lost.
+    pub fn going_to_sleep(&self) {
+        self.sleeping.store(true, Ordering::SeqCst);
+    }
+
+    pub fn woke(&self) {
+        self.sleeping.store(false, Ordering::SeqCst);
+        let mut v: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a live u64; EAGAIN is fine.
+        unsafe { libc::read(self.fd.as_raw_fd(), std::ptr::addr_of_mut!(v).cast(), 8) };
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Blocks until one of `fds` is readable or `timeout_ms` passes.
+pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) {
+    let mut pfds: [libc::pollfd; 4] = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 4];
+    for (p, &fd) in pfds.iter_mut().zip(fds) {
+        *p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    }
+    // SAFETY: pfds is a live array of fds.len() (at most 4) pollfds.
+    unsafe { libc::poll(pfds.as_mut_ptr(), fds.len().min(4) as libc::nfds_t, timeout_ms) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_come_out_in_order_with_their_side_and_a_full_ring_refuses() {
+        let (mut p, mut c) = ring(4);
+        for i in 0..4u8 {
+            assert!(p.push(if i % 2 == 0 { Side::Inside } else { Side::Outside }, &[i; 60]));
+        }
+        assert!(!p.push(Side::Inside, &[9; 60]));
+        for i in 0..4u8 {
+            assert!(c.pop(|side, f| {
+                assert_eq!(f, &[i; 60][..]);
+                assert_eq!(side == Side::Inside, i % 2 == 0);
+            }));
+        }
+        assert!(!c.pop(|_, _| panic!("empty")));
+    }
+
+    #[test]
+    fn a_million_frames_cross_threads_intact() {
+        let (mut p, mut c) = ring(256);
+        let t = std::thread::spawn(move || {
+            for i in 0..1_000_000u32 {
+                while !p.push(Side::Outside, &i.to_be_bytes()) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let mut next = 0u32;
+        while next < 1_000_000 {
+            c.pop(|_, f| {
+                assert_eq!(f, next.to_be_bytes());
+                next += 1;
+            });
+        }
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,152 @@
+//! What an operator does to a running engine: look at its state, clear one
+//! subscriber's state, and apply a reloaded configuration. None of this is
+//! on the per-packet path; the dataplane calls it between batches.
+
+use crate::config::EngineConfig;
+use crate::engine::{fmt_addr, Engine};
+use crate::session::mapping_flags;
+use crate::trackers::TimeoutClass;
+use crate::Proto;
+
+/// One session as an operator sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionView {
+    pub proto: Proto,
+    pub int_addr: u32,
+    pub int_port: u16,
+    pub ext_addr: u32,
+    pub ext_port: u16,
+    pub rem_addr: u32,
+    pub rem_port: u16,
+    pub established: bool,
+    /// Seconds since the session last carried a packet that refreshes it.
+    pub idle_s: u32,
+    /// Seconds of idleness after which it expires.
+    pub timeout_s: u32,
+}
+
+/// One mapping (BIB entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MappingView {
+    pub proto: Proto,
+    pub int_addr: u32,
+    pub int_port: u16,
+    pub ext_addr: u32,
+    pub ext_port: u16,
+    pub sessions: u32,
+    pub is_static: bool,
+}
+
+/// What `clear_subscriber` removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cleared {
+    pub sessions: u64,
+    pub mappings: u64,
+}
+
+impl Engine {
+    /// Live sessions, optionally of one subscriber.
+    pub fn session_views(&self, subscriber: Option<u32>) -> Vec<SessionView> {
+        let now = self.now_s;
+        self.tables
+            .live_sessions()
+            .map(|id| self.tables.sessions[id as usize])
+            .filter(|s| subscriber.is_none_or(|a| a == s.int_addr))
+            .map(|s| SessionView {
+                proto: s.proto,
+                int_addr: s.int_addr,
+                int_port: s.int_port,
+                ext_addr: s.ext_addr,
+                ext_port: s.ext_port,
+                rem_addr: s.rem_addr,
+                rem_port: s.rem_port,
+                established: s.class == TimeoutClass::TcpEstablished,
+                idle_s: now.saturating_sub(s.last_used),
+                timeout_s: self.timeout_of(s.class),
+            })
+            .collect()
+    }
+
+    /// Live mappings, optionally of one subscriber: those that carry sessions,
+    /// and static ones.
+    pub fn mapping_views(&self, subscriber: Option<u32>) -> Vec<MappingView> {
+        let mut ids: Vec<u32> = self.tables.live_sessions().map(|id| self.tables.sessions[id as usize].mapping).collect();
+        ids.extend(self.cfg.statics.iter().filter_map(|st| self.tables.find_mapping_in(st.proto, st.int_addr, st.int_port)));
+        ids.sort_unstable();
+        ids.dedup();
+        ids.into_iter()
+            .map(|id| self.tables.mappings[id as usize])
+            .filter(|m| subscriber.is_none_or(|a| a == m.int_addr))
+            .map(|m| MappingView {
+                proto: m.proto,
+                int_addr: m.int_addr,
+                int_port: m.int_port,
+                ext_addr: m.ext_addr,
+                ext_port: m.ext_port,
+                sessions: m.sessions,
+                is_static: m.flags & mapping_flags::STATIC != 0,
+            })
+            .collect()
+    }
+
+    /// Removes every session of a subscriber, and with them its dynamic
+    /// mappings (logged, and their ports held down as usual); static
+    /// mappings stay, being configuration.
+    pub fn clear_subscriber(&mut self, addr: u32) -> Cleared {
+        let before = self.tables.mapping_count();
+        let ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.sessions[id as usize].int_addr == addr).collect();
+        for &id in &ids {
+            self.delete_session(id);
+        }
+        Cleared { sessions: ids.len() as u64, mappings: (before - self.tables.mapping_count()) as u64 }
+    }
+
+    /// Applies a reloaded configuration: policy (timeouts, limits,
+    /// filtering, logging, ICMP answers) at once; pool addresses added are
+    /// used from now on, and those removed lose their mappings (logged).
+    /// Keys that size or partition state need a restart and are refused,
+    /// leaving the engine as it was.
+    pub fn reconfigure(&mut self, mut new: EngineConfig) -> Result<(), String> {
+        new.shard = self.cfg.shard;
+        new.seed = self.cfg.seed;
+        self.refuse_restart_keys(&new)?;
+        let removed: Vec<u32> = self.cfg.pool.iter().copied().filter(|a| !new.pool.contains(a)).collect();
+        for &addr in &removed {
+            self.delete_mappings_on(addr);
+            self.pool.retire_address(addr);
+        }
+        for &addr in new.pool.iter().filter(|a| !self.cfg.pool.contains(a)) {
+            self.pool.add_address(addr);
+        }
+        self.pool.set_policy(new.port_selection, new.port_parity, new.hold_down_s);
+        self.cfg = new;
+        Ok(())
+    }
+
+    fn refuse_restart_keys(&self, new: &EngineConfig) -> Result<(), String> {
+        let old = &self.cfg;
+        let checks = [
+            (old.inside_addr != new.inside_addr || old.inside_prefix_len != new.inside_prefix_len, "[inside] address"),
+            (old.ports != new.ports, "[nat] ports"),
+            (old.port_block_size != new.port_block_size, "[nat] port_block_size"),
+            (old.statics != new.statics, "[nat] static"),
+            (old.max_sessions != new.max_sessions, "[nat] max_sessions"),
+            (old.max_subscribers != new.max_subscribers, "[nat] max_subscribers"),
+        ];
+        match checks.iter().find(|(changed, _)| *changed) {
+            Some((_, key)) => Err(format!("{key} changed: that needs a restart")),
+            None => Ok(()),
+        }
+    }
+
+    fn delete_mappings_on(&mut self, ext_addr: u32) {
+        if let Some(st) = self.cfg.statics.iter().find(|st| st.ext_addr == ext_addr) {
+            // Validation keeps statics on pool addresses; this is a safety net.
+            debug_assert!(false, "static mapping on removed pool address {}", fmt_addr(st.ext_addr));
+        }
+        let ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.sessions[id as usize].ext_addr == ext_addr).collect();
+        for id in ids {
+            self.delete_session(id);
+        }
+    }
+}

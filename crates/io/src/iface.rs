@@ -1,0 +1,83 @@
+//! What natrix needs to know about a network interface: its index, hardware
+//! address and MTU, read from the kernel once at start.
+
+use std::ffi::CString;
+
+use crate::port::IoError;
+
+#[derive(Debug, Clone)]
+pub struct Interface {
+    pub name: String,
+    pub index: u32,
+    pub mac: [u8; 6],
+    pub mtu: u16,
+}
+
+impl Interface {
+    pub fn lookup(name: &str) -> Result<Interface, IoError> {
+        let cname = CString::new(name).map_err(|_| IoError::Unsupported { interface: name.to_owned(), reason: "interface name contains a NUL byte".into() })?;
+        // SAFETY: cname is a valid NUL-terminated string.
+        let index = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        if index == 0 {
+            return Err(IoError::Os { op: "finding the interface", interface: name.to_owned(), source: std::io::Error::last_os_error() });
+        }
+        let mut req = ifreq(name)?;
+        ioctl(name, libc::SIOCGIFHWADDR, &mut req, "reading the hardware address")?;
+        // SAFETY: SIOCGIFHWADDR filled ifru_hwaddr.
+        let hw = unsafe { req.ifr_ifru.ifru_hwaddr.sa_data };
+        let mac = [hw[0] as u8, hw[1] as u8, hw[2] as u8, hw[3] as u8, hw[4] as u8, hw[5] as u8];
+        let mut req = ifreq(name)?;
+        ioctl(name, libc::SIOCGIFMTU, &mut req, "reading the MTU")?;
+        // SAFETY: SIOCGIFMTU filled ifru_mtu.
+        let mtu = unsafe { req.ifr_ifru.ifru_mtu };
+        Ok(Interface { name: name.to_owned(), index, mac, mtu: mtu.clamp(68, 65535) as u16 })
+    }
+}
+
+fn ifreq(name: &str) -> Result<libc::ifreq, IoError> {
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(IoError::Unsupported { interface: name.to_owned(), reason: format!("interface names are at most {} bytes", libc::IFNAMSIZ - 1) });
+    }
+    // SAFETY: ifreq is plain data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    Ok(req)
+}
+
+fn ioctl(name: &str, request: libc::Ioctl, req: &mut libc::ifreq, op: &'static str) -> Result<(), IoError> {
+    // SAFETY: a datagram socket only serves as a handle for interface ioctls.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(IoError::os("opening a control socket", name));
+    }
+    // SAFETY: req is a valid ifreq for these requests.
+    let rc = unsafe { libc::ioctl(fd, request, req as *mut libc::ifreq) };
+    let err = IoError::os(op, name);
+    // SAFETY: fd is ours.
+    unsafe { libc::close(fd) };
+    if rc < 0 {
+        return Err(err);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_is_found_with_its_mtu() {
+        let lo = Interface::lookup("lo").expect("every Linux host has lo");
+        assert!(lo.index > 0);
+        assert!(lo.mtu >= 1500);
+        assert_eq!(lo.mac, [0; 6]);
+    }
+
+    #[test]
+    fn missing_interface_is_named_in_the_error() {
+        let e = Interface::lookup("nx-no-such0").unwrap_err().to_string();
+        assert!(e.contains("nx-no-such0"), "{e}");
+    }
+}

@@ -1,0 +1,67 @@
+//! What every live packet backend offers the dataplane: batched receive,
+//! queued transmit, and a file descriptor to sleep on.
+
+use std::os::fd::RawFd;
+
+/// Largest frame a backend hands over or accepts (no jumbo frames).
+pub const MAX_FRAME: usize = 2048;
+
+/// An error of a live backend, naming the operation and the interface.
+#[derive(Debug)]
+pub enum IoError {
+    /// A system call failed.
+    Os { op: &'static str, interface: String, source: std::io::Error },
+    /// The backend cannot work on this interface or kernel (for example
+    /// AF_XDP on a kernel without it); `auto` falls back on this.
+    Unsupported { interface: String, reason: String },
+}
+
+impl IoError {
+    pub fn os(op: &'static str, interface: &str) -> IoError {
+        IoError::Os { op, interface: interface.to_owned(), source: std::io::Error::last_os_error() }
+    }
+}
+
+impl std::fmt::Display for IoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IoError::Os { op, interface, source } => write!(f, "{interface}: {op} failed: {source}"),
+            IoError::Unsupported { interface, reason } => write!(f, "{interface}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for IoError {}
+
+/// One interface's frames in and out. Implementations never make a system
+/// call per frame: `recv_batch` drains a ring, `send` only queues, `flush`
+/// kicks the kernel once for everything queued.
+pub trait PacketPort: Send {
+    /// Hands up to `max` received frames to `f`, each writable in place;
+    /// returns how many. Returns 0 at once when nothing is waiting.
+    fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> Result<usize, IoError>;
+
+    /// Queues a copy of `frame` for transmission; false when the transmit
+    /// ring is full (the caller counts the frame as dropped).
+    fn send(&mut self, frame: &[u8]) -> bool;
+
+    /// Makes the kernel transmit everything queued.
+    fn flush(&mut self) -> Result<(), IoError>;
+
+    /// Readable when frames are waiting; for poll().
+    fn fd(&self) -> RawFd;
+
+    /// "af_xdp" or "af_packet", for logs and metrics.
+    fn backend(&self) -> &'static str;
+
+    /// Frames the backend refused on receive, such as ones a sender left
+    /// with a partial checksum (offload), which are never forwarded corrupt.
+    fn dropped_on_receive(&self) -> u64 {
+        0
+    }
+
+    /// Frames lost because the device's transmit queue was full.
+    fn dropped_on_transmit(&self) -> u64 {
+        0
+    }
+}
