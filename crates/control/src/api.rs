@@ -99,13 +99,14 @@ fn route(method: &str, target: &str, dp: &Dataplane) -> Response {
 }
 
 fn subscriber_param(query: &str) -> Result<Option<u32>, String> {
+    let mut subscriber = None;
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
-            Some(("subscriber", v)) => return v.parse::<Ipv4Addr>().map(|a| Some(u32::from(a))).map_err(|_| format!("subscriber \"{v}\" is not an IPv4 address")),
+            Some(("subscriber", v)) => subscriber = Some(v.parse::<Ipv4Addr>().map(u32::from).map_err(|_| format!("subscriber \"{v}\" is not an IPv4 address"))?),
             _ => return Err(format!("unknown parameter \"{pair}\"")),
         }
     }
-    Ok(None)
+    Ok(subscriber)
 }
 
 fn metrics_response(dp: &Dataplane) -> Response {

@@ -405,7 +405,7 @@ impl Ports {
     fn receive(&mut self, side: Side, now: u64, f: &mut dyn FnMut(&mut [u8], &mut Stage)) -> usize {
         let Ports { ports, gateway, stage, snapshot } = self;
         let s = side as usize;
-        let n = ports[s]
+        ports[s]
             .recv_batch(BATCH, &mut |frame| {
                 snapshot.rx_frames[s] += 1;
                 snapshot.rx_bytes[s] += frame.len() as u64;
@@ -413,8 +413,7 @@ impl Ports {
                     f(frame, stage);
                 }
             })
-            .unwrap_or(0);
-        n
+            .unwrap_or(0)
     }
 
     /// Sends a frame through the next-hop logic.

@@ -849,7 +849,7 @@ impl Engine {
         self.icmp_sent += 1;
         self.ip_ident = self.ip_ident.wrapping_add(1);
         let mut buf = self.out.buffer();
-        generate::icmp_error(&mut buf, frame, l3, src, msg_type, code, next_hop_mtu, self.ip_ident);
+        generate::icmp_error(&mut buf, frame, l3, src, generate::IcmpError { msg_type, code, next_hop_mtu }, self.ip_ident);
         self.out.push(side, self.now_ns, buf);
         self.stats.generated[side as usize] += 1;
     }

@@ -46,10 +46,18 @@ impl OutQueue {
     }
 }
 
+/// Which ICMP error to send.
+#[derive(Debug, Clone, Copy)]
+pub struct IcmpError {
+    pub msg_type: u8,
+    pub code: u8,
+    /// Only meaningful for fragmentation needed (RFC 1191); 0 otherwise.
+    pub next_hop_mtu: u16,
+}
+
 /// Builds an ICMP error about `frame` (whose IPv4 header starts at `l3`),
 /// from `src`, addressed back to the frame's source, with swapped MACs.
-/// `next_hop_mtu` is only meaningful for fragmentation needed (RFC 1191).
-pub fn icmp_error(out: &mut Vec<u8>, frame: &[u8], l3: usize, src: u32, msg_type: u8, code: u8, next_hop_mtu: u16, ident: u16) {
+pub fn icmp_error(out: &mut Vec<u8>, frame: &[u8], l3: usize, src: u32, err: IcmpError, ident: u16) {
     let orig = &frame[l3..];
     let orig_len = ipv4::Packet::new_lax(orig).map_or(orig.len(), |p| usize::from(p.total_len()).min(orig.len()));
     let quote = orig_len.min(ICMP_ERROR_MAX - ipv4::MIN_HEADER_LEN - icmp::HEADER_LEN);
@@ -61,7 +69,7 @@ pub fn icmp_error(out: &mut Vec<u8>, frame: &[u8], l3: usize, src: u32, msg_type
     out.resize(ip_at + total, 0);
     ipv4::emit_header(&mut out[ip_at..], src, dst, proto::ICMP, total as u16, 64, ident);
     let icmp_at = ip_at + ipv4::MIN_HEADER_LEN;
-    icmp::emit_error_header(&mut out[icmp_at..], msg_type, code, next_hop_mtu);
+    icmp::emit_error_header(&mut out[icmp_at..], err.msg_type, err.code, err.next_hop_mtu);
     out[icmp_at + icmp::HEADER_LEN..].copy_from_slice(&orig[..quote]);
     let c = checksum::checksum(&out[icmp_at..]);
     out[icmp_at + icmp::CHECKSUM_OFFSET..icmp_at + icmp::CHECKSUM_OFFSET + 2].copy_from_slice(&c.to_be_bytes());
@@ -79,7 +87,7 @@ mod tests {
             .write(&mut frame, &[7u8; 700])
             .unwrap();
         let mut out = Vec::new();
-        icmp_error(&mut out, &frame, 14, u32::from_be_bytes([100, 64, 0, 1]), 11, 0, 0, 9);
+        icmp_error(&mut out, &frame, 14, u32::from_be_bytes([100, 64, 0, 1]), IcmpError { msg_type: 11, code: 0, next_hop_mtu: 0 }, 9);
         assert_eq!(&out[0..6], &frame[6..12]);
         assert_eq!(out.len() - 14, 576);
         let p = etherparse::SlicedPacket::from_ethernet(&out).unwrap();

@@ -208,7 +208,7 @@ fn is_incoming(hdr: *const libc::tpacket3_hdr) -> bool {
     let sll_at = (std::mem::size_of::<libc::tpacket3_hdr>() + 15) & !15;
     // SAFETY: TPACKET_V3 places a sockaddr_ll at this offset in every frame slot.
     let sll = unsafe { &*(hdr.cast::<u8>().add(sll_at).cast::<libc::sockaddr_ll>()) };
-    sll.sll_pkttype != libc::PACKET_OUTGOING as u8
+    sll.sll_pkttype != libc::PACKET_OUTGOING
 }
 
 fn build_messages(bufs: &mut [[u8; MAX_FRAME]], lens: &[usize], iov: &mut Vec<libc::iovec>, msgs: &mut Vec<libc::mmsghdr>) {

@@ -1,0 +1,164 @@
+//! What the live dataplane asks of the engine beyond translation: splitting
+//! work across workers (shards), path MTU (RFC 1191), and operator actions
+//! (listing, clearing a subscriber, reloading the configuration).
+
+#![allow(clippy::too_many_arguments)]
+
+mod common;
+
+use common::*;
+use natrix_engine::events::EventKind;
+use natrix_engine::shard::{port_slice, worker_of_subscriber, Owners, Shard};
+use natrix_engine::{DropReason, EngineConfig, Side, Verdict};
+
+const REMOTE: [u8; 4] = [198, 51, 100, 7];
+
+fn subscriber_of_worker(worker: u16, count: u16) -> [u8; 4] {
+    (2..).map(|i| addr_of(u32_of([100, 64, 0, 0]) + i)).find(|&a| worker_of_subscriber(u32_of(a), count) == worker).unwrap()
+}
+
+fn sharded(index: u16, count: u16) -> EngineConfig {
+    EngineConfig { shard: Shard { index, count }, ..config() }
+}
+
+fn send_out(e: &mut natrix_engine::Engine, sub: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, now: u64) -> (Verdict, Decoded) {
+    let mut f = udp_frame(Side::Inside, sub, sport, dst, dport, 64, b"x", false);
+    let v = run(e, &mut f, Side::Inside, now);
+    (v, must_decode(&f))
+}
+
+#[test]
+fn each_worker_allocates_only_from_its_port_slice() {
+    for index in 0..3u16 {
+        let mut e = engine(sharded(index, 3));
+        let (lo, hi) = port_slice((1024, 65535), 0, Shard { index, count: 3 });
+        let sub = subscriber_of_worker(index, 3);
+        for sport in [80u16, 1030, 40000, 65000] {
+            let (v, d) = send_out(&mut e, sub, sport, REMOTE, 53, SEC);
+            assert_eq!(v, Verdict::Forward(Side::Outside));
+            let p = d.udp().source_port;
+            assert!((lo..=hi).contains(&p), "worker {index}: port {p} outside {lo}-{hi}");
+        }
+    }
+}
+
+#[test]
+fn a_hairpin_to_another_workers_mapping_leaves_outside_for_the_dataplane_to_turn_around() {
+    let count = 2;
+    let (a, b) = (subscriber_of_worker(0, count), subscriber_of_worker(1, count));
+    let mut w0 = engine(sharded(0, count));
+    let mut w1 = engine(sharded(1, count));
+    let (_, db) = send_out(&mut w1, b, 5000, REMOTE, 53, SEC);
+    let (b_ext, b_port) = (db.src(), db.udp().source_port);
+    let owners = Owners::new((1024, 65535), 0, count, &[]);
+    assert_eq!(owners.of_external(natrix_engine::Proto::Udp, u32_of(b_ext), b_port), 1);
+    // a (worker 0) sends to b's external endpoint: translated source, destination untouched.
+    let (v, d) = send_out(&mut w0, a, 6000, b_ext, b_port, SEC);
+    assert_eq!(v, Verdict::Forward(Side::Outside));
+    assert!(in_pool(w0.config(), d.src()));
+    assert_eq!((d.dst(), d.udp().destination_port), (b_ext, b_port));
+    // Worker 1 takes it as inbound and delivers to b (RFC 4787 REQ-9: source is a's external endpoint).
+    let mut f = udp_frame(Side::Outside, d.src(), d.udp().source_port, b_ext, b_port, 63, b"x", false);
+    assert_eq!(run(&mut w1, &mut f, Side::Outside, SEC), Verdict::Forward(Side::Inside));
+    let back = must_decode(&f);
+    assert_eq!((back.dst(), back.udp().destination_port), (b, 5000));
+    assert_eq!(back.src(), d.src());
+}
+
+fn set_dont_fragment(f: &mut [u8], on: bool) {
+    let ip = ETH_LEN;
+    if on { f[ip + 6] |= 0x40 } else { f[ip + 6] &= !0x40 }
+    f[ip + 10..ip + 12].fill(0);
+    let sum = !ones_complement_sum(&f[ip..ip + 20]);
+    f[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());
+}
+
+fn ones_complement_sum(b: &[u8]) -> u16 {
+    let mut s: u32 = b.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+#[test]
+fn a_datagram_too_big_for_the_egress_link_with_df_gets_fragmentation_needed() {
+    let mut cfg = config();
+    cfg.egress_mtu = [1500, 1400];
+    let mut e = engine(cfg);
+    let sub = [100, 64, 0, 9];
+    let mut f = udp_frame(Side::Inside, sub, 4000, REMOTE, 53, 64, &[0u8; 1450], false);
+    set_dont_fragment(&mut f, true);
+    assert_eq!(run(&mut e, &mut f.clone(), Side::Inside, SEC), Verdict::Drop(DropReason::FragmentationNeeded));
+    let out = outputs(&mut e);
+    assert_eq!(out.len(), 1);
+    let (side, _, icmp) = &out[0];
+    assert_eq!(*side, Side::Inside);
+    let d = must_decode(icmp);
+    assert_eq!(d.dst(), sub);
+    let bytes = d.icmp().to_bytes();
+    assert_eq!((bytes[0], bytes[1]), (3, 4));
+    assert_eq!(u16::from_be_bytes([bytes[6], bytes[7]]), 1400, "RFC 1191 next-hop MTU");
+    // Without DF natrix does not fragment: dropped, counted.
+    let mut g = udp_frame(Side::Inside, sub, 4000, REMOTE, 53, 64, &[0u8; 1450], false);
+    set_dont_fragment(&mut g, false);
+    assert_eq!(run(&mut e, &mut g, Side::Inside, SEC), Verdict::Drop(DropReason::TooBig));
+    let mut small = udp_frame(Side::Inside, sub, 4000, REMOTE, 53, 64, &[0u8; 1300], false);
+    assert_eq!(run(&mut e, &mut small, Side::Inside, SEC), Verdict::Forward(Side::Outside));
+}
+
+#[test]
+fn clearing_a_subscriber_removes_its_state_logs_it_and_leaves_others() {
+    let mut e = engine(config());
+    let (a, b) = ([100, 64, 0, 2], [100, 64, 0, 3]);
+    for p in 0..5 {
+        send_out(&mut e, a, 4000 + p, REMOTE, 53, SEC);
+    }
+    send_out(&mut e, b, 4000, REMOTE, 53, SEC);
+    assert_eq!(e.session_views(Some(u32_of(a))).len(), 5);
+    e.drain_events(|_| {});
+    let c = e.clear_subscriber(u32_of(a));
+    assert_eq!((c.sessions, c.mappings), (5, 5));
+    let mut deleted = 0;
+    e.drain_events(|ev| deleted += u32::from(ev.kind == EventKind::MappingDeleted && ev.int_addr == u32_of(a)));
+    assert_eq!(deleted, 5);
+    assert!(e.session_views(Some(u32_of(a))).is_empty());
+    assert_eq!(e.mapping_views(None).len(), 1);
+    // Replies to the cleared mappings no longer pass.
+    let mut r = udp_frame(Side::Outside, REMOTE, 53, addr_of(e.mapping_views(None)[0].ext_addr), 4001, 64, b"x", false);
+    assert!(matches!(run(&mut e, &mut r, Side::Outside, 2 * SEC), Verdict::Drop(_) | Verdict::Forward(Side::Inside)));
+}
+
+#[test]
+fn reload_applies_policy_removes_a_pool_address_with_its_mappings_and_refuses_restart_keys() {
+    let mut cfg = config_single([203, 0, 113, 1]);
+    cfg.pool.push(u32_of([203, 0, 113, 2]));
+    let mut e = engine(cfg.clone());
+    let sub = [100, 64, 0, 2];
+    let (_, d) = send_out(&mut e, sub, 4000, REMOTE, 53, SEC);
+    let used = d.src();
+    e.drain_events(|_| {});
+
+    let mut fewer = cfg.clone();
+    fewer.pool.retain(|&a| a != u32_of(used));
+    fewer.max_ports_per_subscriber = 1;
+    e.reconfigure(fewer.clone()).expect("policy and pool removal apply live");
+    let mut deleted = 0;
+    e.drain_events(|ev| deleted += u32::from(ev.kind == EventKind::MappingDeleted && ev.ext_addr == u32_of(used)));
+    assert_eq!(deleted, 1, "the removed address's mapping is deleted and logged");
+    let (v, d2) = send_out(&mut e, sub, 4001, REMOTE, 53, 2 * SEC);
+    assert_eq!(v, Verdict::Forward(Side::Outside));
+    assert_ne!(d2.src(), used, "never the removed address again");
+    let (v, _) = send_out(&mut e, sub, 4002, REMOTE, 53, 2 * SEC);
+    assert_eq!(v, Verdict::Drop(DropReason::PortQuota), "the new limit holds");
+
+    let mut grown = fewer.clone();
+    grown.ports = (2000, 3000);
+    let err = e.reconfigure(grown).unwrap_err();
+    assert!(err.contains("ports") && err.contains("restart"), "{err}");
+    let mut added = fewer;
+    added.pool.push(u32_of([203, 0, 113, 9]));
+    added.pool.sort_unstable();
+    e.reconfigure(added).expect("pool additions apply live");
+    assert!(e.pool().contains(u32_of([203, 0, 113, 9])));
+}
