@@ -23,6 +23,13 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "conformance suite (pytest + scapy)"
 NATRIX_BIN="$PWD/target/debug/natrix" python3 -m pytest tests/conformance -q
 
+step "end-to-end tests through natrix run in the namespace lab"
+if [ "$(id -u)" -eq 0 ]; then
+    NATRIX_BIN="$PWD/target/debug/natrix" python3 -m pytest tests/e2e -q -rs
+else
+    echo "SKIPPED: the end-to-end tests build network namespaces and need root; run as root to include them"
+fi
+
 step "example replay: every emitted checksum verified by scapy"
 mkdir -p out
 ./target/debug/natrix replay --quiet --config examples/natrix.toml --in examples/subscribers.pcapng \
