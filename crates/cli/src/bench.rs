@@ -8,6 +8,7 @@
 
 use std::time::Instant;
 
+use natrix_engine::prefetch::Stage;
 use natrix_engine::rng::Rng;
 use natrix_engine::{Engine, EngineConfig, Side, Verdict};
 use natrix_wire::{checksum, get_u16_at, get_u32_at, ipv4, proto, set_u16_at};
@@ -233,6 +234,7 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> Pass
         }
         let mut verdicts = [Verdict::Held; BATCH];
         time_batch(&mut res, || {
+            prefetch_batch(engine, &out[..n], Side::Inside);
             for k in 0..n {
                 verdicts[k] = engine.process(&mut out[k], Side::Inside, now_ns);
             }
@@ -243,6 +245,7 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> Pass
             build(&mut back[k], t[23] == 6, get_u32_at(t, 30), get_u16_at(t, 36), ext, eport, back_flags);
         }
         time_batch(&mut res, || {
+            prefetch_batch(engine, &back[..n], Side::Outside);
             for (k, frame) in back.iter_mut().enumerate().take(n) {
                 verdicts[k] = if verdicts[k] == Verdict::Forward(Side::Outside) { engine.process(frame, Side::Outside, now_ns) } else { Verdict::Held };
             }
@@ -259,6 +262,15 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> Pass
         now_ns += 1_000;
     }
     res
+}
+
+/// Overlaps the batch's table misses: all buckets, then all sessions.
+fn prefetch_batch(engine: &Engine, frames: &[[u8; FRAME_LEN]], side: Side) {
+    for stage in [Stage::Bucket, Stage::Session] {
+        for f in frames {
+            engine.prefetch(f, side, stage);
+        }
+    }
 }
 
 fn time_batch(res: &mut PassResult, f: impl FnOnce()) {

@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod deterministic;
 pub mod drop;
 pub mod engine;
 pub mod events;
@@ -20,6 +21,7 @@ pub mod generate;
 pub mod hash;
 mod icmp_error;
 pub mod pool;
+pub mod prefetch;
 pub mod rng;
 pub mod session;
 pub mod shard;

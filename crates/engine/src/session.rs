@@ -117,6 +117,23 @@ impl Tables {
         hash::five_tuple(!self.seed, proto as u8, addr, port, rem, rport)
     }
 
+    /// Prefetch, stage one: the index bucket of a session key.
+    #[inline]
+    pub fn prefetch_bucket(&self, outbound: bool, hash: u64) {
+        if outbound { self.sess_in.prefetch(hash) } else { self.sess_out.prefetch(hash) }
+    }
+
+    /// Prefetch, stage two: the session the (by now loaded) bucket points at.
+    #[inline]
+    pub fn prefetch_session(&self, outbound: bool, hash: u64) {
+        let index = if outbound { &self.sess_in } else { &self.sess_out };
+        if let Some(id) = index.likely(hash) {
+            if let Some(s) = self.sessions.get(id as usize) {
+                crate::table::prefetch(s);
+            }
+        }
+    }
+
     /// Session for an outbound packet: (internal endpoint, remote endpoint).
     #[inline]
     pub fn find_session_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {

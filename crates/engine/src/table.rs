@@ -9,6 +9,18 @@
 //! removals need no tombstones.
 
 const SLOTS: usize = 8;
+
+/// A hint to the CPU: start loading the cache line holding `r`.
+#[inline]
+pub fn prefetch<T>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetching is only a hint; the pointer comes from a reference.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>((r as *const T).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
+}
 const EMPTY: u32 = 0;
 
 #[derive(Clone, Copy, Default)]
@@ -62,6 +74,22 @@ impl FlowIndex {
     #[inline]
     fn home(&self, hash: u64) -> usize {
         (hash as usize) & self.mask
+    }
+
+    /// Starts loading the bucket `hash` lives in, so a lookup a little later
+    /// finds it in cache.
+    #[inline]
+    pub fn prefetch(&self, hash: u64) {
+        prefetch(&self.buckets[self.home(hash)]);
+    }
+
+    /// The first entry in `hash`'s home bucket whose tag matches: a likely
+    /// hit, to prefetch before the real lookup confirms it.
+    #[inline]
+    pub fn likely(&self, hash: u64) -> Option<u32> {
+        let tag = tag_of(hash);
+        let bucket = &self.buckets[self.home(hash)];
+        (0..SLOTS).find(|&i| bucket.tags[i] == tag && bucket.vals[i] != EMPTY).map(|i| bucket.vals[i] - 1)
     }
 
     /// Finds the entry indexed under `hash` for which `eq` holds.
