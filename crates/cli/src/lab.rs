@@ -51,7 +51,7 @@ struct UpArgs {
 
 #[derive(clap::Args)]
 struct NatrixArgs {
-    /// Where to write natrix's configuration for the lab.
+    /// Where to write natrix's configuration for the lab (not written with --kernel).
     #[arg(long, value_name = "FILE", default_value = "/run/natrix-lab/natrix.toml")]
     config_out: PathBuf,
     /// `workers` in the generated configuration.
@@ -611,7 +611,7 @@ fn show_stats(report: &mut Report, exe: &Path) {
     match result {
         Ok(out) if out.stderr.contains("unrecognized subcommand") => println!("{name:<32} SKIPPED this build has no `natrix show`"),
         Ok(out) if out.ok => {
-            report.step(name, Ok(String::new()));
+            report.step(name, Ok("the management API answered:".into()));
             out.stdout.lines().for_each(|l| println!("    {l}"));
         }
         Ok(out) => {

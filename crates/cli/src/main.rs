@@ -11,6 +11,7 @@ mod lab;
 mod replay;
 mod run;
 mod show;
+mod whois;
 
 #[derive(Parser)]
 #[command(name = "natrix", version, about = "natrix: a software carrier-grade NAT (NAPT44)")]
@@ -38,6 +39,8 @@ enum Command {
     Show(show::ShowArgs),
     /// Remove a subscriber's sessions and mappings from a running natrix.
     Clear(show::ClearArgs),
+    /// Who held an external address and port at a given time: from the event log or a deterministic config.
+    Whois(whois::Args),
 }
 
 fn main() -> ExitCode {
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(&args),
         Command::Show(args) => show::show(&args),
         Command::Clear(args) => show::clear(&args),
+        Command::Whois(args) => whois::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

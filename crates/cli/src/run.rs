@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use natrix_control::eventlog::EventLog;
 use natrix_control::{api, Config, IoBackend, LoggingConfig};
@@ -37,7 +37,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     }
     let logger = Logger::start(dp.take_events(), &cfg.logging).map_err(Failure::Other)?;
     if let Some(listen) = &cfg.live.management_listen {
-        let addr = api::serve(listen, dp.clone()).map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
+        let addr = api::serve(listen, dp.clone(), logger.lost_counter()).map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
         eprintln!("natrix: management API and metrics on http://{addr}/");
     }
     println!(
@@ -162,11 +162,23 @@ impl Signals {
     }
 }
 
-/// Writes NAT events to the JSON-lines log off the packet path; the
-/// workers count what does not fit in the channel as lost.
+use natrix_control::ipfix::{unit_records, Clock, IpfixExporter, LossCounter};
+use natrix_control::syslog::SyslogSender;
+use natrix_control::LogUnit;
+
+/// How often the logger hands a partly filled IPFIX message and buffered
+/// JSON lines over, when events trickle in.
+const LOG_FLUSH_EVERY: Duration = Duration::from_millis(200);
+
+/// Writes NAT events to the configured sinks (JSON lines, IPFIX, syslog)
+/// off the packet path. The workers count what does not fit in the channel
+/// as lost; the sinks count what they had to drop (collector unreachable,
+/// socket buffer full, file write failing) in `lost`, which lives as long
+/// as the logger, across reloads.
 struct Logger {
     control: mpsc::Sender<LoggerCommand>,
     thread: std::thread::JoinHandle<()>,
+    lost: LossCounter,
 }
 
 enum LoggerCommand {
@@ -177,64 +189,136 @@ enum LoggerCommand {
 impl Logger {
     fn start(events: Option<Receiver<Event>>, cfg: &LoggingConfig) -> Result<Logger, String> {
         let events = events.ok_or("the event stream was already taken")?;
-        let mut log = open_log(cfg)?;
+        let lost = LossCounter::default();
+        let (mut sinks, errors) = LogSinks::open(cfg, &lost, None);
+        if let Some(e) = errors.into_iter().next() {
+            return Err(e);
+        }
         let (control, commands) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("natrix-log".into())
             .spawn(move || {
+                let mut flushed = Instant::now();
                 loop {
-                    match events.recv_timeout(Duration::from_millis(200)) {
-                        Ok(e) => write_event(&mut log, &e),
-                        Err(RecvTimeoutError::Timeout) => flush(&mut log),
+                    match events.recv_timeout(LOG_FLUSH_EVERY) {
+                        Ok(e) => sinks.write(&e),
+                        Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                    if flushed.elapsed() >= LOG_FLUSH_EVERY {
+                        sinks.flush();
+                        flushed = Instant::now();
                     }
                     match commands.try_recv() {
                         Ok(LoggerCommand::Reconfigure(cfg)) => {
-                            flush(&mut log);
-                            log = open_log(&cfg).unwrap_or_else(|e| {
-                                eprintln!("natrix: {e}; event logging stopped");
-                                None
-                            });
+                            sinks.flush();
+                            let lost = sinks.lost.clone();
+                            let (new, errors) = LogSinks::open(&cfg, &lost, Some(sinks));
+                            for e in errors {
+                                eprintln!("natrix: {e}; its records are counted as lost until a reload fixes it");
+                            }
+                            sinks = new;
                         }
                         Ok(LoggerCommand::Stop) => break,
                         Err(_) => {}
                     }
                 }
                 while let Ok(e) = events.try_recv() {
-                    write_event(&mut log, &e);
+                    sinks.write(&e);
                 }
-                flush(&mut log);
+                sinks.flush();
             })
             .map_err(|e| format!("starting the logger: {e}"))?;
-        Ok(Logger { control, thread })
+        Ok(Logger { control, thread, lost })
     }
 
     fn reconfigure(&self, cfg: &LoggingConfig) {
         let _ = self.control.send(LoggerCommand::Reconfigure(cfg.clone()));
     }
 
+    /// The logger's own count of dropped records, shared: the metrics add it
+    /// to the workers' `events_lost` for `natrix_log_records_lost_total`.
+    fn lost_counter(&self) -> LossCounter {
+        self.lost.clone()
+    }
+
     fn stop(self) {
         let _ = self.control.send(LoggerCommand::Stop);
         let _ = self.thread.join();
-    }
-}
-
-fn open_log(cfg: &LoggingConfig) -> Result<Option<EventLog>, String> {
-    cfg.json.as_ref().map(|p| EventLog::append(p, cfg.unit).map_err(|e| format!("logging.json {}: {e}", p.display()))).transpose()
-}
-
-fn write_event(log: &mut Option<EventLog>, e: &Event) {
-    if let Some(l) = log {
-        if let Err(err) = l.write(e) {
-            eprintln!("natrix: writing the event log: {err}; event logging stopped");
-            *log = None;
+        let lost = self.lost.load(std::sync::atomic::Ordering::Relaxed);
+        if lost > 0 {
+            eprintln!("natrix: {lost} log records lost by the exporters (collector or syslog unreachable, or the log file failing)");
         }
     }
 }
 
-fn flush(log: &mut Option<EventLog>) {
-    if let Some(l) = log {
-        let _ = l.flush();
+/// The open sinks. A configured sink that could not be opened, or failed
+/// while writing, counts each record it would have taken as lost.
+struct LogSinks {
+    unit: LogUnit,
+    json: Option<EventLog>,
+    ipfix: Option<(std::net::SocketAddr, IpfixExporter)>,
+    syslog: Option<(natrix_control::syslog::SyslogTarget, SyslogSender)>,
+    /// Configured sinks that are not working.
+    failed: u64,
+    lost: LossCounter,
+}
+
+impl LogSinks {
+    /// Opens what `cfg` names. On a reload (`old`), an IPFIX exporter or
+    /// syslog sender whose destination and unit are unchanged is kept (the
+    /// collector sees one continuous stream); the JSON file is reopened, so
+    /// a rotated file is let go.
+    fn open(cfg: &LoggingConfig, lost: &LossCounter, old: Option<LogSinks>) -> (LogSinks, Vec<String>) {
+        let mut errors = Vec::new();
+        let (mut old_ipfix, mut old_syslog) = match old {
+            Some(o) if o.unit == cfg.unit => (o.ipfix, o.syslog),
+            _ => (None, None),
+        };
+        let json = cfg.json.as_ref().and_then(|p| EventLog::append(p, cfg.unit).map_err(|e| errors.push(format!("logging.json {}: {e}", p.display()))).ok());
+        let ipfix = cfg.ipfix.and_then(|addr| match old_ipfix.take() {
+            Some((a, x)) if a == addr => Some((a, x)),
+            _ => IpfixExporter::connect(addr, cfg.unit, Clock::Wall, lost.clone()).map(|x| (addr, x)).map_err(|e| errors.push(format!("logging.ipfix {addr}: {e}"))).ok(),
+        });
+        let syslog = cfg.syslog.as_ref().and_then(|target| match old_syslog.take() {
+            Some((t, s)) if &t == target => Some((t, s)),
+            _ => SyslogSender::open(target, cfg.unit, lost.clone()).map(|s| (target.clone(), s)).map_err(|e| errors.push(format!("logging.syslog {target}: {e}"))).ok(),
+        });
+        let failed = errors.len() as u64;
+        (LogSinks { unit: cfg.unit, json, ipfix, syslog, failed, lost: lost.clone() }, errors)
+    }
+
+    fn write(&mut self, e: &Event) {
+        if let Some(l) = &mut self.json {
+            if let Err(err) = l.write(e) {
+                eprintln!("natrix: writing the event log: {err}; its records are counted as lost until a reload reopens it");
+                self.json = None;
+                // Counted below with this record.
+                self.failed += 1;
+            }
+        }
+        if let Some((_, x)) = &mut self.ipfix {
+            x.write(e);
+        }
+        if let Some((_, s)) = &mut self.syslog {
+            s.write(e);
+        }
+        if self.failed > 0 && unit_records(self.unit, e.kind) {
+            self.lost.fetch_add(self.failed, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn flush(&mut self) {
+        if let Some(l) = &mut self.json {
+            if let Err(err) = l.flush() {
+                eprintln!("natrix: writing the event log: {err}; its records are counted as lost until a reload reopens it");
+                self.json = None;
+                self.failed += 1;
+            }
+        }
+        if let Some((_, x)) = &mut self.ipfix {
+            x.flush();
+        }
     }
 }
 

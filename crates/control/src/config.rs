@@ -8,6 +8,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use natrix_engine::config::{Exemption, Filtering, PortSelection, StaticMapping, UnsolicitedSyn};
+use natrix_engine::deterministic::{Deterministic, DeterministicConfig};
 use natrix_engine::{EngineConfig, Proto};
 use toml::{Table, Value};
 
@@ -76,6 +77,10 @@ pub struct LoggingConfig {
     pub unit: LogUnit,
     /// JSON-lines event log.
     pub json: Option<PathBuf>,
+    /// IPFIX collector (RFC 7011 over UDP, RFC 8158 elements).
+    pub ipfix: Option<std::net::SocketAddr>,
+    /// Syslog destination (RFC 5424 messages).
+    pub syslog: Option<crate::syslog::SyslogTarget>,
 }
 
 #[derive(Debug, Clone)]
@@ -133,10 +138,7 @@ impl Config {
         }
         let logging = parse_logging(&mut root, &mut engine, &mut warnings)?;
         if let Some(mut s) = root.section("pcp")? {
-            if s.boolean("enabled")? == Some(true) {
-                warnings.push("pcp.enabled: the PCP server is not implemented in this version; no PCP requests will be answered".into());
-            }
-            s.parsed("max_lifetime", duration::parse_ms)?;
+            engine.pcp = parse_pcp(&mut s)?;
             s.finish()?;
         }
         if let Some(mut s) = root.section("management")? {
@@ -155,13 +157,12 @@ impl Config {
 }
 
 fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
-    let mode = s.choice("mode", &[("dynamic", false), ("deterministic", true)])?;
-    if mode == Some(true) {
-        return err("nat.mode", "deterministic mode (RFC 7422) is not implemented in this version; use \"dynamic\"");
-    }
-    for key in ["subscribers", "ports_per_subscriber"] {
-        if s.has(key) {
-            return err(s.path(key), "only meaningful with mode = \"deterministic\"");
+    let deterministic = s.choice("mode", &[("dynamic", false), ("deterministic", true)])? == Some(true);
+    if !deterministic {
+        for key in ["subscribers", "ports_per_subscriber"] {
+            if s.has(key) {
+                return err(s.path(key), "only meaningful with mode = \"deterministic\"");
+            }
         }
     }
     e.pool = parse_pool(s)?;
@@ -175,8 +176,14 @@ fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) 
         e.ports = (lo, hi);
     }
     let range = u32::from(e.ports.1 - e.ports.0) + 1;
+    if deterministic {
+        e.deterministic = Some(parse_deterministic(s, e, range, warnings)?);
+    }
     e.filtering = s.choice("filtering", &Filtering::ALL.map(|f| (f.name(), f)))?.unwrap_or(e.filtering);
-    e.max_ports_per_subscriber = s.integer("max_ports_per_subscriber", 1, 3 * range)?.unwrap_or(e.max_ports_per_subscriber);
+    // In deterministic mode the range is the allowance: by default a
+    // subscriber may fill its range for each protocol.
+    let default_ports = e.deterministic.as_ref().map_or(e.max_ports_per_subscriber, |d| 3 * u32::from(d.ports_per_subscriber));
+    e.max_ports_per_subscriber = s.integer("max_ports_per_subscriber", 1, 3 * range)?.unwrap_or(default_ports);
     if let Some(mut per) = s.section("max_ports_per_protocol")? {
         for p in Proto::ALL {
             if let Some(n) = per.integer(p.name(), 1, range)? {
@@ -203,6 +210,45 @@ fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) 
     e.statics = parse_statics(s)?;
     e.seed = s.integer_u64("seed")?.unwrap_or(e.seed);
     Ok(())
+}
+
+/// `mode = "deterministic"` (RFC 7422): the inside prefixes, numbered in
+/// order, and each subscriber's range size. Whether the numbers fit the pool
+/// is checked with the rest of the config in `check_consistency`.
+fn parse_deterministic(s: &mut Section, e: &EngineConfig, range: u32, warnings: &mut Vec<String>) -> Result<DeterministicConfig, ConfigError> {
+    let Some(list) = s.array("subscribers")? else {
+        return err("nat.subscribers", "missing: deterministic mode needs the inside prefixes, e.g. subscribers = [\"100.64.0.0/22\"]");
+    };
+    let mut subscribers = Vec::with_capacity(list.len());
+    for (i, v) in list.iter().enumerate() {
+        let key = format!("nat.subscribers[{i}]");
+        let Some(t) = v.as_str() else { return err(key, "expected a string like \"100.64.0.0/22\"") };
+        let (network, len) = parse_prefix(t).or_else(|m| err(&key, m))?;
+        if !natrix_engine::config::prefix_contains(e.inside_addr, e.inside_prefix_len, network) {
+            warnings.push(format!("{key}: {t} is outside the inside prefix {}/{}", Ipv4Addr::from(e.inside_addr), e.inside_prefix_len));
+        }
+        subscribers.push((network, len));
+    }
+    if subscribers.is_empty() {
+        return err("nat.subscribers", "empty: list the inside prefixes, e.g. subscribers = [\"100.64.0.0/22\"]");
+    }
+    let Some(n) = s.integer("ports_per_subscriber", 1, range)? else {
+        return err("nat.ports_per_subscriber", "missing: deterministic mode needs each subscriber's range size, e.g. ports_per_subscriber = 1008");
+    };
+    Ok(DeterministicConfig { subscribers, ports_per_subscriber: n as u16 })
+}
+
+/// `[pcp]`: the PCP server (RFC 6887) on the inside address, off by default.
+fn parse_pcp(s: &mut Section) -> Result<Option<natrix_engine::pcp::PcpConfig>, ConfigError> {
+    let enabled = s.boolean("enabled")?.unwrap_or(false);
+    let mut pcp = natrix_engine::pcp::PcpConfig::default();
+    if let Some(ms) = s.parsed("max_lifetime", duration::parse_ms)? {
+        pcp.max_lifetime_s = seconds("pcp.max_lifetime", ms)?;
+        if pcp.max_lifetime_s == 0 {
+            return err("pcp.max_lifetime", "must be at least 1s");
+        }
+    }
+    Ok(enabled.then_some(pcp))
 }
 
 /// ICMP destination-unreachable codes an operator may choose for refusals:
@@ -307,7 +353,7 @@ fn parse_timeouts(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<Stri
 
 fn parse_logging(root: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<LoggingConfig, ConfigError> {
     let default_unit = if e.port_block_size > 0 { LogUnit::Block } else { LogUnit::Mapping };
-    let mut logging = LoggingConfig { unit: default_unit, json: None };
+    let mut logging = LoggingConfig { unit: default_unit, json: None, ipfix: None, syslog: None };
     let Some(mut s) = root.section("logging")? else { return Ok(logging) };
     logging.unit = s.choice("unit", &[("mapping", LogUnit::Mapping), ("session", LogUnit::Session), ("block", LogUnit::Block)])?.unwrap_or(default_unit);
     e.log_sessions = logging.unit == LogUnit::Session;
@@ -315,16 +361,32 @@ fn parse_logging(root: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<St
         return err("logging.unit", "\"block\" needs nat.port_block_size > 0");
     }
     logging.json = s.string("json")?.map(PathBuf::from);
-    for key in ["ipfix", "syslog"] {
-        if s.string(key)?.is_some() {
-            warnings.push(format!("logging.{key}: this exporter is not implemented in this version; use logging.json"));
+    logging.ipfix = s.typed("ipfix", "a string like \"192.0.2.10:4739\"", Value::as_str)?.map(parse_collector).transpose().or_else(|m| err("logging.ipfix", m))?;
+    logging.syslog = s
+        .typed("syslog", "a string like \"udp:192.0.2.10:514\" or \"unix:/dev/log\"", Value::as_str)?
+        .map(crate::syslog::SyslogTarget::parse)
+        .transpose()
+        .or_else(|m| err("logging.syslog", m))?;
+    if let Some(crate::syslog::SyslogTarget::Unix(path)) = &logging.syslog {
+        if !path.exists() {
+            warnings.push(format!("logging.syslog: {} does not exist (yet); messages are counted as lost until a syslog daemon listens there", path.display()));
         }
     }
     s.finish()?;
     Ok(logging)
 }
 
+/// An IPFIX collector: ADDRESS:PORT (IPv6 as [ADDRESS]:PORT).
+fn parse_collector(t: &str) -> Result<std::net::SocketAddr, String> {
+    let addr: std::net::SocketAddr = t.parse().map_err(|_| format!("\"{t}\" is not ADDRESS:PORT, e.g. \"192.0.2.10:4739\""))?;
+    if addr.port() == 0 || addr.ip().is_unspecified() {
+        return Err(format!("\"{t}\" is not a usable collector address"));
+    }
+    Ok(addr)
+}
+
 fn check_consistency(e: &EngineConfig) -> Result<(), ConfigError> {
+    check_deterministic(e)?;
     for (i, st) in e.statics.iter().enumerate() {
         if e.pool.binary_search(&st.ext_addr).is_err() {
             return err(format!("nat.static[{i}].outside"), "address is not in nat.pool");
@@ -335,6 +397,26 @@ fn check_consistency(e: &EngineConfig) -> Result<(), ConfigError> {
     }
     if e.pool.binary_search(&e.inside_addr).is_ok() {
         return err("inside.address", "is also a pool address");
+    }
+    Ok(())
+}
+
+/// Deterministic mode: the subscribers, pool and ports must divide so that
+/// every subscriber gets its range (otherwise say how many fit), and no other
+/// mechanism may hand out ports of a subscriber's range.
+fn check_deterministic(e: &EngineConfig) -> Result<(), ConfigError> {
+    let Some(cfg) = &e.deterministic else { return Ok(()) };
+    let d = Deterministic::new(cfg, &e.pool, e.ports).or_else(|x| err(format!("nat.{}", x.key), x.problem))?;
+    if e.port_block_size > 0 {
+        return err("nat.port_block_size", "not used with mode = \"deterministic\": each subscriber's range is its block; remove it");
+    }
+    for (i, st) in e.statics.iter().enumerate() {
+        if let Some(a) = d.owner(st.ext_addr, st.ext_port).filter(|a| a.subscriber != st.int_addr) {
+            return err(
+                format!("nat.static[{i}].outside"),
+                format!("port {} of {} is in {}'s deterministic range {}-{}", st.ext_port, Ipv4Addr::from(st.ext_addr), Ipv4Addr::from(a.subscriber), a.first, a.last),
+            );
+        }
     }
     Ok(())
 }
@@ -541,6 +623,39 @@ mod tests {
         assert_eq!(c.engine.timeouts.udp_s, 30);
         assert_eq!(c.warnings.len(), 1);
         assert!(c.warnings[0].contains("RFC 4787"));
+    }
+
+    #[test]
+    fn logging_exporters_parse_and_errors_name_the_key() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n[logging]\n";
+        let c = parse(&format!("{base}ipfix = \"192.0.2.10:4739\"\nsyslog = \"udp:192.0.2.10:514\"\n")).unwrap();
+        assert_eq!(c.logging.ipfix, Some("192.0.2.10:4739".parse().unwrap()));
+        assert_eq!(c.logging.syslog, Some(crate::syslog::SyslogTarget::Udp("192.0.2.10:514".parse().unwrap())));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let c = parse(&format!("{base}syslog = \"unix:/nonexistent/natrix/log\"\n")).unwrap();
+        assert!(c.warnings.iter().any(|w| w.starts_with("logging.syslog")), "{:?}", c.warnings);
+        for bad in ["ipfix = \"192.0.2.10\"", "ipfix = \"collector:4739\"", "ipfix = 4739", "ipfix = \"192.0.2.10:0\""] {
+            assert_eq!(key_of(&format!("{base}{bad}\n")), "logging.ipfix", "{bad}");
+        }
+        for bad in ["syslog = \"192.0.2.10:514\"", "syslog = \"udp:192.0.2.10\"", "syslog = \"unix:\"", "syslog = true"] {
+            assert_eq!(key_of(&format!("{base}{bad}\n")), "logging.syslog", "{bad}");
+        }
+    }
+
+    #[test]
+    fn pcp_is_off_unless_enabled_and_its_lifetime_is_checked() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        assert_eq!(parse(base).unwrap().engine.pcp, None);
+        assert_eq!(parse(&format!("{base}[pcp]\nenabled = false\nmax_lifetime = \"1h\"\n")).unwrap().engine.pcp, None);
+        let c = parse(&format!("{base}[pcp]\nenabled = true\n")).unwrap();
+        assert_eq!(c.engine.pcp.map(|p| p.max_lifetime_s), Some(86_400));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let c = parse(&format!("{base}[pcp]\nenabled = true\nmax_lifetime = \"2h\"\n")).unwrap();
+        assert_eq!(c.engine.pcp.map(|p| p.max_lifetime_s), Some(7200));
+        assert_eq!(key_of(&format!("{base}[pcp]\nenabled = true\nmax_lifetime = \"soon\"\n")), "pcp.max_lifetime");
+        assert_eq!(key_of(&format!("{base}[pcp]\nenabled = true\nmax_lifetime = \"0s\"\n")), "pcp.max_lifetime");
+        assert_eq!(key_of(&format!("{base}[pcp]\nenabled = \"yes\"\n")), "pcp.enabled");
+        assert_eq!(key_of(&format!("{base}[pcp]\nport = 5351\n")), "pcp.port");
     }
 
     #[test]

@@ -6,7 +6,9 @@ pub mod api;
 pub mod config;
 pub mod duration;
 pub mod eventlog;
+pub mod ipfix;
 pub mod metrics;
 pub mod report;
+pub mod syslog;
 
 pub use config::{Config, ConfigError, IoBackend, LiveConfig, LogUnit, LoggingConfig};

@@ -2,8 +2,9 @@
 //! and how much of the pool and of each subscriber's quota was used.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
 
-use natrix_engine::{Engine, Event, EventKind, Side};
+use natrix_engine::{Engine, EngineConfig, Event, EventKind, Proto, Side};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -21,6 +22,8 @@ pub struct Report {
     pub ports_per_subscriber: Percentiles,
     pub pool: PoolUse,
     pub events_lost: u64,
+    /// What each logging scheme would write for this traffic.
+    pub log_volume: LogVolume,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -57,10 +60,18 @@ pub struct PoolUse {
 #[derive(Default)]
 pub struct ReportBuilder {
     ports: HashMap<u32, (u32, u32)>,
+    volume: VolumeBuilder,
 }
 
 impl ReportBuilder {
+    /// A builder that also simulates port block logging as `cfg` would
+    /// allocate blocks (port range, parity, configured block size).
+    pub fn for_config(cfg: &EngineConfig) -> ReportBuilder {
+        ReportBuilder { ports: HashMap::new(), volume: VolumeBuilder::new(cfg) }
+    }
+
     pub fn on_event(&mut self, e: &Event) {
+        self.volume.on_event(e);
         match e.kind {
             EventKind::MappingCreated => {
                 let (now, peak) = self.ports.entry(e.int_addr).or_default();
@@ -112,8 +123,242 @@ impl ReportBuilder {
                 peak_utilisation: if ports == 0 { 0.0 } else { st.peak_ports_in_use as f64 / ports as f64 },
             },
             events_lost: engine.events_lost(),
+            log_volume: self.volume.build(st.sessions_created, engine.tables().session_count() as u64),
         }
     }
+}
+
+/// Log records and bytes (JSON lines, as `[logging] json` writes them).
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct Volume {
+    pub records: u64,
+    pub bytes: u64,
+    /// True when the figures are estimated rather than counted from the
+    /// records natrix would write for this run.
+    pub estimated: bool,
+}
+
+/// What per-mapping, per-session, port block and deterministic logging
+/// would write for the replayed traffic, so an operator can choose.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct LogVolume {
+    /// `[logging] unit = "mapping"`: mapping create/delete records.
+    pub per_mapping: Volume,
+    /// `unit = "session"`: mapping records plus session create/delete records.
+    pub per_session: Volume,
+    /// `port_block_size = N`: block allocate/release records, by block size.
+    pub port_block: BTreeMap<u16, Volume>,
+    /// `mode = "deterministic"` (RFC 7422): the configuration is the log.
+    pub deterministic: Volume,
+}
+
+impl LogVolume {
+    /// Human-readable lines for the replay summary.
+    pub fn summary_lines(&self) -> Vec<String> {
+        let v = |name: String, v: &Volume| format!("    {name:<22} {:>10} records {:>12} bytes{}", v.records, v.bytes, if v.estimated { "  (estimated)" } else { "" });
+        let mut out = vec!["  log volume for this traffic (JSON lines):".to_owned(), v("per mapping".into(), &self.per_mapping), v("per session".into(), &self.per_session)];
+        out.extend(self.port_block.iter().map(|(size, vol)| v(format!("port blocks of {size}"), vol)));
+        out.push(v("deterministic".into(), &self.deterministic));
+        out
+    }
+}
+
+/// Block sizes the report always estimates, besides the configured one.
+const BLOCK_SIZES: [u16; 3] = [64, 256, 1024];
+/// Bytes a session record adds to a mapping record: `,"remote":"198.51.100.20","remote_port":443`.
+const SESSION_EXTRA_BYTES: u64 = 43;
+
+/// One simulated port block of a subscriber for one protocol.
+struct SimBlock {
+    id: u64,
+    /// Free ports of each parity (even, odd); with no parity rule, all in [0].
+    free: [u32; 2],
+}
+
+/// Port block allocation replayed on the mapping events: a mapping takes a
+/// port in the subscriber's first block with room (of its parity), else a
+/// new block; a block whose last mapping goes is released. The same rules
+/// as the engine's block mode, without quotas or exhaustion.
+struct BlockSim {
+    size: u16,
+    lo: u16,
+    parity: bool,
+    blocks: HashMap<(u32, Proto), Vec<SimBlock>>,
+    mappings: HashMap<(Proto, u32, u16), (u64, usize)>,
+    next_id: u64,
+    volume: Volume,
+}
+
+impl BlockSim {
+    fn new(size: u16, lo: u16, parity: bool) -> Self {
+        BlockSim { size, lo, parity, blocks: HashMap::new(), mappings: HashMap::new(), next_id: 0, volume: Volume { estimated: true, ..Volume::default() } }
+    }
+
+    fn lane(&self, proto: Proto, port: u16) -> usize {
+        usize::from(self.parity && proto != Proto::Icmp) * usize::from(port & 1)
+    }
+
+    fn record(&mut self, kind: EventKind, e: &Event) {
+        let first = self.lo + (e.ext_port.saturating_sub(self.lo) / self.size) * self.size;
+        let last = first.saturating_add(self.size - 1);
+        let block = Event { kind, int_port: 0, ext_port: first, ext_port_end: last, rem_addr: 0, rem_port: 0, ..*e };
+        self.volume.records += 1;
+        self.volume.bytes += json_line_len(&block);
+    }
+
+    fn on_create(&mut self, e: &Event) {
+        let lane = self.lane(e.proto, e.int_port);
+        let split = self.parity && e.proto != Proto::Icmp;
+        let size = u32::from(self.size);
+        let list = self.blocks.entry((e.int_addr, e.proto)).or_default();
+        let (taken, fresh) = match list.iter_mut().find(|b| b.free[lane] > 0) {
+            Some(b) => {
+                b.free[lane] -= 1;
+                ((b.id, lane), false)
+            }
+            None => {
+                let mut free = if split { [size / 2, size - size / 2] } else { [size, 0] };
+                // A fresh block with no port of the wanted parity takes any.
+                let lane = if free[lane] > 0 { lane } else { 1 - lane };
+                free[lane] -= 1;
+                self.next_id += 1;
+                list.push(SimBlock { id: self.next_id, free });
+                ((self.next_id, lane), true)
+            }
+        };
+        if fresh {
+            self.record(EventKind::BlockAllocated, e);
+        }
+        self.mappings.insert((e.proto, e.int_addr, e.int_port), taken);
+    }
+
+    fn on_delete(&mut self, e: &Event) {
+        let Some((id, lane)) = self.mappings.remove(&(e.proto, e.int_addr, e.int_port)) else { return };
+        let size = u32::from(self.size);
+        let split = self.parity && e.proto != Proto::Icmp;
+        let Some(list) = self.blocks.get_mut(&(e.int_addr, e.proto)) else { return };
+        let Some(at) = list.iter().position(|b| b.id == id) else { return };
+        list[at].free[lane] += 1;
+        let full = if split { [size / 2, size - size / 2] } else { [size, 0] };
+        if list[at].free == full {
+            list.remove(at);
+            if list.is_empty() {
+                self.blocks.remove(&(e.int_addr, e.proto));
+            }
+            self.record(EventKind::BlockReleased, e);
+        }
+    }
+}
+
+/// Counts what each logging scheme would write, from the engine's events.
+#[derive(Default)]
+struct VolumeBuilder {
+    mapping: Volume,
+    /// Exhaustion and quota records, written in every unit.
+    always: Volume,
+    session: Volume,
+    session_events: bool,
+    /// Real block records (the engine ran in block mode with this size).
+    real_blocks: Option<(u16, Volume)>,
+    sims: Vec<BlockSim>,
+}
+
+impl VolumeBuilder {
+    fn new(cfg: &EngineConfig) -> Self {
+        let mut sizes: Vec<u16> = BLOCK_SIZES.to_vec();
+        if cfg.port_block_size > 0 && !sizes.contains(&cfg.port_block_size) {
+            sizes.push(cfg.port_block_size);
+        }
+        let sims = sizes.into_iter().filter(|&s| s != cfg.port_block_size).map(|s| BlockSim::new(s, cfg.ports.0, cfg.port_parity)).collect();
+        let real_blocks = (cfg.port_block_size > 0).then(|| (cfg.port_block_size, Volume::default()));
+        VolumeBuilder { sims, real_blocks, session_events: cfg.log_sessions, ..VolumeBuilder::default() }
+    }
+
+    fn on_event(&mut self, e: &Event) {
+        let add = |v: &mut Volume| {
+            v.records += 1;
+            v.bytes += json_line_len(e);
+        };
+        match e.kind {
+            EventKind::MappingCreated => {
+                add(&mut self.mapping);
+                self.sims.iter_mut().for_each(|s| s.on_create(e));
+            }
+            EventKind::MappingDeleted => {
+                add(&mut self.mapping);
+                self.sims.iter_mut().for_each(|s| s.on_delete(e));
+            }
+            EventKind::SessionCreated | EventKind::SessionDeleted => add(&mut self.session),
+            EventKind::BlockAllocated | EventKind::BlockReleased => {
+                if let Some((_, v)) = self.real_blocks.as_mut() {
+                    add(v);
+                }
+            }
+            EventKind::AddressesExhausted | EventKind::PortsExhausted | EventKind::QuotaExceeded => add(&mut self.always),
+        }
+    }
+
+    /// `sessions_created` and `sessions_live` (at the end) count the session
+    /// records when the engine did not emit them.
+    fn build(&self, sessions_created: u64, sessions_live: u64) -> LogVolume {
+        let plus = |a: &Volume, b: &Volume| Volume { records: a.records + b.records, bytes: a.bytes + b.bytes, estimated: a.estimated || b.estimated };
+        let per_mapping = plus(&self.mapping, &self.always);
+        let sessions = if self.session_events {
+            self.session.clone()
+        } else {
+            let records = sessions_created + sessions_created.saturating_sub(sessions_live);
+            let mean = self.mapping.bytes.checked_div(self.mapping.records).unwrap_or(0);
+            Volume { records, bytes: records * (mean + SESSION_EXTRA_BYTES), estimated: true }
+        };
+        let mut port_block: BTreeMap<u16, Volume> = self.sims.iter().map(|s| (s.size, plus(&s.volume, &self.always))).collect();
+        if let Some((size, v)) = &self.real_blocks {
+            port_block.insert(*size, plus(v, &self.always));
+        }
+        LogVolume { per_session: plus(&per_mapping, &sessions), per_mapping, port_block, deterministic: Volume::default() }
+    }
+}
+
+/// One event as `[logging] json` writes it (see `eventlog`), to size it.
+#[derive(Serialize)]
+struct JsonLine {
+    time: String,
+    event: &'static str,
+    nat_event: u8,
+    proto: &'static str,
+    subscriber: Ipv4Addr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subscriber_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    external: Option<Ipv4Addr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    external_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    port_range_end: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote: Option<Ipv4Addr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote_port: Option<u16>,
+}
+
+/// Bytes of the event's JSON line, newline included.
+fn json_line_len(e: &Event) -> u64 {
+    let is_block = matches!(e.kind, EventKind::BlockAllocated | EventKind::BlockReleased);
+    let is_session = matches!(e.kind, EventKind::SessionCreated | EventKind::SessionDeleted);
+    let nonzero = |a: u32| (a != 0).then(|| Ipv4Addr::from(a));
+    let line = JsonLine {
+        time: crate::eventlog::rfc3339(e.time_ns),
+        event: e.kind.name(),
+        nat_event: e.kind as u8,
+        proto: e.proto.name(),
+        subscriber: Ipv4Addr::from(e.int_addr),
+        subscriber_port: (!is_block).then_some(e.int_port),
+        external: nonzero(e.ext_addr),
+        external_port: (e.ext_addr != 0).then_some(e.ext_port),
+        port_range_end: is_block.then_some(e.ext_port_end),
+        remote: if is_session { nonzero(e.rem_addr) } else { None },
+        remote_port: is_session.then_some(e.rem_port),
+    };
+    serde_json::to_vec(&line).map_or(0, |v| v.len() as u64 + 1)
 }
 
 /// The nearest-rank percentile of sorted values (0 when there are none).

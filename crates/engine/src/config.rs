@@ -119,6 +119,11 @@ pub struct EngineConfig {
     pub max_held_fragments: u32,
     pub max_held_fragment_bytes: u32,
     pub max_held_syns: u32,
+    /// Deterministic NAT (RFC 7422): each subscriber's external address and
+    /// port range come from a formula; None in dynamic mode.
+    pub deterministic: Option<crate::deterministic::DeterministicConfig>,
+    /// PCP server (RFC 6887) on the inside address, UDP 5351; None: disabled.
+    pub pcp: Option<crate::pcp::PcpConfig>,
     /// Emit per-session events as well as per-mapping ones.
     pub log_sessions: bool,
     pub event_capacity: u32,
@@ -158,6 +163,8 @@ impl Default for EngineConfig {
             max_held_fragments: 256,
             max_held_fragment_bytes: 1 << 20,
             max_held_syns: 1024,
+            deterministic: None,
+            pcp: None,
             log_sessions: false,
             event_capacity: 1 << 16,
             seed: 1,

@@ -8,6 +8,7 @@ use std::collections::VecDeque;
 use natrix_wire::{ethernet, icmp, ipv4, proto, tcp, WireError};
 
 use crate::config::{prefix_contains, EngineConfig, Filtering, UnsolicitedSyn};
+use crate::deterministic::Deterministic;
 use crate::drop::{DropCounters, DropReason};
 use crate::events::{Event, EventKind, EventQueue};
 use crate::fragment::{FragKey, FragRewrite, Fragments};
@@ -119,6 +120,10 @@ pub struct Engine {
     ip_ident: u16,
     outside_source: u32,
     owners: Owners,
+    /// Deterministic mode (RFC 7422): the formula that fixes each subscriber's range.
+    det: Option<Deterministic>,
+    /// The PCP server's holds and counters (RFC 6887; `crate::pcp`).
+    pub(crate) pcp: crate::pcp::PcpState,
 }
 
 fn ipv4_reason(e: WireError) -> DropReason {
@@ -154,9 +159,15 @@ impl DropReason {
 impl Engine {
     /// Builds an engine; fails when a static mapping conflicts with another.
     pub fn new(cfg: EngineConfig) -> Result<Self, String> {
-        let slice = shard::port_slice(cfg.ports, cfg.port_block_size, cfg.shard);
+        let det = match &cfg.deterministic {
+            Some(d) => Some(Deterministic::new(d, &cfg.pool, cfg.ports).map_err(|e| format!("nat.{}: {}", e.key, e.problem))?),
+            None => None,
+        };
+        // Deterministic ranges belong whole to their subscriber's worker, so
+        // every worker's allocator spans the whole range.
+        let slice = if det.is_some() { cfg.ports } else { shard::port_slice(cfg.ports, cfg.port_block_size, cfg.shard) };
         let pool = Pool::new(&cfg.pool, slice, cfg.port_block_size, cfg.port_selection, cfg.port_parity, cfg.hold_down_s);
-        let owners = Owners::new(cfg.ports, cfg.port_block_size, cfg.shard.count, &cfg.statics);
+        let owners = Owners::new(cfg.ports, cfg.port_block_size, cfg.shard.count, &cfg.statics).with_deterministic(det.clone());
         let outside_source = cfg.outside_addr.or_else(|| cfg.pool.first().copied()).unwrap_or(0);
         let mut e = Engine {
             tables: Tables::new(cfg.max_sessions, cfg.statics.len(), cfg.seed),
@@ -175,6 +186,8 @@ impl Engine {
             ip_ident: 0,
             outside_source,
             owners,
+            det,
+            pcp: crate::pcp::PcpState::default(),
             cfg,
         };
         e.install_statics()?;
@@ -217,6 +230,11 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// The RFC 7422 formula in deterministic mode.
+    pub fn deterministic(&self) -> Option<&Deterministic> {
+        self.det.as_ref()
     }
 
     pub fn stats(&self) -> &Stats {
@@ -292,6 +310,8 @@ impl Engine {
         let s = (self.now_ns / NS) as u32;
         if s != self.now_s {
             self.now_s = s;
+            // PCP lifetimes keep their sessions alive: touched before expiry runs.
+            self.pcp_tick();
             self.expire_sessions();
             self.pool.expire_holds(s);
         }
@@ -372,6 +392,10 @@ impl Engine {
     fn arrived_inside(&mut self, frame: &mut [u8]) -> Result<Option<Side>, DropReason> {
         let ip = self.parse_ip(frame)?;
         if ip.dst == self.cfg.inside_addr {
+            if self.cfg.pcp.is_some() {
+                // Answered through the output queue; the request itself ends here.
+                self.pcp_request(frame, &ip);
+            }
             return Err(DropReason::LocalDestination);
         }
         if ip.ttl <= 1 {
@@ -597,16 +621,20 @@ impl Engine {
             }
             return Err(DropReason::NoMapping);
         };
-        if !self.filter_allows(mid, rem) {
+        if !self.filter_allows(mid, rem, rport) {
             return Err(DropReason::Filtered);
         }
         self.create_session(mid, rem, rport, Direction::In, tcp_flags)
     }
 
     /// RFC 4787 REQ-8: which remote endpoints may use an existing mapping.
-    fn filter_allows(&self, mid: u32, rem: u32) -> bool {
+    fn filter_allows(&self, mid: u32, rem: u32, rport: u16) -> bool {
         if self.tables.mappings[mid as usize].flags & mapping_flags::STATIC != 0 {
             return true;
+        }
+        // A PCP MAP mapping: endpoint-independent, or its FILTER options.
+        if let Some(allowed) = self.pcp_filter(mid, rem, rport) {
+            return allowed;
         }
         match self.cfg.filtering {
             Filtering::EndpointIndependent => true,
@@ -633,6 +661,9 @@ impl Engine {
     }
 
     fn create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
+        if self.det.as_ref().is_some_and(|d| d.index_of(int).is_none()) {
+            return Err(DropReason::NotSubscriber);
+        }
         let sub = self.subs.find_or_create(int).ok_or(DropReason::SubscriberTableFull)?;
         let result = self.allocate_for(frame, l3, sub, proto, int, iport);
         if result.is_err() {
@@ -654,7 +685,11 @@ impl Engine {
             return Err(DropReason::RateLimited);
         }
         let mut paired = self.subs.get(sub).paired;
-        if paired == NONE {
+        let det_range = self.det.as_ref().and_then(|d| d.assignment(int));
+        if let Some(a) = det_range {
+            paired = self.pool.index_of(a.ext_addr).ok_or(DropReason::PoolExhausted)?;
+            self.subs.get_mut(sub).paired = paired;
+        } else if paired == NONE {
             match self.pool.choose_address(hash::address(self.cfg.seed, int), proto) {
                 Some(a) => paired = a,
                 None => {
@@ -664,7 +699,9 @@ impl Engine {
             }
             self.subs.get_mut(sub).paired = paired;
         }
-        let (port, block) = if self.cfg.port_block_size == 0 {
+        let (port, block) = if let Some(a) = det_range {
+            (self.pool.alloc_port_in(paired, proto, iport, (a.first, a.last), &mut self.rng), None)
+        } else if self.cfg.port_block_size == 0 {
             (self.pool.alloc_port(paired, proto, iport, &mut self.rng), None)
         } else {
             let max_blocks = (cfg_ports.min(per_proto) as usize).div_ceil(usize::from(self.cfg.port_block_size)).max(1);
@@ -679,13 +716,14 @@ impl Engine {
         let ext_addr = self.pool.address(paired);
         let port = match port {
             Ok(p) => p,
-            Err(AllocError::BlockQuota) => {
-                self.event(EventKind::QuotaExceeded, proto, int, iport, ext_addr, 0, 0, 0, 0);
-                return Err(DropReason::PortQuota);
-            }
-            Err(AllocError::Exhausted) => {
+            Err(AllocError::Exhausted) if det_range.is_none() => {
                 self.event(EventKind::PortsExhausted, proto, int, iport, ext_addr, 0, 0, 0, 0);
                 return Err(DropReason::PoolExhausted);
+            }
+            // Out of blocks, or a full deterministic range: the subscriber's whole allowance.
+            Err(_) => {
+                self.event(EventKind::QuotaExceeded, proto, int, iport, ext_addr, 0, 0, 0, 0);
+                return Err(DropReason::PortQuota);
             }
         };
         if let Some(b) = block {
@@ -877,6 +915,41 @@ fn apply_fragment_rewrite(frame: &mut [u8], l3: usize, rw: FragRewrite) {
     }
     if dst != rw.dst {
         translate::rewrite(frame, l3, L4::None, Which::Dst, rw.dst, 0);
+    }
+}
+
+/// What the PCP server (`crate::pcp`) uses of the packet path: it makes and
+/// removes state only through these, so PCP mappings are ordinary ones.
+impl Engine {
+    pub(crate) fn pcp_create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
+        self.create_mapping(frame, l3, proto, int, iport)
+    }
+
+    pub(crate) fn pcp_create_session(&mut self, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {
+        self.create_session(mid, rem, rport, dir, tcp_flags)
+    }
+
+    pub(crate) fn pcp_delete_mapping(&mut self, mid: u32, skip_hold_down: bool) {
+        self.delete_mapping(mid, skip_hold_down);
+    }
+
+    pub(crate) fn events_mut(&mut self) -> &mut EventQueue {
+        &mut self.events
+    }
+
+    pub(crate) fn pcp_next_ident(&mut self) -> u16 {
+        self.ip_ident = self.ip_ident.wrapping_add(1);
+        self.ip_ident
+    }
+
+    /// Queues a frame natrix generated, built by `build` into a reused
+    /// buffer with the next IP identification.
+    pub(crate) fn pcp_emit(&mut self, side: Side, build: impl FnOnce(&mut Vec<u8>, u16)) {
+        let ident = self.pcp_next_ident();
+        let mut buf = self.out.buffer();
+        build(&mut buf, ident);
+        self.out.push(side, self.now_ns, buf);
+        self.stats.generated[side as usize] += 1;
     }
 }
 

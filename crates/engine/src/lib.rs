@@ -20,6 +20,7 @@ pub mod fragment;
 pub mod generate;
 pub mod hash;
 mod icmp_error;
+pub mod pcp;
 pub mod pool;
 pub mod prefetch;
 pub mod rng;

@@ -247,6 +247,26 @@ impl Pool {
         Ok(port)
     }
 
+    /// Allocates a port inside `range` (a deterministic subscriber's own
+    /// ports, RFC 7422): the wanted port when preserving and free, else one
+    /// of the same parity, else any free port of the range.
+    pub fn alloc_port_in(&mut self, addr_idx: u32, proto: Proto, want: u16, range: (u16, u16), rng: &mut Rng) -> Result<u16, AllocError> {
+        let (first, last) = range;
+        let parity = self.parity_of(proto, want);
+        let preserve = self.selection == PortSelection::Preserve && (first..=last).contains(&want);
+        let start = rng.range(u32::from(first), u32::from(last)) as u16;
+        let s = self.space(addr_idx, proto);
+        let port = if preserve && s.is_free(want) {
+            Some(want)
+        } else {
+            s.find(start, first, last, parity).or_else(|| s.find(start, first, last, None))
+        };
+        let port = port.ok_or(AllocError::Exhausted)?;
+        s.take(port);
+        self.ports_in_use += 1;
+        Ok(port)
+    }
+
     fn parity_of(&self, proto: Proto, want: u16) -> Option<u16> {
         (self.parity && proto != Proto::Icmp).then_some(want & 1)
     }

@@ -4,12 +4,16 @@
 //! section 2.2.4). So a packet's owner is known from the packet alone:
 //! outbound by source address, inbound by destination port, except for
 //! operator-chosen external ports (static mappings), which are looked up.
+//! In deterministic mode (RFC 7422) a subscriber's whole port range belongs
+//! to the subscriber's worker, whatever slice it falls in: the formula says
+//! whose it is.
 //! The dataplane steers with these functions and each engine checks
 //! ownership with the same ones, so the two cannot disagree.
 
 use std::collections::HashMap;
 
-use crate::config::StaticMapping;
+use crate::config::{EngineConfig, StaticMapping};
+use crate::deterministic::Deterministic;
 use crate::Proto;
 
 /// Which worker an engine is, out of how many.
@@ -61,12 +65,26 @@ pub struct Owners {
     align: u16,
     count: u16,
     statics: HashMap<(Proto, u32, u16), u16>,
+    deterministic: Option<Deterministic>,
 }
 
 impl Owners {
     pub fn new(ports: (u16, u16), align: u16, count: u16, statics: &[StaticMapping]) -> Owners {
         let statics = statics.iter().map(|s| ((s.proto, s.ext_addr, s.ext_port), worker_of_subscriber(s.int_addr, count))).collect();
-        Owners { ports, align, count, statics }
+        Owners { ports, align, count, statics, deterministic: None }
+    }
+
+    /// Steers the ranges of deterministic mode to their subscribers' workers.
+    pub fn with_deterministic(mut self, d: Option<Deterministic>) -> Owners {
+        self.deterministic = d;
+        self
+    }
+
+    /// The owners of everything `cfg` maps, for `count` workers: port
+    /// slices, static mappings and deterministic ranges.
+    pub fn for_config(cfg: &EngineConfig, count: u16) -> Owners {
+        let d = cfg.deterministic.as_ref().and_then(|d| Deterministic::new(d, &cfg.pool, cfg.ports).ok());
+        Owners::new(cfg.ports, cfg.port_block_size, count, &cfg.statics).with_deterministic(d)
     }
 
     pub fn count(&self) -> u16 {
@@ -79,6 +97,9 @@ impl Owners {
         }
         if let Some(&w) = self.statics.get(&(proto, addr, port)) {
             return w;
+        }
+        if let Some(a) = self.deterministic.as_ref().and_then(|d| d.owner(addr, port)) {
+            return worker_of_subscriber(a.subscriber, self.count);
         }
         self.of_port(port)
     }

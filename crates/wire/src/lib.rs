@@ -10,6 +10,7 @@ pub mod error;
 pub mod ethernet;
 pub mod icmp;
 pub mod ipv4;
+pub mod pcp;
 pub mod tcp;
 pub mod udp;
 

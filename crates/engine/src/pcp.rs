@@ -1,0 +1,867 @@
+//! The PCP server (RFC 6887) on natrix's inside address, UDP port 5351.
+//!
+//! A request is answered from the packet path, like an ICMP error: the
+//! answer is a generated frame (the request's Ethernet addresses swapped,
+//! IPv4 from the inside address, UDP from 5351 to the client's port) pushed
+//! on the output queue, stamped with engine time. The request itself is
+//! counted as `local_destination`, so every input frame is still either
+//! forwarded or dropped once.
+//!
+//! PCP-created mappings are ordinary mappings, made by the same allocator
+//! with the same quotas, logged and shown like any other. What PCP adds is a
+//! *hold*: the mapping (MAP) or the session (PEER) must outlive its idle
+//! timeout until the PCP lifetime ends. A MAP hold is a keep-alive session
+//! on the mapping whose remote is 0.0.0.0:0 (an address no packet can come
+//! from), so the mapping is never without a session while the hold lasts;
+//! a PEER hold keeps the peer session itself. Once a second (before
+//! sessions expire) the holds that are due are touched, and those whose
+//! lifetime has ended are released: the keep-alive session goes, and with it
+//! the mapping if no traffic session is left, through the usual deletion
+//! (logged, port held down).
+//!
+//! Holds are found again by their key (protocol, internal endpoint, remote
+//! endpoint), never by slab index, so state removed behind PCP's back
+//! (`natrix clear`, a pool address removed on reload) only leaves a stale
+//! hold that is dropped when next seen.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use natrix_wire::pcp::{self as wire, opcode, option, result};
+use natrix_wire::{checksum, ethernet, ipv4, proto, set_u16_at, udp};
+
+use crate::config::{PortSelection, prefix_contains};
+use crate::drop::DropReason;
+use crate::engine::{Engine, Ip};
+use crate::events::{Event, EventKind};
+use crate::session::mapping_flags;
+use crate::trackers::{Direction, TimeoutClass};
+use crate::{Proto, Side};
+
+/// `[pcp]` settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PcpConfig {
+    /// Longest lifetime granted; longer requests get this.
+    pub max_lifetime_s: u32,
+}
+
+impl Default for PcpConfig {
+    fn default() -> Self {
+        PcpConfig { max_lifetime_s: 24 * 3600 }
+    }
+}
+
+/// Shortest lifetime granted to a request for a non-zero lifetime (unless
+/// `max_lifetime` is shorter).
+const MIN_LIFETIME_S: u32 = 120;
+/// How long clients should take an error to hold (RFC 6887 section 7.4).
+const LONG_ERROR_LIFETIME_S: u32 = 1800;
+const SHORT_ERROR_LIFETIME_S: u32 = 30;
+/// Requests answered per second by one engine; the rest are silently
+/// dropped, which clients treat as loss and retry (section 8.3).
+const REQUESTS_PER_SECOND: u32 = 1000;
+/// FILTER options one mapping may carry; more is EXCESSIVE_REMOTE_PEERS.
+const MAX_FILTERS: usize = 16;
+/// Holds are touched at least this often, so a shortened idle timeout
+/// (a reload) cannot expire a held session early.
+const MAX_TOUCH_INTERVAL_S: u32 = 60;
+/// Where an unsolicited ANNOUNCE goes (section 14.1.3): all hosts.
+const ALL_HOSTS: u32 = 0xe000_0001;
+const ALL_HOSTS_MAC: [u8; 6] = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01];
+
+/// What the server has done, for operators.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PcpStats {
+    /// Datagrams to the inside address's port 5351.
+    pub requests: u64,
+    /// Requests not answered: too short, a response, a bad UDP checksum, or over the rate limit.
+    pub ignored: u64,
+    /// Answers sent, by result code.
+    pub results: [u64; 16],
+}
+
+/// One PCP hold as an operator sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PcpHoldView {
+    pub proto: Proto,
+    pub int_addr: u32,
+    pub int_port: u16,
+    pub ext_addr: u32,
+    pub ext_port: u16,
+    /// PEER holds: the remote peer; MAP holds: 0.0.0.0:0.
+    pub rem_addr: u32,
+    pub rem_port: u16,
+    pub remaining_s: u32,
+    pub filters: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    proto: u8,
+    int_addr: u32,
+    int_port: u16,
+    /// 0.0.0.0:0 for MAP.
+    rem_addr: u32,
+    rem_port: u16,
+}
+
+impl Key {
+    fn proto(&self) -> Proto {
+        if self.proto == Proto::Tcp as u8 { Proto::Tcp } else { Proto::Udp }
+    }
+
+    fn is_map(&self) -> bool {
+        self.rem_addr == 0
+    }
+}
+
+/// A remote peer a MAP mapping accepts (FILTER option, section 13.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FilterRule {
+    addr: u32,
+    prefix_len: u8,
+    /// 0: any port.
+    port: u16,
+}
+
+impl FilterRule {
+    fn matches(&self, addr: u32, port: u16) -> bool {
+        prefix_contains(self.addr, self.prefix_len, addr) && (self.port == 0 || self.port == port)
+    }
+}
+
+struct Hold {
+    nonce: [u8; wire::NONCE_LEN],
+    /// Engine second at which the PCP lifetime ends.
+    expires_s: u32,
+    /// When the hold is next looked at (its entry in the due heap).
+    due_s: u32,
+    /// Empty: endpoint-independent filtering.
+    filters: Vec<FilterRule>,
+}
+
+/// The server's state inside one engine.
+#[derive(Default)]
+pub struct PcpState {
+    holds: BTreeMap<Key, Hold>,
+    due: BinaryHeap<Reverse<(u32, Key)>>,
+    /// Engine second the epoch counts from (section 8.5).
+    started_s: Option<u32>,
+    window_s: u32,
+    in_window: u32,
+    /// The request being answered undid a mapping it had made.
+    undone: bool,
+    stats: PcpStats,
+}
+
+/// A parsed MAP or PEER request.
+struct MapRequest {
+    nonce: [u8; wire::NONCE_LEN],
+    protocol: u8,
+    int_port: u16,
+    /// Suggested external port; 0: none.
+    ext_port: u16,
+    /// Suggested external address; None: none (or not IPv4).
+    ext_addr: Option<u32>,
+    /// A suggested address that is set but is no IPv4 address.
+    foreign_addr: bool,
+    remote: Option<(u32, u16)>,
+    prefer_failure: bool,
+    filters: Vec<FilterRule>,
+    /// The options this server processed, echoed in a success response.
+    echoed: Vec<u8>,
+}
+
+/// An answer: a result code, the lifetime to report, and for success the
+/// opcode data to send.
+type Outcome = Result<(u32, Vec<u8>), u8>;
+
+impl Engine {
+    /// Counters of the PCP server.
+    pub fn pcp_stats(&self) -> PcpStats {
+        self.pcp.stats.clone()
+    }
+
+    /// Every live PCP hold (MAP mappings and PEER sessions), in key order.
+    pub fn pcp_holds(&self) -> Vec<PcpHoldView> {
+        self.pcp
+            .holds
+            .iter()
+            .filter_map(|(k, h)| {
+                let sid = self.tables.find_session_in(k.proto(), k.int_addr, k.int_port, k.rem_addr, k.rem_port)?;
+                let s = &self.tables.sessions[sid as usize];
+                Some(PcpHoldView {
+                    proto: k.proto(),
+                    int_addr: k.int_addr,
+                    int_port: k.int_port,
+                    ext_addr: s.ext_addr,
+                    ext_port: s.ext_port,
+                    rem_addr: k.rem_addr,
+                    rem_port: k.rem_port,
+                    remaining_s: h.expires_s.saturating_sub(self.now_s),
+                    filters: h.filters.len(),
+                })
+            })
+            .collect()
+    }
+
+    /// The unsolicited ANNOUNCE a restarted server multicasts to 224.0.0.1
+    /// port 5350 on the inside (RFC 6887 section 14.1.3), as a whole frame
+    /// from `src_mac`, or None when PCP is disabled. The caller sends it as
+    /// is (it needs no next hop).
+    pub fn pcp_announcement(&mut self, src_mac: [u8; 6]) -> Option<Vec<u8>> {
+        self.cfg.pcp?;
+        let mut msg = [0u8; wire::HEADER_LEN];
+        wire::emit_response_header(&mut msg, wire::VERSION, opcode::ANNOUNCE, result::SUCCESS, 0, self.pcp_epoch());
+        let mut f = Vec::with_capacity(14 + 28 + msg.len());
+        f.extend_from_slice(&ALL_HOSTS_MAC);
+        f.extend_from_slice(&src_mac);
+        f.extend_from_slice(&ethernet::ETHERTYPE_IPV4.to_be_bytes());
+        let ident = self.pcp_next_ident();
+        append_udp(&mut f, self.cfg.inside_addr, ALL_HOSTS, wire::CLIENT_PORT, &msg, 1, ident);
+        Some(f)
+    }
+
+    fn pcp_epoch(&mut self) -> u32 {
+        let now = self.now_s;
+        now - *self.pcp.started_s.get_or_insert(now)
+    }
+
+    /// Whether a PCP hold with FILTER options decides who may use mapping
+    /// `mid`: Some(verdict) for a mapping PCP holds, None otherwise.
+    pub(crate) fn pcp_filter(&self, mid: u32, rem: u32, rport: u16) -> Option<bool> {
+        if self.pcp.holds.is_empty() {
+            return None;
+        }
+        let m = &self.tables.mappings[mid as usize];
+        let key = Key { proto: m.proto as u8, int_addr: m.int_addr, int_port: m.int_port, rem_addr: 0, rem_port: 0 };
+        let h = self.pcp.holds.get(&key)?;
+        self.tables.find_session_in(m.proto, m.int_addr, m.int_port, 0, 0)?;
+        Some(h.filters.is_empty() || h.filters.iter().any(|f| f.matches(rem, rport)))
+    }
+
+    /// Once a second, before sessions expire: touch the holds that are due
+    /// and release those whose lifetime has ended.
+    pub(crate) fn pcp_tick(&mut self) {
+        let now = self.now_s;
+        if self.cfg.pcp.is_some() && self.pcp.started_s.is_none() {
+            self.pcp.started_s = Some(now);
+        }
+        while let Some(&Reverse((due, key))) = self.pcp.due.peek() {
+            if due > now {
+                break;
+            }
+            self.pcp.due.pop();
+            let Some(h) = self.pcp.holds.get(&key) else { continue };
+            if h.due_s != due {
+                continue; // superseded by a refresh
+            }
+            let expires = h.expires_s;
+            let Some(sid) = self.tables.find_session_in(key.proto(), key.int_addr, key.int_port, key.rem_addr, key.rem_port) else {
+                self.pcp.holds.remove(&key);
+                continue;
+            };
+            if expires <= now {
+                self.pcp.holds.remove(&key);
+                if key.is_map() {
+                    self.pcp_release_keepalive(sid);
+                }
+                continue;
+            }
+            let class = self.tables.sessions[sid as usize].class;
+            self.tables.touch(sid, now, class);
+            self.pcp_schedule(key, expires);
+        }
+    }
+
+    /// Sets when a hold is next looked at: before its session could idle
+    /// out, and when its lifetime ends.
+    fn pcp_schedule(&mut self, key: Key, expires_s: u32) {
+        let now = self.now_s;
+        let class = match key.proto() {
+            Proto::Tcp if key.is_map() => TimeoutClass::TcpEstablished,
+            Proto::Tcp => TimeoutClass::TcpTransitory,
+            _ => TimeoutClass::Udp,
+        };
+        let interval = (self.timeout_of(class) / 2).clamp(1, MAX_TOUCH_INTERVAL_S);
+        let due = now.saturating_add(interval).min(expires_s).max(now + 1);
+        if let Some(h) = self.pcp.holds.get_mut(&key) {
+            h.due_s = due;
+            self.pcp.due.push(Reverse((due, key)));
+        }
+    }
+
+    /// A UDP datagram to the inside address: answer it if it is PCP.
+    pub(crate) fn pcp_request(&mut self, frame: &[u8], ip: &Ip) {
+        if ip.proto != proto::UDP || ip.first_frag || ip.later_frag {
+            return;
+        }
+        let l4 = &frame[ip.l4..ip.l4 + ip.l4_len];
+        let Ok(u) = udp::Packet::new_checked(l4) else { return };
+        if u.dst_port() != wire::SERVER_PORT {
+            return;
+        }
+        self.pcp.stats.requests += 1;
+        let dgram = &l4[..usize::from(u.length())];
+        if u.checksum() != 0 && !udp_checksum_ok(ip.src, ip.dst, dgram) {
+            self.pcp.stats.ignored += 1;
+            return;
+        }
+        if self.pcp.window_s != self.now_s {
+            self.pcp.window_s = self.now_s;
+            self.pcp.in_window = 0;
+        }
+        if self.pcp.in_window >= REQUESTS_PER_SECOND {
+            self.pcp.stats.ignored += 1;
+            return;
+        }
+        self.pcp.in_window += 1;
+        let Some(answer) = self.pcp_answer(frame, ip, &dgram[udp::HEADER_LEN..]) else {
+            self.pcp.stats.ignored += 1;
+            return;
+        };
+        self.pcp.stats.results[usize::from(answer[3] & 0x0f)] += 1;
+        let (inside, client, cport) = (self.cfg.inside_addr, ip.src, u.src_port());
+        let l3 = ip.l3;
+        self.pcp_emit(Side::Inside, |buf, ident| {
+            buf.extend_from_slice(&frame[..l3]);
+            ethernet::swap_addresses(buf);
+            append_udp(buf, inside, client, cport, &answer, 64, ident);
+        });
+    }
+
+    /// Section 8.3: the answer to a request, or None when it is to be
+    /// dropped silently.
+    fn pcp_answer(&mut self, frame: &[u8], ip: &Ip, msg: &[u8]) -> Option<Vec<u8>> {
+        if msg.len() < 2 || msg[1] & wire::RESPONSE_BIT != 0 {
+            return None;
+        }
+        let op = msg[1] & !wire::RESPONSE_BIT;
+        if msg[0] != wire::VERSION {
+            return Some(self.pcp_error(msg, op, result::UNSUPP_VERSION));
+        }
+        let req = wire::Request::new_checked(msg).ok()?;
+        if msg.len() > wire::MAX_LEN || !msg.len().is_multiple_of(4) {
+            return Some(self.pcp_error(msg, op, result::MALFORMED_REQUEST));
+        }
+        let data_len = match op {
+            opcode::ANNOUNCE => 0,
+            opcode::MAP => wire::MAP_LEN,
+            opcode::PEER => wire::PEER_LEN,
+            _ => return Some(self.pcp_error(msg, op, result::UNSUPP_OPCODE)),
+        };
+        let body = req.body();
+        if body.len() < data_len {
+            return Some(self.pcp_error(msg, op, result::MALFORMED_REQUEST));
+        }
+        if wire::v4_of(&req.client_addr()) != Some(ip.src) {
+            return Some(self.pcp_error(msg, op, result::ADDRESS_MISMATCH));
+        }
+        // The events this request causes are set aside, so that a mapping
+        // it makes and then undoes (a failed request changes nothing,
+        // section 7.3) leaves no record.
+        let earlier: Vec<Event> = self.events_mut().drain().collect();
+        self.pcp.undone = false;
+        let outcome = match op {
+            opcode::ANNOUNCE => check_options(op, &body[data_len..]).map(|_| (0, Vec::new())),
+            _ => match parse_map(op, body) {
+                Err(code) => Err(code),
+                Ok(m) if op == opcode::MAP => self.pcp_map(frame, ip, req.lifetime(), m),
+                Ok(m) => self.pcp_peer(frame, ip, req.lifetime(), m),
+            },
+        };
+        let ours: Vec<Event> = self.events_mut().drain().collect();
+        let undone = std::mem::take(&mut self.pcp.undone);
+        let q = self.events_mut();
+        earlier.into_iter().for_each(|e| q.push(e));
+        ours.into_iter().filter(|e| !(undone && is_mapping_record(e.kind))).for_each(|e| q.push(e));
+        Some(match outcome {
+            Err(code) => self.pcp_error(msg, op, code),
+            Ok((lifetime, data)) => {
+                let mut out = vec![0u8; wire::HEADER_LEN];
+                let epoch = self.pcp_epoch();
+                wire::emit_response_header(&mut out, wire::VERSION, op, result::SUCCESS, lifetime, epoch);
+                out.extend_from_slice(&data);
+                out
+            }
+        })
+    }
+
+    /// An error response: the request copied (up to 1100 octets, padded to
+    /// a multiple of 4), under a response header (section 8.3).
+    fn pcp_error(&mut self, msg: &[u8], op: u8, code: u8) -> Vec<u8> {
+        let mut out = msg[..msg.len().min(wire::MAX_LEN)].to_vec();
+        out.resize(out.len().max(wire::HEADER_LEN).div_ceil(4) * 4, 0);
+        let lifetime = if result::is_short_lifetime(code) { SHORT_ERROR_LIFETIME_S } else { LONG_ERROR_LIFETIME_S };
+        let epoch = self.pcp_epoch();
+        wire::emit_response_header(&mut out, wire::VERSION, op, code, lifetime, epoch);
+        out
+    }
+
+    fn pcp_grant(&self, requested: u32) -> u32 {
+        let max = self.cfg.pcp.map_or(0, |p| p.max_lifetime_s).max(1);
+        requested.clamp(MIN_LIFETIME_S.min(max), max)
+    }
+
+    /// Section 11: MAP.
+    fn pcp_map(&mut self, frame: &[u8], ip: &Ip, lifetime: u32, m: MapRequest) -> Outcome {
+        let int = ip.src;
+        if m.prefer_failure && m.ext_port == 0 && m.ext_addr.is_none() && !m.foreign_addr {
+            return Err(result::MALFORMED_OPTION);
+        }
+        if lifetime == 0 {
+            return self.pcp_map_delete(int, &m).map(|_| (0, map_data(&m, m.ext_addr.map_or([0; 16], wire::v4_mapped), m.ext_port, &m.echoed)));
+        }
+        let proto = match m.protocol {
+            proto::TCP => Proto::Tcp,
+            proto::UDP => Proto::Udp,
+            _ => return Err(result::UNSUPP_PROTOCOL),
+        };
+        if m.int_port == 0 {
+            return Err(result::MALFORMED_REQUEST);
+        }
+        let granted = self.pcp_grant(lifetime);
+        let key = Key { proto: proto as u8, int_addr: int, int_port: m.int_port, rem_addr: 0, rem_port: 0 };
+        // A refresh of a mapping PCP already holds.
+        if let Some(h) = self.pcp.holds.get(&key) {
+            if let Some(sid) = self.tables.find_session_in(proto, int, m.int_port, 0, 0) {
+                if h.nonce != m.nonce {
+                    return Err(result::NOT_AUTHORIZED);
+                }
+                let s = self.tables.sessions[sid as usize];
+                if m.prefer_failure && !honours(&m, s.ext_addr, s.ext_port) {
+                    return Err(result::CANNOT_PROVIDE_EXTERNAL);
+                }
+                self.pcp_hold(key, m.nonce, granted, m.filters.clone());
+                return Ok((granted, map_data(&m, wire::v4_mapped(s.ext_addr), s.ext_port, &m.echoed)));
+            }
+            self.pcp.holds.remove(&key);
+        }
+        // A mapping traffic (or the operator) made: PCP takes it over.
+        if let Some(mid) = self.tables.find_mapping_in(proto, int, m.int_port) {
+            let mp = self.tables.mappings[mid as usize];
+            if m.prefer_failure && !honours(&m, mp.ext_addr, mp.ext_port) {
+                return Err(result::CANNOT_PROVIDE_EXTERNAL);
+            }
+            if mp.flags & mapping_flags::STATIC != 0 {
+                // Configured: already permanent and unfiltered.
+                let echoed = echo_without_filters(&m.echoed);
+                return Ok((granted, map_data(&m, wire::v4_mapped(mp.ext_addr), mp.ext_port, &echoed)));
+            }
+            self.pcp_keepalive(mid).map_err(result_of)?;
+            self.pcp_hold(key, m.nonce, granted, m.filters.clone());
+            return Ok((granted, map_data(&m, wire::v4_mapped(mp.ext_addr), mp.ext_port, &m.echoed)));
+        }
+        let mid = self.pcp_new_mapping(frame, ip.l3, proto, int, &m)?;
+        if let Err(r) = self.pcp_keepalive(mid) {
+            self.pcp_undo_mapping(mid);
+            return Err(result_of(r));
+        }
+        self.pcp_hold(key, m.nonce, granted, m.filters.clone());
+        let mp = self.tables.mappings[mid as usize];
+        Ok((granted, map_data(&m, wire::v4_mapped(mp.ext_addr), mp.ext_port, &m.echoed)))
+    }
+
+    /// MAP with lifetime 0: delete what PCP holds (one mapping, or with
+    /// internal port 0 every one of the client's for the protocol, or for
+    /// every protocol with protocol 0).
+    fn pcp_map_delete(&mut self, int: u32, m: &MapRequest) -> Result<(), u8> {
+        if m.int_port == 0 {
+            let keys: Vec<Key> = self
+                .pcp
+                .holds
+                .iter()
+                .filter(|(k, h)| k.int_addr == int && k.is_map() && (m.protocol == 0 || k.proto == m.protocol) && h.nonce == m.nonce)
+                .map(|(k, _)| *k)
+                .collect();
+            for k in keys {
+                self.pcp_unhold(k);
+            }
+            return Ok(());
+        }
+        let proto = match m.protocol {
+            proto::TCP => Proto::Tcp,
+            proto::UDP => Proto::Udp,
+            0 => return Err(result::MALFORMED_REQUEST),
+            _ => return Err(result::UNSUPP_PROTOCOL),
+        };
+        let key = Key { proto: proto as u8, int_addr: int, int_port: m.int_port, rem_addr: 0, rem_port: 0 };
+        if let Some(h) = self.pcp.holds.get(&key) {
+            if self.tables.find_session_in(proto, int, m.int_port, 0, 0).is_some() && h.nonce != m.nonce {
+                return Err(result::NOT_AUTHORIZED);
+            }
+            self.pcp_unhold(key);
+            return Ok(());
+        }
+        match self.tables.find_mapping_in(proto, int, m.int_port) {
+            Some(mid) if self.tables.mappings[mid as usize].flags & mapping_flags::STATIC != 0 => Err(result::NOT_AUTHORIZED),
+            // A mapping PCP does not hold lives on as its traffic decides.
+            _ => Ok(()),
+        }
+    }
+
+    /// Section 12: PEER.
+    fn pcp_peer(&mut self, frame: &[u8], ip: &Ip, lifetime: u32, m: MapRequest) -> Outcome {
+        let int = ip.src;
+        let proto = match m.protocol {
+            proto::TCP => Proto::Tcp,
+            proto::UDP => Proto::Udp,
+            0 => return Err(result::MALFORMED_REQUEST),
+            _ => return Err(result::UNSUPP_PROTOCOL),
+        };
+        let Some((rem, rport)) = m.remote else { return Err(result::MALFORMED_REQUEST) };
+        if m.int_port == 0 || rport == 0 || rem == 0 || is_martian(rem) {
+            return Err(result::MALFORMED_REQUEST);
+        }
+        let key = Key { proto: proto as u8, int_addr: int, int_port: m.int_port, rem_addr: rem, rem_port: rport };
+        let existing = self.tables.find_session_in(proto, int, m.int_port, rem, rport);
+        if let Some(h) = self.pcp.holds.get(&key) {
+            if existing.is_some() && h.nonce != m.nonce {
+                return Err(result::NOT_AUTHORIZED);
+            }
+        }
+        if lifetime == 0 {
+            // The session goes back to its idle timeout.
+            self.pcp.holds.remove(&key);
+            let (a, p) = existing.map_or((m.ext_addr.unwrap_or(0), m.ext_port), |s| {
+                let s = &self.tables.sessions[s as usize];
+                (s.ext_addr, s.ext_port)
+            });
+            return Ok((0, peer_data(&m, a, p)));
+        }
+        let granted = self.pcp_grant(lifetime);
+        let sid = match existing {
+            Some(s) => s,
+            None => {
+                let (mid, new) = match self.tables.find_mapping_in(proto, int, m.int_port) {
+                    Some(mid) => (mid, false),
+                    None => (self.pcp_new_mapping(frame, ip.l3, proto, int, &m)?, true),
+                };
+                match self.pcp_create_session(mid, rem, rport, Direction::Out, 0) {
+                    Ok(s) => s,
+                    Err(r) => {
+                        if new {
+                            self.pcp_undo_mapping(mid);
+                        }
+                        return Err(result_of(r));
+                    }
+                }
+            }
+        };
+        let class = self.tables.sessions[sid as usize].class;
+        self.tables.touch(sid, self.now_s, class);
+        self.pcp_hold(key, m.nonce, granted, Vec::new());
+        let s = self.tables.sessions[sid as usize];
+        Ok((granted, peer_data(&m, s.ext_addr, s.ext_port)))
+    }
+
+    /// A new mapping for a PCP request, honouring the suggested external
+    /// address and port when it can. With PREFER_FAILURE, a mapping that
+    /// cannot be what was suggested is undone without a trace.
+    fn pcp_new_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, m: &MapRequest) -> Result<u32, u8> {
+        let deterministic = self.deterministic().is_some();
+        if let Some(a) = m.ext_addr {
+            // Paired pooling: a subscriber holding nothing yet may start on the suggested address.
+            if let (false, Some(idx)) = (deterministic, self.pool.index_of(a)) {
+                if let Some(sub) = self.subs.find_or_create(int) {
+                    let s = self.subs.get_mut(sub);
+                    if s.mappings == 0 && s.blocks.is_empty() {
+                        s.paired = idx;
+                    }
+                }
+            }
+        }
+        let hint = Some(m.ext_port).filter(|&p| p != 0 && p != m.int_port);
+        let mid = match hint {
+            None => self.pcp_create_mapping(frame, l3, proto, int, m.int_port).map_err(result_of)?,
+            Some(want) => self.pcp_create_mapping_at(frame, l3, proto, int, m.int_port, want)?,
+        };
+        let mp = self.tables.mappings[mid as usize];
+        if m.prefer_failure && !honours(m, mp.ext_addr, mp.ext_port) {
+            self.pcp_undo_mapping(mid);
+            return Err(result::CANNOT_PROVIDE_EXTERNAL);
+        }
+        Ok(mid)
+    }
+
+    /// Creates the mapping of (`int`, `iport`) asking the allocator for
+    /// external port `want`. The allocator's hint is the internal port, so
+    /// the mapping is made as if for internal port `want`, with the
+    /// allocator in port-preserving mode, and then re-keyed to `iport`; the
+    /// events it logged are corrected to match.
+    fn pcp_create_mapping_at(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16, want: u16) -> Result<u32, u8> {
+        let before: Vec<Event> = self.events_mut().drain().collect();
+        let (sel, parity, hold) = (self.cfg.port_selection, self.cfg.port_parity, self.cfg.hold_down_s);
+        if sel != PortSelection::Preserve {
+            self.pool.set_policy(PortSelection::Preserve, parity, hold);
+        }
+        let made = self.pcp_create_mapping(frame, l3, proto, int, want);
+        if sel != PortSelection::Preserve {
+            self.pool.set_policy(sel, parity, hold);
+        }
+        let mut during: Vec<Event> = self.events_mut().drain().collect();
+        for e in during.iter_mut().filter(|e| e.int_addr == int && e.int_port == want && e.proto == proto) {
+            e.int_port = iport;
+        }
+        let q = self.events_mut();
+        before.into_iter().chain(during).for_each(|e| q.push(e));
+        let mid = made.map_err(result_of)?;
+        let mut mp = self.tables.mappings[mid as usize];
+        self.tables.remove_mapping(mid);
+        mp.int_port = iport;
+        // Cannot fail: the slot was just freed in both indices.
+        self.tables.insert_mapping(mp).map_err(|_| result::NO_RESOURCES)
+    }
+
+    /// Removes a mapping this request just made, as if it never was: no
+    /// hold-down, not counted, and (see `pcp_answer`) not logged.
+    fn pcp_undo_mapping(&mut self, mid: u32) {
+        self.pcp_delete_mapping(mid, true);
+        self.stats.mappings_created = self.stats.mappings_created.saturating_sub(1);
+        self.pcp.undone = true;
+    }
+
+    /// The keep-alive session of a MAP hold (remote 0.0.0.0:0).
+    fn pcp_keepalive(&mut self, mid: u32) -> Result<u32, DropReason> {
+        let m = self.tables.mappings[mid as usize];
+        if let Some(sid) = self.tables.find_session_in(m.proto, m.int_addr, m.int_port, 0, 0) {
+            return Ok(sid);
+        }
+        if self.subs.get(m.subscriber).sessions >= self.cfg.max_sessions_per_subscriber {
+            return Err(DropReason::SessionQuota);
+        }
+        let class = if m.proto == Proto::Tcp { TimeoutClass::TcpEstablished } else { TimeoutClass::Udp };
+        let sid = self.tables.insert_session(mid, 0, 0, 0, class, self.now_s).map_err(|_| DropReason::SessionTableFull)?;
+        self.subs.get_mut(m.subscriber).sessions += 1;
+        Ok(sid)
+    }
+
+    /// Ends a MAP hold: its mapping goes too unless traffic sessions remain.
+    fn pcp_release_keepalive(&mut self, sid: u32) {
+        let s = self.tables.remove_session(sid);
+        let m = self.tables.mappings[s.mapping as usize];
+        self.subs.get_mut(m.subscriber).sessions -= 1;
+        if m.sessions == 0 && m.flags & mapping_flags::STATIC == 0 {
+            self.pcp_delete_mapping(s.mapping, false);
+        } else {
+            self.subs.release_if_idle(m.subscriber);
+        }
+    }
+
+    fn pcp_unhold(&mut self, key: Key) {
+        self.pcp.holds.remove(&key);
+        if key.is_map() {
+            if let Some(sid) = self.tables.find_session_in(key.proto(), key.int_addr, key.int_port, 0, 0) {
+                self.pcp_release_keepalive(sid);
+            }
+        }
+    }
+
+    fn pcp_hold(&mut self, key: Key, nonce: [u8; wire::NONCE_LEN], lifetime: u32, filters: Vec<FilterRule>) {
+        let expires_s = self.now_s.saturating_add(lifetime);
+        self.pcp.holds.insert(key, Hold { nonce, expires_s, due_s: 0, filters });
+        self.pcp_schedule(key, expires_s);
+    }
+}
+
+/// Whether an external endpoint is what the request suggested.
+fn honours(m: &MapRequest, addr: u32, port: u16) -> bool {
+    !m.foreign_addr && (m.ext_port == 0 || m.ext_port == port) && m.ext_addr.is_none_or(|a| a == addr)
+}
+
+fn is_mapping_record(k: EventKind) -> bool {
+    matches!(k, EventKind::MappingCreated | EventKind::MappingDeleted | EventKind::BlockAllocated | EventKind::BlockReleased)
+}
+
+fn result_of(r: DropReason) -> u8 {
+    match r {
+        DropReason::PortQuota | DropReason::SessionQuota => result::USER_EX_QUOTA,
+        // Deterministic mode: the source is no configured subscriber.
+        r if r.name() == "not_subscriber" => result::NOT_AUTHORIZED,
+        _ => result::NO_RESOURCES,
+    }
+}
+
+fn is_martian(addr: u32) -> bool {
+    let first = addr >> 24;
+    first == 0 || first == 127 || first >= 224
+}
+
+/// Options of a request: every option is checked (section 7.3), the result
+/// the first error found. Returns (PREFER_FAILURE seen, filters, options to echo).
+fn check_options(op: u8, opts: &[u8]) -> Result<(bool, Vec<FilterRule>, Vec<u8>), u8> {
+    let mut prefer_failure = false;
+    let mut filters = Vec::new();
+    let mut echoed = Vec::new();
+    let mut any_address = false;
+    for o in wire::options(opts) {
+        let o = o.map_err(|_| result::MALFORMED_OPTION)?;
+        match o.code {
+            // natrix acts for no one but the sender.
+            option::THIRD_PARTY if op != opcode::ANNOUNCE => return Err(result::UNSUPP_OPTION),
+            option::PREFER_FAILURE if op == opcode::MAP => {
+                if !o.data.is_empty() || prefer_failure {
+                    return Err(result::MALFORMED_OPTION);
+                }
+                prefer_failure = true;
+                echo(&mut echoed, o.code, o.data);
+            }
+            option::FILTER if op == opcode::MAP => {
+                let f = wire::Filter::parse(o.data).map_err(|_| result::MALFORMED_OPTION)?;
+                let rule = match (f.prefix_len, wire::v4_of(&f.remote_addr)) {
+                    (0, _) => FilterRule { addr: 0, prefix_len: 0, port: f.remote_port },
+                    (96..=128, Some(a)) => FilterRule { addr: a, prefix_len: f.prefix_len - 96, port: f.remote_port },
+                    _ => return Err(result::MALFORMED_OPTION),
+                };
+                any_address |= rule.prefix_len == 0 && rule.port == 0;
+                filters.push(rule);
+                if filters.len() > MAX_FILTERS {
+                    return Err(result::EXCESSIVE_REMOTE_PEERS);
+                }
+                echo(&mut echoed, o.code, o.data);
+            }
+            option::THIRD_PARTY | option::PREFER_FAILURE | option::FILTER => return Err(result::MALFORMED_OPTION),
+            c if option::is_mandatory(c) => return Err(result::UNSUPP_OPTION),
+            _ => {}
+        }
+    }
+    if any_address {
+        // A filter for every peer on every port: no filtering at all.
+        filters.clear();
+    }
+    Ok((prefer_failure, filters, echoed))
+}
+
+fn echo(out: &mut Vec<u8>, code: u8, data: &[u8]) {
+    let at = out.len();
+    out.resize(at + option::HEADER_LEN + data.len().div_ceil(4) * 4, 0);
+    wire::emit_option(&mut out[at..], code, data);
+}
+
+fn echo_without_filters(echoed: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for o in wire::options(echoed).flatten() {
+        if o.code != option::FILTER {
+            echo(&mut out, o.code, o.data);
+        }
+    }
+    out
+}
+
+fn parse_map(op: u8, body: &[u8]) -> Result<MapRequest, u8> {
+    let data_len = if op == opcode::PEER { wire::PEER_LEN } else { wire::MAP_LEN };
+    let map = wire::Map::new_checked(&body[..wire::MAP_LEN]).map_err(|_| result::MALFORMED_REQUEST)?;
+    let remote = if op == opcode::PEER {
+        let p = wire::Peer::new_checked(&body[..wire::PEER_LEN]).map_err(|_| result::MALFORMED_REQUEST)?;
+        Some((wire::v4_of(&p.remote_addr()).unwrap_or(0), p.remote_port()))
+    } else {
+        None
+    };
+    let (prefer_failure, filters, echoed) = check_options(op, &body[data_len..])?;
+    let ext = map.external_addr();
+    let ext_addr = wire::v4_of(&ext).filter(|&a| a != 0);
+    Ok(MapRequest {
+        nonce: map.nonce(),
+        protocol: map.protocol(),
+        int_port: map.internal_port(),
+        ext_port: map.external_port(),
+        ext_addr,
+        foreign_addr: ext_addr.is_none() && !wire::is_unspecified(&ext),
+        remote,
+        prefer_failure,
+        filters,
+        echoed,
+    })
+}
+
+fn map_data(m: &MapRequest, ext_addr: [u8; 16], ext_port: u16, echoed: &[u8]) -> Vec<u8> {
+    let mut d = vec![0u8; wire::MAP_LEN];
+    wire::emit_map(&mut d, m.nonce, m.protocol, m.int_port, (ext_addr, ext_port));
+    d.extend_from_slice(echoed);
+    d
+}
+
+fn peer_data(m: &MapRequest, ext_addr: u32, ext_port: u16) -> Vec<u8> {
+    let mut d = vec![0u8; wire::PEER_LEN];
+    let (rem, rport) = m.remote.unwrap_or((0, 0));
+    wire::emit_peer(&mut d, m.nonce, m.protocol, m.int_port, (wire::v4_mapped(ext_addr), ext_port), (wire::v4_mapped(rem), rport));
+    d.extend_from_slice(&m.echoed);
+    d
+}
+
+fn udp_checksum_ok(src: u32, dst: u32, dgram: &[u8]) -> bool {
+    let acc = u32::from(checksum::fold(checksum::pseudo_header_sum(src, dst, proto::UDP, dgram.len() as u16))) + u32::from(checksum::fold(checksum::sum(dgram)));
+    checksum::fold(acc) == 0xffff
+}
+
+/// Appends an IPv4 header and a UDP datagram from port 5351 carrying
+/// `payload`, with both checksums.
+fn append_udp(buf: &mut Vec<u8>, src: u32, dst: u32, dport: u16, payload: &[u8], ttl: u8, ident: u16) {
+    let ip_at = buf.len();
+    let udp_len = udp::HEADER_LEN + payload.len();
+    let total = ipv4::MIN_HEADER_LEN + udp_len;
+    buf.resize(ip_at + total, 0);
+    ipv4::emit_header(&mut buf[ip_at..], src, dst, proto::UDP, total as u16, ttl, ident);
+    let u = ip_at + ipv4::MIN_HEADER_LEN;
+    set_u16_at(buf, u, wire::SERVER_PORT);
+    set_u16_at(buf, u + 2, dport);
+    set_u16_at(buf, u + 4, udp_len as u16);
+    buf[u + udp::HEADER_LEN..].copy_from_slice(payload);
+    let acc = u32::from(checksum::fold(checksum::pseudo_header_sum(src, dst, proto::UDP, udp_len as u16))) + u32::from(checksum::fold(checksum::sum(&buf[u..])));
+    let c = !checksum::fold(acc);
+    set_u16_at(buf, u + udp::CHECKSUM_OFFSET, if c == 0 { 0xffff } else { c });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_match_prefix_and_port() {
+        let f = FilterRule { addr: 0xc633_6400, prefix_len: 24, port: 53 };
+        assert!(f.matches(0xc633_640d, 53));
+        assert!(!f.matches(0xc633_650d, 53));
+        assert!(!f.matches(0xc633_640d, 54));
+        assert!(FilterRule { addr: 0, prefix_len: 0, port: 0 }.matches(1, 2));
+    }
+
+    fn filter_opt(prefix: u8, port: u16, addr: [u8; 16]) -> Vec<u8> {
+        let mut v = Vec::new();
+        echo(&mut v, option::FILTER, &wire::Filter { prefix_len: prefix, remote_port: port, remote_addr: addr }.emit());
+        v
+    }
+
+    #[test]
+    fn option_checks() {
+        assert_eq!(check_options(opcode::MAP, &filter_opt(120, 0, wire::v4_mapped(0xc633_6400))).unwrap().1, vec![FilterRule { addr: 0xc633_6400, prefix_len: 24, port: 0 }]);
+        assert_eq!(check_options(opcode::MAP, &filter_opt(95, 0, wire::v4_mapped(1))).unwrap_err(), result::MALFORMED_OPTION);
+        assert_eq!(check_options(opcode::MAP, &filter_opt(120, 0, [0x20; 16])).unwrap_err(), result::MALFORMED_OPTION);
+        assert_eq!(check_options(opcode::PEER, &filter_opt(120, 0, wire::v4_mapped(1))).unwrap_err(), result::MALFORMED_OPTION);
+        let mut twice = Vec::new();
+        echo(&mut twice, option::PREFER_FAILURE, &[]);
+        echo(&mut twice, option::PREFER_FAILURE, &[]);
+        assert_eq!(check_options(opcode::MAP, &twice).unwrap_err(), result::MALFORMED_OPTION);
+        let mut unknown = Vec::new();
+        echo(&mut unknown, 99, &[1, 2]);
+        assert_eq!(check_options(opcode::MAP, &unknown).unwrap_err(), result::UNSUPP_OPTION);
+        let mut optional = Vec::new();
+        echo(&mut optional, 200, &[1, 2]);
+        let (pf, filters, echoed) = check_options(opcode::MAP, &optional).unwrap();
+        assert!(!pf && filters.is_empty() && echoed.is_empty());
+        let mut many = Vec::new();
+        for i in 0..=MAX_FILTERS as u32 {
+            many.extend(filter_opt(128, 0, wire::v4_mapped(0x0a00_0000 + i)));
+        }
+        assert_eq!(check_options(opcode::MAP, &many).unwrap_err(), result::EXCESSIVE_REMOTE_PEERS);
+        assert_eq!(check_options(opcode::MAP, &[3, 0, 0, 20, 0]).unwrap_err(), result::MALFORMED_OPTION);
+    }
+
+    #[test]
+    fn generated_udp_has_valid_checksums() {
+        let mut b = Vec::new();
+        append_udp(&mut b, 0x6440_0001, 0x6440_0002, 40000, &[1, 2, 3, 4, 5], 64, 7);
+        let ip = ipv4::Packet::new_checked(&b[..]).unwrap();
+        assert!(ip.verify_checksum());
+        assert!(udp_checksum_ok(0x6440_0001, 0x6440_0002, &b[20..]));
+    }
+}
