@@ -400,12 +400,8 @@ type Check = fn() -> Result<String, String>;
 
 /// The traffic checks are independent: all run, whatever the others gave.
 fn traffic(report: &mut Report, exe: &Path) {
-    let steps: [(&str, Check); 4] = [
-        ("http sub1 -> srv1:8080", http_get),
-        ("iperf3 tcp sub1 -> srv1, 3 s", iperf3),
-        ("ping sub2 -> srv2", ping),
-        ("udp sub1 -> srv2 closed port", udp_closed_port),
-    ];
+    let steps: [(&str, Check); 4] =
+        [("http sub1 -> srv1:8080", http_get), ("iperf3 tcp sub1 -> srv1, 3 s", iperf3), ("ping sub2 -> srv2", ping), ("udp sub1 -> srv2 closed port", udp_closed_port)];
     for (name, step) in steps {
         report.step(name, step());
         if interrupted() {
@@ -490,7 +486,8 @@ fn wait_listening(ns: &str, port: &str) -> Result<(), String> {
 /// Starts `natrix run` in nx-nat, its output echoed with a prefix so it is
 /// told apart from the demo's own lines.
 fn start_natrix(exe: &Path, config: &Path) -> Result<Background, String> {
-    let child = Command::new("ip").args(["netns", "exec", NAT]).arg(exe).arg("run").arg("--config").arg(config).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
+    let child =
+        Command::new("ip").args(["netns", "exec", NAT]).arg(exe).arg("run").arg("--config").arg(config).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
     let mut child = child.map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
     let (tx, rx) = mpsc::channel();
     echo_lines(child.stdout.take(), Some(tx));

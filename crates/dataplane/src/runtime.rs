@@ -230,7 +230,7 @@ impl Dataplane {
         }
         let (commands, rx) = mpsc::channel();
         self.io.commands = commands;
-        let steering = Steering::new(Owners::new(cfg.ports, cfg.port_block_size, count, &cfg.statics));
+        let steering = Steering::new(Owners::for_config(cfg, count));
         let mut pool = cfg.pool.clone();
         pool.sort_unstable();
         let stop = self.stop.clone();

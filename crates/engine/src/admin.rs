@@ -130,6 +130,8 @@ impl Engine {
             (old.ports != new.ports, "[nat] ports"),
             (old.port_block_size != new.port_block_size, "[nat] port_block_size"),
             (old.statics != new.statics, "[nat] static"),
+            (old.deterministic != new.deterministic, "[nat] mode, subscribers or ports_per_subscriber (deterministic mode)"),
+            (old.deterministic.is_some() && old.pool != new.pool, "[nat] pool (in deterministic mode the formula depends on it)"),
             (old.max_sessions != new.max_sessions, "[nat] max_sessions"),
             (old.max_subscribers != new.max_subscribers, "[nat] max_subscribers"),
         ];
