@@ -6,21 +6,24 @@
 # The method is in tools/side_by_side/measure.py.
 #
 #   scripts/side-by-side.sh [--tcp-seconds N] [--trial-seconds N] [--steps N]
-#                           [--flows N] [--only natrix|kernel] [--out FILE]
+#                           [--flows N] [--workers N] [--io MODE]
+#                           [--only natrix|kernel] [--out FILE]
 #
+# --workers and --io go into natrix's configuration (`natrix lab up`).
 # NATRIX_BIN: the natrix binary (default target/release/natrix, built if absent).
-# The defaults take about 3 minutes; a run always ends with `natrix lab down`.
+# The defaults take 2 to 3 minutes; a run always ends with `natrix lab down`.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
 TCP_SECONDS=10
 TRIAL_SECONDS=3
 STEPS=6
 FLOWS=1000
+WORKERS=1
+IO=auto
 ONLY=""
 OUT=""
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 die() { echo "side-by-side: $*" >&2; exit 1; }
 
 while [ $# -gt 0 ]; do
@@ -29,6 +32,8 @@ while [ $# -gt 0 ]; do
         --trial-seconds) TRIAL_SECONDS="$2"; shift 2 ;;
         --steps) STEPS="$2"; shift 2 ;;
         --flows) FLOWS="$2"; shift 2 ;;
+        --workers) WORKERS="$2"; shift 2 ;;
+        --io) IO="$2"; shift 2 ;;
         --only) ONLY="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
         -h|--help) usage ;;
@@ -36,6 +41,10 @@ while [ $# -gt 0 ]; do
     esac
 done
 case "$ONLY" in ""|natrix|kernel) ;; *) die "--only takes natrix or kernel" ;; esac
+# Paths given by the caller are relative to where they ran this from.
+[ -n "$OUT" ] && OUT="$(realpath -m "$OUT")"
+[ -n "${NATRIX_BIN:-}" ] && NATRIX_BIN="$(realpath -m "$NATRIX_BIN")"
+cd "$(dirname "$0")/.."
 
 check_prerequisites() {
     [ "$(id -u)" -eq 0 ] || die "must run as root (it builds network namespaces)"
@@ -54,7 +63,6 @@ find_natrix() {
         NATRIX_BIN="$PWD/target/release/natrix"
         [ -x "$NATRIX_BIN" ] || cargo build --release -p natrix
     fi
-    NATRIX_BIN="$(realpath "$NATRIX_BIN")"
     "$NATRIX_BIN" lab --help >/dev/null 2>&1 || die "$NATRIX_BIN has no \`lab\` command: rebuild it"
 }
 
@@ -70,16 +78,22 @@ warn_if_busy() {
 }
 
 WORK=""
+MEASURE_PID=""
 cleanup() {
     trap - EXIT INT TERM
-    # measure.py stops natrix itself; this catches whatever an interrupt left.
+    if [ -n "$MEASURE_PID" ]; then
+        kill "$MEASURE_PID" 2>/dev/null || true
+        wait "$MEASURE_PID" 2>/dev/null || true
+    fi
+    # measure.py stops natrix itself; after an interrupt, `lab down` ends
+    # whatever still runs in the lab (natrix, trafgen, iperf3).
     "$NATRIX_BIN" lab down >/dev/null 2>&1 || echo "side-by-side: \`natrix lab down\` failed" >&2
     [ -n "$WORK" ] && rm -rf "$WORK"
 }
 
 # measure MODE: builds the lab for MODE, measures it into $WORK/MODE.json, removes the lab.
 measure() {
-    local mode="$1" up=(lab up --config-out "$WORK/natrix.toml") extra=()
+    local mode="$1" up=(lab up --config-out "$WORK/natrix.toml" --workers "$WORKERS" --io "$IO") extra=()
     if [ "$mode" = kernel ]; then
         up+=(--kernel)
     else
@@ -92,9 +106,13 @@ measure() {
     echo "== $mode" >&2
     "$NATRIX_BIN" lab down >/dev/null
     "$NATRIX_BIN" "${up[@]}" >/dev/null
+    # In the background, so that a signal to this script runs its trap at once.
     python3 tools/side_by_side/measure.py --mode "$mode" "${extra[@]}" --workdir "$WORK" \
         --tcp-seconds "$TCP_SECONDS" --trial-seconds "$TRIAL_SECONDS" --steps "$STEPS" --flows "$FLOWS" \
-        --out "$WORK/$mode.json"
+        --out "$WORK/$mode.json" &
+    MEASURE_PID=$!
+    wait "$MEASURE_PID"
+    MEASURE_PID=""
     "$NATRIX_BIN" lab down >/dev/null
 }
 

@@ -41,6 +41,9 @@ QUEUE_FRAMES = 128
 # natrix's default max_sessions is 1,048,576: a new-flow trial stays below,
 # so the table never fills within one trial.
 NEW_FLOWS_PER_TRIAL = 900_000
+# The lab's natrix configuration gives one subscriber 2000 ports; the
+# established flows all come from nx-sub1.
+MAX_FLOWS = 2000
 READY_TIMEOUT = 20
 DRAIN_SECONDS = 0.5
 COUNTER_TABLE = "natrix_side_by_side"
@@ -194,9 +197,9 @@ def write_trafgen_configs(workdir, flows):
     eth = f"eth(da={mac(NAT, 'inside')}, sa={mac(SUB, 'eth0')})"
     established = (f"{{ {eth}, ipv4(sa={SUB_ADDR}, da={SRV_ADDR}, ttl=64), "
                    f"udp(sp=dinc(10000, {10000 + flows - 1}), dp=9), fill(0, 18) }}\n")
-    # Subscribers 100.64.1.0-100.64.127.255 (not the NAT's own 100.64.0.1);
-    # source ports 1024-65535 and destination ports 1-49151, as RFC 4814
-    # section 4.5 suggests.
+    # Subscribers 100.64.1.0-100.64.127.255 (not the NAT's own 100.64.0.1),
+    # pseudorandom source (1024-65535) and destination (1-49151) ports after
+    # RFC 4814 section 4.5: each frame is, in effect, a new flow.
     new = (f"{{ {eth}, ipv4(sa=100.64.0.0, sa[2]=drnd(1, 127), sa[3]=drnd(), da={SRV_ADDR}, ttl=64), "
            f"udp(sp=drnd(1024, 65535), dp=drnd(1, 49151)), fill(0, 18) }}\n")
     paths = {}
@@ -249,19 +252,20 @@ def warm_up(workdir, cfg, flows):
     time.sleep(DRAIN_SECONDS)
 
 
-def rate_test(name, cfg, args, nat, reset):
+def rate_test(name, cfg, args, nat, fresh):
     """Full blast, then a binary search on shaped rates for the highest
-    offered rate with loss under LOSS_OK. `reset` runs before each trial
-    (new flows: every trial starts from an empty table)."""
+    offered rate with loss under LOSS_OK. With `fresh` (new flows), every
+    trial starts from an empty table and sends at most NEW_FLOWS_PER_TRIAL
+    frames."""
     def run(rate):
-        if reset:
+        if fresh:
             nat.reset()
             warm_up(args.workdir, args.cfgs["established"], args.flows)
         seconds = args.trial_seconds
         count = 0
-        if reset and rate is None:
+        if fresh and rate is None:
             count = NEW_FLOWS_PER_TRIAL
-        elif reset:
+        elif fresh:
             seconds = min(seconds, NEW_FLOWS_PER_TRIAL / rate)
         t = trial(args.workdir, cfg, seconds, rate, count)
         nat.check()
@@ -320,9 +324,10 @@ def measure(args, nat):
         warm_up(args.workdir, args.cfgs["established"], args.flows)
         result["tcp"] = tcp(args.tcp_seconds)
         nat.check()
-        result["established"] = rate_test("established", args.cfgs["established"], args, nat, reset=False)
-        result["new_flows"] = rate_test("new flows", args.cfgs["new"], args, nat, reset=True)
-    except NatFailed as e:
+        result["established"] = rate_test("established", args.cfgs["established"], args, nat, fresh=False)
+        result["new_flows"] = rate_test("new flows", args.cfgs["new"], args, nat, fresh=True)
+    except (NatFailed, RuntimeError, subprocess.SubprocessError) as e:
+        # What was measured so far still makes it into the table.
         result["error"] = str(e)
         log(f"  {args.mode}: {e}")
     finally:
@@ -338,10 +343,13 @@ def main():
     p.add_argument("--tcp-seconds", type=int, default=10)
     p.add_argument("--trial-seconds", type=float, default=3)
     p.add_argument("--steps", type=int, default=6, help="binary search steps per rate test")
-    p.add_argument("--flows", type=int, default=1000, help="established flows")
+    p.add_argument("--flows", type=int, default=1000,
+                   help=f"established flows, all from one subscriber: at most {MAX_FLOWS}")
     p.add_argument("--workdir", required=True)
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    if not 1 <= args.flows <= MAX_FLOWS:
+        p.error(f"--flows must be 1 to {MAX_FLOWS}")
     if args.mode == "natrix":
         if not (args.natrix_bin and args.config):
             p.error("natrix mode needs --natrix-bin and --config")
