@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod check_config;
 mod lab;
+mod pcp;
 mod replay;
 mod run;
 mod show;
@@ -41,6 +42,8 @@ enum Command {
     Clear(show::ClearArgs),
     /// Who held an external address and port at a given time: from the event log or a deterministic config.
     Whois(whois::Args),
+    /// A PCP (RFC 6887) client: ask a PCP server for a MAP or PEER mapping, or for an ANNOUNCE.
+    Pcp(pcp::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Show(args) => show::show(&args),
         Command::Clear(args) => show::clear(&args),
         Command::Whois(args) => whois::run(&args),
+        Command::Pcp(args) => pcp::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

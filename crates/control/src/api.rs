@@ -8,7 +8,7 @@
 //! - `GET /api/sessions[?subscriber=ADDR]`, `GET /api/mappings[?subscriber=ADDR]`
 //! - `POST /api/clear?subscriber=ADDR`
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,6 +21,8 @@ use serde_json::{json, Value};
 
 use crate::ipfix::LossCounter;
 use crate::metrics;
+
+const MAX_REQUEST_BYTES: u64 = 16 * 1024;
 
 /// Starts serving on `listen`; the listener thread lives as long as the process.
 /// `exporter_lost` counts log records the exporters (IPFIX, syslog, the
@@ -55,7 +57,8 @@ impl Response {
 
 fn handle(stream: TcpStream, dp: &Dataplane, exporter_lost: u64) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let mut reader = BufReader::new(&stream);
+    // A request is a line and a few headers: cap what one client may send.
+    let mut reader = BufReader::new((&stream).take(MAX_REQUEST_BYTES));
     let mut request_line = String::new();
     if reader.read_line(&mut request_line).is_err() {
         return;

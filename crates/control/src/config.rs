@@ -152,6 +152,7 @@ impl Config {
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
         root.finish()?;
         check_consistency(&engine)?;
+        check_worker_slices(&engine, live.workers)?;
         Ok(Config { engine, live, logging, warnings })
     }
 }
@@ -397,6 +398,21 @@ fn check_consistency(e: &EngineConfig) -> Result<(), ConfigError> {
     }
     if e.pool.binary_search(&e.inside_addr).is_ok() {
         return err("inside.address", "is also a pool address");
+    }
+    Ok(())
+}
+
+/// Each worker allocates from its own slice of the port range, aligned to
+/// the block size (and to 2 for parity): there must be one per worker.
+fn check_worker_slices(e: &EngineConfig, workers: u32) -> Result<(), ConfigError> {
+    let span = u32::from(e.ports.1 - e.ports.0) + 1;
+    let unit = u32::from(e.port_block_size.max(2));
+    let slices = span / unit;
+    if workers > slices {
+        return err(
+            "workers",
+            format!("{workers} workers need {workers} slices of nat.ports {}-{} of at least {unit} ports each (port_block_size, or 2 for parity); the range holds {slices}", e.ports.0, e.ports.1),
+        );
     }
     Ok(())
 }

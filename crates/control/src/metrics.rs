@@ -22,6 +22,10 @@ impl Out {
         }
     }
 
+    fn sample_f64(&mut self, name: &str, labels: &str, value: f64) {
+        let _ = writeln!(self.0, "natrix_{name}{{{labels}}} {value}");
+    }
+
     fn one(&mut self, name: &str, kind: &str, help: &str, value: u64) {
         self.family(name, kind, help);
         self.sample(name, "", value);
@@ -48,7 +52,7 @@ pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, exporter_lost: u64) -
     o.per_side("tx_packets_total", "Frames sent on each interface.", io.tx_frames);
     o.per_side("tx_bytes_total", "Bytes sent on each interface.", io.tx_bytes);
     o.per_side("tx_dropped_total", "Frames lost because the interface's transmit queue was full.", io.tx_dropped);
-    o.per_side("rx_refused_total", "Frames refused on receive, such as ones with a partial checksum left by a sender's offload.", io.rx_refused);
+    o.per_side("rx_refused_total", "Frames refused on receive: a partial checksum left by a sender's offload, or a VLAN tag.", io.rx_refused);
     o.per_side("translated_packets_total", "Frames the NAT forwarded, by the interface they left on.", [0, 1].map(|i| sum(workers, |w| w.stats.forwarded[i])));
     o.per_side("generated_packets_total", "Frames natrix generated (ICMP errors), by the interface they left on.", [0, 1].map(|i| sum(workers, |w| w.stats.generated[i])));
     o.family("drops_total", "counter", "Frames the NAT dropped, by reason.");
@@ -73,7 +77,6 @@ pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, exporter_lost: u64) -
     for (i, t) in PORT_USE_THRESHOLDS.iter().enumerate() {
         o.sample("subscribers_port_use", &format!("at_least=\"{t}\""), sum(workers, |w| w.port_use_over[i]));
     }
-    o.one("pool_exhausted_total", "counter", "New mappings refused because the subscriber's pool address had no free port.", sum(workers, |w| w.stats.drops.get(DropReason::PoolExhausted)));
     o.one("memory_bytes", "gauge", "Bytes held by tables, allocator and subscriber state.", sum(workers, |w| w.memory_bytes));
     o.one("log_records_lost_total", "counter", "NAT event records dropped: logger behind, collector unreachable or log file unwritable.", sum(workers, |w| w.events_lost) + exporter_lost);
     o.one("handoff_dropped_total", "counter", "Frames dropped because a ring between threads was full.", io.handoff_dropped + sum(workers, |w| w.handoff_dropped));
@@ -81,10 +84,18 @@ pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, exporter_lost: u64) -
     for (i, w) in workers.iter().enumerate() {
         o.sample("worker_packets_total", &format!("worker=\"{i}\""), w.stats.received.iter().sum());
     }
-    o.family("worker_busy_nanoseconds_total", "counter", "Time each worker spent processing frames; its rate is the worker's load.");
+    o.family("worker_busy_seconds_total", "counter", "Time each worker spent processing frames; its rate is the worker's load (1 = fully busy).");
     for (i, w) in workers.iter().enumerate() {
-        o.sample("worker_busy_nanoseconds_total", &format!("worker=\"{i}\""), w.busy_ns);
+        o.sample_f64("worker_busy_seconds_total", &format!("worker=\"{i}\""), w.busy_ns as f64 / 1e9);
     }
+    o.family("pcp_requests_total", "counter", "PCP requests answered, by result code (RFC 6887 section 7.4).");
+    for code in 0..16u8 {
+        let n = sum(workers, |w| w.pcp.results[usize::from(code)]);
+        if n > 0 || code == 0 {
+            o.sample("pcp_requests_total", &format!("result=\"{}\"", natrix_wire::pcp::result::name(code)), n);
+        }
+    }
+    o.one("pcp_requests_ignored_total", "counter", "PCP datagrams not answered (too short, bad checksum, over the rate limit).", sum(workers, |w| w.pcp.ignored));
     let g = &io.gateway;
     o.one("arp_replies_sent_total", "counter", "ARP replies natrix sent for its addresses.", g.arp_replies_sent);
     o.one("arp_requests_sent_total", "counter", "ARP requests natrix sent to find next hops.", g.arp_requests_sent);
@@ -111,7 +122,7 @@ mod tests {
                 assert!(families.insert(rest.split(' ').next().unwrap().to_owned()), "{line}");
             } else if !line.starts_with('#') {
                 let (name, value) = line.rsplit_once(' ').unwrap();
-                assert!(value.parse::<u64>().is_ok(), "{line}");
+                assert!(value.parse::<f64>().is_ok(), "{line}");
                 let family = name.split('{').next().unwrap();
                 assert!(families.contains(family), "sample before its TYPE: {line}");
             }

@@ -12,8 +12,14 @@ use natrix_wire::{arp, ethernet, get_u32_at};
 
 const BROADCAST: [u8; 6] = [0xff; 6];
 const NS: u64 = 1_000_000_000;
-/// A learned neighbour is trusted this long without hearing from it again.
+/// A learned neighbour is trusted this long without hearing from it again;
+/// after that natrix keeps using it while asking again (Linux's STALE and
+/// PROBE states), and forgets it only if it stays silent for the grace period.
 const NEIGHBOUR_LIFETIME_NS: u64 = 300 * NS;
+const NEIGHBOUR_GRACE_NS: u64 = 5 * NS;
+/// Learned neighbours per link: ARP from a flood of made-up senders must not
+/// grow the table without bound.
+const MAX_NEIGHBOURS: usize = 65536;
 /// At most one ARP request per next hop this often.
 const REQUEST_INTERVAL_NS: u64 = NS;
 /// Frames wait this long for their next hop to answer.
@@ -38,7 +44,8 @@ pub struct GatewayCounters {
     pub arp_requests_sent: u64,
     /// Unicast frames for another host's MAC (a bridge flooding them to us).
     pub not_for_us: u64,
-    /// Neither IPv4 nor ARP (IPv6, LLDP, ...).
+    /// Neither IPv4 nor ARP (IPv6, LLDP, ...), VLAN-tagged (natrix's live
+    /// interfaces carry untagged traffic), or IPv4 sent to a group MAC.
     pub not_ipv4: u64,
     /// No next hop: off-link inside, or off-link outside with no gateway.
     pub no_route: u64,
@@ -92,7 +99,16 @@ impl Gateway {
             self.counters.not_for_us += 1;
             return Ingress::Consumed;
         }
+        if eth.payload_offset() != ethernet::HEADER_LEN {
+            self.counters.not_ipv4 += 1;
+            return Ingress::Consumed;
+        }
         match eth.ethertype() {
+            // RFC 1812 section 5.3.4: no forwarding of link-layer broadcasts.
+            ethernet::ETHERTYPE_IPV4 if dst[0] & 1 != 0 => {
+                self.counters.not_ipv4 += 1;
+                Ingress::Consumed
+            }
             ethernet::ETHERTYPE_IPV4 => Ingress::Engine,
             ethernet::ETHERTYPE_ARP => {
                 self.arp_received(side, &frame[eth.payload_offset()..], now_ns, tx);
@@ -112,8 +128,10 @@ impl Gateway {
         };
         let for_us = self.links[side as usize].answers_for.contains(&p.target_addr());
         // RFC 826: refresh a known sender always; learn a new one only when
-        // the packet was meant for us.
-        if p.sender_addr() != 0 && (for_us || self.neighbours[side as usize].known.contains_key(&p.sender_addr())) {
+        // the packet was meant for us, and only on-link unicast senders.
+        let link = &self.links[side as usize];
+        let plausible = prefix_contains(link.addr, link.prefix_len, p.sender_addr()) && p.sender_mac()[0] & 1 == 0;
+        if plausible && (for_us || self.neighbours[side as usize].known.contains_key(&p.sender_addr())) {
             self.learn(side, p.sender_addr(), p.sender_mac(), now_ns, tx);
         }
         if for_us && p.operation() == arp::OP_REQUEST {
@@ -127,6 +145,12 @@ impl Gateway {
 
     fn learn(&mut self, side: Side, addr: u32, mac: [u8; 6], now_ns: u64, tx: &mut dyn FnMut(Side, &[u8])) {
         let n = &mut self.neighbours[side as usize];
+        if n.known.len() >= MAX_NEIGHBOURS && !n.known.contains_key(&addr) {
+            n.known.retain(|_, &mut (_, learned)| now_ns.saturating_sub(learned) < NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS);
+            if n.known.len() >= MAX_NEIGHBOURS {
+                return;
+            }
+        }
         n.known.insert(addr, (mac, now_ns));
         n.asked.remove(&addr);
         let src = self.links[side as usize].mac;
@@ -150,10 +174,13 @@ impl Gateway {
         };
         let src = self.links[side as usize].mac;
         let n = &mut self.neighbours[side as usize];
-        match n.known.get(&hop) {
-            Some(&(mac, learned)) if now_ns.saturating_sub(learned) < NEIGHBOUR_LIFETIME_NS => {
+        match n.known.get(&hop).map(|&(mac, learned)| (mac, now_ns.saturating_sub(learned))) {
+            Some((mac, age)) if age < NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS => {
                 set_macs(frame, mac, src);
                 tx(side, frame);
+                if age >= NEIGHBOUR_LIFETIME_NS {
+                    self.ask(side, hop, now_ns, tx);
+                }
             }
             _ => {
                 if n.pending.len() >= PENDING_PER_SIDE {
@@ -313,6 +340,45 @@ mod tests {
         let mut off = ipv4_to(0x0a00_0001);
         g.egress(Side::Inside, &mut off, 0, &mut |_, _| panic!("no route inside"));
         assert_eq!((g.counters.not_for_us, g.counters.no_route), (1, 1));
+    }
+
+    #[test]
+    fn a_stale_neighbour_is_still_used_while_it_is_asked_again() {
+        let mut g = gateway();
+        let srv_mac = [2, 0, 0, 0, 0, 0x0b];
+        collect(&mut g, |g, tx| {
+            g.ingress(Side::Outside, &arp_frame(NAT_OUT, arp::OP_REPLY, (srv_mac, SERVER), OUTSIDE), 0, tx);
+        });
+        let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut ipv4_to(SERVER), NEIGHBOUR_LIFETIME_NS + 1, tx));
+        assert_eq!(sent.len(), 2, "the frame leaves and a new request goes out");
+        assert_eq!(&sent[0].1[0..6], &srv_mac);
+        assert_eq!(arp::Packet::new_checked(&sent[1].1[14..]).unwrap().target_addr(), SERVER);
+        let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut ipv4_to(SERVER), NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS + 1, tx));
+        assert_eq!(sent.len(), 1, "silent past the grace period: forgotten, the frame waits");
+    }
+
+    #[test]
+    fn tagged_frames_and_broadcast_ipv4_are_not_translated() {
+        let mut g = gateway();
+        let mut tagged = vec![0u8; 38];
+        tagged[0..6].copy_from_slice(&NAT_OUT);
+        tagged[12..14].copy_from_slice(&[0x81, 0]);
+        tagged[16..18].copy_from_slice(&[8, 0]);
+        tagged[18] = 0x45;
+        assert_eq!(g.ingress(Side::Outside, &tagged, 0, &mut |_, _| {}), Ingress::Consumed);
+        let mut bcast = ipv4_to(SERVER);
+        bcast[0..6].copy_from_slice(&BROADCAST);
+        assert_eq!(g.ingress(Side::Outside, &bcast, 0, &mut |_, _| {}), Ingress::Consumed);
+        assert_eq!(g.counters.not_ipv4, 2);
+    }
+
+    #[test]
+    fn arp_from_off_link_senders_teaches_nothing() {
+        let mut g = gateway();
+        collect(&mut g, |g, tx| {
+            g.ingress(Side::Outside, &arp_frame(BROADCAST, arp::OP_REQUEST, (HOST, 0x0a00_0001), ONLINK_POOL), 0, tx);
+        });
+        assert!(g.neighbours[1].known.is_empty());
     }
 
     #[test]

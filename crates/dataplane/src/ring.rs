@@ -4,7 +4,7 @@
 
 use std::cell::UnsafeCell;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use natrix_engine::Side;
@@ -104,6 +104,11 @@ impl Doorbell {
     }
 
     pub fn ring(&self) {
+        // Orders the producer's earlier publish (a Release store of the ring
+        // tail) before this load; the sleeper fences the other way round.
+        // Without both, each side can miss the other's write and the sleeper
+        // waits out its timeout with work queued.
+        fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::SeqCst) {
             self.ring_always();
         }
@@ -119,6 +124,7 @@ impl Doorbell {
     /// before blocking, so a ring in between is not lost.
     pub fn going_to_sleep(&self) {
         self.sleeping.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
     }
 
     pub fn woke(&self) {

@@ -102,6 +102,7 @@ pub struct WorkerSnapshot {
     pub handoff_dropped: u64,
     /// Subscribers whose port use reached 50, 80, 90 and 100% of their limit.
     pub port_use_over: [u64; 4],
+    pub pcp: natrix_engine::pcp::PcpStats,
 }
 
 /// The interfaces' state.
@@ -175,7 +176,12 @@ impl Dataplane {
         let (event_tx, event_rx) = mpsc::sync_channel(settings.event_buffer.max(1));
         let stop = Arc::new(AtomicBool::new(false));
         let count = settings.workers.max(1);
-        let engines = (0..count).map(|index| Engine::new(EngineConfig { shard: Shard { index, count }, ..engine_cfg.clone() })).collect::<Result<Vec<_>, _>>().map_err(DataplaneError::Engine)?;
+        let mut engines = (0..count).map(|index| Engine::new(EngineConfig { shard: Shard { index, count }, ..engine_cfg.clone() })).collect::<Result<Vec<_>, _>>().map_err(DataplaneError::Engine)?;
+        let mut ports = ports;
+        if let Some(announce) = engines[0].pcp_announcement(inside_if.mac) {
+            // RFC 6887 section 14.1.3: tell clients natrix (re)started, so they renew.
+            ports.stage.push_addressed(Side::Inside, &announce);
+        }
         let clock = Clock::new();
         let mut dp = Dataplane {
             stop: stop.clone(),
@@ -534,6 +540,16 @@ impl EngineWorker {
         }
     }
 
+    /// At a clean stop: end every mapping and hand the logger every deletion,
+    /// waiting for it this once (the packet path has stopped).
+    fn finish(&mut self) {
+        self.engine.release_all();
+        let events = &self.events;
+        self.engine.drain_events(|e| {
+            let _ = events.send(e);
+        });
+    }
+
     fn snapshot(&self) -> WorkerSnapshot {
         let e = &self.engine;
         let limit = f64::from(e.config().max_ports_per_subscriber.max(1));
@@ -556,6 +572,7 @@ impl EngineWorker {
             busy_ns: self.busy_ns,
             handoff_dropped: self.handoff_dropped,
             port_use_over: over,
+            pcp: e.pcp_stats(),
         }
     }
 }
@@ -601,6 +618,7 @@ fn run_single(worker: &mut EngineWorker, ports: &mut Ports, bell: &Doorbell, sto
             bell.woke();
         }
     }
+    worker.finish();
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -618,13 +636,20 @@ fn run_worker(worker: &mut EngineWorker, mut input: Consumer, mut output: Produc
         {
             n += 1;
         }
-        worker.housekeeping(now, &mut |to, f| dropped += u64::from(!output.push(to, f)));
+        let mut pushed = n > 0;
+        worker.housekeeping(now, &mut |to, f| {
+            pushed = true;
+            dropped += u64::from(!output.push(to, f));
+        });
         worker.handoff_dropped += dropped;
         while let Ok(cmd) = worker.commands.try_recv() {
             worker.command(cmd, None);
         }
-        if n > 0 {
+        if pushed {
+            // Frames from timers (held SYN answers) count too.
             io_bell.ring();
+        }
+        if n > 0 {
             worker.busy_ns += t0.elapsed().as_nanos() as u64;
         }
         if idle.should_sleep(n > 0) {
@@ -635,6 +660,7 @@ fn run_worker(worker: &mut EngineWorker, mut input: Consumer, mut output: Produc
             bell.woke();
         }
     }
+    worker.finish();
 }
 
 /// The I/O thread's link to one worker.
@@ -701,7 +727,9 @@ impl IoThread {
         let IoThread { ports, lanes, steering, pool, .. } = self;
         for i in 0..lanes.len() {
             let mut looped: Vec<(u16, Vec<u8>)> = Vec::new();
-            while n < BATCH * lanes.len()
+            // Each worker gets the same budget, so one backlog cannot starve the others.
+            let mut budget = BATCH;
+            while budget > 0
                 && lanes[i].from_worker.pop(|side, frame| {
                     if side == Side::Outside && is_to_pool(frame, pool) {
                         if let Some(w) = steering.hairpin_owner(frame) {
@@ -712,6 +740,7 @@ impl IoThread {
                     }
                 })
             {
+                budget -= 1;
                 n += 1;
             }
             for (w, frame) in looped {

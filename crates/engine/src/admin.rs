@@ -101,6 +101,18 @@ impl Engine {
         Cleared { sessions: ids.len() as u64, mappings: (before - self.tables.mapping_count()) as u64 }
     }
 
+    /// Ends every dynamic mapping, logging each deletion, as natrix stops: a
+    /// log that ends with open mappings would make `whois` name their
+    /// subscribers for ports that someone else may hold after a restart.
+    pub fn release_all(&mut self) -> Cleared {
+        let before = self.tables.mapping_count();
+        let ids: Vec<u32> = self.tables.live_sessions().collect();
+        for &id in &ids {
+            self.delete_session(id);
+        }
+        Cleared { sessions: ids.len() as u64, mappings: (before - self.tables.mapping_count()) as u64 }
+    }
+
     /// Applies a reloaded configuration: policy (timeouts, limits,
     /// filtering, logging, ICMP answers) at once; pool addresses added are
     /// used from now on, and those removed lose their mappings (logged).
@@ -133,6 +145,8 @@ impl Engine {
             (old.deterministic != new.deterministic, "[nat] mode, subscribers or ports_per_subscriber (deterministic mode)"),
             (old.deterministic.is_some() && old.pool != new.pool, "[nat] pool (in deterministic mode the formula depends on it)"),
             (old.max_sessions != new.max_sessions, "[nat] max_sessions"),
+            (old.timeouts.fragment_ns != new.timeouts.fragment_ns, "[timeouts] fragment"),
+            (old.max_held_fragments != new.max_held_fragments || old.max_held_fragment_bytes != new.max_held_fragment_bytes, "[fragments]"),
             (old.max_subscribers != new.max_subscribers, "[nat] max_subscribers"),
         ];
         match checks.iter().find(|(changed, _)| *changed) {

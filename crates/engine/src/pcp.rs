@@ -274,17 +274,14 @@ impl Engine {
         }
     }
 
-    /// Sets when a hold is next looked at: before its session could idle
-    /// out, and when its lifetime ends.
+    /// Sets when a hold is next looked at: well before any session could
+    /// idle out (half the shortest timeout, at most a minute), and when its
+    /// lifetime ends.
     fn pcp_schedule(&mut self, key: Key, expires_s: u32) {
         let now = self.now_s;
-        let class = match key.proto() {
-            Proto::Tcp if key.is_map() => TimeoutClass::TcpEstablished,
-            Proto::Tcp => TimeoutClass::TcpTransitory,
-            _ => TimeoutClass::Udp,
-        };
-        let interval = (self.timeout_of(class) / 2).clamp(1, MAX_TOUCH_INTERVAL_S);
-        let due = now.saturating_add(interval).min(expires_s).max(now + 1);
+        let shortest = TimeoutClass::ALL.into_iter().map(|c| self.timeout_of(c)).min().unwrap_or(1);
+        let interval = (shortest / 2).clamp(1, MAX_TOUCH_INTERVAL_S);
+        let due = now.saturating_add(interval).min(expires_s).max(now.saturating_add(1));
         if let Some(h) = self.pcp.holds.get_mut(&key) {
             h.due_s = due;
             self.pcp.due.push(Reverse((due, key)));
@@ -471,7 +468,7 @@ impl Engine {
                 .pcp
                 .holds
                 .iter()
-                .filter(|(k, h)| k.int_addr == int && k.is_map() && (m.protocol == 0 || k.proto == m.protocol) && h.nonce == m.nonce)
+                .filter(|(k, h)| k.int_addr == int && k.is_map() && (m.protocol == 0 || k.proto().ip_number() == m.protocol) && h.nonce == m.nonce)
                 .map(|(k, _)| *k)
                 .collect();
             for k in keys {

@@ -32,8 +32,8 @@ pub struct AfPacketPort {
     tx_buf: Box<[[u8; MAX_FRAME]]>,
     tx_len: Vec<usize>,
     /// Frames a sender left with a partial checksum (offload on its
-    /// interface): dropped, never forwarded corrupt.
-    partial_checksums: u64,
+    /// interface), never forwarded corrupt, and VLAN-tagged frames.
+    refused: u64,
     tx_errors: u64,
 }
 
@@ -46,7 +46,9 @@ impl AfPacketPort {
         let name = iface.name.as_str();
         let proto = (libc::ETH_P_ALL as u16).to_be();
         // SAFETY: plain socket creation.
-        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, i32::from(proto)) };
+        // Protocol 0 receives nothing until bind() names the interface and
+        // the protocol, so no frame of another interface lands in the ring.
+        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
         if raw < 0 {
             return Err(IoError::os("opening an AF_PACKET socket", name));
         }
@@ -68,7 +70,7 @@ impl AfPacketPort {
             next_offset: 0,
             tx_buf: vec![[0u8; MAX_FRAME]; TX_QUEUE].into_boxed_slice(),
             tx_len: Vec::with_capacity(TX_QUEUE),
-            partial_checksums: 0,
+            refused: 0,
             tx_errors: 0,
         })
     }
@@ -122,8 +124,11 @@ impl PacketPort for AfPacketPort {
             let hdr = base.cast::<libc::tpacket3_hdr>();
             // SAFETY: hdr is a tpacket3_hdr written by the kernel inside the block.
             let (next, status, mac, snaplen) = unsafe { ((*hdr).tp_next_offset, (*hdr).tp_status, (*hdr).tp_mac, (*hdr).tp_snaplen) };
-            if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
-                self.partial_checksums += 1;
+            // A VLAN tag the kernel took off the frame: natrix's live
+            // interfaces carry untagged traffic, and translating a tagged
+            // frame as untagged would leak it between VLANs.
+            if status & (libc::TP_STATUS_CSUMNOTREADY | libc::TP_STATUS_VLAN_VALID) != 0 {
+                self.refused += 1;
             } else if is_incoming(hdr) {
                 let len = (snaplen as usize).min(MAX_FRAME);
                 // SAFETY: the frame lies at tp_mac within the block, snaplen bytes long.
@@ -186,7 +191,7 @@ impl PacketPort for AfPacketPort {
     }
 
     fn dropped_on_receive(&self) -> u64 {
-        self.partial_checksums
+        self.refused
     }
 
     fn dropped_on_transmit(&self) -> u64 {
