@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use natrix_control::eventlog::EventLog;
+use natrix_control::api::LogCounters;
 use natrix_control::{api, Config, IoBackend, LoggingConfig};
 use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings};
 use natrix_engine::Event;
@@ -37,7 +38,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     }
     let logger = Logger::start(dp.take_events(), &cfg.logging).map_err(Failure::Other)?;
     if let Some(listen) = &cfg.live.management_listen {
-        let addr = api::serve(listen, dp.clone(), logger.lost_counter()).map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
+        let addr = api::serve(listen, dp.clone(), logger.counters()).map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
         eprintln!("natrix: management API and metrics on http://{addr}/");
     }
     println!(
@@ -179,6 +180,7 @@ struct Logger {
     control: mpsc::Sender<LoggerCommand>,
     thread: std::thread::JoinHandle<()>,
     lost: LossCounter,
+    recorded: LossCounter,
 }
 
 enum LoggerCommand {
@@ -190,6 +192,8 @@ impl Logger {
     fn start(events: Option<Receiver<Event>>, cfg: &LoggingConfig) -> Result<Logger, String> {
         let events = events.ok_or("the event stream was already taken")?;
         let lost = LossCounter::default();
+        let recorded = LossCounter::default();
+        let counted = recorded.clone();
         let (mut sinks, errors) = LogSinks::open(cfg, &lost, None);
         if let Some(e) = errors.into_iter().next() {
             return Err(e);
@@ -201,7 +205,11 @@ impl Logger {
                 let mut flushed = Instant::now();
                 loop {
                     match events.recv_timeout(LOG_FLUSH_EVERY) {
-                        Ok(e) => sinks.write(&e),
+                        Ok(e) => {
+                            if sinks.write(&e) {
+                                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) => break,
                     }
@@ -224,22 +232,24 @@ impl Logger {
                     }
                 }
                 while let Ok(e) = events.try_recv() {
-                    sinks.write(&e);
+                    if sinks.write(&e) {
+                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                 }
                 sinks.flush();
             })
             .map_err(|e| format!("starting the logger: {e}"))?;
-        Ok(Logger { control, thread, lost })
+        Ok(Logger { control, thread, lost, recorded })
     }
 
     fn reconfigure(&self, cfg: &LoggingConfig) {
         let _ = self.control.send(LoggerCommand::Reconfigure(cfg.clone()));
     }
 
-    /// The logger's own count of dropped records, shared: the metrics add it
-    /// to the workers' `events_lost` for `natrix_log_records_lost_total`.
-    fn lost_counter(&self) -> LossCounter {
-        self.lost.clone()
+    /// Records recorded and dropped by the sinks, shared with the metrics
+    /// (the workers' `events_lost` adds to the dropped ones).
+    fn counters(&self) -> LogCounters {
+        LogCounters { recorded: self.recorded.clone(), lost: self.lost.clone() }
     }
 
     fn stop(self) {
@@ -288,7 +298,8 @@ impl LogSinks {
         (LogSinks { unit: cfg.unit, json, ipfix, syslog, failed, lost: lost.clone() }, errors)
     }
 
-    fn write(&mut self, e: &Event) {
+    /// Whether the event is a record for the configured sinks.
+    fn write(&mut self, e: &Event) -> bool {
         if let Some(l) = &mut self.json {
             if let Err(err) = l.write(e) {
                 eprintln!("natrix: writing the event log: {err}; its records are counted as lost until a reload reopens it");
@@ -303,9 +314,11 @@ impl LogSinks {
         if let Some((_, s)) = &mut self.syslog {
             s.write(e);
         }
-        if self.failed > 0 && unit_records(self.unit, e.kind) {
+        let is_record = unit_records(self.unit, e.kind);
+        if self.failed > 0 && is_record {
             self.lost.fetch_add(self.failed, std::sync::atomic::Ordering::Relaxed);
         }
+        is_record && (self.json.is_some() || self.ipfix.is_some() || self.syslog.is_some())
     }
 
     fn flush(&mut self) {

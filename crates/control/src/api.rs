@@ -25,15 +25,23 @@ use crate::metrics;
 const MAX_REQUEST_BYTES: u64 = 16 * 1024;
 
 /// Starts serving on `listen`; the listener thread lives as long as the process.
-/// `exporter_lost` counts log records the exporters (IPFIX, syslog, the
-/// JSON file) dropped; the workers count those the logger never got.
-pub fn serve(listen: &str, dataplane: Arc<Dataplane>, exporter_lost: LossCounter) -> std::io::Result<std::net::SocketAddr> {
+/// The logger's counters, shared with the API.
+#[derive(Clone, Default)]
+pub struct LogCounters {
+    /// NAT event records the logger handed to the configured sinks.
+    pub recorded: LossCounter,
+    /// Records the sinks (IPFIX, syslog, the JSON file) had to drop; the
+    /// workers count those the logger never got.
+    pub lost: LossCounter,
+}
+
+pub fn serve(listen: &str, dataplane: Arc<Dataplane>, log: LogCounters) -> std::io::Result<std::net::SocketAddr> {
     let listener = TcpListener::bind(listen)?;
     let addr = listener.local_addr()?;
     std::thread::Builder::new().name("natrix-api".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
-            let (dp, lost) = (dataplane.clone(), exporter_lost.clone());
-            let _ = std::thread::Builder::new().name("natrix-api-conn".into()).spawn(move || handle(stream, &dp, lost.load(Ordering::Relaxed)));
+            let (dp, log) = (dataplane.clone(), log.clone());
+            let _ = std::thread::Builder::new().name("natrix-api-conn".into()).spawn(move || handle(stream, &dp, &log));
         }
     })?;
     Ok(addr)
@@ -55,7 +63,8 @@ impl Response {
     }
 }
 
-fn handle(stream: TcpStream, dp: &Dataplane, exporter_lost: u64) {
+fn handle(stream: TcpStream, dp: &Dataplane, log: &LogCounters) {
+    let log = (log.recorded.load(Ordering::Relaxed), log.lost.load(Ordering::Relaxed));
     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
     // A request is a line and a few headers: cap what one client may send.
     let mut reader = BufReader::new((&stream).take(MAX_REQUEST_BYTES));
@@ -69,7 +78,7 @@ fn handle(stream: TcpStream, dp: &Dataplane, exporter_lost: u64) {
     }
     let mut parts = request_line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let resp = route(method, target, dp, exporter_lost);
+    let resp = route(method, target, dp, log);
     let reason = match resp.status {
         200 => "OK",
         400 => "Bad Request",
@@ -81,15 +90,16 @@ fn handle(stream: TcpStream, dp: &Dataplane, exporter_lost: u64) {
     let _ = write!(w, "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", resp.status, resp.content_type, resp.body.len(), resp.body);
 }
 
-fn route(method: &str, target: &str, dp: &Dataplane, exporter_lost: u64) -> Response {
+/// `log`: records the logger recorded and its sinks lost.
+fn route(method: &str, target: &str, dp: &Dataplane, log: (u64, u64)) -> Response {
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
     let subscriber = match subscriber_param(query) {
         Ok(s) => s,
         Err(e) => return Response::error(400, &e),
     };
     let result = match (method, path) {
-        ("GET", "/metrics") => return metrics_response(dp, exporter_lost),
-        ("GET", "/api/stats") => stats(dp, exporter_lost),
+        ("GET", "/metrics") => return metrics_response(dp, log),
+        ("GET", "/api/stats") => stats(dp, log),
         ("GET", "/api/sessions") => dp.sessions(subscriber).map(|v| json!(v.iter().map(session_json).collect::<Vec<_>>())),
         ("GET", "/api/mappings") => dp.mappings(subscriber).map(|v| json!(v.iter().map(mapping_json).collect::<Vec<_>>())),
         ("POST", "/api/clear") => match subscriber {
@@ -116,14 +126,14 @@ fn subscriber_param(query: &str) -> Result<Option<u32>, String> {
     Ok(subscriber)
 }
 
-fn metrics_response(dp: &Dataplane, exporter_lost: u64) -> Response {
+fn metrics_response(dp: &Dataplane, log: (u64, u64)) -> Response {
     match dp.worker_snapshots().and_then(|w| dp.io_snapshot().map(|io| (w, io))) {
-        Ok((w, io)) => Response { status: 200, content_type: "text/plain; version=0.0.4", body: metrics::render(&w, &io, exporter_lost) },
+        Ok((w, io)) => Response { status: 200, content_type: "text/plain; version=0.0.4", body: metrics::render(&w, &io, log) },
         Err(e) => Response::error(503, &e),
     }
 }
 
-fn stats(dp: &Dataplane, exporter_lost: u64) -> Result<Value, String> {
+fn stats(dp: &Dataplane, (log_recorded, log_lost): (u64, u64)) -> Result<Value, String> {
     let workers = dp.worker_snapshots()?;
     let io = dp.io_snapshot()?;
     let total = |f: &dyn Fn(&natrix_dataplane::WorkerSnapshot) -> u64| -> u64 { workers.iter().map(f).sum() };
@@ -143,7 +153,8 @@ fn stats(dp: &Dataplane, exporter_lost: u64) -> Result<Value, String> {
         "translated": { "to_inside": total(&|w| w.stats.forwarded[0]), "to_outside": total(&|w| w.stats.forwarded[1]) },
         "generated": { "to_inside": total(&|w| w.stats.generated[0]), "to_outside": total(&|w| w.stats.generated[1]) },
         "drops": drops,
-        "log_records_lost": total(&|w| w.events_lost) + exporter_lost,
+        "log_records": log_recorded,
+        "log_records_lost": total(&|w| w.events_lost) + log_lost,
         "arp": { "replies_sent": io.gateway.arp_replies_sent, "requests_sent": io.gateway.arp_requests_sent, "unresolved": io.gateway.unresolved },
         "per_worker": workers.iter().enumerate().map(|(i, w)| json!({ "worker": i, "packets": w.stats.received.iter().sum::<u64>(), "busy_ns": w.busy_ns, "sessions": w.sessions_by_proto.iter().sum::<u32>() })).collect::<Vec<_>>(),
     }))

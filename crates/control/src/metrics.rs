@@ -43,9 +43,10 @@ fn sum(workers: &[WorkerSnapshot], f: impl Fn(&WorkerSnapshot) -> u64) -> u64 {
     workers.iter().map(f).sum()
 }
 
-/// `exporter_lost`: log records the exporters dropped (collector down, file
-/// unwritable), added to those the workers could not hand to the logger.
-pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, exporter_lost: u64) -> String {
+/// `(log_recorded, log_lost)`: records the logger handed to its sinks, and
+/// those the sinks dropped (collector down, file unwritable), which add to
+/// those the workers could not hand to the logger.
+pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost): (u64, u64)) -> String {
     let mut o = Out(String::with_capacity(8192));
     o.per_side("rx_packets_total", "Frames received on each interface.", io.rx_frames);
     o.per_side("rx_bytes_total", "Bytes received on each interface.", io.rx_bytes);
@@ -78,7 +79,8 @@ pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, exporter_lost: u64) -
         o.sample("subscribers_port_use", &format!("at_least=\"{t}\""), sum(workers, |w| w.port_use_over[i]));
     }
     o.one("memory_bytes", "gauge", "Bytes held by tables, allocator and subscriber state.", sum(workers, |w| w.memory_bytes));
-    o.one("log_records_lost_total", "counter", "NAT event records dropped: logger behind, collector unreachable or log file unwritable.", sum(workers, |w| w.events_lost) + exporter_lost);
+    o.one("log_records_lost_total", "counter", "NAT event records dropped: logger behind, collector unreachable or log file unwritable.", sum(workers, |w| w.events_lost) + log_lost);
+    o.one("log_records_total", "counter", "NAT event records handed to the configured log sinks (JSON, IPFIX, syslog).", log_recorded);
     o.one("handoff_dropped_total", "counter", "Frames dropped because a ring between threads was full.", io.handoff_dropped + sum(workers, |w| w.handoff_dropped));
     o.family("worker_packets_total", "counter", "Frames each worker processed.");
     for (i, w) in workers.iter().enumerate() {
@@ -115,7 +117,7 @@ mod tests {
         let mut w = WorkerSnapshot::default();
         w.stats.drops.count(DropReason::NoMapping);
         w.sessions_by_proto = [3, 2, 1];
-        let text = render(&[w.clone(), w], &IoSnapshot::default(), 7);
+        let text = render(&[w.clone(), w], &IoSnapshot::default(), (5, 7));
         let mut families = std::collections::HashSet::new();
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# TYPE ") {
@@ -130,5 +132,6 @@ mod tests {
         assert!(text.contains("natrix_drops_total{reason=\"no_mapping\"} 2"));
         assert!(text.contains("natrix_sessions{protocol=\"tcp\"} 6"));
         assert!(text.contains("natrix_log_records_lost_total 7"));
+        assert!(text.contains("natrix_log_records_total 5"));
     }
 }
