@@ -19,6 +19,7 @@ pub mod events;
 pub mod fragment;
 pub mod generate;
 pub mod hash;
+mod memory;
 mod icmp_error;
 pub mod pcp;
 pub mod pool;

@@ -70,9 +70,13 @@ pub struct Tables {
 impl Tables {
     pub fn new(max_sessions: u32, extra_mappings: usize, seed: u64) -> Self {
         let n = max_sessions as usize;
+        let sessions = Vec::with_capacity(n);
+        let mappings = Vec::with_capacity(n + extra_mappings);
+        crate::memory::advise_huge_pages(&sessions);
+        crate::memory::advise_huge_pages(&mappings);
         Tables {
-            sessions: Vec::with_capacity(n),
-            mappings: Vec::with_capacity(n + extra_mappings),
+            sessions,
+            mappings,
             free_sessions: Vec::new(),
             free_mappings: Vec::new(),
             sess_in: FlowIndex::with_capacity(n),

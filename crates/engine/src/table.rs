@@ -50,8 +50,11 @@ impl FlowIndex {
     /// An index able to hold `capacity` entries at a load of at most 50%.
     pub fn with_capacity(capacity: usize) -> Self {
         let buckets = (capacity.max(SLOTS) * 2 / SLOTS).next_power_of_two();
+        let mut table = Vec::with_capacity(buckets);
+        crate::memory::advise_huge_pages(&table);
+        table.resize(buckets, Bucket::default());
         FlowIndex {
-            buckets: vec![Bucket::default(); buckets],
+            buckets: table,
             spills: vec![0; buckets],
             mask: buckets - 1,
             len: 0,
