@@ -50,6 +50,7 @@ pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lo
     let mut o = Out(String::with_capacity(8192));
     o.per_side("rx_packets_total", "Frames received on each interface.", io.rx_frames);
     o.per_side("rx_bytes_total", "Bytes received on each interface.", io.rx_bytes);
+    o.per_side("rx_kernel_dropped_total", "Frames the kernel dropped because natrix's receive ring was full (natrix fell behind).", io.rx_kernel_dropped);
     o.per_side("tx_packets_total", "Frames sent on each interface.", io.tx_frames);
     o.per_side("tx_bytes_total", "Bytes sent on each interface.", io.tx_bytes);
     o.per_side("tx_dropped_total", "Frames lost because the interface's transmit queue was full.", io.tx_dropped);

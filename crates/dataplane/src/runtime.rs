@@ -113,6 +113,7 @@ pub struct IoSnapshot {
     pub tx_frames: [u64; 2],
     pub tx_bytes: [u64; 2],
     pub rx_refused: [u64; 2],
+    pub rx_kernel_dropped: [u64; 2],
     pub tx_dropped: [u64; 2],
     pub handoff_dropped: u64,
     pub gateway: GatewayCounters,
@@ -448,9 +449,10 @@ impl Ports {
         self.gateway.expire(now);
     }
 
-    fn snapshot(&self) -> IoSnapshot {
+    fn snapshot(&mut self) -> IoSnapshot {
         let mut s = self.snapshot.clone();
-        for (i, p) in self.ports.iter().enumerate() {
+        for (i, p) in self.ports.iter_mut().enumerate() {
+            s.rx_kernel_dropped[i] = p.kernel_dropped();
             s.rx_refused[i] = p.dropped_on_receive();
             s.tx_dropped[i] += p.dropped_on_transmit();
         }

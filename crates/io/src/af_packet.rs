@@ -34,6 +34,7 @@ pub struct AfPacketPort {
     /// Frames a sender left with a partial checksum (offload on its
     /// interface), never forwarded corrupt, and VLAN-tagged frames.
     refused: u64,
+    kernel_drops: u64,
     tx_errors: u64,
 }
 
@@ -71,6 +72,7 @@ impl AfPacketPort {
             tx_buf: vec![[0u8; MAX_FRAME]; TX_QUEUE].into_boxed_slice(),
             tx_len: Vec::with_capacity(TX_QUEUE),
             refused: 0,
+            kernel_drops: 0,
             tx_errors: 0,
         })
     }
@@ -169,10 +171,13 @@ impl PacketPort for AfPacketPort {
             if sent <= 0 {
                 let err = std::io::Error::last_os_error();
                 if err.kind() == std::io::ErrorKind::WouldBlock || err.raw_os_error() == Some(libc::ENOBUFS) {
-                    // The device queue is full: these frames are lost, as on a real link.
-                    self.tx_errors += (self.tx_len.len() - done) as u64;
-                    break;
+                    // The device refused the first frame (its queue is full):
+                    // that one is lost, as on a real link; try the rest.
+                    self.tx_errors += 1;
+                    done += 1;
+                    continue;
                 }
+                self.tx_errors += (self.tx_len.len() - done) as u64;
                 self.tx_len.clear();
                 return Err(IoError::Os { op: "sending frames", interface: self.name.clone(), source: err });
             }
@@ -192,6 +197,19 @@ impl PacketPort for AfPacketPort {
 
     fn dropped_on_receive(&self) -> u64 {
         self.refused
+    }
+
+    fn kernel_dropped(&mut self) -> u64 {
+        // SAFETY: tpacket_stats_v3 is plain data; the kernel fills it.
+        let mut st: libc::tpacket_stats_v3 = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tpacket_stats_v3>() as libc::socklen_t;
+        // SAFETY: st and len are live and sized for the call.
+        let rc = unsafe { libc::getsockopt(self.fd.as_raw_fd(), libc::SOL_PACKET, libc::PACKET_STATISTICS, std::ptr::addr_of_mut!(st).cast(), &mut len) };
+        if rc == 0 {
+            // The kernel resets its counters on every read.
+            self.kernel_drops += u64::from(st.tp_drops);
+        }
+        self.kernel_drops
     }
 
     fn dropped_on_transmit(&self) -> u64 {

@@ -193,6 +193,20 @@ impl PacketPort for AfXdpPort {
     fn backend(&self) -> &'static str {
         "af_xdp"
     }
+
+    fn kernel_dropped(&mut self) -> u64 {
+        // SAFETY: xdp_statistics is plain data; the kernel fills it.
+        let mut st: libc::xdp_statistics = unsafe { zeroed() };
+        let mut len = size_of::<libc::xdp_statistics>() as libc::socklen_t;
+        // SAFETY: st and len are live and sized for the call.
+        let rc = unsafe { libc::getsockopt(self.socket.as_raw_fd(), libc::SOL_XDP, libc::XDP_STATISTICS, std::ptr::addr_of_mut!(st).cast(), &mut len) };
+        if rc != 0 {
+            return 0;
+        }
+        // Cumulative counters: frames dropped for want of room, in the RX
+        // ring or in the fill ring.
+        st.rx_dropped + st.rx_ring_full + st.rx_fill_ring_empty_descs
+    }
 }
 
 fn give_all_rx_frames(fill: &mut Ring<u64>) {

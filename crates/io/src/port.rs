@@ -60,6 +60,12 @@ pub trait PacketPort: Send {
         0
     }
 
+    /// Frames the kernel dropped because natrix's receive ring was full
+    /// (natrix fell behind), since the port opened.
+    fn kernel_dropped(&mut self) -> u64 {
+        0
+    }
+
     /// Frames lost because the device's transmit queue was full.
     fn dropped_on_transmit(&self) -> u64 {
         0
