@@ -58,6 +58,8 @@ def _natrix_cli(*args, timeout=120):
 
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
+    problem = h.setup_problem()
+    assert problem is None, problem
     cfg_path = tmp_path_factory.mktemp("lab") / "lab.toml"
     proc = _natrix_cli("lab", "up", "--config-out", str(cfg_path))
     if proc.returncode != 0 and "lab down" in proc.stderr:

@@ -163,7 +163,8 @@ impl Signals {
     }
 }
 
-use natrix_control::ipfix::{unit_records, Clock, IpfixExporter, LossCounter};
+use natrix_control::eventlog::records;
+use natrix_control::ipfix::{Clock, IpfixExporter, LossCounter};
 use natrix_control::syslog::SyslogSender;
 use natrix_control::LogUnit;
 
@@ -314,7 +315,7 @@ impl LogSinks {
         if let Some((_, s)) = &mut self.syslog {
             s.write(e);
         }
-        let is_record = unit_records(self.unit, e.kind);
+        let is_record = records(self.unit, e.kind);
         if self.failed > 0 && is_record {
             self.lost.fetch_add(self.failed, std::sync::atomic::Ordering::Relaxed);
         }

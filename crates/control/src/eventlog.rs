@@ -80,7 +80,7 @@ impl EventLog {
 
 /// In block mode one record per block replaces the per-mapping ones;
 /// exhaustion and quota events are always recorded.
-fn records(unit: LogUnit, kind: EventKind) -> bool {
+pub fn records(unit: LogUnit, kind: EventKind) -> bool {
     use EventKind::*;
     match kind {
         MappingCreated | MappingDeleted => unit != LogUnit::Block,
@@ -88,6 +88,12 @@ fn records(unit: LogUnit, kind: EventKind) -> bool {
         BlockAllocated | BlockReleased => unit == LogUnit::Block,
         AddressesExhausted | PortsExhausted | QuotaExceeded => true,
     }
+}
+
+/// Bytes of the event's JSON line, newline included: the replay report's
+/// log volume is measured in the log's own format.
+pub fn line_len(e: &Event) -> u64 {
+    serde_json::to_vec(&line_for(e)).map_or(0, |v| v.len() as u64 + 1)
 }
 
 fn line_for(e: &Event) -> Line {

@@ -24,6 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use natrix_engine::{Event, EventKind};
 
 use crate::config::LogUnit;
+use crate::eventlog::records;
 
 /// IPFIX information element numbers (IANA registry).
 pub mod ie {
@@ -138,19 +139,6 @@ fn value(e: &Event, element: u16) -> u64 {
         DESTINATION_IPV4_ADDRESS | POST_NAT_DESTINATION_IPV4_ADDRESS => u64::from(e.rem_addr),
         DESTINATION_TRANSPORT_PORT | POST_NAPT_DESTINATION_TRANSPORT_PORT => u64::from(e.rem_port),
         _ => 0,
-    }
-}
-
-/// Which events a log with this unit records; the same rule as the JSON
-/// event log: in block mode one record per block replaces the per-mapping
-/// ones; exhaustion and quota events are always recorded.
-pub fn unit_records(unit: LogUnit, kind: EventKind) -> bool {
-    use EventKind::*;
-    match kind {
-        MappingCreated | MappingDeleted => unit != LogUnit::Block,
-        SessionCreated | SessionDeleted => unit == LogUnit::Session,
-        BlockAllocated | BlockReleased => unit == LogUnit::Block,
-        AddressesExhausted | PortsExhausted | QuotaExceeded => true,
     }
 }
 
@@ -345,7 +333,7 @@ impl IpfixExporter {
     /// Queues the event's record if the unit records it; sends the message
     /// being built first when the record does not fit in it.
     pub fn write(&mut self, e: &Event) {
-        if !unit_records(self.unit, e.kind) {
+        if !records(self.unit, e.kind) {
             return;
         }
         self.latest_event_s = self.latest_event_s.max((e.time_ns / 1_000_000_000) as u32);
@@ -599,11 +587,11 @@ mod tests {
 
     #[test]
     fn block_unit_exports_blocks_not_mappings() {
-        assert!(unit_records(LogUnit::Block, EventKind::BlockReleased));
-        assert!(!unit_records(LogUnit::Block, EventKind::MappingCreated));
-        assert!(!unit_records(LogUnit::Mapping, EventKind::SessionCreated));
-        assert!(unit_records(LogUnit::Session, EventKind::SessionDeleted));
-        assert!(unit_records(LogUnit::Mapping, EventKind::PortsExhausted));
+        assert!(records(LogUnit::Block, EventKind::BlockReleased));
+        assert!(!records(LogUnit::Block, EventKind::MappingCreated));
+        assert!(!records(LogUnit::Mapping, EventKind::SessionCreated));
+        assert!(records(LogUnit::Session, EventKind::SessionDeleted));
+        assert!(records(LogUnit::Mapping, EventKind::PortsExhausted));
     }
 
     #[test]

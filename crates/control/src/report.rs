@@ -2,7 +2,6 @@
 //! and how much of the pool and of each subscriber's quota was used.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
 
 use natrix_engine::{Engine, EngineConfig, Event, EventKind, Proto, Side};
 use serde::Serialize;
@@ -203,7 +202,7 @@ impl BlockSim {
         let last = first.saturating_add(self.size - 1);
         let block = Event { kind, int_port: 0, ext_port: first, ext_port_end: last, rem_addr: 0, rem_port: 0, ..*e };
         self.volume.records += 1;
-        self.volume.bytes += json_line_len(&block);
+        self.volume.bytes += crate::eventlog::line_len(&block);
     }
 
     fn on_create(&mut self, e: &Event) {
@@ -277,7 +276,7 @@ impl VolumeBuilder {
     fn on_event(&mut self, e: &Event) {
         let add = |v: &mut Volume| {
             v.records += 1;
-            v.bytes += json_line_len(e);
+            v.bytes += crate::eventlog::line_len(e);
         };
         match e.kind {
             EventKind::MappingCreated => {
@@ -316,49 +315,6 @@ impl VolumeBuilder {
         }
         LogVolume { per_session: plus(&per_mapping, &sessions), per_mapping, port_block, deterministic: Volume::default() }
     }
-}
-
-/// One event as `[logging] json` writes it (see `eventlog`), to size it.
-#[derive(Serialize)]
-struct JsonLine {
-    time: String,
-    event: &'static str,
-    nat_event: u8,
-    proto: &'static str,
-    subscriber: Ipv4Addr,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    subscriber_port: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    external: Option<Ipv4Addr>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    external_port: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    port_range_end: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    remote: Option<Ipv4Addr>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    remote_port: Option<u16>,
-}
-
-/// Bytes of the event's JSON line, newline included.
-fn json_line_len(e: &Event) -> u64 {
-    let is_block = matches!(e.kind, EventKind::BlockAllocated | EventKind::BlockReleased);
-    let is_session = matches!(e.kind, EventKind::SessionCreated | EventKind::SessionDeleted);
-    let nonzero = |a: u32| (a != 0).then(|| Ipv4Addr::from(a));
-    let line = JsonLine {
-        time: crate::eventlog::rfc3339(e.time_ns),
-        event: e.kind.name(),
-        nat_event: e.kind as u8,
-        proto: e.proto.name(),
-        subscriber: Ipv4Addr::from(e.int_addr),
-        subscriber_port: (!is_block).then_some(e.int_port),
-        external: nonzero(e.ext_addr),
-        external_port: (e.ext_addr != 0).then_some(e.ext_port),
-        port_range_end: is_block.then_some(e.ext_port_end),
-        remote: if is_session { nonzero(e.rem_addr) } else { None },
-        remote_port: is_session.then_some(e.rem_port),
-    };
-    serde_json::to_vec(&line).map_or(0, |v| v.len() as u64 + 1)
 }
 
 /// The nearest-rank percentile of sorted values (0 when there are none).

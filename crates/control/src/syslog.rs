@@ -24,7 +24,8 @@ use natrix_engine::{Event, EventKind};
 
 use crate::config::LogUnit;
 use crate::eventlog::rfc3339;
-use crate::ipfix::{unit_records, LossCounter, SinkStats};
+use crate::eventlog::records;
+use crate::ipfix::{LossCounter, SinkStats};
 
 /// RFC 5424 facility local0.
 pub const FACILITY: u8 = 16;
@@ -181,7 +182,7 @@ impl SyslogSender {
     }
 
     pub fn write(&mut self, e: &Event) {
-        if !unit_records(self.unit, e.kind) {
+        if !records(self.unit, e.kind) {
             return;
         }
         let msg = format(e, &self.hostname, self.procid);

@@ -222,7 +222,7 @@ impl Dataplane {
     fn start_sharded(&mut self, engines: Vec<Engine>, mut ports: Ports, cfg: &EngineConfig, event_tx: SyncSender<Event>, clock: Clock, busy_poll: bool) -> Result<(), DataplaneError> {
         let count = engines.len() as u16;
         let io_bell = self.io.doorbell.clone();
-        let mut lanes = Vec::new();
+        let mut lanes = Lanes::default();
         for (i, engine) in engines.into_iter().enumerate() {
             let (to_worker, worker_in) = ring::ring(RING_FRAMES);
             let (worker_out, from_worker) = ring::ring(RING_FRAMES);
@@ -233,7 +233,9 @@ impl Dataplane {
             let h = spawn(&format!("natrix-w{i}"), move || run_worker(&mut worker, worker_in, worker_out, &wbell, &io_bell, &stop, clock, busy_poll))?;
             self.threads.get_mut().map_err(|_| DataplaneError::Engine("thread list poisoned".into()))?.push(h);
             self.workers.push(Control { commands, doorbell: bell.clone() });
-            lanes.push(Lane { to_worker, from_worker, doorbell: bell });
+            lanes.to_workers.push(to_worker);
+            lanes.from_workers.push(from_worker);
+            lanes.doorbells.push(bell);
         }
         let (commands, rx) = mpsc::channel();
         self.io.commands = commands;
@@ -665,16 +667,18 @@ fn run_worker(worker: &mut EngineWorker, mut input: Consumer, mut output: Produc
     worker.finish();
 }
 
-/// The I/O thread's link to one worker.
-struct Lane {
-    to_worker: Producer,
-    from_worker: Consumer,
-    doorbell: Arc<Doorbell>,
+/// The I/O thread's links to the workers, one entry per worker in each:
+/// kept apart so a frame popped from one worker can go straight to another.
+#[derive(Default)]
+struct Lanes {
+    to_workers: Vec<Producer>,
+    from_workers: Vec<Consumer>,
+    doorbells: Vec<Arc<Doorbell>>,
 }
 
 struct IoThread {
     ports: Ports,
-    lanes: Vec<Lane>,
+    lanes: Lanes,
     steering: Steering,
     /// Sorted, to recognise hairpins a worker handed back.
     pool: Vec<u32>,
@@ -684,7 +688,7 @@ struct IoThread {
 impl IoThread {
     fn run(&mut self, bell: &Doorbell, stop: &AtomicBool, clock: Clock, busy_poll: bool) {
         let mut idle = Idle { spins: 0, busy_poll };
-        let mut woken = vec![false; self.lanes.len()];
+        let mut woken = vec![false; self.lanes.to_workers.len()];
         while !stop.load(Ordering::Relaxed) {
             let now = clock.now_ns();
             let mut n = 0;
@@ -693,7 +697,7 @@ impl IoThread {
                 let mut dropped = 0;
                 n += ports.receive(side, now, &mut |frame, _| {
                     let w = usize::from(steering.worker_for(side, frame));
-                    if lanes[w].to_worker.push(side, frame) {
+                    if lanes.to_workers[w].push(side, frame) {
                         woken[w] = true;
                     } else {
                         dropped += 1;
@@ -702,9 +706,9 @@ impl IoThread {
                 ports.snapshot.handoff_dropped += dropped;
             }
             n += self.collect_from_workers(now, &mut woken);
-            for (lane, w) in self.lanes.iter().zip(woken.iter_mut()) {
+            for (bell, w) in self.lanes.doorbells.iter().zip(woken.iter_mut()) {
                 if std::mem::take(w) {
-                    lane.doorbell.ring();
+                    bell.ring();
                 }
             }
             self.ports.flush(now);
@@ -713,7 +717,7 @@ impl IoThread {
             }
             if idle.should_sleep(n > 0) {
                 bell.going_to_sleep();
-                if self.lanes.iter().all(|l| l.from_worker.is_empty()) {
+                if self.lanes.from_workers.iter().all(Consumer::is_empty) {
                     let [a, b] = self.ports.fds();
                     wait_readable(&[a, b, bell.fd()], SLEEP_MS);
                 }
@@ -727,15 +731,17 @@ impl IoThread {
     fn collect_from_workers(&mut self, now: u64, woken: &mut [bool]) -> usize {
         let mut n = 0;
         let IoThread { ports, lanes, steering, pool, .. } = self;
-        for i in 0..lanes.len() {
-            let mut looped: Vec<(u16, Vec<u8>)> = Vec::new();
+        let Lanes { to_workers, from_workers, .. } = lanes;
+        for from in from_workers.iter_mut() {
             // Each worker gets the same budget, so one backlog cannot starve the others.
             let mut budget = BATCH;
             while budget > 0
-                && lanes[i].from_worker.pop(|side, frame| {
+                && from.pop(|side, frame| {
                     if side == Side::Outside && is_to_pool(frame, pool) {
-                        if let Some(w) = steering.hairpin_owner(frame) {
-                            looped.push((w, frame.to_vec()));
+                        let w = steering.hairpin_owner(frame).map(usize::from);
+                        match w {
+                            Some(w) if to_workers[w].push(Side::Outside, frame) => woken[w] = true,
+                            _ => ports.snapshot.handoff_dropped += 1,
                         }
                     } else {
                         ports.send(side, frame, now);
@@ -744,14 +750,6 @@ impl IoThread {
             {
                 budget -= 1;
                 n += 1;
-            }
-            for (w, frame) in looped {
-                let w = usize::from(w);
-                if lanes[w].to_worker.push(Side::Outside, &frame) {
-                    woken[w] = true;
-                } else {
-                    ports.snapshot.handoff_dropped += 1;
-                }
             }
         }
         n
