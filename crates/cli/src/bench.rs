@@ -8,7 +8,6 @@
 
 use std::time::Instant;
 
-use natrix_engine::prefetch::Stage;
 use natrix_engine::rng::Rng;
 use natrix_engine::{Engine, EngineConfig, Side, Verdict};
 use natrix_wire::{checksum, get_u16_at, get_u32_at, ipv4, proto, set_u16_at};
@@ -264,13 +263,9 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> Pass
     res
 }
 
-/// Overlaps the batch's table misses: all buckets, then all sessions.
+/// Overlaps the batch's table misses: all buckets, then all records.
 fn prefetch_batch(engine: &Engine, frames: &[[u8; FRAME_LEN]], side: Side) {
-    for stage in [Stage::Bucket, Stage::Session] {
-        for f in frames {
-            engine.prefetch(f, side, stage);
-        }
-    }
+    engine.prefetch_batch(frames.iter().map(|f| &f[..]), side);
 }
 
 fn time_batch(res: &mut PassResult, f: impl FnOnce()) {

@@ -50,7 +50,7 @@ impl Engine {
         let now = self.now_s;
         self.tables
             .live_sessions()
-            .map(|id| self.tables.sessions[id as usize])
+            .map(|id| self.tables.session(id))
             .filter(|s| subscriber.is_none_or(|a| a == s.int_addr))
             .map(|s| SessionView {
                 proto: s.proto,
@@ -67,23 +67,19 @@ impl Engine {
             .collect()
     }
 
-    /// Live mappings, optionally of one subscriber: those that carry sessions,
-    /// and static ones.
+    /// Live mappings, optionally of one subscriber.
     pub fn mapping_views(&self, subscriber: Option<u32>) -> Vec<MappingView> {
-        let mut ids: Vec<u32> = self.tables.live_sessions().map(|id| self.tables.sessions[id as usize].mapping).collect();
-        ids.extend(self.cfg.statics.iter().filter_map(|st| self.tables.find_mapping_in(st.proto, st.int_addr, st.int_port)));
-        ids.sort_unstable();
-        ids.dedup();
-        ids.into_iter()
-            .map(|id| self.tables.mappings[id as usize])
-            .filter(|m| subscriber.is_none_or(|a| a == m.int_addr))
-            .map(|m| MappingView {
+        self.tables
+            .live_mappings()
+            .map(|id| (self.tables.mapping(id), self.tables.sessions_of(id).count() as u32))
+            .filter(|(m, _)| subscriber.is_none_or(|a| a == m.int_addr))
+            .map(|(m, sessions)| MappingView {
                 proto: m.proto,
                 int_addr: m.int_addr,
                 int_port: m.int_port,
                 ext_addr: m.ext_addr,
                 ext_port: m.ext_port,
-                sessions: m.sessions,
+                sessions,
                 is_static: m.flags & mapping_flags::STATIC != 0,
             })
             .collect()
@@ -94,10 +90,8 @@ impl Engine {
     /// mappings stay, being configuration.
     pub fn clear_subscriber(&mut self, addr: u32) -> Cleared {
         let before = self.tables.mapping_count();
-        let ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.sessions[id as usize].int_addr == addr).collect();
-        for &id in &ids {
-            self.delete_session(id);
-        }
+        let ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).int_addr == addr).collect();
+        self.delete_sessions(&ids);
         Cleared { sessions: ids.len() as u64, mappings: (before - self.tables.mapping_count()) as u64 }
     }
 
@@ -107,9 +101,7 @@ impl Engine {
     pub fn release_all(&mut self) -> Cleared {
         let before = self.tables.mapping_count();
         let ids: Vec<u32> = self.tables.live_sessions().collect();
-        for &id in &ids {
-            self.delete_session(id);
-        }
+        self.delete_sessions(&ids);
         Cleared { sessions: ids.len() as u64, mappings: (before - self.tables.mapping_count()) as u64 }
     }
 
@@ -131,6 +123,7 @@ impl Engine {
             self.pool.add_address(addr);
         }
         self.pool.set_policy(new.port_selection, new.port_parity, new.hold_down_s);
+        self.tables.set_timeouts(new.timeouts.by_class());
         self.cfg = new;
         Ok(())
     }
@@ -160,9 +153,7 @@ impl Engine {
             // Validation keeps statics on pool addresses; this is a safety net.
             debug_assert!(false, "static mapping on removed pool address {}", fmt_addr(st.ext_addr));
         }
-        let ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.sessions[id as usize].ext_addr == ext_addr).collect();
-        for id in ids {
-            self.delete_session(id);
-        }
+        let ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).ext_addr == ext_addr).collect();
+        self.delete_sessions(&ids);
     }
 }

@@ -73,6 +73,13 @@ pub struct Timeouts {
     pub fragment_ns: u64,
 }
 
+impl Timeouts {
+    /// Idle seconds per timeout class, indexed by `TimeoutClass as usize`.
+    pub fn by_class(&self) -> [u32; crate::trackers::TimeoutClass::COUNT] {
+        [self.udp_s, self.tcp_established_s, self.tcp_transitory_s, self.icmp_s]
+    }
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {

@@ -15,7 +15,7 @@ use crate::fragment::{FragKey, FragRewrite, Fragments};
 use crate::generate::{self, OutFrame, OutQueue};
 use crate::pool::{AllocError, Pool};
 use crate::rng::Rng;
-use crate::session::{mapping_flags, Mapping, Tables, NIL};
+use crate::session::{mapping_flags, Mapping, Tables};
 use crate::shard::{self, Owners};
 use crate::subscriber::{Subscribers, NONE};
 use crate::trackers::{self, Direction, TimeoutClass};
@@ -122,6 +122,8 @@ pub struct Engine {
     owners: Owners,
     /// Deterministic mode (RFC 7422): the formula that fixes each subscriber's range.
     det: Option<Deterministic>,
+    /// Sessions the timer wheel found idle, reused each second.
+    expired: Vec<u32>,
     /// The PCP server's holds and counters (RFC 6887; `crate::pcp`).
     pub(crate) pcp: crate::pcp::PcpState,
 }
@@ -170,7 +172,7 @@ impl Engine {
         let owners = Owners::new(cfg.ports, cfg.port_block_size, cfg.shard.count, &cfg.statics).with_deterministic(det.clone());
         let outside_source = cfg.outside_addr.or_else(|| cfg.pool.first().copied()).unwrap_or(0);
         let mut e = Engine {
-            tables: Tables::new(cfg.max_sessions, cfg.statics.len(), cfg.seed),
+            tables: Tables::new(cfg.max_sessions, cfg.statics.len(), cfg.seed, cfg.timeouts.by_class()),
             subs: Subscribers::new(cfg.max_subscribers, cfg.seed),
             pool,
             frags: Fragments::new(FRAGMENT_RECORDS, cfg.max_held_fragments as usize, cfg.max_held_fragment_bytes as usize, cfg.timeouts.fragment_ns),
@@ -187,6 +189,7 @@ impl Engine {
             outside_source,
             owners,
             det,
+            expired: Vec::new(),
             pcp: crate::pcp::PcpState::default(),
             cfg,
         };
@@ -206,18 +209,7 @@ impl Engine {
                 continue;
             }
             let sub = self.subs.find_or_create(st.int_addr).ok_or("static mapping: subscriber table full")?;
-            let m = Mapping {
-                int_addr: st.int_addr,
-                ext_addr: st.ext_addr,
-                int_port: st.int_port,
-                ext_port: st.ext_port,
-                proto: st.proto,
-                flags: mapping_flags::STATIC,
-                subscriber: sub,
-                ext_index,
-                first_session: NIL,
-                sessions: 0,
-            };
+            let m = Mapping { int_addr: st.int_addr, ext_addr: st.ext_addr, int_port: st.int_port, ext_port: st.ext_port, proto: st.proto, flags: mapping_flags::STATIC };
             self.tables.insert_mapping(m).map_err(|_| "static mapping: table full".to_string())?;
             let s = self.subs.get_mut(sub);
             s.mappings += 1;
@@ -546,7 +538,7 @@ impl Engine {
             return Err(DropReason::NoMapping);
         }
         let sid = self.outbound_session(frame, ip, &flow, may_create)?;
-        let s = self.tables.sessions[sid as usize];
+        let s = self.tables.session(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
         if !hairpin || !self.owns_external(flow.proto, ip.dst, flow.dport) {
             // A hairpin to another worker's mapping leaves as if outbound; the
@@ -554,7 +546,7 @@ impl Engine {
             return Ok(Side::Outside);
         }
         let peer = self.inbound_session(frame, ip.l3, flow.proto, ip.dst, flow.dport, s.ext_addr, s.ext_port, flow.tcp_flags, true)?;
-        let p = self.tables.sessions[peer as usize];
+        let p = self.tables.session(peer);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Dst, p.int_addr, p.int_port);
         Ok(Side::Inside)
     }
@@ -573,22 +565,23 @@ impl Engine {
         }
         let (port, rport) = flow.in_ports();
         let sid = self.inbound_session(frame, ip.l3, flow.proto, ip.dst, port, ip.src, rport, flow.tcp_flags, false)?;
-        let s = self.tables.sessions[sid as usize];
+        let s = self.tables.session(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Dst, s.int_addr, s.int_port);
         Ok(Side::Inside)
     }
 
     fn outbound_session(&mut self, frame: &[u8], ip: &Ip, flow: &Flow, may_create: bool) -> Result<u32, DropReason> {
         let (port, rport) = flow.out_ports();
-        if let Some(id) = self.tables.find_session_in(flow.proto, ip.src, port, ip.dst, rport) {
+        let found = self.tables.lookup_in(flow.proto, ip.src, port, ip.dst, rport);
+        if let Some(id) = found.and_then(|f| f.session) {
             self.track(id, Direction::Out, flow.tcp_flags, true);
             return Ok(id);
         }
         if !may_create {
             return Err(DropReason::NoMapping);
         }
-        let (mid, new_mapping) = match self.tables.find_mapping_in(flow.proto, ip.src, port) {
-            Some(m) => (m, false),
+        let (mid, new_mapping) = match found {
+            Some(f) => (f.mapping, false),
             None => (self.create_mapping(frame, ip.l3, flow.proto, ip.src, port)?, true),
         };
         let sid = match self.create_session(mid, ip.dst, rport, Direction::Out, flow.tcp_flags) {
@@ -601,7 +594,7 @@ impl Engine {
             }
         };
         if flow.proto == Proto::Tcp && flow.tcp_flags & tcp::flags::SYN != 0 {
-            let s = self.tables.sessions[sid as usize];
+            let s = self.tables.session(sid);
             self.cancel_held_syn(s.ext_addr, s.ext_port, ip.dst, rport);
         }
         Ok(sid)
@@ -609,11 +602,12 @@ impl Engine {
 
     #[allow(clippy::too_many_arguments)]
     fn inbound_session(&mut self, frame: &[u8], l3: usize, proto: Proto, ext: u32, eport: u16, rem: u32, rport: u16, tcp_flags: u8, hairpin: bool) -> Result<u32, DropReason> {
-        if let Some(id) = self.tables.find_session_out(proto, ext, eport, rem, rport) {
+        let found = self.tables.lookup_out(proto, ext, eport, rem, rport);
+        if let Some(id) = found.and_then(|f| f.session) {
             self.track(id, Direction::In, tcp_flags, self.cfg.inbound_refresh);
             return Ok(id);
         }
-        let Some(mid) = self.tables.find_mapping_out(proto, ext, eport) else {
+        let Some(mid) = found.map(|f| f.mapping) else {
             let plain_syn = tcp_flags & (tcp::flags::SYN | tcp::flags::ACK | tcp::flags::RST) == tcp::flags::SYN;
             if proto == Proto::Tcp && plain_syn && !hairpin {
                 self.hold_syn(frame, l3, ext, eport, rem, rport);
@@ -629,7 +623,7 @@ impl Engine {
 
     /// RFC 4787 REQ-8: which remote endpoints may use an existing mapping.
     fn filter_allows(&self, mid: u32, rem: u32, rport: u16) -> bool {
-        if self.tables.mappings[mid as usize].flags & mapping_flags::STATIC != 0 {
+        if self.tables.mapping(mid).flags & mapping_flags::STATIC != 0 {
             return true;
         }
         // A PCP MAP mapping: endpoint-independent, or its FILTER options.
@@ -638,18 +632,19 @@ impl Engine {
         }
         match self.cfg.filtering {
             Filtering::EndpointIndependent => true,
-            Filtering::AddressDependent => self.tables.sessions_of(mid).any(|s| self.tables.sessions[s as usize].rem_addr == rem),
+            Filtering::AddressDependent => self.tables.sessions_of(mid).any(|s| self.tables.session(s).rem_addr == rem),
             // The exact (address, port) session would already have matched.
             Filtering::AddressAndPortDependent => false,
         }
     }
 
     fn track(&mut self, id: u32, dir: Direction, tcp_flags: u8, refresh: bool) {
-        let s = &mut self.tables.sessions[id as usize];
+        let s = self.tables.session(id);
         let class = match s.proto {
             Proto::Tcp => {
-                trackers::tcp::on_segment(&mut s.state, dir, tcp_flags);
-                trackers::tcp::timeout_class(s.state)
+                let state = self.tables.state_mut(id);
+                trackers::tcp::on_segment(state, dir, tcp_flags);
+                trackers::tcp::timeout_class(*state)
             }
             _ => s.class,
         };
@@ -729,7 +724,7 @@ impl Engine {
         if let Some(b) = block {
             self.event(EventKind::BlockAllocated, proto, int, 0, b.addr, b.first, b.last, 0, 0);
         }
-        let m = Mapping { int_addr: int, ext_addr, int_port: iport, ext_port: port, proto, flags: 0, subscriber: sub, ext_index: paired, first_session: NIL, sessions: 0 };
+        let m = Mapping { int_addr: int, ext_addr, int_port: iport, ext_port: port, proto, flags: 0 };
         let mid = match self.tables.insert_mapping(m) {
             Ok(id) => id,
             Err(_) => {
@@ -750,8 +745,9 @@ impl Engine {
     }
 
     fn create_session(&mut self, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {
-        let m = self.tables.mappings[mid as usize];
-        if self.subs.get(m.subscriber).sessions >= self.cfg.max_sessions_per_subscriber {
+        let m = self.tables.mapping(mid);
+        let sub = self.subscriber_of(m.int_addr).ok_or(DropReason::SubscriberTableFull)?;
+        if self.subs.get(sub).sessions >= self.cfg.max_sessions_per_subscriber {
             return Err(DropReason::SessionQuota);
         }
         let mut state = 0;
@@ -764,7 +760,7 @@ impl Engine {
             Proto::Icmp => trackers::icmp::timeout_class(),
         };
         let sid = self.tables.insert_session(mid, rem, rport, state, class, self.now_s).map_err(|_| DropReason::SessionTableFull)?;
-        self.subs.get_mut(m.subscriber).sessions += 1;
+        self.subs.get_mut(sub).sessions += 1;
         self.stats.sessions_created += 1;
         self.stats.peak_sessions = self.stats.peak_sessions.max(self.tables.session_count() as u64);
         if self.cfg.log_sessions {
@@ -784,12 +780,26 @@ impl Engine {
     }
 
     fn expire_sessions(&mut self) {
-        for class in TimeoutClass::ALL {
-            let timeout = self.timeout_of(class);
-            while let Some(id) = self.tables.oldest(class) {
-                if u64::from(self.now_s) <= u64::from(self.tables.sessions[id as usize].last_used) + u64::from(timeout) {
-                    break;
-                }
+        let mut due = std::mem::take(&mut self.expired);
+        self.tables.expire(self.now_s, &mut due);
+        self.delete_sessions(&due);
+        due.clear();
+        self.expired = due;
+    }
+
+    /// The subscriber record of an internal address: every mapping's
+    /// subscriber has one for as long as the mapping lives.
+    pub(crate) fn subscriber_of(&self, int_addr: u32) -> Option<u32> {
+        self.subs.find(int_addr)
+    }
+
+    /// Deletes many sessions. Extras go before own sessions (their ids sort
+    /// higher), so ending an own session never promotes one that is going too.
+    pub(crate) fn delete_sessions(&mut self, ids: &[u32]) {
+        let mut ids = ids.to_vec();
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        for id in ids {
+            if self.tables.is_live(id) {
                 self.delete_session(id);
             }
         }
@@ -797,38 +807,45 @@ impl Engine {
 
     pub(crate) fn delete_session(&mut self, id: u32) {
         let s = self.tables.remove_session(id);
-        self.subs.get_mut(self.tables.mappings[s.mapping as usize].subscriber).sessions -= 1;
+        let sub = self.subscriber_of(s.int_addr);
+        if let Some(sub) = sub {
+            self.subs.get_mut(sub).sessions -= 1;
+        }
         if self.cfg.log_sessions {
             self.event(EventKind::SessionDeleted, s.proto, s.int_addr, s.int_port, s.ext_addr, s.ext_port, s.ext_port, s.rem_addr, s.rem_port);
         }
-        let m = self.tables.mappings[s.mapping as usize];
-        if m.sessions == 0 && m.flags & mapping_flags::STATIC == 0 {
+        let m = self.tables.mapping(s.mapping);
+        if !self.tables.has_sessions(s.mapping) && m.flags & mapping_flags::STATIC == 0 {
             let closed = s.proto == Proto::Tcp && trackers::tcp::is_closed(s.state);
             self.delete_mapping(s.mapping, closed);
-        } else {
-            self.subs.release_if_idle(m.subscriber);
+        } else if let Some(sub) = sub {
+            self.subs.release_if_idle(sub);
         }
     }
 
     /// Removes a mapping with no sessions left. `skip_hold_down` for TCP
     /// closed by FIN or RST (RFC 6888 REQ-5) or a mapping that never carried traffic.
     fn delete_mapping(&mut self, mid: u32, skip_hold_down: bool) {
-        let m = self.tables.mappings[mid as usize];
+        let m = self.tables.mapping(mid);
         self.tables.remove_mapping(mid);
-        let mut blocks = std::mem::take(&mut self.subs.get_mut(m.subscriber).blocks);
-        let released = self.pool.release(m.ext_index, m.proto, m.ext_port, self.now_s, skip_hold_down, &mut blocks);
-        let s = self.subs.get_mut(m.subscriber);
+        self.event(EventKind::MappingDeleted, m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, m.ext_port, 0, 0);
+        let Some(sub) = self.subscriber_of(m.int_addr) else { return };
+        let mut blocks = std::mem::take(&mut self.subs.get_mut(sub).blocks);
+        let released = match self.pool.index_of(m.ext_addr) {
+            Some(ext_index) => self.pool.release(ext_index, m.proto, m.ext_port, self.now_s, skip_hold_down, &mut blocks),
+            None => None,
+        };
+        let s = self.subs.get_mut(sub);
         s.blocks = blocks;
         s.ports[m.proto as usize] -= 1;
         s.mappings -= 1;
         if s.mappings == 0 && s.blocks.is_empty() {
             s.paired = NONE;
         }
-        self.event(EventKind::MappingDeleted, m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, m.ext_port, 0, 0);
         if let Some(b) = released {
             self.event(EventKind::BlockReleased, m.proto, m.int_addr, 0, b.addr, b.first, b.last, 0, 0);
         }
-        self.subs.release_if_idle(m.subscriber);
+        self.subs.release_if_idle(sub);
     }
 
     #[allow(clippy::too_many_arguments)]

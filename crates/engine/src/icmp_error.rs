@@ -50,7 +50,7 @@ impl Engine {
         let q = validate(frame, ip)?;
         let (port, rport) = q.inbound_ports();
         let sid = self.tables.find_session_in(q.proto, q.dst, port, q.src, rport).ok_or(DropReason::IcmpErrorNoMapping)?;
-        let s = self.tables.sessions[sid as usize];
+        let s = self.tables.session(sid);
         translate::rewrite(frame, q.l3, q.l4, Which::Dst, s.ext_addr, s.ext_port);
         translate::rewrite(frame, ip.l3, L4::None, Which::Src, s.ext_addr, 0);
         if !self.pool.contains(ip.dst) {
@@ -60,7 +60,7 @@ impl Engine {
         // Hairpin (RFC 5508 REQ-7): the quoted datagram came from another
         // subscriber's external endpoint; deliver the error to that subscriber.
         let peer = self.tables.find_session_out(q.proto, q.src, q.sport, s.ext_addr, s.ext_port).ok_or(DropReason::IcmpErrorNoMapping)?;
-        let p = self.tables.sessions[peer as usize];
+        let p = self.tables.session(peer);
         translate::rewrite(frame, q.l3, q.l4, Which::Src, p.int_addr, p.int_port);
         translate::rewrite(frame, ip.l3, L4::None, Which::Dst, p.int_addr, 0);
         refill_icmp_checksum(frame, ip);
@@ -75,7 +75,7 @@ impl Engine {
         }
         let (port, rport) = q.outbound_ports();
         let sid = self.tables.find_session_out(q.proto, q.src, port, q.dst, rport).ok_or(DropReason::IcmpErrorNoMapping)?;
-        let s = self.tables.sessions[sid as usize];
+        let s = self.tables.session(sid);
         translate::rewrite(frame, q.l3, q.l4, Which::Src, s.int_addr, s.int_port);
         translate::rewrite(frame, ip.l3, L4::None, Which::Dst, s.int_addr, 0);
         refill_icmp_checksum(frame, ip);

@@ -189,7 +189,7 @@ impl Engine {
             .iter()
             .filter_map(|(k, h)| {
                 let sid = self.tables.find_session_in(k.proto(), k.int_addr, k.int_port, k.rem_addr, k.rem_port)?;
-                let s = &self.tables.sessions[sid as usize];
+                let s = self.tables.session(sid);
                 Some(PcpHoldView {
                     proto: k.proto(),
                     int_addr: k.int_addr,
@@ -233,7 +233,7 @@ impl Engine {
         if self.pcp.holds.is_empty() {
             return None;
         }
-        let m = &self.tables.mappings[mid as usize];
+        let m = self.tables.mapping(mid);
         let key = Key { proto: m.proto as u8, int_addr: m.int_addr, int_port: m.int_port, rem_addr: 0, rem_port: 0 };
         let h = self.pcp.holds.get(&key)?;
         self.tables.find_session_in(m.proto, m.int_addr, m.int_port, 0, 0)?;
@@ -268,7 +268,7 @@ impl Engine {
                 }
                 continue;
             }
-            let class = self.tables.sessions[sid as usize].class;
+            let class = self.tables.session(sid).class;
             self.tables.touch(sid, now, class);
             self.pcp_schedule(key, expires);
         }
@@ -425,7 +425,7 @@ impl Engine {
                 if h.nonce != m.nonce {
                     return Err(result::NOT_AUTHORIZED);
                 }
-                let s = self.tables.sessions[sid as usize];
+                let s = self.tables.session(sid);
                 if m.prefer_failure && !honours(&m, s.ext_addr, s.ext_port) {
                     return Err(result::CANNOT_PROVIDE_EXTERNAL);
                 }
@@ -436,7 +436,7 @@ impl Engine {
         }
         // A mapping traffic (or the operator) made: PCP takes it over.
         if let Some(mid) = self.tables.find_mapping_in(proto, int, m.int_port) {
-            let mp = self.tables.mappings[mid as usize];
+            let mp = self.tables.mapping(mid);
             if m.prefer_failure && !honours(&m, mp.ext_addr, mp.ext_port) {
                 return Err(result::CANNOT_PROVIDE_EXTERNAL);
             }
@@ -455,7 +455,7 @@ impl Engine {
             return Err(result_of(r));
         }
         self.pcp_hold(key, m.nonce, granted, m.filters.clone());
-        let mp = self.tables.mappings[mid as usize];
+        let mp = self.tables.mapping(mid);
         Ok((granted, map_data(&m, wire::v4_mapped(mp.ext_addr), mp.ext_port, &m.echoed)))
     }
 
@@ -491,7 +491,7 @@ impl Engine {
             return Ok(());
         }
         match self.tables.find_mapping_in(proto, int, m.int_port) {
-            Some(mid) if self.tables.mappings[mid as usize].flags & mapping_flags::STATIC != 0 => Err(result::NOT_AUTHORIZED),
+            Some(mid) if self.tables.mapping(mid).flags & mapping_flags::STATIC != 0 => Err(result::NOT_AUTHORIZED),
             // A mapping PCP does not hold lives on as its traffic decides.
             _ => Ok(()),
         }
@@ -521,7 +521,7 @@ impl Engine {
             // The session goes back to its idle timeout.
             self.pcp.holds.remove(&key);
             let (a, p) = existing.map_or((m.ext_addr.unwrap_or(0), m.ext_port), |s| {
-                let s = &self.tables.sessions[s as usize];
+                let s = self.tables.session(s);
                 (s.ext_addr, s.ext_port)
             });
             return Ok((0, peer_data(&m, a, p)));
@@ -545,10 +545,10 @@ impl Engine {
                 }
             }
         };
-        let class = self.tables.sessions[sid as usize].class;
+        let class = self.tables.session(sid).class;
         self.tables.touch(sid, self.now_s, class);
         self.pcp_hold(key, m.nonce, granted, Vec::new());
-        let s = self.tables.sessions[sid as usize];
+        let s = self.tables.session(sid);
         Ok((granted, peer_data(&m, s.ext_addr, s.ext_port)))
     }
 
@@ -573,7 +573,7 @@ impl Engine {
             None => self.pcp_create_mapping(frame, l3, proto, int, m.int_port).map_err(result_of)?,
             Some(want) => self.pcp_create_mapping_at(frame, l3, proto, int, m.int_port, want)?,
         };
-        let mp = self.tables.mappings[mid as usize];
+        let mp = self.tables.mapping(mid);
         if m.prefer_failure && !honours(m, mp.ext_addr, mp.ext_port) {
             self.pcp_undo_mapping(mid);
             return Err(result::CANNOT_PROVIDE_EXTERNAL);
@@ -603,7 +603,7 @@ impl Engine {
         let q = self.events_mut();
         before.into_iter().chain(during).for_each(|e| q.push(e));
         let mid = made.map_err(result_of)?;
-        let mut mp = self.tables.mappings[mid as usize];
+        let mut mp = self.tables.mapping(mid);
         self.tables.remove_mapping(mid);
         mp.int_port = iport;
         // Cannot fail: the slot was just freed in both indices.
@@ -620,28 +620,31 @@ impl Engine {
 
     /// The keep-alive session of a MAP hold (remote 0.0.0.0:0).
     fn pcp_keepalive(&mut self, mid: u32) -> Result<u32, DropReason> {
-        let m = self.tables.mappings[mid as usize];
+        let m = self.tables.mapping(mid);
         if let Some(sid) = self.tables.find_session_in(m.proto, m.int_addr, m.int_port, 0, 0) {
             return Ok(sid);
         }
-        if self.subs.get(m.subscriber).sessions >= self.cfg.max_sessions_per_subscriber {
+        let sub = self.subscriber_of(m.int_addr).ok_or(DropReason::SubscriberTableFull)?;
+        if self.subs.get(sub).sessions >= self.cfg.max_sessions_per_subscriber {
             return Err(DropReason::SessionQuota);
         }
         let class = if m.proto == Proto::Tcp { TimeoutClass::TcpEstablished } else { TimeoutClass::Udp };
         let sid = self.tables.insert_session(mid, 0, 0, 0, class, self.now_s).map_err(|_| DropReason::SessionTableFull)?;
-        self.subs.get_mut(m.subscriber).sessions += 1;
+        self.subs.get_mut(sub).sessions += 1;
         Ok(sid)
     }
 
     /// Ends a MAP hold: its mapping goes too unless traffic sessions remain.
     fn pcp_release_keepalive(&mut self, sid: u32) {
         let s = self.tables.remove_session(sid);
-        let m = self.tables.mappings[s.mapping as usize];
-        self.subs.get_mut(m.subscriber).sessions -= 1;
-        if m.sessions == 0 && m.flags & mapping_flags::STATIC == 0 {
+        let sub = self.subscriber_of(s.int_addr);
+        if let Some(sub) = sub {
+            self.subs.get_mut(sub).sessions -= 1;
+        }
+        if !self.tables.has_sessions(s.mapping) && self.tables.mapping(s.mapping).flags & mapping_flags::STATIC == 0 {
             self.pcp_delete_mapping(s.mapping, false);
-        } else {
-            self.subs.release_if_idle(m.subscriber);
+        } else if let Some(sub) = sub {
+            self.subs.release_if_idle(sub);
         }
     }
 

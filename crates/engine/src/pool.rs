@@ -29,9 +29,16 @@ const HELD: u32 = u32::MAX;
 
 impl PortSpace {
     fn new(lo: u16, hi: u16, blocks: usize) -> Self {
+        // Word by word: a /16 pool builds 196,608 of these at start.
         let mut used = Box::new([u64::MAX; WORDS]);
-        for p in lo..=hi {
-            used[usize::from(p) / 64] &= !(1u64 << (p % 64));
+        for (w, word) in used.iter_mut().enumerate() {
+            let (first, last) = (w as u32 * 64, w as u32 * 64 + 63);
+            let (from, to) = (first.max(u32::from(lo)), last.min(u32::from(hi)));
+            if from <= to {
+                let bits = to - from + 1;
+                let free = if bits == 64 { u64::MAX } else { ((1u64 << bits) - 1) << (from - first) };
+                *word &= !free;
+            }
         }
         PortSpace {
             used,
@@ -384,6 +391,17 @@ mod tests {
 
     fn pool(lo: u16, hi: u16, block: u16) -> Pool {
         Pool::new(&[0xcb00_7101], (lo, hi), block, PortSelection::Preserve, true, 120)
+    }
+
+    #[test]
+    fn a_new_space_has_exactly_its_range_free() {
+        for (lo, hi) in [(1024, 65535), (1, 65535), (1000, 1063), (4000, 4000), (63, 64), (5000, 6100)] {
+            let s = PortSpace::new(lo, hi, 0);
+            let free: Vec<u32> = (0..=65535u32).filter(|&p| s.is_free(p as u16)).collect();
+            assert_eq!(free.len() as u32, u32::from(hi - lo) + 1, "{lo}-{hi}");
+            assert_eq!((free[0], *free.last().unwrap()), (u32::from(lo), u32::from(hi)));
+            assert_eq!(s.free, u32::from(hi - lo) + 1);
+        }
     }
 
     #[test]

@@ -1,10 +1,25 @@
-//! Mappings (the BIB: internal endpoint <-> external endpoint) and sessions
-//! (a mapping plus one remote endpoint), each in a slab, each indexed in both
-//! directions, with per-timeout-class LRU lists so expiry only ever looks at
-//! list heads.
+//! Mappings (the BIB: internal endpoint <-> external endpoint) and their
+//! sessions (a mapping plus one remote endpoint), laid out for tens of
+//! millions of flows in little memory and few cache lines.
+//!
+//! Most mappings carry exactly one session (a TCP connection, a DNS query),
+//! so a mapping's first session lives inside its 32-byte record, the "own"
+//! session. One index serves everything: each mapping is indexed under its
+//! internal and its external endpoint, so a packet in either direction finds
+//! the record, and with it the session, in two cache lines (bucket, record).
+//! A mapping's further sessions (endpoint-independent mappings used towards
+//! several remotes) are "extras" in their own slab, indexed under their
+//! 5-tuples in both directions. When the own session ends while extras live,
+//! one extra moves in, so a mapping has extras only while its own session
+//! lives: index entries never exceed two per mapping plus two per extra.
+//!
+//! Expiry is a timer wheel of one-second slots rather than LRU lists: a
+//! refresh only writes the session's own `last_used`, never a neighbour's
+//! line. Each live session has one wheel entry; when it fires, the session is
+//! expired if its idle time has passed, or re-armed for when it will.
 
 use crate::hash;
-use crate::table::{FlowIndex, TableFull};
+use crate::table::{prefetch, FlowIndex, TableFull};
 use crate::trackers::TimeoutClass;
 use crate::Proto;
 
@@ -15,6 +30,21 @@ pub mod mapping_flags {
     pub const STATIC: u8 = 0x01;
 }
 
+/// Record flags beyond the public ones.
+const LIVE: u8 = 0x40;
+const OWN: u8 = 0x80;
+const PUBLIC_FLAGS: u8 = mapping_flags::STATIC;
+
+/// Session ids: a mapping's own session has the mapping's id; an extra has
+/// this bit set over its slot in the extras slab.
+const EXTRA: u32 = 1 << 31;
+
+/// One-second slots; a timer further away waits in the last slot and is
+/// re-armed when that fires.
+const WHEEL_SLOTS: u32 = 4096;
+const WHEEL_MASK: u32 = WHEEL_SLOTS - 1;
+
+/// A mapping as callers see it.
 #[derive(Debug, Clone, Copy)]
 pub struct Mapping {
     pub int_addr: u32,
@@ -23,13 +53,9 @@ pub struct Mapping {
     pub ext_port: u16,
     pub proto: Proto,
     pub flags: u8,
-    pub subscriber: u32,
-    pub ext_index: u32,
-    pub first_session: u32,
-    pub sessions: u32,
 }
 
-/// 48 bytes: both directions' keys live here, so one index hit is enough.
+/// A session as callers see it.
 #[derive(Debug, Clone, Copy)]
 pub struct Session {
     pub int_addr: u32,
@@ -45,58 +71,107 @@ pub struct Session {
     pub mapping: u32,
     /// Coarse seconds of the last refresh.
     pub last_used: u32,
-    lru_prev: u32,
-    lru_next: u32,
-    sib_prev: u32,
-    sib_next: u32,
+}
+
+/// A mapping and its own session: 32 bytes, aligned so it never straddles
+/// two cache lines.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct Record {
+    int_addr: u32,
+    ext_addr: u32,
+    rem_addr: u32,
+    /// First extra session; NIL if none. In a free record: the next free one.
+    extras: u32,
+    last_used: u32,
+    int_port: u16,
+    ext_port: u16,
+    rem_port: u16,
+    /// The second (mod 2^16) the own session's wheel entry fires.
+    armed: u16,
+    proto: Proto,
+    flags: u8,
+    state: u8,
+    class: TimeoutClass,
+}
+
+/// A further session of a mapping.
+#[derive(Clone, Copy)]
+struct Extra {
+    mapping: u32,
+    rem_addr: u32,
+    last_used: u32,
+    /// The mapping's extras list; in a free extra, `next` is the next free one.
+    next: u32,
+    prev: u32,
+    rem_port: u16,
+    armed: u16,
+    state: u8,
+    class: TimeoutClass,
+    live: bool,
+}
+
+/// What one lookup found: the mapping of the endpoint, and the session with
+/// the remote if there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    pub mapping: u32,
+    pub session: Option<u32>,
 }
 
 pub struct Tables {
-    pub sessions: Vec<Session>,
-    pub mappings: Vec<Mapping>,
-    free_sessions: Vec<u32>,
-    free_mappings: Vec<u32>,
-    sess_in: FlowIndex,
-    sess_out: FlowIndex,
-    map_in: FlowIndex,
-    map_out: FlowIndex,
-    lru: [(u32, u32); TimeoutClass::COUNT],
+    records: Vec<Record>,
+    free_record: u32,
+    extras: Vec<Extra>,
+    free_extra: u32,
+    index: FlowIndex,
+    wheel: Vec<Vec<u32>>,
+    /// The last second whose wheel slot has been run.
+    wheel_done: u32,
+    timeouts: [u32; TimeoutClass::COUNT],
+    sessions: usize,
+    mappings: usize,
     sessions_by_proto: [u32; Proto::COUNT],
     mappings_by_proto: [u32; Proto::COUNT],
     max_sessions: usize,
+    max_mappings: usize,
     seed: u64,
 }
 
 impl Tables {
-    pub fn new(max_sessions: u32, extra_mappings: usize, seed: u64) -> Self {
+    /// Tables for `max_sessions` sessions and as many mappings, plus
+    /// `extra_mappings` that may hold no session (static ones), expiring
+    /// each timeout class after `timeouts` idle seconds.
+    pub fn new(max_sessions: u32, extra_mappings: usize, seed: u64, timeouts: [u32; TimeoutClass::COUNT]) -> Self {
         let n = max_sessions as usize;
-        let sessions = Vec::with_capacity(n);
-        let mappings = Vec::with_capacity(n + extra_mappings);
-        crate::memory::advise_huge_pages(&sessions);
-        crate::memory::advise_huge_pages(&mappings);
+        let max_mappings = n + extra_mappings;
+        let records = Vec::with_capacity(max_mappings);
+        crate::memory::advise_huge_pages(&records);
         Tables {
-            sessions,
-            mappings,
-            free_sessions: Vec::new(),
-            free_mappings: Vec::new(),
-            sess_in: FlowIndex::with_capacity(n),
-            sess_out: FlowIndex::with_capacity(n),
-            map_in: FlowIndex::with_capacity(n + extra_mappings),
-            map_out: FlowIndex::with_capacity(n + extra_mappings),
-            lru: [(NIL, NIL); TimeoutClass::COUNT],
+            records,
+            free_record: NIL,
+            extras: Vec::new(),
+            free_extra: NIL,
+            index: FlowIndex::with_capacity(2 * max_mappings),
+            wheel: (0..WHEEL_SLOTS).map(|_| Vec::new()).collect(),
+            wheel_done: 0,
+            timeouts,
+            sessions: 0,
+            mappings: 0,
             sessions_by_proto: [0; Proto::COUNT],
             mappings_by_proto: [0; Proto::COUNT],
             max_sessions: n,
+            max_mappings,
             seed,
         }
     }
 
     pub fn session_count(&self) -> usize {
-        self.sess_in.len()
+        self.sessions
     }
 
     pub fn mapping_count(&self) -> usize {
-        self.map_in.len()
+        self.mappings
     }
 
     pub fn sessions_by_proto(&self) -> [u32; Proto::COUNT] {
@@ -108,104 +183,240 @@ impl Tables {
     }
 
     pub fn is_full(&self) -> bool {
-        self.session_count() >= self.max_sessions
+        self.sessions >= self.max_sessions
+    }
+
+    /// Hash of an internal endpoint: what outbound packets look up.
+    #[inline]
+    pub fn hash_in(&self, proto: Proto, addr: u32, port: u16) -> u64 {
+        hash::endpoint(self.seed, proto as u8, addr, port)
+    }
+
+    /// Hash of an external endpoint: what inbound packets look up.
+    #[inline]
+    pub fn hash_out(&self, proto: Proto, addr: u32, port: u16) -> u64 {
+        hash::endpoint(!self.seed, proto as u8, addr, port)
     }
 
     #[inline]
-    pub fn hash_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> u64 {
+    fn extra_hash_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> u64 {
         hash::five_tuple(self.seed, proto as u8, addr, port, rem, rport)
     }
 
     #[inline]
-    pub fn hash_out(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> u64 {
+    fn extra_hash_out(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> u64 {
         hash::five_tuple(!self.seed, proto as u8, addr, port, rem, rport)
     }
 
-    /// Prefetch, stage one: the index bucket of a session key.
+    /// Prefetch, stage one: the index bucket of an endpoint hash.
     #[inline]
-    pub fn prefetch_bucket(&self, outbound: bool, hash: u64) {
-        if outbound { self.sess_in.prefetch(hash) } else { self.sess_out.prefetch(hash) }
+    pub fn prefetch_bucket(&self, hash: u64) {
+        self.index.prefetch(hash);
     }
 
-    /// Prefetch, stage two: the session the (by now loaded) bucket points at.
+    /// Prefetch, stage two: the record the (by now loaded) bucket points at.
     #[inline]
-    pub fn prefetch_session(&self, outbound: bool, hash: u64) {
-        let index = if outbound { &self.sess_in } else { &self.sess_out };
-        if let Some(id) = index.likely(hash) {
-            if let Some(s) = self.sessions.get(id as usize) {
-                crate::table::prefetch(s);
+    pub fn prefetch_record(&self, hash: u64) {
+        if let Some(id) = self.index.likely(hash) {
+            if let Some(r) = self.records.get(id as usize) {
+                prefetch(r);
             }
         }
+    }
+
+    /// Mapping of an internal endpoint, and its session with the remote.
+    #[inline]
+    pub fn lookup_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
+        let mapping = self.find_mapping_in(proto, addr, port)?;
+        let session = self.session_of(mapping, rem, rport, || self.extra_hash_in(proto, addr, port, rem, rport));
+        Some(Found { mapping, session })
+    }
+
+    /// Mapping of an external endpoint, and its session with the remote.
+    #[inline]
+    pub fn lookup_out(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
+        let mapping = self.find_mapping_out(proto, addr, port)?;
+        let session = self.session_of(mapping, rem, rport, || self.extra_hash_out(proto, addr, port, rem, rport));
+        Some(Found { mapping, session })
+    }
+
+    #[inline]
+    fn session_of(&self, mapping: u32, rem: u32, rport: u16, extra_hash: impl FnOnce() -> u64) -> Option<u32> {
+        let r = &self.records[mapping as usize];
+        if r.flags & OWN == 0 {
+            return None;
+        }
+        if r.rem_addr == rem && r.rem_port == rport {
+            return Some(mapping);
+        }
+        if r.extras == NIL {
+            return None;
+        }
+        let extras = &self.extras;
+        self.index.find(extra_hash(), |id| {
+            id & EXTRA != 0 && {
+                let x = &extras[(id & !EXTRA) as usize];
+                x.mapping == mapping && x.rem_addr == rem && x.rem_port == rport
+            }
+        })
     }
 
     /// Session for an outbound packet: (internal endpoint, remote endpoint).
     #[inline]
     pub fn find_session_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
-        let s = &self.sessions;
-        self.sess_in.find(self.hash_in(proto, addr, port, rem, rport), |i| {
-            let e = &s[i as usize];
-            e.int_addr == addr && e.rem_addr == rem && e.int_port == port && e.rem_port == rport && e.proto == proto
-        })
+        self.lookup_in(proto, addr, port, rem, rport)?.session
     }
 
     /// Session for an inbound packet: (external endpoint, remote endpoint).
     #[inline]
     pub fn find_session_out(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
-        let s = &self.sessions;
-        self.sess_out.find(self.hash_out(proto, addr, port, rem, rport), |i| {
-            let e = &s[i as usize];
-            e.ext_addr == addr && e.rem_addr == rem && e.ext_port == port && e.rem_port == rport && e.proto == proto
-        })
+        self.lookup_out(proto, addr, port, rem, rport)?.session
     }
 
+    #[inline]
     pub fn find_mapping_in(&self, proto: Proto, addr: u32, port: u16) -> Option<u32> {
-        let m = &self.mappings;
-        self.map_in.find(hash::endpoint(self.seed, proto as u8, addr, port), |i| {
-            let e = &m[i as usize];
-            e.int_addr == addr && e.int_port == port && e.proto == proto
+        let r = &self.records;
+        self.index.find(self.hash_in(proto, addr, port), |id| {
+            id & EXTRA == 0 && {
+                let e = &r[id as usize];
+                e.int_addr == addr && e.int_port == port && e.proto == proto
+            }
         })
     }
 
+    #[inline]
     pub fn find_mapping_out(&self, proto: Proto, addr: u32, port: u16) -> Option<u32> {
-        let m = &self.mappings;
-        self.map_out.find(hash::endpoint(!self.seed, proto as u8, addr, port), |i| {
-            let e = &m[i as usize];
-            e.ext_addr == addr && e.ext_port == port && e.proto == proto
+        let r = &self.records;
+        self.index.find(self.hash_out(proto, addr, port), |id| {
+            id & EXTRA == 0 && {
+                let e = &r[id as usize];
+                e.ext_addr == addr && e.ext_port == port && e.proto == proto
+            }
         })
+    }
+
+    pub fn mapping(&self, id: u32) -> Mapping {
+        let r = &self.records[id as usize];
+        Mapping { int_addr: r.int_addr, ext_addr: r.ext_addr, int_port: r.int_port, ext_port: r.ext_port, proto: r.proto, flags: r.flags & PUBLIC_FLAGS }
+    }
+
+    pub fn session(&self, id: u32) -> Session {
+        if id & EXTRA == 0 {
+            let r = &self.records[id as usize];
+            return Session {
+                int_addr: r.int_addr,
+                ext_addr: r.ext_addr,
+                rem_addr: r.rem_addr,
+                int_port: r.int_port,
+                ext_port: r.ext_port,
+                rem_port: r.rem_port,
+                proto: r.proto,
+                state: r.state,
+                class: r.class,
+                mapping: id,
+                last_used: r.last_used,
+            };
+        }
+        let x = &self.extras[(id & !EXTRA) as usize];
+        let r = &self.records[x.mapping as usize];
+        Session {
+            int_addr: r.int_addr,
+            ext_addr: r.ext_addr,
+            rem_addr: x.rem_addr,
+            int_port: r.int_port,
+            ext_port: r.ext_port,
+            rem_port: x.rem_port,
+            proto: r.proto,
+            state: x.state,
+            class: x.class,
+            mapping: x.mapping,
+            last_used: x.last_used,
+        }
+    }
+
+    /// Whether `id` names a session that is still there.
+    pub fn is_live(&self, id: u32) -> bool {
+        if id & EXTRA == 0 {
+            self.records.get(id as usize).is_some_and(|r| r.flags & (LIVE | OWN) == LIVE | OWN)
+        } else {
+            self.extras.get((id & !EXTRA) as usize).is_some_and(|x| x.live)
+        }
+    }
+
+    /// The tracker state of a session, to update in place.
+    #[inline]
+    pub fn state_mut(&mut self, id: u32) -> &mut u8 {
+        if id & EXTRA == 0 {
+            &mut self.records[id as usize].state
+        } else {
+            &mut self.extras[(id & !EXTRA) as usize].state
+        }
+    }
+
+    pub fn has_sessions(&self, mapping: u32) -> bool {
+        self.records[mapping as usize].flags & OWN != 0
     }
 
     pub fn insert_mapping(&mut self, m: Mapping) -> Result<u32, TableFull> {
-        let id = match self.free_mappings.pop() {
-            Some(id) => {
-                self.mappings[id as usize] = m;
-                id
-            }
-            None => {
-                self.mappings.push(m);
-                (self.mappings.len() - 1) as u32
-            }
+        if self.mappings >= self.max_mappings {
+            return Err(TableFull);
+        }
+        let rec = Record {
+            int_addr: m.int_addr,
+            ext_addr: m.ext_addr,
+            rem_addr: 0,
+            extras: NIL,
+            last_used: 0,
+            int_port: m.int_port,
+            ext_port: m.ext_port,
+            rem_port: 0,
+            armed: 0,
+            proto: m.proto,
+            flags: (m.flags & PUBLIC_FLAGS) | LIVE,
+            state: 0,
+            class: TimeoutClass::Udp,
         };
-        let hin = hash::endpoint(self.seed, m.proto as u8, m.int_addr, m.int_port);
-        let hout = hash::endpoint(!self.seed, m.proto as u8, m.ext_addr, m.ext_port);
-        if self.map_in.insert(hin, id).is_err() {
-            self.free_mappings.push(id);
+        let id = if self.free_record != NIL {
+            let id = self.free_record;
+            self.free_record = self.records[id as usize].extras;
+            self.records[id as usize] = rec;
+            id
+        } else {
+            self.records.push(rec);
+            (self.records.len() - 1) as u32
+        };
+        let hin = self.hash_in(m.proto, m.int_addr, m.int_port);
+        let hout = self.hash_out(m.proto, m.ext_addr, m.ext_port);
+        if self.index.insert(hin, id).is_err() {
+            self.free_record_slot(id);
             return Err(TableFull);
         }
-        if self.map_out.insert(hout, id).is_err() {
-            self.map_in.remove(hin, id);
-            self.free_mappings.push(id);
+        if self.index.insert(hout, id).is_err() {
+            self.index.remove(hin, id);
+            self.free_record_slot(id);
             return Err(TableFull);
         }
+        self.mappings += 1;
         self.mappings_by_proto[m.proto as usize] += 1;
         Ok(id)
     }
 
+    fn free_record_slot(&mut self, id: u32) {
+        let r = &mut self.records[id as usize];
+        r.flags = 0;
+        r.extras = self.free_record;
+        self.free_record = id;
+    }
+
+    /// Removes a mapping that has no session left.
     pub fn remove_mapping(&mut self, id: u32) {
-        let m = self.mappings[id as usize];
-        self.map_in.remove(hash::endpoint(self.seed, m.proto as u8, m.int_addr, m.int_port), id);
-        self.map_out.remove(hash::endpoint(!self.seed, m.proto as u8, m.ext_addr, m.ext_port), id);
-        self.free_mappings.push(id);
-        self.mappings_by_proto[m.proto as usize] -= 1;
+        let r = self.records[id as usize];
+        debug_assert!(r.flags & OWN == 0 && r.extras == NIL, "mapping removed with sessions");
+        self.index.remove(self.hash_in(r.proto, r.int_addr, r.int_port), id);
+        self.index.remove(self.hash_out(r.proto, r.ext_addr, r.ext_port), id);
+        self.free_record_slot(id);
+        self.mappings -= 1;
+        self.mappings_by_proto[r.proto as usize] -= 1;
     }
 
     /// Adds a session to `mapping` for the remote endpoint.
@@ -213,174 +424,282 @@ impl Tables {
         if self.is_full() {
             return Err(TableFull);
         }
-        let m = self.mappings[mapping as usize];
-        let s = Session {
-            int_addr: m.int_addr,
-            ext_addr: m.ext_addr,
-            rem_addr: rem,
-            int_port: m.int_port,
-            ext_port: m.ext_port,
-            rem_port: rport,
-            proto: m.proto,
-            state,
-            class,
-            mapping,
-            last_used: now_s,
-            lru_prev: NIL,
-            lru_next: NIL,
-            sib_prev: NIL,
-            sib_next: m.first_session,
+        let r = self.records[mapping as usize];
+        let id = if r.flags & OWN == 0 {
+            let rec = &mut self.records[mapping as usize];
+            rec.rem_addr = rem;
+            rec.rem_port = rport;
+            rec.state = state;
+            rec.class = class;
+            rec.last_used = now_s;
+            rec.flags |= OWN;
+            mapping
+        } else {
+            self.insert_extra(mapping, &r, rem, rport, state, class, now_s)?
         };
-        let id = match self.free_sessions.pop() {
-            Some(id) => {
-                self.sessions[id as usize] = s;
-                id
-            }
-            None => {
-                self.sessions.push(s);
-                (self.sessions.len() - 1) as u32
-            }
-        };
-        let hin = self.hash_in(m.proto, m.int_addr, m.int_port, rem, rport);
-        let hout = self.hash_out(m.proto, m.ext_addr, m.ext_port, rem, rport);
-        if self.sess_in.insert(hin, id).is_err() {
-            self.free_sessions.push(id);
-            return Err(TableFull);
-        }
-        if self.sess_out.insert(hout, id).is_err() {
-            self.sess_in.remove(hin, id);
-            self.free_sessions.push(id);
-            return Err(TableFull);
-        }
-        if m.first_session != NIL {
-            self.sessions[m.first_session as usize].sib_prev = id;
-        }
-        let mm = &mut self.mappings[mapping as usize];
-        mm.first_session = id;
-        mm.sessions += 1;
-        self.lru_push_tail(id);
-        self.sessions_by_proto[m.proto as usize] += 1;
+        self.arm(id, self.deadline(now_s, class));
+        self.sessions += 1;
+        self.sessions_by_proto[r.proto as usize] += 1;
         Ok(id)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert_extra(&mut self, mapping: u32, r: &Record, rem: u32, rport: u16, state: u8, class: TimeoutClass, now_s: u32) -> Result<u32, TableFull> {
+        let x = Extra { mapping, rem_addr: rem, last_used: now_s, next: r.extras, prev: NIL, rem_port: rport, armed: 0, state, class, live: true };
+        let slot = if self.free_extra != NIL {
+            let slot = self.free_extra;
+            self.free_extra = self.extras[slot as usize].next;
+            self.extras[slot as usize] = x;
+            slot
+        } else {
+            if self.extras.len() as u32 >= EXTRA - 1 {
+                return Err(TableFull);
+            }
+            self.extras.push(x);
+            (self.extras.len() - 1) as u32
+        };
+        let id = slot | EXTRA;
+        let hin = self.extra_hash_in(r.proto, r.int_addr, r.int_port, rem, rport);
+        let hout = self.extra_hash_out(r.proto, r.ext_addr, r.ext_port, rem, rport);
+        if self.index.insert(hin, id).is_err() {
+            self.free_extra_slot(slot);
+            return Err(TableFull);
+        }
+        if self.index.insert(hout, id).is_err() {
+            self.index.remove(hin, id);
+            self.free_extra_slot(slot);
+            return Err(TableFull);
+        }
+        if r.extras != NIL {
+            self.extras[r.extras as usize].prev = slot;
+        }
+        self.records[mapping as usize].extras = slot;
+        Ok(id)
+    }
+
+    fn free_extra_slot(&mut self, slot: u32) {
+        let x = &mut self.extras[slot as usize];
+        x.live = false;
+        x.next = self.free_extra;
+        self.free_extra = slot;
     }
 
     /// Unlinks and frees a session; returns a copy for the caller's bookkeeping.
     pub fn remove_session(&mut self, id: u32) -> Session {
-        let s = self.sessions[id as usize];
-        self.sess_in.remove(self.hash_in(s.proto, s.int_addr, s.int_port, s.rem_addr, s.rem_port), id);
-        self.sess_out.remove(self.hash_out(s.proto, s.ext_addr, s.ext_port, s.rem_addr, s.rem_port), id);
-        self.lru_unlink(id);
-        if s.sib_prev != NIL {
-            self.sessions[s.sib_prev as usize].sib_next = s.sib_next;
+        let s = self.session(id);
+        if id & EXTRA == 0 {
+            self.records[id as usize].flags &= !OWN;
+            if self.records[id as usize].extras != NIL {
+                self.promote_extra(id);
+            }
         } else {
-            self.mappings[s.mapping as usize].first_session = s.sib_next;
+            self.remove_extra(id & !EXTRA);
         }
-        if s.sib_next != NIL {
-            self.sessions[s.sib_next as usize].sib_prev = s.sib_prev;
-        }
-        self.mappings[s.mapping as usize].sessions -= 1;
-        self.free_sessions.push(id);
+        self.sessions -= 1;
         self.sessions_by_proto[s.proto as usize] -= 1;
         s
+    }
+
+    fn remove_extra(&mut self, slot: u32) {
+        let x = self.extras[slot as usize];
+        let r = self.records[x.mapping as usize];
+        self.index.remove(self.extra_hash_in(r.proto, r.int_addr, r.int_port, x.rem_addr, x.rem_port), slot | EXTRA);
+        self.index.remove(self.extra_hash_out(r.proto, r.ext_addr, r.ext_port, x.rem_addr, x.rem_port), slot | EXTRA);
+        if x.prev != NIL {
+            self.extras[x.prev as usize].next = x.next;
+        } else {
+            self.records[x.mapping as usize].extras = x.next;
+        }
+        if x.next != NIL {
+            self.extras[x.next as usize].prev = x.prev;
+        }
+        self.free_extra_slot(slot);
+    }
+
+    /// The own session ended while extras live: the first extra becomes the
+    /// own session, so lookups keep finding extras only behind a live own.
+    fn promote_extra(&mut self, mapping: u32) {
+        let slot = self.records[mapping as usize].extras;
+        let x = self.extras[slot as usize];
+        self.remove_extra(slot);
+        let r = &mut self.records[mapping as usize];
+        r.rem_addr = x.rem_addr;
+        r.rem_port = x.rem_port;
+        r.state = x.state;
+        r.class = x.class;
+        r.last_used = x.last_used;
+        r.flags |= OWN;
+        self.arm(mapping, self.deadline(x.last_used, x.class));
     }
 
     /// Marks a session used now, in its (possibly new) timeout class.
     #[inline]
     pub fn touch(&mut self, id: u32, now_s: u32, class: TimeoutClass) {
-        let s = &self.sessions[id as usize];
-        if s.last_used == now_s && s.class == class {
-            return; // already at the tail of its list for this second
+        let old = self.timer_of(id).1;
+        self.set_timer(id, now_s, class);
+        if class != old {
+            self.rearm_if_sooner(id);
         }
-        self.lru_unlink(id);
-        let s = &mut self.sessions[id as usize];
-        s.last_used = now_s;
-        s.class = class;
-        self.lru_push_tail(id);
     }
 
     /// Changes a session's class without refreshing it (inbound packets when
     /// inbound refresh is off still advance TCP state).
     pub fn reclassify(&mut self, id: u32, class: TimeoutClass) {
-        if self.sessions[id as usize].class == class {
+        let (last_used, old) = self.timer_of(id);
+        if class != old {
+            self.set_timer(id, last_used, class);
+            self.rearm_if_sooner(id);
+        }
+    }
+
+    #[inline]
+    fn timer_of(&self, id: u32) -> (u32, TimeoutClass) {
+        if id & EXTRA == 0 {
+            let r = &self.records[id as usize];
+            (r.last_used, r.class)
+        } else {
+            let x = &self.extras[(id & !EXTRA) as usize];
+            (x.last_used, x.class)
+        }
+    }
+
+    #[inline]
+    fn set_timer(&mut self, id: u32, last_used: u32, class: TimeoutClass) {
+        if id & EXTRA == 0 {
+            let r = &mut self.records[id as usize];
+            r.last_used = last_used;
+            r.class = class;
+        } else {
+            let x = &mut self.extras[(id & !EXTRA) as usize];
+            x.last_used = last_used;
+            x.class = class;
+        }
+    }
+
+    #[inline]
+    fn armed_of(&self, id: u32) -> u16 {
+        if id & EXTRA == 0 {
+            self.records[id as usize].armed
+        } else {
+            self.extras[(id & !EXTRA) as usize].armed
+        }
+    }
+
+    /// The first second at which a session used at `last_used` has been idle
+    /// longer than its class's timeout.
+    #[inline]
+    fn deadline(&self, last_used: u32, class: TimeoutClass) -> u32 {
+        last_used.saturating_add(self.timeouts[class as usize]).saturating_add(1)
+    }
+
+    /// The full second a live session's wheel entry fires at: it always lies
+    /// within the wheel's span after the last second run.
+    fn armed_second(&self, id: u32) -> u32 {
+        let ahead = self.armed_of(id).wrapping_sub(self.wheel_done as u16);
+        self.wheel_done + u32::from(ahead)
+    }
+
+    /// A shorter timeout than the one armed for: fire sooner.
+    fn rearm_if_sooner(&mut self, id: u32) {
+        let (last_used, class) = self.timer_of(id);
+        let due = self.deadline(last_used, class);
+        if due < self.armed_second(id) {
+            self.arm(id, due);
+        }
+    }
+
+    /// Queues `id` on the wheel for second `due`, or as close to it as the
+    /// wheel reaches.
+    fn arm(&mut self, id: u32, due: u32) {
+        let at = due.clamp(self.wheel_done + 1, self.wheel_done + WHEEL_SLOTS);
+        if id & EXTRA == 0 {
+            self.records[id as usize].armed = at as u16;
+        } else {
+            self.extras[(id & !EXTRA) as usize].armed = at as u16;
+        }
+        self.wheel[(at & WHEEL_MASK) as usize].push(id);
+    }
+
+    /// Runs the wheel up to `now_s` and appends to `expired` every session
+    /// idle past its timeout, each once, extras before own sessions (so an
+    /// own session's end promotes only an extra that is staying).
+    pub fn expire(&mut self, now_s: u32, expired: &mut Vec<u32>) {
+        if now_s <= self.wheel_done {
             return;
         }
-        // Appending keeps this O(1); an entry older than its new neighbours can
-        // only expire late (never early), as expiry stops at the first live head.
-        self.lru_unlink(id);
-        self.sessions[id as usize].class = class;
-        self.lru_push_tail(id);
+        let start = expired.len();
+        let first = if now_s - self.wheel_done > WHEEL_SLOTS { now_s - WHEEL_SLOTS + 1 } else { self.wheel_done + 1 };
+        for t in first..=now_s {
+            let slot = (t & WHEEL_MASK) as usize;
+            let mut ids = std::mem::take(&mut self.wheel[slot]);
+            for &id in &ids {
+                // Stale: the session ended, or was armed again elsewhere.
+                if !self.is_live(id) || u32::from(self.armed_of(id)) & WHEEL_MASK != slot as u32 {
+                    continue;
+                }
+                let (last_used, class) = self.timer_of(id);
+                let due = self.deadline(last_used, class);
+                if due <= now_s {
+                    expired.push(id);
+                } else {
+                    self.wheel_done = now_s;
+                    self.arm(id, due);
+                }
+            }
+            // Keep the slot's allocation for its next turn.
+            ids.clear();
+            ids.append(&mut self.wheel[slot]);
+            self.wheel[slot] = ids;
+        }
+        self.wheel_done = now_s;
+        let mut found = expired.split_off(start);
+        found.sort_unstable_by(|a, b| b.cmp(a));
+        found.dedup();
+        expired.append(&mut found);
     }
 
-    /// The least recently used session of `class`.
-    pub fn oldest(&self, class: TimeoutClass) -> Option<u32> {
-        let head = self.lru[class as usize].0;
-        (head != NIL).then_some(head)
+    /// New idle timeouts (a reload): sessions now due sooner are re-armed.
+    pub fn set_timeouts(&mut self, timeouts: [u32; TimeoutClass::COUNT]) {
+        let shorter = timeouts.iter().zip(self.timeouts.iter()).any(|(new, old)| new < old);
+        self.timeouts = timeouts;
+        if shorter {
+            let ids: Vec<u32> = self.live_sessions().collect();
+            for id in ids {
+                self.rearm_if_sooner(id);
+            }
+        }
     }
 
-    /// Every live session: each is in exactly one timeout class's LRU list.
+    /// Every live session.
     pub fn live_sessions(&self) -> impl Iterator<Item = u32> + '_ {
-        TimeoutClass::ALL.into_iter().flat_map(move |class| {
-            let mut next = self.lru[class as usize].0;
-            std::iter::from_fn(move || {
-                let id = next;
-                (id != NIL).then(|| {
-                    next = self.sessions[id as usize].lru_next;
-                    id
-                })
-            })
-        })
+        (0..self.records.len() as u32).filter(|&m| self.records[m as usize].flags & LIVE != 0).flat_map(move |m| self.sessions_of(m))
+    }
+
+    /// Every live mapping.
+    pub fn live_mappings(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.records.len() as u32).filter(|&m| self.records[m as usize].flags & LIVE != 0)
     }
 
     /// Sessions of a mapping.
     pub fn sessions_of(&self, mapping: u32) -> SessionsOf<'_> {
-        SessionsOf { tables: self, next: self.mappings[mapping as usize].first_session }
+        let r = &self.records[mapping as usize];
+        let own = r.flags & OWN != 0;
+        SessionsOf { tables: self, own: own.then_some(mapping), next: if own { r.extras } else { NIL } }
     }
 
-    fn lru_unlink(&mut self, id: u32) {
-        let (prev, next, class) = {
-            let s = &self.sessions[id as usize];
-            (s.lru_prev, s.lru_next, s.class as usize)
-        };
-        if prev != NIL {
-            self.sessions[prev as usize].lru_next = next;
-        } else {
-            self.lru[class].0 = next;
-        }
-        if next != NIL {
-            self.sessions[next as usize].lru_prev = prev;
-        } else {
-            self.lru[class].1 = prev;
-        }
-    }
-
-    fn lru_push_tail(&mut self, id: u32) {
-        let class = self.sessions[id as usize].class as usize;
-        let tail = self.lru[class].1;
-        {
-            let s = &mut self.sessions[id as usize];
-            s.lru_prev = tail;
-            s.lru_next = NIL;
-        }
-        if tail != NIL {
-            self.sessions[tail as usize].lru_next = id;
-        } else {
-            self.lru[class].0 = id;
-        }
-        self.lru[class].1 = id;
-    }
-
-    /// Bytes of slabs and indices as allocated.
+    /// Bytes of slabs, index and wheel as allocated.
     pub fn memory_bytes(&self) -> usize {
-        self.sessions.capacity() * core::mem::size_of::<Session>()
-            + self.mappings.capacity() * core::mem::size_of::<Mapping>()
-            + self.sess_in.memory_bytes()
-            + self.sess_out.memory_bytes()
-            + self.map_in.memory_bytes()
-            + self.map_out.memory_bytes()
+        self.records.capacity() * core::mem::size_of::<Record>()
+            + self.extras.capacity() * core::mem::size_of::<Extra>()
+            + self.index.memory_bytes()
+            + self.wheel.iter().map(|s| s.capacity() * 4).sum::<usize>()
+            + self.wheel.capacity() * core::mem::size_of::<Vec<u32>>()
     }
 }
 
 pub struct SessionsOf<'a> {
     tables: &'a Tables,
+    own: Option<u32>,
     next: u32,
 }
 
@@ -388,12 +707,15 @@ impl Iterator for SessionsOf<'_> {
     type Item = u32;
 
     fn next(&mut self) -> Option<u32> {
+        if let Some(own) = self.own.take() {
+            return Some(own);
+        }
         if self.next == NIL {
             return None;
         }
-        let id = self.next;
-        self.next = self.tables.sessions[id as usize].sib_next;
-        Some(id)
+        let slot = self.next;
+        self.next = self.tables.extras[slot as usize].next;
+        Some(slot | EXTRA)
     }
 }
 
@@ -401,63 +723,164 @@ impl Iterator for SessionsOf<'_> {
 mod tests {
     use super::*;
 
+    const TIMEOUTS: [u32; TimeoutClass::COUNT] = [120, 7440, 240, 60];
+
     fn mapping(int_port: u16, ext_port: u16) -> Mapping {
-        Mapping {
-            int_addr: 0x6440_000a,
-            ext_addr: 0xcb00_7101,
-            int_port,
-            ext_port,
-            proto: Proto::Udp,
-            flags: 0,
-            subscriber: 0,
-            ext_index: 0,
-            first_session: NIL,
-            sessions: 0,
-        }
+        Mapping { int_addr: 0x6440_000a, ext_addr: 0xcb00_7101, int_port, ext_port, proto: Proto::Udp, flags: 0 }
+    }
+
+    fn expire(t: &mut Tables, now: u32) -> Vec<u32> {
+        let mut v = Vec::new();
+        t.expire(now, &mut v);
+        v
     }
 
     #[test]
-    fn session_is_48_bytes() {
-        assert_eq!(core::mem::size_of::<Session>(), 48);
+    fn record_is_half_a_cache_line() {
+        assert_eq!(core::mem::size_of::<Record>(), 32);
+        assert_eq!(core::mem::align_of::<Record>(), 32);
+        assert!(core::mem::size_of::<Extra>() <= 28);
     }
 
     #[test]
     fn both_directions_find_the_same_session() {
-        let mut t = Tables::new(16, 0, 7);
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         let s = t.insert_session(m, 0xc633_6435, 53, 0, TimeoutClass::Udp, 1).unwrap();
         assert_eq!(t.find_session_in(Proto::Udp, 0x6440_000a, 4000, 0xc633_6435, 53), Some(s));
         assert_eq!(t.find_session_out(Proto::Udp, 0xcb00_7101, 5000, 0xc633_6435, 53), Some(s));
         assert_eq!(t.find_session_out(Proto::Tcp, 0xcb00_7101, 5000, 0xc633_6435, 53), None);
         assert_eq!(t.find_mapping_out(Proto::Udp, 0xcb00_7101, 5000), Some(m));
+        assert_eq!(t.lookup_out(Proto::Udp, 0xcb00_7101, 5000, 1, 1), Some(Found { mapping: m, session: None }));
         t.remove_session(s);
         assert_eq!(t.find_session_in(Proto::Udp, 0x6440_000a, 4000, 0xc633_6435, 53), None);
-        assert_eq!(t.mappings[m as usize].sessions, 0);
+        assert!(!t.has_sessions(m));
     }
 
     #[test]
-    fn lru_keeps_oldest_at_head_and_siblings_unlink() {
-        let mut t = Tables::new(16, 0, 7);
+    fn extras_are_found_both_ways_and_one_moves_in_when_the_own_session_ends() {
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         let a = t.insert_session(m, 1, 1, 0, TimeoutClass::Udp, 1).unwrap();
         let b = t.insert_session(m, 2, 2, 0, TimeoutClass::Udp, 2).unwrap();
         let c = t.insert_session(m, 3, 3, 0, TimeoutClass::Udp, 3).unwrap();
-        assert_eq!(t.oldest(TimeoutClass::Udp), Some(a));
-        t.touch(a, 4, TimeoutClass::Udp);
-        assert_eq!(t.oldest(TimeoutClass::Udp), Some(b));
-        t.remove_session(b);
+        assert_eq!(a, m);
+        assert_eq!(t.find_session_in(Proto::Udp, 0x6440_000a, 4000, 2, 2), Some(b));
+        assert_eq!(t.find_session_out(Proto::Udp, 0xcb00_7101, 5000, 3, 3), Some(c));
+        assert_eq!(t.session_count(), 3);
+        t.remove_session(a);
+        let own = t.find_session_in(Proto::Udp, 0x6440_000a, 4000, 3, 3).unwrap();
+        assert_eq!(own, m, "the first extra (newest) moved into the record");
+        assert_eq!(t.session(own).last_used, 3);
+        assert_eq!(t.find_session_out(Proto::Udp, 0xcb00_7101, 5000, 2, 2), Some(b));
         let mut sibs: Vec<u32> = t.sessions_of(m).collect();
         sibs.sort_unstable();
-        assert_eq!(sibs, vec![a, c]);
-        assert_eq!(t.oldest(TimeoutClass::Udp), Some(c));
+        assert_eq!(sibs, vec![m, b]);
+        assert_eq!(t.live_sessions().count(), 2);
+    }
+
+    #[test]
+    fn sessions_expire_the_second_after_their_timeout_and_refresh_postpones() {
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let m1 = t.insert_mapping(mapping(4000, 5000)).unwrap();
+        let m2 = t.insert_mapping(mapping(4001, 5001)).unwrap();
+        let a = t.insert_session(m1, 1, 1, 0, TimeoutClass::Udp, 10).unwrap();
+        let b = t.insert_session(m2, 2, 2, 0, TimeoutClass::Udp, 10).unwrap();
+        t.touch(b, 100, TimeoutClass::Udp);
+        assert!(expire(&mut t, 130).is_empty(), "120 s idle is not past the timeout");
+        assert_eq!(expire(&mut t, 131), vec![a]);
+        t.remove_session(a);
+        assert!(expire(&mut t, 220).is_empty());
+        assert_eq!(expire(&mut t, 221), vec![b]);
+    }
+
+    #[test]
+    fn a_shorter_class_fires_sooner_and_long_timeouts_outlast_the_wheel() {
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let m1 = t.insert_mapping(mapping(4000, 5000)).unwrap();
+        let m2 = t.insert_mapping(mapping(4001, 5001)).unwrap();
+        let a = t.insert_session(m1, 1, 1, 0, TimeoutClass::TcpEstablished, 0).unwrap();
+        let b = t.insert_session(m2, 2, 2, 0, TimeoutClass::TcpEstablished, 0).unwrap();
+        t.reclassify(a, TimeoutClass::TcpTransitory);
+        assert!(expire(&mut t, 240).is_empty());
+        assert_eq!(expire(&mut t, 241), vec![a]);
+        t.remove_session(a);
+        for now in (242..7441).step_by(97) {
+            assert!(expire(&mut t, now).is_empty(), "at {now}");
+        }
+        assert!(expire(&mut t, 7440).is_empty());
+        assert_eq!(expire(&mut t, 7441), vec![b]);
+    }
+
+    #[test]
+    fn a_clock_jump_expires_everything_due_once() {
+        let mut t = Tables::new(64, 0, 7, TIMEOUTS);
+        let mut ids = Vec::new();
+        for i in 0..20u16 {
+            let m = t.insert_mapping(mapping(4000 + i, 5000 + i)).unwrap();
+            ids.push(t.insert_session(m, 9, 9, 0, TimeoutClass::Udp, u32::from(i)).unwrap());
+            ids.push(t.insert_session(m, 8, 8, 0, TimeoutClass::Udp, u32::from(i)).unwrap());
+        }
+        let mut got = expire(&mut t, 1_000_000);
+        got.sort_unstable();
+        ids.sort_unstable();
+        assert_eq!(got, ids);
+    }
+
+    #[test]
+    fn shorter_timeouts_on_reload_apply_to_live_sessions() {
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
+        let a = t.insert_session(m, 1, 1, 0, TimeoutClass::Udp, 0).unwrap();
+        t.set_timeouts([30, 7440, 240, 60]);
+        assert!(expire(&mut t, 30).is_empty());
+        assert_eq!(expire(&mut t, 31), vec![a]);
     }
 
     #[test]
     fn full_table_refuses() {
-        let mut t = Tables::new(2, 0, 7);
+        let mut t = Tables::new(2, 0, 7, TIMEOUTS);
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         t.insert_session(m, 1, 1, 0, TimeoutClass::Udp, 1).unwrap();
         t.insert_session(m, 2, 1, 0, TimeoutClass::Udp, 1).unwrap();
         assert!(t.insert_session(m, 3, 1, 0, TimeoutClass::Udp, 1).is_err());
+    }
+
+    proptest::proptest! {
+        /// Against a plain model: any mix of inserts and removals leaves
+        /// exactly the live sessions findable, both ways.
+        #[test]
+        fn behaves_like_a_set_of_sessions(ops in proptest::collection::vec((0u8..3, 0u16..6, 0u32..5), 1..300)) {
+            let mut t = Tables::new(64, 0, 7, TIMEOUTS);
+            let mut model = std::collections::HashSet::new();
+            for (op, port, rem) in ops {
+                match op {
+                    0 | 1 => if model.insert((port, rem)) {
+                        let mid = t.find_mapping_in(Proto::Udp, 0x6440_000a, 4000 + port)
+                            .unwrap_or_else(|| t.insert_mapping(mapping(4000 + port, 5000 + port)).unwrap());
+                        t.insert_session(mid, rem, 7, 0, TimeoutClass::Udp, 1).unwrap();
+                    },
+                    _ => if model.remove(&(port, rem)) {
+                        let s = t.find_session_in(Proto::Udp, 0x6440_000a, 4000 + port, rem, 7).unwrap();
+                        let gone = t.remove_session(s);
+                        proptest::prop_assert_eq!((gone.rem_addr, gone.int_port), (rem, 4000 + port));
+                        if !t.has_sessions(gone.mapping) { t.remove_mapping(gone.mapping); }
+                    },
+                }
+                for port in 0..6u16 {
+                    for rem in 0..5u32 {
+                        let inn = t.find_session_in(Proto::Udp, 0x6440_000a, 4000 + port, rem, 7);
+                        let out = t.find_session_out(Proto::Udp, 0xcb00_7101, 5000 + port, rem, 7);
+                        proptest::prop_assert_eq!(inn.is_some(), model.contains(&(port, rem)));
+                        proptest::prop_assert_eq!(inn, out);
+                        if let Some(s) = inn {
+                            proptest::prop_assert_eq!(t.session(s).rem_addr, rem);
+                        }
+                    }
+                }
+                proptest::prop_assert_eq!(t.session_count(), model.len());
+                proptest::prop_assert_eq!(t.live_sessions().count(), model.len());
+            }
+        }
     }
 }

@@ -2,13 +2,19 @@
 //!
 //! The index stores no keys: callers keep entries in their own slab and pass an
 //! equality test, so one entry can be indexed under several keys (both
-//! directions of a session). A bucket is one 64-byte cache line holding eight
-//! 32-bit tags and eight entry ids; lookups compare the eight tags of a bucket
-//! together and usually touch one line. Collisions spill linearly into the next
-//! bucket; a per-bucket spill counter tells lookups when they may stop, so
-//! removals need no tombstones.
+//! directions of a session). A bucket is one 64-byte cache line holding ten
+//! 16-bit tags, ten entry ids and a spill count; lookups compare the ten tags
+//! of a bucket together and usually touch that one line and nothing else.
+//! Collisions spill linearly into the next bucket; the spill count tells
+//! lookups when they may stop, so removals need no tombstones. Buckets are
+//! sized for a load of at most 85% and picked by multiply-shift rather than a
+//! power-of-two mask, so an index costs about 7.5 bytes per entry whatever
+//! its size.
 
-const SLOTS: usize = 8;
+const SLOTS: usize = 10;
+/// Buckets per entry of capacity: 85% load at most (1 / (10 * 0.85)).
+const LOAD_NUM: usize = 2;
+const LOAD_DEN: usize = 17;
 
 /// A hint to the CPU: start loading the cache line holding `r`.
 #[inline]
@@ -26,39 +32,54 @@ const EMPTY: u32 = 0;
 #[derive(Clone, Copy, Default)]
 #[repr(C, align(64))]
 struct Bucket {
-    tags: [u32; SLOTS],
+    /// 0 marks a free slot; a live entry's tag is never 0.
+    tags: [u16; SLOTS],
+    /// How many entries living further on had their home at or before this
+    /// bucket and probed past it (saturating: a saturated count is never
+    /// decremented).
+    spills: u8,
+    _pad: [u8; 3],
     /// Entry id + 1; 0 marks a free slot.
     vals: [u32; SLOTS],
 }
 
+impl Bucket {
+    /// Bit i set where slot i holds `tag`: one vector compare on x86-64.
+    #[inline]
+    fn matches(&self, tag: u16) -> u32 {
+        let mut m = 0u32;
+        for (i, &t) in self.tags.iter().enumerate() {
+            m |= u32::from(t == tag) << i;
+        }
+        m
+    }
+
+    #[inline]
+    fn free_slot(&self) -> Option<usize> {
+        self.vals.iter().position(|&v| v == EMPTY)
+    }
+}
+
 pub struct FlowIndex {
     buckets: Vec<Bucket>,
-    /// How many entries living further on had their home at or before this bucket
-    /// and probed past it (saturating: a saturated counter is never decremented).
-    spills: Vec<u8>,
-    mask: usize,
     len: usize,
 }
 
 #[inline]
-fn tag_of(hash: u64) -> u32 {
-    // The high half picks the tag, the low half the bucket; 0 is reserved.
-    ((hash >> 32) as u32) | 1
+fn tag_of(hash: u64) -> u16 {
+    // The high bits pick the tag, the low half the bucket; 0 is reserved.
+    let t = (hash >> 48) as u16;
+    t | u16::from(t == 0)
 }
 
 impl FlowIndex {
-    /// An index able to hold `capacity` entries at a load of at most 50%.
+    /// An index able to hold `capacity` entries at a load of at most 85%.
     pub fn with_capacity(capacity: usize) -> Self {
-        let buckets = (capacity.max(SLOTS) * 2 / SLOTS).next_power_of_two();
-        let mut table = Vec::with_capacity(buckets);
+        let n = (capacity.max(1) * LOAD_NUM).div_ceil(LOAD_DEN).max(1);
+        let mut table = Vec::with_capacity(n);
         crate::memory::advise_huge_pages(&table);
-        table.resize(buckets, Bucket::default());
-        FlowIndex {
-            buckets: table,
-            spills: vec![0; buckets],
-            mask: buckets - 1,
-            len: 0,
-        }
+        table.resize(n, Bucket::default());
+        FlowIndex { buckets: table, len: 0 }
     }
 
     pub fn len(&self) -> usize {
@@ -71,12 +92,23 @@ impl FlowIndex {
 
     /// Bytes held by the index itself.
     pub fn memory_bytes(&self) -> usize {
-        self.buckets.len() * (core::mem::size_of::<Bucket>() + 1)
+        self.buckets.capacity() * core::mem::size_of::<Bucket>()
+    }
+
+    /// Multiply-shift range reduction of the hash's low half (Lemire's
+    /// "fastrange"): any bucket count, no division.
+    #[inline]
+    fn home(&self, hash: u64) -> usize {
+        ((u64::from(hash as u32) * self.buckets.len() as u64) >> 32) as usize
     }
 
     #[inline]
-    fn home(&self, hash: u64) -> usize {
-        (hash as usize) & self.mask
+    fn next(&self, b: usize) -> usize {
+        if b + 1 == self.buckets.len() {
+            0
+        } else {
+            b + 1
+        }
     }
 
     /// Starts loading the bucket `hash` lives in, so a lookup a little later
@@ -90,9 +122,9 @@ impl FlowIndex {
     /// hit, to prefetch before the real lookup confirms it.
     #[inline]
     pub fn likely(&self, hash: u64) -> Option<u32> {
-        let tag = tag_of(hash);
         let bucket = &self.buckets[self.home(hash)];
-        (0..SLOTS).find(|&i| bucket.tags[i] == tag && bucket.vals[i] != EMPTY).map(|i| bucket.vals[i] - 1)
+        let m = bucket.matches(tag_of(hash));
+        (m != 0).then(|| bucket.vals[m.trailing_zeros() as usize] - 1)
     }
 
     /// Finds the entry indexed under `hash` for which `eq` holds.
@@ -100,17 +132,20 @@ impl FlowIndex {
     pub fn find(&self, hash: u64, mut eq: impl FnMut(u32) -> bool) -> Option<u32> {
         let tag = tag_of(hash);
         let mut b = self.home(hash);
-        for _ in 0..=self.mask {
+        for _ in 0..self.buckets.len() {
             let bucket = &self.buckets[b];
-            for i in 0..SLOTS {
-                if bucket.tags[i] == tag && bucket.vals[i] != EMPTY && eq(bucket.vals[i] - 1) {
-                    return Some(bucket.vals[i] - 1);
+            let mut m = bucket.matches(tag);
+            while m != 0 {
+                let id = bucket.vals[m.trailing_zeros() as usize] - 1;
+                if eq(id) {
+                    return Some(id);
                 }
+                m &= m - 1;
             }
-            if self.spills[b] == 0 {
+            if bucket.spills == 0 {
                 return None;
             }
-            b = (b + 1) & self.mask;
+            b = self.next(b);
         }
         None
     }
@@ -120,18 +155,17 @@ impl FlowIndex {
         if self.len >= self.buckets.len() * SLOTS {
             return Err(TableFull);
         }
-        let tag = tag_of(hash);
         let home = self.home(hash);
         let mut b = home;
         loop {
-            if let Some(i) = self.buckets[b].vals.iter().position(|&v| v == EMPTY) {
-                self.buckets[b].tags[i] = tag;
+            if let Some(i) = self.buckets[b].free_slot() {
+                self.buckets[b].tags[i] = tag_of(hash);
                 self.buckets[b].vals[i] = id + 1;
                 self.len += 1;
                 return Ok(());
             }
-            self.spills[b] = self.spills[b].saturating_add(1);
-            b = (b + 1) & self.mask;
+            self.buckets[b].spills = self.buckets[b].spills.saturating_add(1);
+            b = self.next(b);
             if b == home {
                 return Err(TableFull);
             }
@@ -150,17 +184,17 @@ impl FlowIndex {
                 self.len -= 1;
                 let mut p = home;
                 while p != b {
-                    if self.spills[p] != u8::MAX {
-                        self.spills[p] -= 1;
+                    if self.buckets[p].spills != u8::MAX {
+                        self.buckets[p].spills -= 1;
                     }
-                    p = (p + 1) & self.mask;
+                    p = self.next(p);
                 }
                 return true;
             }
-            if self.spills[b] == 0 {
+            if self.buckets[b].spills == 0 {
                 return false;
             }
-            b = (b + 1) & self.mask;
+            b = self.next(b);
             if b == home {
                 return false;
             }
@@ -201,6 +235,21 @@ mod tests {
             assert_eq!(found.is_some(), id % 2 == 1, "id {id}");
         }
         assert_eq!(t.len(), 15);
+    }
+
+    #[test]
+    fn holds_its_whole_capacity_and_finds_every_entry() {
+        for capacity in [1, 17, 1000, 100_000] {
+            let mut t = FlowIndex::with_capacity(capacity);
+            let h = |k: u32| u64::from(k).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(17);
+            for k in 0..capacity as u32 {
+                t.insert(h(k), k).unwrap();
+            }
+            for k in 0..capacity as u32 {
+                assert_eq!(t.find(h(k), |e| e == k), Some(k), "capacity {capacity}");
+            }
+            assert!(t.memory_bytes() <= 64 * (capacity * 2).div_ceil(17));
+        }
     }
 
     proptest::proptest! {

@@ -23,40 +23,41 @@ pub mod proto {
     pub const UDP: u8 = 17;
 }
 
-#[inline]
+// One bounds check per access, and always inlined: these sit on the per-packet path.
+#[inline(always)]
 pub(crate) fn get_u16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
+    u16::from_be_bytes(b[at..at + 2].try_into().expect("2 bytes"))
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn set_u16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_be_bytes());
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn get_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-#[inline]
+#[inline(always)]
 pub(crate) fn set_u32(b: &mut [u8], at: usize, v: u32) {
     b[at..at + 4].copy_from_slice(&v.to_be_bytes());
 }
 
 /// Reads a big-endian u16 at `at` (callers have validated the length).
-#[inline]
+#[inline(always)]
 pub fn get_u16_at(b: &[u8], at: usize) -> u16 {
     get_u16(b, at)
 }
 
 /// Reads a big-endian u32 at `at` (callers have validated the length).
-#[inline]
+#[inline(always)]
 pub fn get_u32_at(b: &[u8], at: usize) -> u32 {
     get_u32(b, at)
 }
 
 /// Writes a big-endian u16 at `at` (callers have validated the length).
-#[inline]
+#[inline(always)]
 pub fn set_u16_at(b: &mut [u8], at: usize, v: u16) {
     set_u16(b, at, v)
 }

@@ -5,8 +5,7 @@ pub mod icmp;
 pub mod tcp;
 pub mod udp;
 
-/// Which idle timeout applies to a session; sessions of one class share an
-/// LRU list, so the oldest is always at its head.
+/// Which idle timeout applies to a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum TimeoutClass {
