@@ -6,6 +6,7 @@
 //! built between timed batches, so generation is not counted; every reply
 //! is checked to reach its subscriber's original address and port.
 
+use std::sync::Barrier;
 use std::time::Instant;
 
 use natrix_engine::rng::Rng;
@@ -116,8 +117,10 @@ fn bench_one(flows: u64, workers: u32) -> Result<Vec<Line>, Failure> {
     }
     let rss_before = rss_bytes();
     let per_worker = flows / u64::from(workers);
+    let barrier = Barrier::new(workers as usize);
+    let sync = &barrier;
     let results: Vec<Result<WorkerResult, Failure>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, workers, per_worker))).collect();
+        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, workers, per_worker, sync))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Failure::Other("bench worker panicked".into())))).collect()
     });
     let results: Vec<WorkerResult> = results.into_iter().collect::<Result<_, _>>()?;
@@ -181,12 +184,23 @@ fn worker_config(worker: u32, workers: u32, flows: u64) -> EngineConfig {
     }
 }
 
-fn run_worker(worker: u32, workers: u32, flows: u64) -> Result<WorkerResult, Failure> {
-    let mut engine = Engine::new(worker_config(worker, workers, flows)).map_err(Failure::Other)?;
+/// One worker's run. `sync` holds every worker between the passes, so the
+/// resident memory is read once all tables are full and the established
+/// passes run side by side.
+fn run_worker(worker: u32, workers: u32, flows: u64, sync: &Barrier) -> Result<WorkerResult, Failure> {
+    let mut engine = match Engine::new(worker_config(worker, workers, flows)) {
+        Ok(e) => e,
+        Err(e) => {
+            sync.wait();
+            sync.wait();
+            return Err(Failure::Other(e));
+        }
+    };
     let first_sub = u64::from(worker) * flows.div_ceil(FLOWS_PER_SUBSCRIBER);
     let new = run_pass(&mut engine, first_sub, flows, Pass::New);
     let sessions = engine.tables().session_count() as u64;
-    let rss_at_peak = rss_bytes();
+    let rss_at_peak = if sync.wait().is_leader() { rss_bytes() } else { 0 };
+    sync.wait();
     let established = run_pass(&mut engine, first_sub, flows, Pass::Established);
     Ok(WorkerResult { new, established, sessions, table_bytes: engine.memory_bytes() as u64, rss_at_peak })
 }
@@ -323,6 +337,7 @@ mod tests {
         for l in &lines {
             assert_eq!(l.errors, 0, "pass {}", l.pass);
             assert_eq!(l.packets, 4096);
+            assert!(l.table_bytes_per_session > 0.0);
         }
     }
 

@@ -138,7 +138,7 @@ fn ipv4_reason(e: WireError) -> DropReason {
     }
 }
 
-fn is_martian(addr: u32) -> bool {
+pub(crate) fn is_martian(addr: u32) -> bool {
     let first = addr >> 24;
     first == 0 || first == 127 || first >= 224
 }
@@ -273,6 +273,14 @@ impl Engine {
     pub fn process(&mut self, frame: &mut [u8], side: Side, now_ns: u64) -> Verdict {
         self.advance(now_ns);
         self.stats.received[side as usize] += 1;
+        if let Some(out) = self.fast_path(frame, side) {
+            self.stats.forwarded[out as usize] += 1;
+            return Verdict::Forward(out);
+        }
+        self.full_path(frame, side)
+    }
+
+    fn full_path(&mut self, frame: &mut [u8], side: Side) -> Verdict {
         let result = match side {
             Side::Inside => self.arrived_inside(frame),
             Side::Outside => self.arrived_outside(frame),
@@ -291,6 +299,15 @@ impl Engine {
                 Verdict::Drop(r)
             }
         }
+    }
+
+    /// `process` without the fast path: every frame takes the full path.
+    /// The fast path must never decide differently; tests hold it to that.
+    #[doc(hidden)]
+    pub fn process_full(&mut self, frame: &mut [u8], side: Side, now_ns: u64) -> Verdict {
+        self.advance(now_ns);
+        self.stats.received[side as usize] += 1;
+        self.full_path(frame, side)
     }
 
     /// Moves the clock: expires sessions, ends hold-downs, answers held SYNs
@@ -638,7 +655,7 @@ impl Engine {
         }
     }
 
-    fn track(&mut self, id: u32, dir: Direction, tcp_flags: u8, refresh: bool) {
+    pub(crate) fn track(&mut self, id: u32, dir: Direction, tcp_flags: u8, refresh: bool) {
         let s = self.tables.session(id);
         let class = match s.proto {
             Proto::Tcp => {
@@ -829,21 +846,24 @@ impl Engine {
         let m = self.tables.mapping(mid);
         self.tables.remove_mapping(mid);
         self.event(EventKind::MappingDeleted, m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, m.ext_port, 0, 0);
-        let Some(sub) = self.subscriber_of(m.int_addr) else { return };
-        let mut blocks = std::mem::take(&mut self.subs.get_mut(sub).blocks);
+        let sub = self.subscriber_of(m.int_addr);
+        debug_assert!(sub.is_some(), "a mapping outlived its subscriber");
+        let mut blocks = sub.map(|s| std::mem::take(&mut self.subs.get_mut(s).blocks)).unwrap_or_default();
+        // The port goes back even if the subscriber record were missing.
         let released = match self.pool.index_of(m.ext_addr) {
             Some(ext_index) => self.pool.release(ext_index, m.proto, m.ext_port, self.now_s, skip_hold_down, &mut blocks),
             None => None,
         };
+        if let Some(b) = released {
+            self.event(EventKind::BlockReleased, m.proto, m.int_addr, 0, b.addr, b.first, b.last, 0, 0);
+        }
+        let Some(sub) = sub else { return };
         let s = self.subs.get_mut(sub);
         s.blocks = blocks;
         s.ports[m.proto as usize] -= 1;
         s.mappings -= 1;
         if s.mappings == 0 && s.blocks.is_empty() {
             s.paired = NONE;
-        }
-        if let Some(b) = released {
-            self.event(EventKind::BlockReleased, m.proto, m.int_addr, 0, b.addr, b.first, b.last, 0, 0);
         }
         self.subs.release_if_idle(sub);
     }

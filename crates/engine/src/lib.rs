@@ -15,6 +15,7 @@ pub mod config;
 pub mod deterministic;
 pub mod drop;
 pub mod engine;
+mod fast;
 pub mod events;
 pub mod fragment;
 pub mod generate;

@@ -175,8 +175,15 @@ impl Pool {
         self.hold_down_s = hold_down_s;
     }
 
+    /// Asked of every packet: most are far outside the pool's range, and a
+    /// pool without holes needs no search at all.
+    #[inline]
     pub fn contains(&self, addr: u32) -> bool {
-        self.index_of(addr).is_some()
+        let (Some(&(first, _)), Some(&(last, _))) = (self.in_service.first(), self.in_service.last()) else { return false };
+        if addr < first || addr > last {
+            return false;
+        }
+        (last - first) as usize + 1 == self.in_service.len() || self.index_of(addr).is_some()
     }
 
     pub fn index_of(&self, addr: u32) -> Option<u32> {
@@ -391,6 +398,19 @@ mod tests {
 
     fn pool(lo: u16, hi: u16, block: u16) -> Pool {
         Pool::new(&[0xcb00_7101], (lo, hi), block, PortSelection::Preserve, true, 120)
+    }
+
+    #[test]
+    fn contains_exactly_the_addresses_in_service() {
+        let base = 0xcb00_7100;
+        let mut p = Pool::new(&[base + 3, base + 1, base + 2], (1024, 65535), 0, PortSelection::Preserve, true, 120);
+        let inside = |p: &Pool| (base..base + 6).filter(|&a| p.contains(a)).map(|a| a - base).collect::<Vec<_>>();
+        assert_eq!(inside(&p), vec![1, 2, 3]);
+        p.retire_address(base + 2);
+        assert_eq!(inside(&p), vec![1, 3]);
+        p.add_address(base + 5);
+        assert_eq!(inside(&p), vec![1, 3, 5]);
+        assert!(!p.contains(0) && !p.contains(u32::MAX));
     }
 
     #[test]

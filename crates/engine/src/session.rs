@@ -628,13 +628,20 @@ impl Tables {
             return;
         }
         let start = expired.len();
-        let first = if now_s - self.wheel_done > WHEEL_SLOTS { now_s - WHEEL_SLOTS + 1 } else { self.wheel_done + 1 };
+        // After a jump past the whole wheel every slot is due once, each
+        // holding entries armed for some second before now.
+        let jump = now_s - self.wheel_done > WHEEL_SLOTS;
+        let first = if jump { now_s - WHEEL_SLOTS + 1 } else { self.wheel_done + 1 };
         for t in first..=now_s {
             let slot = (t & WHEEL_MASK) as usize;
             let mut ids = std::mem::take(&mut self.wheel[slot]);
             for &id in &ids {
-                // Stale: the session ended, or was armed again elsewhere.
-                if !self.is_live(id) || u32::from(self.armed_of(id)) & WHEEL_MASK != slot as u32 {
+                // Stale: the session ended, or was armed again for another
+                // second (a copy left by a re-arm, or by a same-slot duplicate
+                // that the first copy already re-armed).
+                let armed = self.armed_of(id);
+                let current = if jump { u32::from(armed) & WHEEL_MASK == slot as u32 } else { armed == t as u16 };
+                if !self.is_live(id) || !current {
                     continue;
                 }
                 let (last_used, class) = self.timer_of(id);

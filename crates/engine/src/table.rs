@@ -173,6 +173,9 @@ impl FlowIndex {
     }
 
     /// Removes `id` indexed under `hash`; returns whether it was there.
+    /// An id indexed under two hashes whose tags collide may lose the other
+    /// entry first; removing both back to back (as owners of such ids do)
+    /// leaves the index exact.
     pub fn remove(&mut self, hash: u64, id: u32) -> bool {
         let tag = tag_of(hash);
         let home = self.home(hash);

@@ -2,8 +2,9 @@
 //! validated the headers; offsets are absolute positions in the frame.
 
 use natrix_wire::checksum::Delta;
-use natrix_wire::{get_u16_at, proto, set_u16_at};
+use natrix_wire::{get_u16_at, get_u32_at, proto, set_u16_at};
 
+const IP_TTL: usize = 8;
 const IP_CHECKSUM: usize = 10;
 const IP_SRC: usize = 12;
 const IP_DST: usize = 16;
@@ -35,12 +36,38 @@ fn addr_at(which: Which) -> usize {
 /// Replaces the source or destination address and port (identifier) of the
 /// datagram whose IPv4 header is at `l3`, patching every checksum it affects.
 pub fn rewrite(frame: &mut [u8], l3: usize, l4: L4, which: Which, addr: u32, port: u16) {
-    let a = l3 + addr_at(which);
-    let old_addr = u32::from_be_bytes([frame[a], frame[a + 1], frame[a + 2], frame[a + 3]]);
-    let addr_delta = Delta::from_u32(old_addr, addr);
-    frame[a..a + 4].copy_from_slice(&addr.to_be_bytes());
+    let addr_delta = replace_addr(frame, l3, which, addr);
     let c = get_u16_at(frame, l3 + IP_CHECKSUM);
     set_u16_at(frame, l3 + IP_CHECKSUM, addr_delta.apply(c));
+    rewrite_l4(frame, l4, which, addr_delta, port);
+}
+
+/// `rewrite` and the TTL decrement of forwarding in one: the IP header
+/// checksum is patched once for both (the fast path).
+pub fn rewrite_forward(frame: &mut [u8], l3: usize, l4: L4, which: Which, addr: u32, port: u16) {
+    let addr_delta = replace_addr(frame, l3, which, addr);
+    // TTL shares its 16-bit checksum word with the protocol byte.
+    let old = get_u16_at(frame, l3 + IP_TTL);
+    let new = old - 0x0100;
+    set_u16_at(frame, l3 + IP_TTL, new);
+    let c = get_u16_at(frame, l3 + IP_CHECKSUM);
+    set_u16_at(frame, l3 + IP_CHECKSUM, addr_delta.then(Delta::from_u16(old, new)).apply(c));
+    rewrite_l4(frame, l4, which, addr_delta, port);
+}
+
+/// Writes the new address; returns the checksum difference it makes.
+#[inline]
+fn replace_addr(frame: &mut [u8], l3: usize, which: Which, addr: u32) -> Delta {
+    let a = l3 + addr_at(which);
+    let old_addr = get_u32_at(frame, a);
+    frame[a..a + 4].copy_from_slice(&addr.to_be_bytes());
+    Delta::from_u32(old_addr, addr)
+}
+
+/// The transport half of a rewrite: the port (or ICMP identifier), and the
+/// transport checksum, which covers the address through the pseudo-header.
+#[inline]
+fn rewrite_l4(frame: &mut [u8], l4: L4, which: Which, addr_delta: Delta, port: u16) {
     let port_off = match which {
         Which::Src => 0,
         Which::Dst => 2,

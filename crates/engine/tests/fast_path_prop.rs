@@ -1,0 +1,166 @@
+//! Differential property test: the fast path never decides differently from
+//! the full path. Two engines with the same configuration see the same
+//! frames, one through `process` (fast path first), one through
+//! `process_full`; established flows are then sent in both directions,
+//! intact or damaged in the fields the fast path reads (TTL, fragment bits,
+//! lengths, header length, checksums, protocol, addresses, TCP flags).
+//! Verdicts, the frames as rewritten, generated frames, counters and table
+//! sizes must match after every frame.
+
+mod common;
+
+use common::*;
+use natrix_engine::{Engine, Side, Verdict};
+use proptest::prelude::*;
+
+const REMOTE: [u8; 4] = [198, 51, 100, 7];
+
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    None,
+    Ttl(u8),
+    FragmentBits(u16),
+    TotalLength(u16),
+    HeaderLength(u8),
+    IpChecksum(u16),
+    Protocol(u8),
+    Destination(u8),
+    TcpFlags(u8),
+    TcpDataOffset(u8),
+    UdpLength(u16),
+    Truncate(usize),
+    Byte(usize, u8),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    prop_oneof![
+        4 => Just(Damage::None),
+        1 => prop_oneof![Just(0u8), Just(1), Just(2), any::<u8>()].prop_map(Damage::Ttl),
+        1 => prop_oneof![Just(0x2000u16), Just(0x0001), Just(0x4000), any::<u16>()].prop_map(Damage::FragmentBits),
+        1 => any::<u16>().prop_map(Damage::TotalLength),
+        1 => (0u8..16).prop_map(Damage::HeaderLength),
+        1 => any::<u16>().prop_map(Damage::IpChecksum),
+        1 => prop_oneof![Just(1u8), Just(6), Just(17), any::<u8>()].prop_map(Damage::Protocol),
+        1 => any::<u8>().prop_map(Damage::Destination),
+        1 => any::<u8>().prop_map(Damage::TcpFlags),
+        1 => (0u8..16).prop_map(Damage::TcpDataOffset),
+        1 => any::<u16>().prop_map(Damage::UdpLength),
+        1 => (0usize..80).prop_map(Damage::Truncate),
+        1 => (0usize..80, any::<u8>()).prop_map(|(i, v)| Damage::Byte(i, v)),
+    ]
+}
+
+fn apply(frame: &mut Vec<u8>, d: Damage, tcp: bool) {
+    const IP: usize = ETH_LEN;
+    const L4: usize = ETH_LEN + 20;
+    match d {
+        Damage::None => {}
+        Damage::Ttl(v) => frame[IP + 8] = v,
+        Damage::FragmentBits(v) => frame[IP + 6..IP + 8].copy_from_slice(&v.to_be_bytes()),
+        Damage::TotalLength(v) => frame[IP + 2..IP + 4].copy_from_slice(&v.to_be_bytes()),
+        Damage::HeaderLength(v) => frame[IP] = 0x40 | v,
+        Damage::IpChecksum(v) => frame[IP + 10..IP + 12].copy_from_slice(&v.to_be_bytes()),
+        Damage::Protocol(v) => frame[IP + 9] = v,
+        Damage::Destination(v) => frame[IP + 19] = v,
+        Damage::TcpFlags(v) if tcp => frame[L4 + 13] = v,
+        Damage::TcpDataOffset(v) if tcp => frame[L4 + 12] = v << 4,
+        Damage::UdpLength(v) if !tcp => frame[L4 + 4..L4 + 6].copy_from_slice(&v.to_be_bytes()),
+        Damage::Truncate(n) => frame.truncate(n.min(frame.len())),
+        Damage::Byte(i, v) => {
+            if let Some(b) = frame.get_mut(i) {
+                *b = v;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Makes the IPv4 header checksum right again after damage elsewhere, so the
+/// damage itself is what the paths must agree on.
+fn refill_ip_checksum(frame: &mut [u8]) {
+    let Some(&vihl) = frame.get(ETH_LEN) else { return };
+    let end = ETH_LEN + usize::from(vihl & 0x0f) * 4;
+    if end < ETH_LEN + 12 || end > frame.len() {
+        return;
+    }
+    frame[ETH_LEN + 10] = 0;
+    frame[ETH_LEN + 11] = 0;
+    let mut sum: u32 = frame[ETH_LEN..end].chunks(2).map(|w| u32::from(w[0]) << 8 | u32::from(*w.get(1).unwrap_or(&0))).sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    frame[ETH_LEN + 10..ETH_LEN + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+}
+
+/// Everything observable about an engine after a frame.
+fn observe(e: &mut Engine) -> (String, usize, usize, Vec<Vec<u8>>) {
+    let mut out = Vec::new();
+    e.drain_output(|o| out.push(o.data.clone()));
+    e.drain_events(|_| {});
+    (format!("{:?}", e.stats()), e.tables().session_count(), e.tables().mapping_count(), out)
+}
+
+#[derive(Debug, Clone)]
+struct Flow {
+    tcp: bool,
+    sub: u8,
+    sport: u16,
+    dport: u16,
+}
+
+fn flows() -> impl Strategy<Value = Vec<Flow>> {
+    proptest::collection::vec((any::<bool>(), 2u8..6, 1024u16..1100, 1u16..1024).prop_map(|(tcp, sub, sport, dport)| Flow { tcp, sub, sport, dport }), 1..8)
+}
+
+fn frame(f: &Flow, side: Side, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, kind: TcpKind) -> Vec<u8> {
+    if f.tcp {
+        tcp_frame(side, src, sport, dst, dport, 64, kind, 1000, 2000, b"payload")
+    } else {
+        udp_frame(side, src, sport, dst, dport, 64, b"payload", false)
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #[test]
+    fn fast_path_decides_as_the_full_path_does(
+        flows in flows(),
+        traffic in proptest::collection::vec((0usize..8, any::<bool>(), prop_oneof![Just(TcpKind::Ack), Just(TcpKind::Fin), Just(TcpKind::Rst), Just(TcpKind::Syn)], damage(), any::<bool>()), 1..40),
+    ) {
+        let cfg = config();
+        let (mut fast, mut full) = (engine(cfg.clone()), engine(cfg));
+        let mut now = 1_000_000_000u64;
+        // Open every flow (first packets take the full path in both) and
+        // learn its external endpoint from the translation.
+        let mut ext = Vec::new();
+        for f in &flows {
+            let sub = [100, 64, 0, f.sub];
+            let mut a = frame(f, Side::Inside, sub, f.sport, REMOTE, f.dport, TcpKind::Syn);
+            let mut b = a.clone();
+            let va = fast.process(&mut a, Side::Inside, now);
+            let vb = full.process_full(&mut b, Side::Inside, now);
+            prop_assert_eq!(va, vb);
+            prop_assert_eq!(&a, &b);
+            ext.push((va == Verdict::Forward(Side::Outside)).then(|| (addr_of(u32::from_be_bytes([a[26], a[27], a[28], a[29]])), u16::from_be_bytes([a[34], a[35]]))));
+        }
+        for (i, outbound, kind, d, bad_checksum) in traffic {
+            let f = &flows[i % flows.len()];
+            now += 250_000_000;
+            let (mut a, side) = match (outbound, ext[i % flows.len()]) {
+                (true, _) => (frame(f, Side::Inside, [100, 64, 0, f.sub], f.sport, REMOTE, f.dport, kind), Side::Inside),
+                (false, Some((eaddr, eport))) => (frame(f, Side::Outside, REMOTE, f.dport, eaddr, eport, kind), Side::Outside),
+                (false, None) => continue,
+            };
+            apply(&mut a, d, f.tcp);
+            if !bad_checksum {
+                refill_ip_checksum(&mut a);
+            }
+            let mut b = a.clone();
+            let va = fast.process(&mut a, side, now);
+            let vb = full.process_full(&mut b, side, now);
+            prop_assert_eq!(va, vb, "damage {:?}", d);
+            prop_assert_eq!(&a, &b, "damage {:?}", d);
+            prop_assert_eq!(observe(&mut fast), observe(&mut full), "damage {:?}", d);
+        }
+    }
+}
