@@ -54,9 +54,11 @@ impl Bucket {
         m
     }
 
+    /// Free slots have tag 0, which no live entry has.
     #[inline]
     fn free_slot(&self) -> Option<usize> {
-        self.vals.iter().position(|&v| v == EMPTY)
+        let m = self.matches(0);
+        (m != 0).then(|| m.trailing_zeros() as usize)
     }
 }
 
