@@ -272,8 +272,14 @@ impl Engine {
     /// earlier than the last one is taken as the last one).
     pub fn process(&mut self, frame: &mut [u8], side: Side, now_ns: u64) -> Verdict {
         self.advance(now_ns);
+        self.process_now(frame, side, None)
+    }
+
+    /// `process` once the clock is set, with the lookup hash if the caller
+    /// (a batch) has it.
+    pub(crate) fn process_now(&mut self, frame: &mut [u8], side: Side, hash: Option<u64>) -> Verdict {
         self.stats.received[side as usize] += 1;
-        if let Some(out) = self.fast_path(frame, side) {
+        if let Some(out) = self.fast_path(frame, side, hash) {
             self.stats.forwarded[out as usize] += 1;
             return Verdict::Forward(out);
         }

@@ -22,9 +22,10 @@ const UDP_HEADER: usize = 8;
 impl Engine {
     /// Translates `frame` if it is the common case; returns the side it
     /// leaves on, or None (frame untouched) for the full path to decide.
+    /// `hash` is the lookup hash when a batch has computed it already.
     #[inline]
-    pub(crate) fn fast_path(&mut self, frame: &mut [u8], side: Side) -> Option<Side> {
-        let p = self.recognise(frame, side)?;
+    pub(crate) fn fast_path(&mut self, frame: &mut [u8], side: Side, hash: Option<u64>) -> Option<Side> {
+        let p = self.recognise(frame, side, hash)?;
         let (out, dir, refresh) = match side {
             Side::Inside => (Side::Outside, Direction::Out, true),
             Side::Outside => (Side::Inside, Direction::In, self.cfg.inbound_refresh),
@@ -42,7 +43,7 @@ impl Engine {
     /// The checks the full path would make, in a form that only accepts:
     /// each one failing sends the frame there.
     #[inline]
-    fn recognise(&self, frame: &[u8], side: Side) -> Option<Recognised> {
+    fn recognise(&self, frame: &[u8], side: Side, hash: Option<u64>) -> Option<Recognised> {
         if frame.len() < L3 + IP_HEADER || get_u16_at(frame, 12) != ethernet::ETHERTYPE_IPV4 || frame[L3] != 0x45 {
             return None;
         }
@@ -70,8 +71,14 @@ impl Engine {
         let (sport, dport) = (get_u16_at(frame, at), get_u16_at(frame, at + 2));
         let session = match side {
             // Hairpins and the NAT's own address take the full path.
-            Side::Inside if dst != self.cfg.inside_addr && !self.pool.contains(dst) => self.tables.find_session_in(proto, src, sport, dst, dport)?,
-            Side::Outside if self.pool.contains(dst) => self.tables.find_session_out(proto, dst, dport, src, sport)?,
+            Side::Inside if dst != self.cfg.inside_addr && !self.pool.contains(dst) => {
+                let h = hash.unwrap_or_else(|| self.tables.hash_in(proto, src, sport));
+                self.tables.find_session_in_hashed(h, proto, src, sport, dst, dport)?
+            }
+            Side::Outside if self.pool.contains(dst) => {
+                let h = hash.unwrap_or_else(|| self.tables.hash_out(proto, dst, dport));
+                self.tables.find_session_out_hashed(h, proto, dst, dport, src, sport)?
+            }
             _ => return None,
         };
         Some(Recognised { session, l4, tcp_flags })

@@ -1,42 +1,40 @@
-//! Batch prefetching. A lookup in a table much larger than the caches costs
-//! a memory round trip (100+ ns) for the index bucket and another for the
-//! mapping record; done one packet at a time they serialise. A caller holding
-//! a batch of frames calls `prefetch_batch` before processing them: it hashes
-//! every frame once, starts loading all their buckets, then (by the time
-//! those have arrived) the records they point at, so the loads of the whole
-//! batch overlap. Only hints: a wrong guess costs a wasted load, never a
-//! wrong answer.
+//! Batches. A lookup in a table much larger than the caches costs a memory
+//! round trip (100+ ns) for the index bucket and another for the mapping
+//! record; done one packet at a time they serialise. `process_batch` hashes
+//! every frame of a batch once, starts loading all their buckets, then (by
+//! the time those have arrived) the records they point at, and only then
+//! translates the frames, handing each its hash: the loads of the whole
+//! batch overlap, and the clock moves once per batch. The prefetches are
+//! only hints: a wrong guess costs a wasted load, never a wrong answer.
 
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
 
-use crate::engine::Engine;
+use crate::engine::{Engine, Verdict};
 use crate::{Proto, Side};
 
 /// Frames prefetched together at most; longer batches are taken in chunks.
 pub const MAX_BATCH: usize = 64;
 
 impl Engine {
-    /// Starts loading the table lines `frames` will need on `side`.
-    pub fn prefetch_batch<'a>(&self, frames: impl IntoIterator<Item = &'a [u8]>, side: Side) {
-        let mut hashes = [0u64; MAX_BATCH];
-        let mut n = 0;
-        for frame in frames {
-            if let Some(h) = self.lookup_hash(frame, side) {
-                self.tables.prefetch_bucket(h);
-                hashes[n] = h;
-                n += 1;
-                if n == MAX_BATCH {
-                    self.prefetch_records(&hashes[..n]);
-                    n = 0;
+    /// Translates `frames`, all arrived on `side` at `now_ns`, in place;
+    /// `verdicts[i]` says what became of `frames[i]`. The same verdicts as
+    /// `process` frame by frame, in fewer nanoseconds.
+    pub fn process_batch<F: AsMut<[u8]>>(&mut self, frames: &mut [F], side: Side, now_ns: u64, verdicts: &mut [Verdict]) {
+        self.advance(now_ns);
+        for (chunk, out) in frames.chunks_mut(MAX_BATCH).zip(verdicts.chunks_mut(MAX_BATCH)) {
+            let mut hashes = [None; MAX_BATCH];
+            for (h, f) in hashes.iter_mut().zip(chunk.iter_mut()) {
+                *h = self.lookup_hash(f.as_mut(), side);
+                if let Some(h) = *h {
+                    self.tables.prefetch_bucket(h);
                 }
             }
-        }
-        self.prefetch_records(&hashes[..n]);
-    }
-
-    fn prefetch_records(&self, hashes: &[u64]) {
-        for &h in hashes {
-            self.tables.prefetch_record(h);
+            for &h in hashes.iter().take(chunk.len()).flatten() {
+                self.tables.prefetch_record(h);
+            }
+            for ((f, v), &h) in chunk.iter_mut().zip(out.iter_mut()).zip(hashes.iter()) {
+                *v = self.process_now(f.as_mut(), side, h);
+            }
         }
     }
 

@@ -261,6 +261,21 @@ impl Tables {
         })
     }
 
+    /// `find_session_in` given the internal endpoint's `hash_in`, as a
+    /// batch computes it once for prefetching and lookup.
+    #[inline]
+    pub fn find_session_in_hashed(&self, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
+        let mapping = self.mapping_in_at(hash, proto, addr, port)?;
+        self.session_of(mapping, rem, rport, || self.extra_hash_in(proto, addr, port, rem, rport))
+    }
+
+    /// `find_session_out` given the external endpoint's `hash_out`.
+    #[inline]
+    pub fn find_session_out_hashed(&self, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
+        let mapping = self.mapping_out_at(hash, proto, addr, port)?;
+        self.session_of(mapping, rem, rport, || self.extra_hash_out(proto, addr, port, rem, rport))
+    }
+
     /// Session for an outbound packet: (internal endpoint, remote endpoint).
     #[inline]
     pub fn find_session_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
@@ -275,8 +290,13 @@ impl Tables {
 
     #[inline]
     pub fn find_mapping_in(&self, proto: Proto, addr: u32, port: u16) -> Option<u32> {
+        self.mapping_in_at(self.hash_in(proto, addr, port), proto, addr, port)
+    }
+
+    #[inline]
+    fn mapping_in_at(&self, hash: u64, proto: Proto, addr: u32, port: u16) -> Option<u32> {
         let r = &self.records;
-        self.index.find(self.hash_in(proto, addr, port), |id| {
+        self.index.find(hash, |id| {
             id & EXTRA == 0 && {
                 let e = &r[id as usize];
                 e.int_addr == addr && e.int_port == port && e.proto == proto
@@ -286,8 +306,13 @@ impl Tables {
 
     #[inline]
     pub fn find_mapping_out(&self, proto: Proto, addr: u32, port: u16) -> Option<u32> {
+        self.mapping_out_at(self.hash_out(proto, addr, port), proto, addr, port)
+    }
+
+    #[inline]
+    fn mapping_out_at(&self, hash: u64, proto: Proto, addr: u32, port: u16) -> Option<u32> {
         let r = &self.records;
-        self.index.find(self.hash_out(proto, addr, port), |id| {
+        self.index.find(hash, |id| {
             id & EXTRA == 0 && {
                 let e = &r[id as usize];
                 e.ext_addr == addr && e.ext_port == port && e.proto == proto

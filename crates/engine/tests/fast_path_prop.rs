@@ -164,3 +164,56 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+    /// `process_batch` (batch prefetch, hashes handed to the lookups, one
+    /// clock step) decides every frame as the full path does frame by frame,
+    /// new flows and replies mixed in one batch, damaged frames included.
+    #[test]
+    fn a_batch_decides_as_the_full_path_does(
+        flows in flows(),
+        batches in proptest::collection::vec((prop_oneof![Just(300u64), Just(150_000), Just(301_000)], proptest::collection::vec((0usize..8, any::<bool>(), damage(), any::<bool>()), 1..40)), 1..6),
+    ) {
+        let cfg = config();
+        let (mut batched, mut full) = (engine(cfg.clone()), engine(cfg));
+        let mut now = 1_000_000_000u64;
+        let mut ext: Vec<Option<([u8; 4], u16)>> = vec![None; flows.len()];
+        // Steps long enough for sessions to expire between some batches.
+        for (step_ms, batch) in batches {
+            now += step_ms * 1_000_000;
+            for side in [Side::Inside, Side::Outside] {
+                let mut frames = Vec::new();
+                let mut owners = Vec::new();
+                for &(i, syn, d, bad_checksum) in &batch {
+                    let i = i % flows.len();
+                    let f = &flows[i];
+                    let kind = if syn { TcpKind::Syn } else { TcpKind::Ack };
+                    let mut fr = match (side, ext[i]) {
+                        (Side::Inside, _) => frame(f, side, [100, 64, 0, f.sub], f.sport, REMOTE, f.dport, kind),
+                        (Side::Outside, Some((eaddr, eport))) => frame(f, side, REMOTE, f.dport, eaddr, eport, kind),
+                        (Side::Outside, None) => continue,
+                    };
+                    apply(&mut fr, d, f.tcp);
+                    if !bad_checksum {
+                        refill_ip_checksum(&mut fr);
+                    }
+                    frames.push(fr);
+                    owners.push(i);
+                }
+                let mut expected = frames.clone();
+                let mut verdicts = vec![Verdict::Held; frames.len()];
+                batched.process_batch(&mut frames, side, now, &mut verdicts);
+                for (k, fr) in expected.iter_mut().enumerate() {
+                    let v = full.process_full(fr, side, now);
+                    prop_assert_eq!(verdicts[k], v, "frame {} of the batch", k);
+                    prop_assert_eq!(&frames[k], &*fr, "frame {} of the batch", k);
+                    if side == Side::Inside && v == Verdict::Forward(Side::Outside) && frames[k].len() >= 36 {
+                        ext[owners[k]] = Some((addr_of(u32::from_be_bytes([fr[26], fr[27], fr[28], fr[29]])), u16::from_be_bytes([fr[34], fr[35]])));
+                    }
+                }
+                prop_assert_eq!(observe(&mut batched), observe(&mut full));
+            }
+        }
+    }
+}
