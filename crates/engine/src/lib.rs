@@ -7,10 +7,13 @@
 //! operators do to a running engine), `table` (hash index), `session` (mappings and sessions),
 //! `subscriber`, `pool` (address and port allocation), `trackers` (one module
 //! per protocol), `translate` (header rewrites), `icmp_error`, `fragment`,
-//! `generate` (frames natrix sends itself), `events` (for logging), and
-//! `engine`, which ties them together.
+//! `generate` (frames natrix sends itself), `events` (for logging), `engine`,
+//! which ties them together and holds the full path, `fast` (the fast path
+//! for established TCP and UDP) and `batch` (`process_batch`: prefetch
+//! across a batch of frames).
 
 pub mod admin;
+pub mod batch;
 pub mod config;
 pub mod deterministic;
 pub mod drop;
@@ -24,7 +27,6 @@ mod memory;
 mod icmp_error;
 pub mod pcp;
 pub mod pool;
-pub mod prefetch;
 pub mod rng;
 pub mod session;
 pub mod shard;

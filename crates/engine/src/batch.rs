@@ -20,6 +20,7 @@ impl Engine {
     /// `verdicts[i]` says what became of `frames[i]`. The same verdicts as
     /// `process` frame by frame, in fewer nanoseconds.
     pub fn process_batch<F: AsMut<[u8]>>(&mut self, frames: &mut [F], side: Side, now_ns: u64, verdicts: &mut [Verdict]) {
+        assert_eq!(frames.len(), verdicts.len(), "process_batch: one verdict per frame");
         self.advance(now_ns);
         for (chunk, out) in frames.chunks_mut(MAX_BATCH).zip(verdicts.chunks_mut(MAX_BATCH)) {
             let mut hashes = [None; MAX_BATCH];
