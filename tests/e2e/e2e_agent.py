@@ -65,6 +65,23 @@ class _Server:
         with self.lock:
             self.events.append(event)
 
+    def serve_datagrams(self, s, handle):
+        """Calls handle(data, addr) for each datagram on socket `s` (with a
+        timeout set) until the server is closed, in a daemon thread."""
+        def loop():
+            while not self.stop.is_set():
+                try:
+                    data, addr = s.recvfrom(65535)
+                except socket.timeout:
+                    continue
+                except OSError:
+                    if self.stop.is_set():
+                        return
+                    continue
+                handle(data, addr)
+
+        threading.Thread(target=loop, daemon=True).start()
+
     def close(self):
         self.stop.set()
         for c in self.closers:
@@ -86,24 +103,15 @@ def _udp_echo(port, bind="0.0.0.0"):
     s.settimeout(0.2)
     srv.closers.append(s.close)
 
-    def loop():
-        while not srv.stop.is_set():
-            try:
-                data, peer = s.recvfrom(65535)
-            except socket.timeout:
-                continue
-            except OSError:
-                if srv.stop.is_set():
-                    return
-                continue
-            srv.record(peer=list(peer), data=_enc(data))
-            reply = json.dumps({"peer": list(peer), "data": _enc(data)}).encode()
-            try:
-                s.sendto(reply, peer)
-            except OSError:
-                pass
+    def echo(data, peer):
+        srv.record(peer=list(peer), data=_enc(data))
+        reply = json.dumps({"peer": list(peer), "data": _enc(data)}).encode()
+        try:
+            s.sendto(reply, peer)
+        except OSError:
+            pass
 
-    threading.Thread(target=loop, daemon=True).start()
+    srv.serve_datagrams(s, echo)
     return srv
 
 
@@ -198,35 +206,26 @@ def _sniff(ifname="eth0"):
     s.settimeout(0.2)
     srv.closers.append(s.close)
 
-    def loop():
-        while not srv.stop.is_set():
-            try:
-                frame, addr = s.recvfrom(65535)
-            except socket.timeout:
-                continue
-            except OSError:
-                if srv.stop.is_set():
-                    return
-                continue
-            if addr[2] == PACKET_OUTGOING or len(frame) < 34:
-                continue
-            if struct.unpack("!H", frame[12:14])[0] != 0x0800:
-                continue
-            ip = frame[14:]
-            ihl = (ip[0] & 0x0F) * 4
-            proto = ip[9]
-            ev = {"src": socket.inet_ntoa(ip[12:16]), "dst": socket.inet_ntoa(ip[16:20]),
-                  "proto": proto}
-            l4 = ip[ihl:]
-            if proto in (6, 17) and len(l4) >= 4:
-                ev["sport"], ev["dport"] = struct.unpack("!HH", l4[:4])
-                if proto == 6 and len(l4) >= 14:
-                    ev["flags"] = l4[13]
-            elif proto == 1 and len(l4) >= 2:
-                ev["type"], ev["code"] = l4[0], l4[1]
-            srv.record(**ev)
+    def observe(frame, addr):
+        if addr[2] == PACKET_OUTGOING or len(frame) < 34:
+            return
+        if struct.unpack("!H", frame[12:14])[0] != 0x0800:
+            return
+        ip = frame[14:]
+        ihl = (ip[0] & 0x0F) * 4
+        proto = ip[9]
+        ev = {"src": socket.inet_ntoa(ip[12:16]), "dst": socket.inet_ntoa(ip[16:20]),
+              "proto": proto}
+        l4 = ip[ihl:]
+        if proto in (6, 17) and len(l4) >= 4:
+            ev["sport"], ev["dport"] = struct.unpack("!HH", l4[:4])
+            if proto == 6 and len(l4) >= 14:
+                ev["flags"] = l4[13]
+        elif proto == 1 and len(l4) >= 2:
+            ev["type"], ev["code"] = l4[0], l4[1]
+        srv.record(**ev)
 
-    threading.Thread(target=loop, daemon=True).start()
+    srv.serve_datagrams(s, observe)
     return srv
 
 
