@@ -1,16 +1,16 @@
 //! Batches. A lookup in a table much larger than the caches costs a memory
 //! round trip (100+ ns) for the index bucket and another for the mapping
-//! record; done one packet at a time they serialise. `process_batch` hashes
-//! every frame of a batch once, starts loading all their buckets, then (by
-//! the time those have arrived) the records they point at, and only then
-//! translates the frames, handing each its hash: the loads of the whole
-//! batch overlap, and the clock moves once per batch. The prefetches are
-//! only hints: a wrong guess costs a wasted load, never a wrong answer.
-
-use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
+//! record; done one packet at a time they serialise. `process_batch` runs
+//! the fast path's first step (check, parse, hash) over every frame of a
+//! batch and starts loading their buckets, then (by the time those have
+//! arrived) the records they point at, and only then translates the frames:
+//! the loads of the whole batch overlap, each frame is parsed once, and the
+//! clock and the counters move once per batch. The prefetches are only
+//! hints: a wrong guess costs a wasted load, never a wrong answer.
 
 use crate::engine::{Engine, Verdict};
-use crate::{Proto, Side};
+use crate::fast::Candidate;
+use crate::Side;
 
 /// Frames prefetched together at most; longer batches are taken in chunks.
 pub const MAX_BATCH: usize = 64;
@@ -23,46 +23,29 @@ impl Engine {
         assert_eq!(frames.len(), verdicts.len(), "process_batch: one verdict per frame");
         self.advance(now_ns);
         for (chunk, out) in frames.chunks_mut(MAX_BATCH).zip(verdicts.chunks_mut(MAX_BATCH)) {
-            let mut hashes = [None; MAX_BATCH];
-            for (h, f) in hashes.iter_mut().zip(chunk.iter_mut()) {
-                *h = self.lookup_hash(f.as_mut(), side);
-                if let Some(h) = *h {
-                    self.tables.prefetch_bucket(h);
+            let mut candidates: [Option<Candidate>; MAX_BATCH] = [None; MAX_BATCH];
+            for (c, f) in candidates.iter_mut().zip(chunk.iter_mut()) {
+                *c = self.candidate(f.as_mut(), side);
+                if let Some(c) = c {
+                    self.tables.prefetch_bucket(c.hash());
                 }
             }
-            for &h in hashes.iter().take(chunk.len()).flatten() {
-                self.tables.prefetch_record(h);
+            for c in candidates.iter().take(chunk.len()).flatten() {
+                self.tables.prefetch_record(c.hash());
             }
-            for ((f, v), &h) in chunk.iter_mut().zip(out.iter_mut()).zip(hashes.iter()) {
-                *v = self.process_now(f.as_mut(), side, h);
+            self.stats.received[side as usize] += chunk.len() as u64;
+            let mut fast = 0;
+            for ((f, v), c) in chunk.iter_mut().zip(out.iter_mut()).zip(candidates.iter()) {
+                let frame = f.as_mut();
+                *v = match c.as_ref().and_then(|c| self.forward(frame, side, c)) {
+                    Some(to) => {
+                        fast += 1;
+                        Verdict::Forward(to)
+                    }
+                    None => self.full_path(frame, side),
+                };
             }
+            self.stats.forwarded[side.other() as usize] += fast;
         }
-    }
-
-    /// The hash the fast path will look the frame's mapping up by, from a
-    /// quick parse that trusts the headers (process() checks them).
-    fn lookup_hash(&self, frame: &[u8], side: Side) -> Option<u64> {
-        const L3: usize = ethernet::HEADER_LEN;
-        if frame.len() < L3 + 20 + 8 || get_u16_at(frame, 12) != ethernet::ETHERTYPE_IPV4 {
-            return None;
-        }
-        let (vihl, frag) = (frame[L3], get_u16_at(frame, L3 + 6));
-        if vihl >> 4 != 4 || frag & 0x1fff != 0 {
-            return None;
-        }
-        let l4 = L3 + usize::from(vihl & 0x0f) * 4;
-        if frame.len() < l4 + 8 {
-            return None;
-        }
-        let (p, sport, dport) = match frame[L3 + 9] {
-            proto::TCP => (Proto::Tcp, get_u16_at(frame, l4), get_u16_at(frame, l4 + 2)),
-            proto::UDP => (Proto::Udp, get_u16_at(frame, l4), get_u16_at(frame, l4 + 2)),
-            proto::ICMP => (Proto::Icmp, get_u16_at(frame, l4 + 4), get_u16_at(frame, l4 + 4)),
-            _ => return None,
-        };
-        Some(match side {
-            Side::Inside => self.tables.hash_in(p, get_u32_at(frame, L3 + 12), sport),
-            Side::Outside => self.tables.hash_out(p, get_u32_at(frame, L3 + 16), dport),
-        })
     }
 }

@@ -272,21 +272,15 @@ impl Engine {
     /// earlier than the last one is taken as the last one).
     pub fn process(&mut self, frame: &mut [u8], side: Side, now_ns: u64) -> Verdict {
         self.advance(now_ns);
-        self.process_now(frame, side, None)
-    }
-
-    /// `process` once the clock is set, with the lookup hash if the caller
-    /// (a batch) has it.
-    pub(crate) fn process_now(&mut self, frame: &mut [u8], side: Side, hash: Option<u64>) -> Verdict {
         self.stats.received[side as usize] += 1;
-        if let Some(out) = self.fast_path(frame, side, hash) {
+        if let Some(out) = self.fast_path(frame, side) {
             self.stats.forwarded[out as usize] += 1;
             return Verdict::Forward(out);
         }
         self.full_path(frame, side)
     }
 
-    fn full_path(&mut self, frame: &mut [u8], side: Side) -> Verdict {
+    pub(crate) fn full_path(&mut self, frame: &mut [u8], side: Side) -> Verdict {
         let result = match side {
             Side::Inside => self.arrived_inside(frame),
             Side::Outside => self.arrived_outside(frame),

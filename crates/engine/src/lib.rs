@@ -55,6 +55,15 @@ impl Side {
             Side::Outside => "outside",
         }
     }
+
+    /// The side across the NAT: where a frame arriving here leaves.
+    #[inline]
+    pub fn other(self) -> Side {
+        match self {
+            Side::Inside => Side::Outside,
+            Side::Outside => Side::Inside,
+        }
+    }
 }
 
 /// The transport protocols natrix keeps mappings for.

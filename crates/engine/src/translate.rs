@@ -42,17 +42,46 @@ pub fn rewrite(frame: &mut [u8], l3: usize, l4: L4, which: Which, addr: u32, por
     rewrite_l4(frame, l4, which, addr_delta, port);
 }
 
-/// `rewrite` and the TTL decrement of forwarding in one: the IP header
-/// checksum is patched once for both (the fast path).
-pub fn rewrite_forward(frame: &mut [u8], l3: usize, l4: L4, which: Which, addr: u32, port: u16) {
-    let addr_delta = replace_addr(frame, l3, which, addr);
+/// Where the transport header of a frame without IP options starts.
+const SIMPLE_L4: usize = natrix_wire::ethernet::HEADER_LEN + 20;
+
+/// `rewrite` and the TTL decrement of forwarding in one, for the fast path's
+/// frames (Ethernet, IPv4 without options, TCP or UDP, lengths checked):
+/// each checksum takes one sum of all its changes, folded once.
+#[inline]
+pub fn rewrite_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) {
+    use natrix_wire::{tcp, udp};
+    if tcp {
+        if let Some(f) = frame.first_chunk_mut::<{ SIMPLE_L4 + 20 }>() {
+            patch_forward(f, SIMPLE_L4 + tcp::CHECKSUM_OFFSET, false, which, addr, port);
+        }
+    } else if let Some(f) = frame.first_chunk_mut::<{ SIMPLE_L4 + 8 }>() {
+        patch_forward(f, SIMPLE_L4 + udp::CHECKSUM_OFFSET, true, which, addr, port);
+    }
+}
+
+/// `rewrite_forward` on a frame of known length: every offset is a
+/// constant, so no access needs a bounds check.
+#[inline(always)]
+fn patch_forward<const N: usize>(f: &mut [u8; N], l4_checksum: usize, udp: bool, which: Which, addr: u32, port: u16) {
+    const L3: usize = natrix_wire::ethernet::HEADER_LEN;
+    let (a, p) = match which {
+        Which::Src => (L3 + IP_SRC, SIMPLE_L4),
+        Which::Dst => (L3 + IP_DST, SIMPLE_L4 + 2),
+    };
+    let addr_delta = Delta::from_u32(get_u32_at(f, a), addr);
+    let port_delta = Delta::from_u16(get_u16_at(f, p), port);
+    f[a..a + 4].copy_from_slice(&addr.to_be_bytes());
+    set_u16_at(f, p, port);
     // TTL shares its 16-bit checksum word with the protocol byte.
-    let old = get_u16_at(frame, l3 + IP_TTL);
-    let new = old - 0x0100;
-    set_u16_at(frame, l3 + IP_TTL, new);
-    let c = get_u16_at(frame, l3 + IP_CHECKSUM);
-    set_u16_at(frame, l3 + IP_CHECKSUM, addr_delta.then(Delta::from_u16(old, new)).apply(c));
-    rewrite_l4(frame, l4, which, addr_delta, port);
+    let ttl_word = get_u16_at(f, L3 + IP_TTL);
+    set_u16_at(f, L3 + IP_TTL, ttl_word - 0x0100);
+    let ip_delta = addr_delta.plus(Delta::from_u16(ttl_word, ttl_word - 0x0100));
+    let c = get_u16_at(f, L3 + IP_CHECKSUM);
+    set_u16_at(f, L3 + IP_CHECKSUM, ip_delta.apply(c));
+    let l4_delta = addr_delta.plus(port_delta);
+    let c = get_u16_at(f, l4_checksum);
+    set_u16_at(f, l4_checksum, if udp { l4_delta.apply_udp(c) } else { l4_delta.apply(c) });
 }
 
 /// Writes the new address; returns the checksum difference it makes.
