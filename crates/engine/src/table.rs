@@ -44,21 +44,61 @@ struct Bucket {
 }
 
 impl Bucket {
-    /// Bit i set where slot i holds `tag`: one vector compare on x86-64.
+    /// The slots holding `tag`: two vector compares on x86-64.
     #[inline]
-    fn matches(&self, tag: u16) -> u32 {
-        let mut m = 0u32;
-        for (i, &t) in self.tags.iter().enumerate() {
-            m |= u32::from(t == tag) << i;
+    fn matches(&self, tag: u16) -> SlotMask {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use core::arch::x86_64::{_mm_cmpeq_epi16, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi16};
+            let p = self.tags.as_ptr().cast::<u8>();
+            // SAFETY: SSE2 is part of x86-64. Both unaligned 16-byte loads lie
+            // within `tags` (bytes 0-15 and 4-19 of its 20).
+            let (first, last) = unsafe {
+                let want = _mm_set1_epi16(tag as i16);
+                let first = _mm_movemask_epi8(_mm_cmpeq_epi16(_mm_loadu_si128(p.cast()), want)) as u32;
+                let last = _mm_movemask_epi8(_mm_cmpeq_epi16(_mm_loadu_si128(p.add(4).cast()), want)) as u32;
+                (first, last)
+            };
+            // Each compare sets two mask bits per tag: slots 0-7, then 2-9.
+            SlotMask((first | last << 4) & SlotMask::EVEN)
         }
-        m
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let mut m = 0u32;
+            for (i, &t) in self.tags.iter().enumerate() {
+                m |= u32::from(t == tag) << (2 * i);
+            }
+            SlotMask(m)
+        }
     }
 
     /// Free slots have tag 0, which no live entry has.
     #[inline]
     fn free_slot(&self) -> Option<usize> {
-        let m = self.matches(0);
-        (m != 0).then(|| m.trailing_zeros() as usize)
+        self.matches(0).next()
+    }
+}
+
+/// A set of a bucket's slots: bit 2i stands for slot i (the layout of the
+/// vector compare's byte mask), iterated in slot order.
+#[derive(Clone, Copy)]
+struct SlotMask(u32);
+
+impl SlotMask {
+    const EVEN: u32 = 0x5_5555;
+}
+
+impl Iterator for SlotMask {
+    type Item = usize;
+
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        if self.0 == 0 {
+            return None;
+        }
+        let slot = self.0.trailing_zeros() as usize / 2;
+        self.0 &= self.0 - 1;
+        Some(slot)
     }
 }
 
@@ -125,8 +165,7 @@ impl FlowIndex {
     #[inline]
     pub fn likely(&self, hash: u64) -> Option<u32> {
         let bucket = &self.buckets[self.home(hash)];
-        let m = bucket.matches(tag_of(hash));
-        (m != 0).then(|| bucket.vals[m.trailing_zeros() as usize] - 1)
+        bucket.matches(tag_of(hash)).next().map(|i| bucket.vals[i] - 1)
     }
 
     /// Finds the entry indexed under `hash` for which `eq` holds.
@@ -136,13 +175,11 @@ impl FlowIndex {
         let mut b = self.home(hash);
         for _ in 0..self.buckets.len() {
             let bucket = &self.buckets[b];
-            let mut m = bucket.matches(tag);
-            while m != 0 {
-                let id = bucket.vals[m.trailing_zeros() as usize] - 1;
+            for i in bucket.matches(tag) {
+                let id = bucket.vals[i] - 1;
                 if eq(id) {
                     return Some(id);
                 }
-                m &= m - 1;
             }
             if bucket.spills == 0 {
                 return None;
@@ -183,7 +220,7 @@ impl FlowIndex {
         let home = self.home(hash);
         let mut b = home;
         loop {
-            if let Some(i) = (0..SLOTS).find(|&i| self.buckets[b].vals[i] == id + 1 && self.buckets[b].tags[i] == tag) {
+            if let Some(i) = self.buckets[b].matches(tag).find(|&i| self.buckets[b].vals[i] == id + 1) {
                 self.buckets[b].vals[i] = EMPTY;
                 self.buckets[b].tags[i] = 0;
                 self.len -= 1;
@@ -219,6 +256,22 @@ mod tests {
     #[test]
     fn bucket_is_one_cache_line() {
         assert_eq!(core::mem::size_of::<Bucket>(), 64);
+    }
+
+    #[test]
+    fn matches_finds_every_slot_holding_the_tag_and_no_other() {
+        for pattern in [0u32, 1, 0x200, 0x3ff, 0x155, 0x2aa, 0x101] {
+            let mut b = Bucket::default();
+            for i in 0..SLOTS {
+                b.tags[i] = if pattern >> i & 1 == 1 { 0xbeef } else { 0x1000 + i as u16 };
+            }
+            // Bytes after the tags must not be read as an eleventh slot.
+            b.spills = 0xef;
+            b._pad = [0xbe; 3];
+            let found: Vec<usize> = b.matches(0xbeef).collect();
+            let want: Vec<usize> = (0..SLOTS).filter(|&i| pattern >> i & 1 == 1).collect();
+            assert_eq!(found, want, "pattern {pattern:#x}");
+        }
     }
 
     #[test]
