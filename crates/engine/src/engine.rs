@@ -15,7 +15,7 @@ use crate::fragment::{FragKey, FragRewrite, Fragments};
 use crate::generate::{self, OutFrame, OutQueue};
 use crate::pool::{AllocError, Pool};
 use crate::rng::Rng;
-use crate::session::{mapping_flags, Mapping, Tables};
+use crate::session::{mapping_flags, Endpoints, Mapping, Tables};
 use crate::shard::{self, Owners};
 use crate::subscriber::{Subscribers, NONE};
 use crate::trackers::{self, Direction, TimeoutClass};
@@ -655,21 +655,17 @@ impl Engine {
         }
     }
 
-    pub(crate) fn track(&mut self, id: u32, dir: Direction, tcp_flags: u8, refresh: bool) {
-        let s = self.tables.session(id);
-        let class = match s.proto {
+    /// Runs a packet of session `id` through its protocol's tracker and
+    /// refreshes it; returns its endpoints for the rewrite.
+    #[inline]
+    pub(crate) fn track(&mut self, id: u32, dir: Direction, tcp_flags: u8, refresh: bool) -> Endpoints {
+        self.tables.on_packet(id, self.now_s, refresh, |proto, state, class| match proto {
             Proto::Tcp => {
-                let state = self.tables.state_mut(id);
                 trackers::tcp::on_segment(state, dir, tcp_flags);
                 trackers::tcp::timeout_class(*state)
             }
-            _ => s.class,
-        };
-        if refresh {
-            self.tables.touch(id, self.now_s, class);
-        } else {
-            self.tables.reclassify(id, class);
-        }
+            _ => class,
+        })
     }
 
     fn create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {

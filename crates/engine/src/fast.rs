@@ -85,11 +85,10 @@ impl Engine {
             Side::Inside => (self.tables.find_session_in_hashed(c.hash, c.proto, c.src, c.sport, c.dst, c.dport)?, Direction::Out, true),
             Side::Outside => (self.tables.find_session_out_hashed(c.hash, c.proto, c.dst, c.dport, c.src, c.sport)?, Direction::In, self.cfg.inbound_refresh),
         };
-        self.track(session, dir, c.tcp_flags, refresh);
-        let s = self.tables.session(session);
+        let ends = self.track(session, dir, c.tcp_flags, refresh);
         let (which, addr, port) = match side {
-            Side::Inside => (Which::Src, s.ext_addr, s.ext_port),
-            Side::Outside => (Which::Dst, s.int_addr, s.int_port),
+            Side::Inside => (Which::Src, ends.ext_addr, ends.ext_port),
+            Side::Outside => (Which::Dst, ends.int_addr, ends.int_port),
         };
         translate::rewrite_forward(frame, c.proto == Proto::Tcp, which, addr, port);
         Some(side.other())

@@ -125,6 +125,9 @@ pub struct Pool {
     addrs: Vec<u32>,
     /// The addresses in service, sorted, with their index.
     in_service: Vec<(u32, u32)>,
+    /// `in_service`'s lowest address, its span above that (None: empty),
+    /// and whether it fills the span: every packet asks `contains`.
+    span: Option<(u32, u32, bool)>,
     spaces: Vec<PortSpace>,
     lo: u16,
     hi: u16,
@@ -143,7 +146,16 @@ impl Pool {
         let spaces = (0..addrs.len() * Proto::COUNT).map(|_| PortSpace::new(lo, hi, blocks)).collect();
         let mut in_service: Vec<(u32, u32)> = addrs.iter().enumerate().map(|(i, &a)| (a, i as u32)).collect();
         in_service.sort_unstable();
-        Pool { addrs: addrs.to_vec(), in_service, spaces, lo, hi, block_size, selection, parity, hold_down_s, holds: VecDeque::new(), ports_in_use: 0 }
+        let mut pool = Pool { addrs: addrs.to_vec(), in_service, span: None, spaces, lo, hi, block_size, selection, parity, hold_down_s, holds: VecDeque::new(), ports_in_use: 0 };
+        pool.measure_span();
+        pool
+    }
+
+    fn measure_span(&mut self) {
+        self.span = match (self.in_service.first(), self.in_service.last()) {
+            (Some(&(first, _)), Some(&(last, _))) => Some((first, last - first, (last - first) as usize + 1 == self.in_service.len())),
+            _ => None,
+        };
     }
 
     /// The addresses in service, sorted.
@@ -162,11 +174,13 @@ impl Pool {
         self.spaces.extend((0..Proto::COUNT).map(|_| PortSpace::new(self.lo, self.hi, blocks)));
         let at = self.in_service.partition_point(|&(a, _)| a < addr);
         self.in_service.insert(at, (addr, index));
+        self.measure_span();
     }
 
     /// Takes an address out of service; the caller has deleted its mappings.
     pub fn retire_address(&mut self, addr: u32) {
         self.in_service.retain(|&(a, _)| a != addr);
+        self.measure_span();
     }
 
     pub fn set_policy(&mut self, selection: PortSelection, parity: bool, hold_down_s: u32) {
@@ -179,11 +193,8 @@ impl Pool {
     /// pool without holes needs no search at all.
     #[inline]
     pub fn contains(&self, addr: u32) -> bool {
-        let (Some(&(first, _)), Some(&(last, _))) = (self.in_service.first(), self.in_service.last()) else { return false };
-        if addr < first || addr > last {
-            return false;
-        }
-        (last - first) as usize + 1 == self.in_service.len() || self.index_of(addr).is_some()
+        let Some((first, span, dense)) = self.span else { return false };
+        addr.wrapping_sub(first) <= span && (dense || self.index_of(addr).is_some())
     }
 
     pub fn index_of(&self, addr: u32) -> Option<u32> {

@@ -111,6 +111,22 @@ struct Extra {
     live: bool,
 }
 
+/// The two ends of a mapping, as a rewrite needs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoints {
+    pub int_addr: u32,
+    pub int_port: u16,
+    pub ext_addr: u32,
+    pub ext_port: u16,
+}
+
+impl Endpoints {
+    #[inline]
+    fn of(r: &Record) -> Self {
+        Endpoints { int_addr: r.int_addr, int_port: r.int_port, ext_addr: r.ext_addr, ext_port: r.ext_port }
+    }
+}
+
 /// What one lookup found: the mapping of the endpoint, and the session with
 /// the remote if there is one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -567,14 +583,37 @@ impl Tables {
         }
     }
 
-    /// Changes a session's class without refreshing it (inbound packets when
-    /// inbound refresh is off still advance TCP state).
-    pub fn reclassify(&mut self, id: u32, class: TimeoutClass) {
-        let (last_used, old) = self.timer_of(id);
-        if class != old {
-            self.set_timer(id, last_used, class);
+    /// One packet of session `id`, in one visit to its record: `advance`
+    /// turns the tracker state (given the protocol and the timeout class)
+    /// into the new state and returns the new class; the session is
+    /// refreshed to `now_s` if `refresh` (inbound packets with inbound
+    /// refresh off only reclassify it). Returns the endpoints to rewrite to.
+    #[inline]
+    pub fn on_packet(&mut self, id: u32, now_s: u32, refresh: bool, advance: impl FnOnce(Proto, &mut u8, TimeoutClass) -> TimeoutClass) -> Endpoints {
+        let (old, new, ends) = if id & EXTRA == 0 {
+            let r = &mut self.records[id as usize];
+            let old = r.class;
+            let new = advance(r.proto, &mut r.state, old);
+            r.class = new;
+            if refresh {
+                r.last_used = now_s;
+            }
+            (old, new, Endpoints::of(r))
+        } else {
+            let x = &mut self.extras[(id & !EXTRA) as usize];
+            let r = &self.records[x.mapping as usize];
+            let old = x.class;
+            let new = advance(r.proto, &mut x.state, old);
+            x.class = new;
+            if refresh {
+                x.last_used = now_s;
+            }
+            (old, new, Endpoints::of(r))
+        };
+        if new != old {
             self.rearm_if_sooner(id);
         }
+        ends
     }
 
     #[inline]
@@ -833,7 +872,8 @@ mod tests {
         let m2 = t.insert_mapping(mapping(4001, 5001)).unwrap();
         let a = t.insert_session(m1, 1, 1, 0, TimeoutClass::TcpEstablished, 0).unwrap();
         let b = t.insert_session(m2, 2, 2, 0, TimeoutClass::TcpEstablished, 0).unwrap();
-        t.reclassify(a, TimeoutClass::TcpTransitory);
+        let ends = t.on_packet(a, 0, false, |_, _, _| TimeoutClass::TcpTransitory);
+        assert_eq!((ends.int_port, ends.ext_port), (4000, 5000));
         assert!(expire(&mut t, 240).is_empty());
         assert_eq!(expire(&mut t, 241), vec![a]);
         t.remove_session(a);

@@ -88,7 +88,9 @@ impl Delta {
     /// Applies the difference to a stored checksum field value (RFC 1624: HC' = ~(~HC + ~m + m')).
     #[inline]
     pub fn apply(self, field: u16) -> u16 {
-        !fold(u32::from(!field) + u32::from(fold(self.0)))
+        // A sum of nonnegative terms is zero only if every term is, so one
+        // fold at the end gives the same field as folding the delta first.
+        !fold(u32::from(!field) + self.0)
     }
 
     /// Applies the difference to a UDP checksum field, where 0 means "no checksum"
