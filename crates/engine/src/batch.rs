@@ -2,9 +2,10 @@
 //! round trip (100+ ns) for the index bucket and another for the mapping
 //! record; done one packet at a time they serialise. `process_batch` runs
 //! the fast path's first step (check, parse, hash) over every frame of a
-//! batch and starts loading their buckets, then (by the time those have
-//! arrived) the records they point at, and only then translates the frames:
-//! the loads of the whole batch overlap, each frame is parsed once, and the
+//! batch and starts loading their buckets, then translates the frames, each
+//! time starting to load the record a frame a few places further on will
+//! need (its bucket has arrived by then and says where it is): the loads of
+//! the whole batch overlap, each frame is parsed once, and the
 //! clock and the counters move once per batch. The prefetches are only
 //! hints: a wrong guess costs a wasted load, never a wrong answer.
 
@@ -14,6 +15,8 @@ use crate::Side;
 
 /// Frames prefetched together at most; longer batches are taken in chunks.
 pub const MAX_BATCH: usize = 64;
+/// How many frames ahead of its translation a frame's record is prefetched.
+const RECORD_LEAD: usize = 8;
 
 impl Engine {
     /// Translates `frames`, all arrived on `side` at `now_ns`, in place;
@@ -30,14 +33,20 @@ impl Engine {
                     self.tables.prefetch_bucket(c.hash());
                 }
             }
-            for c in candidates.iter().take(chunk.len()).flatten() {
+            // Each record is prefetched a few frames ahead of its use: late
+            // enough that its bucket has arrived to say where it is, early
+            // enough that it arrives before the frame is translated.
+            for c in candidates.iter().take(chunk.len().min(RECORD_LEAD)).flatten() {
                 self.tables.prefetch_record(c.hash());
             }
             self.stats.received[side as usize] += chunk.len() as u64;
             let mut fast = 0;
-            for ((f, v), c) in chunk.iter_mut().zip(out.iter_mut()).zip(candidates.iter()) {
+            for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
+                if let Some(ahead) = candidates.get(i + RECORD_LEAD).and_then(Option::as_ref) {
+                    self.tables.prefetch_record(ahead.hash());
+                }
                 let frame = f.as_mut();
-                *v = match c.as_ref().and_then(|c| self.forward(frame, side, c)) {
+                *v = match candidates[i].as_ref().and_then(|c| self.forward(frame, side, c)) {
                     Some(to) => {
                         fast += 1;
                         Verdict::Forward(to)
