@@ -61,7 +61,9 @@ pub fn rewrite_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, por
 }
 
 /// `rewrite_forward` on a frame of known length: every offset is a
-/// constant, so no access needs a bounds check.
+/// constant, so no access needs a bounds check. A one's complement sum comes
+/// out the same in either byte order (RFC 1071 section 2), so every word is
+/// read and written in the CPU's own order, without byte swaps.
 #[inline(always)]
 fn patch_forward<const N: usize>(f: &mut [u8; N], l4_checksum: usize, udp: bool, which: Which, addr: u32, port: u16) {
     const L3: usize = natrix_wire::ethernet::HEADER_LEN;
@@ -69,19 +71,31 @@ fn patch_forward<const N: usize>(f: &mut [u8; N], l4_checksum: usize, udp: bool,
         Which::Src => (L3 + IP_SRC, SIMPLE_L4),
         Which::Dst => (L3 + IP_DST, SIMPLE_L4 + 2),
     };
-    let addr_delta = Delta::from_u32(get_u32_at(f, a), addr);
-    let port_delta = Delta::from_u16(get_u16_at(f, p), port);
-    f[a..a + 4].copy_from_slice(&addr.to_be_bytes());
-    set_u16_at(f, p, port);
+    let (new_addr, new_port) = (addr.to_be_bytes(), port.to_be_bytes());
+    let addr_delta = Delta::from_u32(ne_u32(f, a), u32::from_ne_bytes(new_addr));
+    let port_delta = Delta::from_u16(ne_u16(f, p), u16::from_ne_bytes(new_port));
+    f[a..a + 4].copy_from_slice(&new_addr);
+    f[p..p + 2].copy_from_slice(&new_port);
     // TTL shares its 16-bit checksum word with the protocol byte.
-    let ttl_word = get_u16_at(f, L3 + IP_TTL);
-    set_u16_at(f, L3 + IP_TTL, ttl_word - 0x0100);
-    let ip_delta = addr_delta.plus(Delta::from_u16(ttl_word, ttl_word - 0x0100));
-    let c = get_u16_at(f, L3 + IP_CHECKSUM);
-    set_u16_at(f, L3 + IP_CHECKSUM, ip_delta.apply(c));
+    let ttl_word = ne_u16(f, L3 + IP_TTL);
+    f[L3 + IP_TTL] -= 1;
+    let ip_delta = addr_delta.plus(Delta::from_u16(ttl_word, ne_u16(f, L3 + IP_TTL)));
+    let c = ip_delta.apply(ne_u16(f, L3 + IP_CHECKSUM));
+    f[L3 + IP_CHECKSUM..L3 + IP_CHECKSUM + 2].copy_from_slice(&c.to_ne_bytes());
     let l4_delta = addr_delta.plus(port_delta);
-    let c = get_u16_at(f, l4_checksum);
-    set_u16_at(f, l4_checksum, if udp { l4_delta.apply_udp(c) } else { l4_delta.apply(c) });
+    let c = ne_u16(f, l4_checksum);
+    let c = if udp { l4_delta.apply_udp(c) } else { l4_delta.apply(c) };
+    f[l4_checksum..l4_checksum + 2].copy_from_slice(&c.to_ne_bytes());
+}
+
+#[inline(always)]
+fn ne_u16<const N: usize>(f: &[u8; N], at: usize) -> u16 {
+    u16::from_ne_bytes([f[at], f[at + 1]])
+}
+
+#[inline(always)]
+fn ne_u32<const N: usize>(f: &[u8; N], at: usize) -> u32 {
+    u32::from_ne_bytes([f[at], f[at + 1], f[at + 2], f[at + 3]])
 }
 
 /// Writes the new address; returns the checksum difference it makes.
