@@ -103,10 +103,12 @@ impl Engine {
 }
 
 /// RFC 1071: a 20-byte header whose checksum is right sums to all ones.
-/// Summed as five 32-bit words (the one's complement sum is the same).
+/// Summed as five 32-bit words in the CPU's byte order (the one's complement
+/// sum is the same, and all ones reads the same either way).
 #[inline]
 fn header_checksum_ok(h: &[u8]) -> bool {
-    let sum: u64 = (0..5).map(|i| u64::from(get_u32_at(h, 4 * i))).sum();
+    let Some(h) = h.first_chunk::<IP_HEADER>() else { return false };
+    let sum: u64 = (0..5).map(|i| u64::from(u32::from_ne_bytes([h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]]))).sum();
     let sum = (sum & 0xffff_ffff) + (sum >> 32);
     let sum = (sum & 0xffff) + (sum >> 16);
     let sum = (sum & 0xffff) + (sum >> 16);
