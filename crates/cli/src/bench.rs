@@ -30,7 +30,7 @@ pub struct Args {
 }
 
 const DEFAULT_FLOWS: [u64; 4] = [1 << 10, 1 << 16, 1 << 20, 1 << 24];
-const BATCH: usize = 32;
+const BATCH: usize = 64;
 const FLOWS_PER_SUBSCRIBER: u64 = 64;
 const FRAME_LEN: usize = 60;
 /// Pool: 198.19.0.0/22; servers: 198.18.0.0/16 (RFC 2544 benchmarking space).
