@@ -16,7 +16,7 @@ use crate::Side;
 /// Frames prefetched together at most; longer batches are taken in chunks.
 pub const MAX_BATCH: usize = 64;
 /// How many frames ahead of its translation a frame's record is prefetched.
-const RECORD_LEAD: usize = 8;
+const RECORD_LEAD: usize = 16;
 
 impl Engine {
     /// Translates `frames`, all arrived on `side` at `now_ns`, in place;

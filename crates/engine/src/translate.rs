@@ -51,13 +51,12 @@ const SIMPLE_L4: usize = natrix_wire::ethernet::HEADER_LEN + 20;
 #[inline]
 pub fn rewrite_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) {
     use natrix_wire::{tcp, udp};
-    if tcp {
-        if let Some(f) = frame.first_chunk_mut::<{ SIMPLE_L4 + 20 }>() {
-            patch_forward(f, SIMPLE_L4 + tcp::CHECKSUM_OFFSET, false, which, addr, port);
-        }
-    } else if let Some(f) = frame.first_chunk_mut::<{ SIMPLE_L4 + 8 }>() {
-        patch_forward(f, SIMPLE_L4 + udp::CHECKSUM_OFFSET, true, which, addr, port);
-    }
+    let patched = if tcp {
+        frame.first_chunk_mut::<{ SIMPLE_L4 + 20 }>().map(|f| patch_forward(f, SIMPLE_L4 + tcp::CHECKSUM_OFFSET, false, which, addr, port))
+    } else {
+        frame.first_chunk_mut::<{ SIMPLE_L4 + 8 }>().map(|f| patch_forward(f, SIMPLE_L4 + udp::CHECKSUM_OFFSET, true, which, addr, port))
+    };
+    debug_assert!(patched.is_some(), "rewrite_forward: the fast path let through a frame too short for its transport header");
 }
 
 /// `rewrite_forward` on a frame of known length: every offset is a

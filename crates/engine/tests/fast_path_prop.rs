@@ -169,11 +169,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
     /// `process_batch` (batch prefetch, hashes handed to the lookups, one
     /// clock step) decides every frame as the full path does frame by frame,
-    /// new flows and replies mixed in one batch, damaged frames included.
+    /// new flows and replies mixed in one batch, damaged frames included,
+    /// batches longer than one prefetch chunk (64 frames) included.
     #[test]
     fn a_batch_decides_as_the_full_path_does(
         flows in flows(),
-        batches in proptest::collection::vec((prop_oneof![Just(300u64), Just(150_000), Just(301_000)], proptest::collection::vec((0usize..8, any::<bool>(), damage(), any::<bool>()), 1..40)), 1..6),
+        batches in proptest::collection::vec((prop_oneof![Just(300u64), Just(150_000), Just(301_000)], proptest::collection::vec((0usize..8, any::<bool>(), damage(), any::<bool>()), 1..150)), 1..6),
     ) {
         let cfg = config();
         let (mut batched, mut full) = (engine(cfg.clone()), engine(cfg));
