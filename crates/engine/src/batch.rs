@@ -40,21 +40,16 @@ impl Engine {
                 self.tables.prefetch_record(c.hash());
             }
             self.stats.received[side as usize] += chunk.len() as u64;
-            let mut fast = 0;
             for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
                 if let Some(ahead) = candidates.get(i + RECORD_LEAD).and_then(Option::as_ref) {
                     self.tables.prefetch_record(ahead.hash());
                 }
                 let frame = f.as_mut();
-                *v = match candidates[i].as_ref().and_then(|c| self.forward(frame, side, c)) {
-                    Some(to) => {
-                        fast += 1;
-                        Verdict::Forward(to)
-                    }
+                *v = match &candidates[i] {
+                    Some(c) => self.decide(frame, side, c),
                     None => self.full_path(frame, side),
                 };
             }
-            self.stats.forwarded[side.other() as usize] += fast;
         }
     }
 }

@@ -70,13 +70,13 @@ pub(crate) struct Ip {
 
 /// The transport view of a first (or only) fragment.
 #[derive(Debug, Clone, Copy)]
-struct Flow {
-    proto: Proto,
-    sport: u16,
-    dport: u16,
-    tcp_flags: u8,
-    l4: L4,
-    icmp_class: Option<icmp::Class>,
+pub(crate) struct Flow {
+    pub proto: Proto,
+    pub sport: u16,
+    pub dport: u16,
+    pub tcp_flags: u8,
+    pub l4: L4,
+    pub icmp_class: Option<icmp::Class>,
 }
 
 impl Flow {
@@ -273,11 +273,10 @@ impl Engine {
     pub fn process(&mut self, frame: &mut [u8], side: Side, now_ns: u64) -> Verdict {
         self.advance(now_ns);
         self.stats.received[side as usize] += 1;
-        if let Some(out) = self.fast_path(frame, side) {
-            self.stats.forwarded[out as usize] += 1;
-            return Verdict::Forward(out);
+        match self.candidate(frame, side) {
+            Some(c) => self.decide(frame, side, &c),
+            None => self.full_path(frame, side),
         }
-        self.full_path(frame, side)
     }
 
     pub(crate) fn full_path(&mut self, frame: &mut [u8], side: Side) -> Verdict {
@@ -285,6 +284,11 @@ impl Engine {
             Side::Inside => self.arrived_inside(frame),
             Side::Outside => self.arrived_outside(frame),
         };
+        self.verdict_of(result)
+    }
+
+    /// Counts a handled frame's outcome and says what became of it.
+    fn verdict_of(&mut self, result: Result<Option<Side>, DropReason>) -> Verdict {
         match result {
             Ok(Some(out)) => {
                 self.stats.forwarded[out as usize] += 1;
@@ -420,16 +424,23 @@ impl Engine {
         } else if self.is_icmp_error(frame, &ip) {
             self.icmp_error_from_inside(frame, &ip)?
         } else {
-            match self.translate_out(frame, &ip) {
-                Err(r) if r.is_resource() => {
-                    self.refuse(frame, ip.l3);
-                    return Err(r);
-                }
-                other => other?,
-            }
+            let flow = self.parse_flow(frame, &ip)?;
+            self.translate_out(frame, &ip, &flow)?
         };
         self.finish_forward(frame, &ip, Side::Inside, out);
         Ok(Some(out))
+    }
+
+    /// An outbound TCP or UDP datagram that has passed every check before
+    /// translation, with no session yet: the full path's own handling from
+    /// there on (policy, quotas, allocation, logging). The fast path, which
+    /// has parsed and checked the frame already, enters here.
+    pub(crate) fn open_outbound(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow) -> Verdict {
+        let result = self.translate_out(frame, ip, flow).map(|out| {
+            self.finish_forward(frame, ip, Side::Inside, out);
+            Some(out)
+        });
+        self.verdict_of(result)
     }
 
     fn arrived_outside(&mut self, frame: &mut [u8]) -> Result<Option<Side>, DropReason> {
@@ -542,8 +553,19 @@ impl Engine {
         self.cfg.exempt.iter().any(|e| e.matches(ip.src, sport))
     }
 
-    fn translate_out(&mut self, frame: &mut [u8], ip: &Ip) -> Result<Side, DropReason> {
-        let flow = self.parse_flow(frame, ip)?;
+    /// Translates an outbound datagram; refusals for lack of resources are
+    /// answered (RFC 6888 REQ-8).
+    fn translate_out(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow) -> Result<Side, DropReason> {
+        match self.translate_out_flow(frame, ip, flow) {
+            Err(r) if r.is_resource() => {
+                self.refuse(frame, ip.l3);
+                Err(r)
+            }
+            other => other,
+        }
+    }
+
+    fn translate_out_flow(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow) -> Result<Side, DropReason> {
         let hairpin = self.pool.contains(ip.dst);
         let may_create = match flow.icmp_class {
             None | Some(icmp::Class::QueryRequest) => true,
@@ -554,7 +576,7 @@ impl Engine {
             // Queries to a pool address reach no subscriber: identifiers are ours.
             return Err(DropReason::NoMapping);
         }
-        let sid = self.outbound_session(frame, ip, &flow, may_create)?;
+        let sid = self.outbound_session(frame, ip, flow, may_create)?;
         let s = self.tables.session(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
         if !hairpin || !self.owns_external(flow.proto, ip.dst, flow.dport) {

@@ -3,18 +3,20 @@
 //! the frame's bytes, with the address, port and TTL patched under one
 //! checksum update per header. It works in two steps, so that a batch can
 //! run the first for all its frames before the second: `candidate` checks
-//! and parses a frame and hashes its lookup key, changing nothing;
-//! `forward` finds the session and translates. Anything else (first
-//! packets, ICMP, hairpins, fragments, options, PCP, exempt traffic,
-//! anything malformed) falls out of one step or the other untouched, and
-//! the full path decides it on its own. The fast path only does less work
-//! for the one case it knows.
+//! and parses a frame and hashes its lookup key, changing nothing; `decide`
+//! finds the session and translates (`forward`). An outbound candidate
+//! without a session enters the full path's handling past the parse and
+//! checks it has already made (`open`), so a new flow is parsed once.
+//! Anything else (ICMP, hairpins, fragments, options, PCP, exempt traffic,
+//! inbound packets without a session, anything malformed) is not a
+//! candidate, or falls out of `forward` untouched, and the full path decides
+//! it on its own. The fast path only does less work for the cases it knows.
 
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
 
-use crate::engine::{is_martian, Engine};
+use crate::engine::{is_martian, Engine, Flow, Ip, Verdict};
 use crate::trackers::Direction;
-use crate::translate::{self, Which};
+use crate::translate::{self, Which, L4};
 use crate::{Proto, Side};
 
 const L3: usize = ethernet::HEADER_LEN;
@@ -34,6 +36,7 @@ pub(crate) struct Candidate {
     dport: u16,
     proto: Proto,
     tcp_flags: u8,
+    l4_len: u16,
 }
 
 impl Candidate {
@@ -74,7 +77,7 @@ impl Engine {
             Side::Outside if self.pool.contains(dst) => self.tables.hash_out(proto, dst, dport),
             _ => return None,
         };
-        Some(Candidate { hash, src, dst, sport, dport, proto, tcp_flags })
+        Some(Candidate { hash, src, dst, sport, dport, proto, tcp_flags, l4_len: l4_len as u16 })
     }
 
     /// Translates the candidate `frame` if its session exists; returns the
@@ -94,11 +97,43 @@ impl Engine {
         Some(side.other())
     }
 
-    /// Both steps for one frame.
+    /// Decides a candidate `frame`: translated here if its session exists;
+    /// an outbound one without a session opens it through the full path's
+    /// handling, past the parse and checks `candidate` has made; an inbound
+    /// one takes the full path.
     #[inline]
-    pub(crate) fn fast_path(&mut self, frame: &mut [u8], side: Side) -> Option<Side> {
-        let c = self.candidate(frame, side)?;
-        self.forward(frame, side, &c)
+    pub(crate) fn decide(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Verdict {
+        if let Some(out) = self.forward(frame, side, c) {
+            self.stats.forwarded[out as usize] += 1;
+            return Verdict::Forward(out);
+        }
+        match side {
+            Side::Inside => self.open(frame, c),
+            Side::Outside => self.full_path(frame, side),
+        }
+    }
+
+    fn open(&mut self, frame: &mut [u8], c: &Candidate) -> Verdict {
+        let l4_len = usize::from(c.l4_len);
+        let (ip_proto, l4) = match c.proto {
+            Proto::Tcp => (proto::TCP, L4::Tcp { at: AT, len: l4_len }),
+            _ => (proto::UDP, L4::Udp { at: AT }),
+        };
+        let ip = Ip {
+            l3: L3,
+            l4: AT,
+            l4_len,
+            proto: ip_proto,
+            src: c.src,
+            dst: c.dst,
+            ttl: frame[L3 + 8],
+            ident: get_u16_at(frame, L3 + 4),
+            first_frag: false,
+            later_frag: false,
+            dont_fragment: frame[L3 + 6] & 0x40 != 0,
+        };
+        let flow = Flow { proto: c.proto, sport: c.sport, dport: c.dport, tcp_flags: c.tcp_flags, l4, icmp_class: None };
+        self.open_outbound(frame, &ip, &flow)
     }
 }
 
