@@ -23,7 +23,7 @@ fn checksum_update(c: &mut Criterion) {
         let mut field = 0x1c46u16;
         let mut addr = 0x6440_000au32;
         b.iter(|| {
-            let d = Delta::from_u32(addr, addr ^ 0x5555).then(Delta::from_u16(40000, 1024));
+            let d = Delta::from_u32(addr, addr ^ 0x5555).plus(Delta::from_u16(40000, 1024));
             field = d.apply(black_box(field));
             addr = addr.wrapping_add(1);
             field

@@ -121,7 +121,7 @@ fn rewrite_l4(frame: &mut [u8], l4: L4, which: Which, addr_delta: Delta, port: u
             set_u16_at(frame, at + port_off, port);
             // A TCP header quoted in an ICMP error may stop before its checksum.
             if len >= natrix_wire::tcp::CHECKSUM_OFFSET + 2 {
-                let d = addr_delta.then(Delta::from_u16(old_port, port));
+                let d = addr_delta.plus(Delta::from_u16(old_port, port));
                 let ck = at + natrix_wire::tcp::CHECKSUM_OFFSET;
                 let c = get_u16_at(frame, ck);
                 set_u16_at(frame, ck, d.apply(c));
@@ -130,7 +130,7 @@ fn rewrite_l4(frame: &mut [u8], l4: L4, which: Which, addr_delta: Delta, port: u
         L4::Udp { at } => {
             let old_port = get_u16_at(frame, at + port_off);
             set_u16_at(frame, at + port_off, port);
-            let d = addr_delta.then(Delta::from_u16(old_port, port));
+            let d = addr_delta.plus(Delta::from_u16(old_port, port));
             let ck = at + natrix_wire::udp::CHECKSUM_OFFSET;
             let c = get_u16_at(frame, ck);
             set_u16_at(frame, ck, d.apply_udp(c));
