@@ -51,26 +51,35 @@ impl Engine {
     /// each one failing sends the frame there. Reads the frame, changes nothing.
     #[inline]
     pub(crate) fn candidate(&self, frame: &[u8], side: Side) -> Option<Candidate> {
-        if frame.len() < AT || get_u16_at(frame, 12) != ethernet::ETHERTYPE_IPV4 || frame[L3] != 0x45 {
+        // The shortest candidate: Ethernet, IPv4 without options, a UDP
+        // header. Read through a fixed-length view, no field needs a bounds check.
+        let h = frame.first_chunk::<{ AT + UDP_HEADER }>()?;
+        if get_u16_at(h, 12) != ethernet::ETHERTYPE_IPV4 || h[L3] != 0x45 {
             return None;
         }
-        let total = usize::from(get_u16_at(frame, L3 + 2));
+        let total = usize::from(get_u16_at(h, L3 + 2));
         // More-fragments and offset both clear; TTL left to decrement.
-        if total < IP_HEADER || total > frame.len() - L3 || get_u16_at(frame, L3 + 6) & 0x3fff != 0 || frame[L3 + 8] <= 1 {
+        if total < IP_HEADER || total > frame.len() - L3 || get_u16_at(h, L3 + 6) & 0x3fff != 0 || h[L3 + 8] <= 1 {
             return None;
         }
         let l4_len = total - IP_HEADER;
-        let (proto, tcp_flags) = match frame[L3 + 9] {
-            proto::TCP if l4_len >= TCP_HEADER && (TCP_HEADER..=l4_len).contains(&(usize::from(frame[AT + 12] >> 4) * 4)) => (Proto::Tcp, frame[AT + 13]),
-            proto::UDP if l4_len >= UDP_HEADER && (UDP_HEADER..=l4_len).contains(&usize::from(get_u16_at(frame, AT + 4))) => (Proto::Udp, 0),
+        let (proto, tcp_flags) = match h[L3 + 9] {
+            proto::TCP if l4_len >= TCP_HEADER => {
+                let t = frame.first_chunk::<{ AT + TCP_HEADER }>()?;
+                if !(TCP_HEADER..=l4_len).contains(&(usize::from(t[AT + 12] >> 4) * 4)) {
+                    return None;
+                }
+                (Proto::Tcp, t[AT + 13])
+            }
+            proto::UDP if l4_len >= UDP_HEADER && (UDP_HEADER..=l4_len).contains(&usize::from(get_u16_at(h, AT + 4))) => (Proto::Udp, 0),
             _ => return None,
         };
-        let (src, dst) = (get_u32_at(frame, L3 + 12), get_u32_at(frame, L3 + 16));
+        let (src, dst) = (get_u32_at(h, L3 + 12), get_u32_at(h, L3 + 16));
         let mtu = self.cfg.egress_mtu[side.other() as usize];
-        if is_martian(src) || is_martian(dst) || (mtu != 0 && total > usize::from(mtu)) || !self.cfg.exempt.is_empty() || !header_checksum_ok(&frame[L3..AT]) {
+        if is_martian(src) || is_martian(dst) || (mtu != 0 && total > usize::from(mtu)) || !self.cfg.exempt.is_empty() || !header_checksum_ok(h) {
             return None;
         }
-        let (sport, dport) = (get_u16_at(frame, AT), get_u16_at(frame, AT + 2));
+        let (sport, dport) = (get_u16_at(h, AT), get_u16_at(h, AT + 2));
         let hash = match side {
             // Hairpins and the NAT's own address take the full path.
             Side::Inside if dst != self.cfg.inside_addr && !self.pool.contains(dst) => self.tables.hash_in(proto, src, sport),
@@ -140,10 +149,10 @@ impl Engine {
 /// RFC 1071: a 20-byte header whose checksum is right sums to all ones.
 /// Summed as five 32-bit words in the CPU's byte order (the one's complement
 /// sum is the same, and all ones reads the same either way).
-#[inline]
-fn header_checksum_ok(h: &[u8]) -> bool {
-    let Some(h) = h.first_chunk::<IP_HEADER>() else { return false };
-    let sum: u64 = (0..5).map(|i| u64::from(u32::from_ne_bytes([h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]]))).sum();
+#[inline(always)]
+fn header_checksum_ok(frame: &[u8; AT + UDP_HEADER]) -> bool {
+    let word = |i: usize| u64::from(u32::from_ne_bytes([frame[L3 + 4 * i], frame[L3 + 4 * i + 1], frame[L3 + 4 * i + 2], frame[L3 + 4 * i + 3]]));
+    let sum: u64 = (0..5).map(word).sum();
     let sum = (sum & 0xffff_ffff) + (sum >> 32);
     let sum = (sum & 0xffff) + (sum >> 16);
     let sum = (sum & 0xffff) + (sum >> 16);
