@@ -619,19 +619,14 @@ impl Engine {
         if !may_create {
             return Err(DropReason::NoMapping);
         }
-        let (mid, new_mapping) = match found {
-            Some(f) => (f.mapping, false),
-            None => (self.create_mapping(frame, ip.l3, flow.proto, ip.src, port)?, true),
-        };
-        let sid = match self.create_session(mid, ip.dst, rport, Direction::Out, flow.tcp_flags) {
-            Ok(sid) => sid,
-            Err(r) => {
-                if new_mapping {
-                    self.delete_mapping(mid, true);
-                }
-                return Err(r);
+        let made = match found {
+            Some(f) => self.create_session(f.mapping, ip.dst, rport, Direction::Out, flow.tcp_flags),
+            None => {
+                let (mid, sub) = self.create_mapping(frame, ip.l3, flow.proto, ip.src, port)?;
+                self.create_session_of(sub, mid, ip.dst, rport, Direction::Out, flow.tcp_flags).inspect_err(|_| self.delete_mapping(mid, true))
             }
         };
+        let sid = made?;
         if flow.proto == Proto::Tcp && flow.tcp_flags & tcp::flags::SYN != 0 {
             let s = self.tables.session(sid);
             self.cancel_held_syn(s.ext_addr, s.ext_port, ip.dst, rport);
@@ -690,7 +685,9 @@ impl Engine {
         })
     }
 
-    fn create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
+    /// Makes a mapping for an internal endpoint; returns it and its
+    /// subscriber.
+    fn create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16) -> Result<(u32, u32), DropReason> {
         if self.det.as_ref().is_some_and(|d| d.index_of(int).is_none()) {
             return Err(DropReason::NotSubscriber);
         }
@@ -699,7 +696,7 @@ impl Engine {
         if result.is_err() {
             self.subs.release_if_idle(sub);
         }
-        result
+        result.map(|mid| (mid, sub))
     }
 
     fn allocate_for(&mut self, _frame: &[u8], _l3: usize, sub: u32, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
@@ -780,8 +777,13 @@ impl Engine {
     }
 
     fn create_session(&mut self, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {
+        let sub = self.subscriber_of(self.tables.mapping(mid).int_addr).ok_or(DropReason::SubscriberTableFull)?;
+        self.create_session_of(sub, mid, rem, rport, dir, tcp_flags)
+    }
+
+    /// `create_session` for a mapping whose subscriber the caller has at hand.
+    fn create_session_of(&mut self, sub: u32, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {
         let m = self.tables.mapping(mid);
-        let sub = self.subscriber_of(m.int_addr).ok_or(DropReason::SubscriberTableFull)?;
         if self.subs.get(sub).sessions >= self.cfg.max_sessions_per_subscriber {
             return Err(DropReason::SessionQuota);
         }
@@ -977,7 +979,7 @@ fn apply_fragment_rewrite(frame: &mut [u8], l3: usize, rw: FragRewrite) {
 /// removes state only through these, so PCP mappings are ordinary ones.
 impl Engine {
     pub(crate) fn pcp_create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
-        self.create_mapping(frame, l3, proto, int, iport)
+        self.create_mapping(frame, l3, proto, int, iport).map(|(mid, _)| mid)
     }
 
     pub(crate) fn pcp_create_session(&mut self, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {
