@@ -126,7 +126,9 @@ impl Engine {
         let l4_len = usize::from(c.l4_len);
         let (ip_proto, l4) = match c.proto {
             Proto::Tcp => (proto::TCP, L4::Tcp { at: AT, len: l4_len }),
-            _ => (proto::UDP, L4::Udp { at: AT }),
+            Proto::Udp => (proto::UDP, L4::Udp { at: AT }),
+            // Never a candidate; decided by the full path should that change.
+            Proto::Icmp => return self.full_path(frame, Side::Inside),
         };
         let ip = Ip {
             l3: L3,

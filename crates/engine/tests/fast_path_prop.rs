@@ -100,6 +100,16 @@ fn observe(e: &mut Engine) -> (String, usize, usize, Vec<Vec<u8>>) {
     (format!("{:?}", e.stats()), e.tables().session_count(), e.tables().mapping_count(), out)
 }
 
+/// The common configuration; `tight` allows each subscriber two ports, so
+/// that some new flows are refused (with ICMP, RFC 6888 REQ-8).
+fn config_with_quota(tight: bool) -> natrix_engine::EngineConfig {
+    let mut cfg = config();
+    if tight {
+        cfg.max_ports_per_subscriber = 2;
+    }
+    cfg
+}
+
 #[derive(Debug, Clone)]
 struct Flow {
     tcp: bool,
@@ -126,11 +136,13 @@ proptest! {
     fn fast_path_decides_as_the_full_path_does(
         flows in flows(),
         traffic in proptest::collection::vec((0usize..8, any::<bool>(), prop_oneof![Just(TcpKind::Ack), Just(TcpKind::Fin), Just(TcpKind::Rst), Just(TcpKind::Syn)], damage(), any::<bool>()), 1..40),
+        tight in any::<bool>(),
     ) {
-        let cfg = config();
+        let cfg = config_with_quota(tight);
         let (mut fast, mut full) = (engine(cfg.clone()), engine(cfg));
         let mut now = 1_000_000_000u64;
-        // Open every flow (first packets take the full path in both) and
+        // Open every flow (through the fast path's `open` in one engine, the
+        // full path in the other; refused past a tight quota, with ICMP) and
         // learn its external endpoint from the translation.
         let mut ext = Vec::new();
         for f in &flows {
@@ -141,6 +153,7 @@ proptest! {
             let vb = full.process_full(&mut b, Side::Inside, now);
             prop_assert_eq!(va, vb);
             prop_assert_eq!(&a, &b);
+            prop_assert_eq!(observe(&mut fast), observe(&mut full));
             ext.push((va == Verdict::Forward(Side::Outside)).then(|| (addr_of(u32::from_be_bytes([a[26], a[27], a[28], a[29]])), u16::from_be_bytes([a[34], a[35]]))));
         }
         for (i, outbound, kind, d, bad_checksum) in traffic {
@@ -175,8 +188,9 @@ proptest! {
     fn a_batch_decides_as_the_full_path_does(
         flows in flows(),
         batches in proptest::collection::vec((prop_oneof![Just(300u64), Just(150_000), Just(301_000)], proptest::collection::vec((0usize..8, any::<bool>(), damage(), any::<bool>()), 1..150)), 1..6),
+        tight in any::<bool>(),
     ) {
-        let cfg = config();
+        let cfg = config_with_quota(tight);
         let (mut batched, mut full) = (engine(cfg.clone()), engine(cfg));
         let mut now = 1_000_000_000u64;
         let mut ext: Vec<Option<([u8; 4], u16)>> = vec![None; flows.len()];
