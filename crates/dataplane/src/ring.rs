@@ -33,6 +33,9 @@ unsafe impl Sync for Shared {}
 // SAFETY: as above; the slots are plain data.
 unsafe impl Send for Shared {}
 
+/// The most frames one `pop_batch` hands over: the engine's batch.
+pub const MAX_POP: usize = natrix_engine::batch::MAX_BATCH;
+
 pub struct Producer(Arc<Shared>);
 pub struct Consumer(Arc<Shared>);
 
@@ -77,6 +80,31 @@ impl Consumer {
         f(slot.side, &mut slot.data[..slot.len]);
         r.head.0.store(head.wrapping_add(1), Ordering::Release);
         true
+    }
+
+    /// Hands up to `MAX_POP` of the oldest frames to `f` at once, each
+    /// writable in place, with their sides (`sides[i]` is `frames[i]`'s);
+    /// returns how many (0 when empty, without calling `f`).
+    pub fn pop_batch(&mut self, f: impl FnOnce(&[Side], &mut [&mut [u8]])) -> usize {
+        let r = &*self.0;
+        let head = r.head.0.load(Ordering::Relaxed);
+        let n = r.tail.0.load(Ordering::Acquire).wrapping_sub(head).min(MAX_POP);
+        if n == 0 {
+            return 0;
+        }
+        let mut sides = [Side::Inside; MAX_POP];
+        let mut frames: [&mut [u8]; MAX_POP] = std::array::from_fn(|_| &mut [][..]);
+        for (i, (side, frame)) in sides.iter_mut().zip(frames.iter_mut()).take(n).enumerate() {
+            // SAFETY: the producer published these n distinct slots and will
+            // not touch them until the release store of head below; each is
+            // borrowed once.
+            let slot = unsafe { &mut *r.slots[head.wrapping_add(i) & r.mask].get() };
+            *side = slot.side;
+            *frame = &mut slot.data[..slot.len];
+        }
+        f(&sides[..n], &mut frames[..n]);
+        r.head.0.store(head.wrapping_add(n), Ordering::Release);
+        n
     }
 
     pub fn is_empty(&self) -> bool {
@@ -167,6 +195,35 @@ mod tests {
             }));
         }
         assert!(!c.pop(|_, _| panic!("empty")));
+    }
+
+    #[test]
+    fn a_batch_pop_hands_over_the_oldest_frames_in_order_and_frees_their_slots() {
+        let (mut p, mut c) = ring(128);
+        assert_eq!(c.pop_batch(|_, _| panic!("empty")), 0);
+        for i in 0..100u8 {
+            assert!(p.push(if i % 3 == 0 { Side::Outside } else { Side::Inside }, &[i; 61]));
+        }
+        let mut seen = Vec::new();
+        while seen.len() < 100 {
+            let n = c.pop_batch(|sides, frames| {
+                assert_eq!(sides.len(), frames.len());
+                for (side, f) in sides.iter().zip(frames.iter_mut()) {
+                    let i = f[0];
+                    assert_eq!(*f, &[i; 61][..]);
+                    assert_eq!(*side == Side::Outside, i % 3 == 0);
+                    f[0] = 0xff;
+                    seen.push(i);
+                }
+            });
+            assert!(n <= MAX_POP);
+        }
+        assert_eq!(seen, (0..100).collect::<Vec<u8>>());
+        // All 128 slots are free again.
+        for i in 0..128u8 {
+            assert!(p.push(Side::Inside, &[i; 10]));
+        }
+        assert!(!p.push(Side::Inside, &[0; 10]));
     }
 
     #[test]

@@ -24,7 +24,7 @@ use natrix_io::iface::Interface;
 use natrix_io::{IoError, PacketPort};
 
 use crate::gateway::{Gateway, GatewayCounters, Ingress, Link};
-use crate::ring::{self, wait_readable, Consumer, Doorbell, Producer};
+use crate::ring::{self, wait_readable, Consumer, Doorbell, Producer, MAX_POP};
 use crate::steer::Steering;
 
 const BATCH: usize = 64;
@@ -500,6 +500,26 @@ impl EngineWorker {
         }
     }
 
+    /// Translates a batch of frames, `sides[i]` the side `frames[i]` arrived
+    /// on, through the engine's batch path (prefetch across the batch), a
+    /// run of frames from one side at a time so their order holds; calls
+    /// `out` for each frame to forward, in order.
+    fn translate_batch(&mut self, sides: &[Side], frames: &mut [&mut [u8]], now: u64, out: &mut impl FnMut(Side, &mut [u8])) {
+        let mut verdicts = [Verdict::Held; MAX_POP];
+        let mut start = 0;
+        while start < frames.len() {
+            let side = sides[start];
+            let end = start + sides[start..].iter().take_while(|&&s| s == side).count();
+            self.engine.process_batch(&mut frames[start..end], side, now, &mut verdicts[start..end]);
+            for (frame, v) in frames[start..end].iter_mut().zip(&verdicts[start..end]) {
+                if let Verdict::Forward(to) = *v {
+                    out(to, frame);
+                }
+            }
+            start = end;
+        }
+    }
+
     /// Work done between batches: timers, generated frames, events.
     fn housekeeping(&mut self, now: u64, out: &mut impl FnMut(Side, &[u8])) {
         self.engine.advance(now);
@@ -631,15 +651,8 @@ fn run_worker(worker: &mut EngineWorker, mut input: Consumer, mut output: Produc
     while !stop.load(Ordering::Relaxed) {
         let t0 = Instant::now();
         let now = clock.now_ns();
-        let mut n = 0;
         let mut dropped = 0;
-        while n < BATCH
-            && input.pop(|side, frame| {
-                worker.translate(side, frame, now, &mut |to, f| dropped += u64::from(!output.push(to, f)));
-            })
-        {
-            n += 1;
-        }
+        let n = input.pop_batch(|sides, frames| worker.translate_batch(sides, frames, now, &mut |to, f| dropped += u64::from(!output.push(to, f))));
         let mut pushed = n > 0;
         worker.housekeeping(now, &mut |to, f| {
             pushed = true;
