@@ -227,6 +227,28 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_pop_from_a_small_ring_wraps_around_in_order() {
+        let (mut p, mut c) = ring(8);
+        let mut next_in = 0u32;
+        let mut next_out = 0u32;
+        for round in 0..40 {
+            let k = 1 + round % 8;
+            for _ in 0..k {
+                assert!(p.push(Side::Inside, &next_in.to_be_bytes()));
+                next_in += 1;
+            }
+            let n = c.pop_batch(|_, frames| {
+                for f in frames.iter() {
+                    assert_eq!(**f, next_out.to_be_bytes());
+                    next_out += 1;
+                }
+            });
+            assert_eq!(n, k as usize);
+        }
+        assert_eq!(next_out, next_in);
+    }
+
+    #[test]
     fn a_million_frames_cross_threads_intact() {
         let (mut p, mut c) = ring(256);
         let t = std::thread::spawn(move || {

@@ -494,11 +494,11 @@ impl Ports {
     fn flush(&mut self, now: u64) {
         let mut stage = std::mem::take(&mut self.stage);
         for &(side, at, len, next) in &stage.frames {
+            debug_assert_ne!(next, Next::Translate, "flush: a received frame was never translated");
             let frame = &mut stage.bytes[at..at + len];
             match next {
                 Next::Route => self.send(side, frame, now),
                 Next::Send => transmit(&mut self.ports, &mut self.snapshot, side, frame),
-                // Every received frame was translated before the flush.
                 Next::Translate | Next::Nothing => {}
             }
         }
@@ -860,6 +860,9 @@ mod tests {
             if i % 50 == 0 {
                 stage.push_addressed(Side::Outside, &[0xaa; 42]);
             }
+            if i % 70 == 0 {
+                stage.push(Side::Inside, &[0xbb; 50]);
+            }
         }
         let mut seen = Vec::new();
         stage.translate_held(|sides, frames, verdicts| {
@@ -879,6 +882,10 @@ mod tests {
             let f = &stage.bytes[at..at + len];
             if f[0] == 0xaa {
                 assert_eq!((side, len, next), (Side::Outside, 42, Next::Send));
+                continue;
+            }
+            if f[0] == 0xbb {
+                assert_eq!((side, len, next), (Side::Inside, 50, Next::Route));
                 continue;
             }
             let i = f[0];
