@@ -9,6 +9,8 @@
 use std::sync::Barrier;
 use std::time::Instant;
 
+use indicatif::{ProgressBar, ProgressStyle};
+
 use natrix_engine::rng::Rng;
 use natrix_engine::{Engine, EngineConfig, Side, Verdict};
 use natrix_wire::{checksum, get_u16_at, get_u32_at, ipv4, proto, set_u16_at};
@@ -121,10 +123,13 @@ fn bench_one(flows: u64, workers: u32) -> Result<Vec<Line>, Failure> {
     let per_worker = flows / u64::from(workers);
     let barrier = Barrier::new(workers as usize);
     let sync = &barrier;
+    let bar = progress_bar(per_worker * u64::from(workers), workers);
+    let progress = &bar;
     let results: Vec<Result<WorkerResult, Failure>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, workers, per_worker, sync))).collect();
+        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, workers, per_worker, sync, progress))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Failure::Other("bench worker panicked".into())))).collect()
     });
+    bar.finish_and_clear();
     let results: Vec<WorkerResult> = results.into_iter().collect::<Result<_, _>>()?;
     let sessions: u64 = results.iter().map(|r| r.sessions).sum();
     let table_bytes: u64 = results.iter().map(|r| r.table_bytes).sum();
@@ -155,6 +160,15 @@ fn bench_one(flows: u64, workers: u32) -> Result<Vec<Line>, Failure> {
         });
     }
     Ok(lines)
+}
+
+/// Progress on stderr (drawn only on a terminal): a 65.5 M-flow run takes
+/// over a minute. Counts packets of both passes.
+fn progress_bar(flows: u64, workers: u32) -> ProgressBar {
+    let bar = ProgressBar::new(4 * flows);
+    bar.set_style(ProgressStyle::with_template("{spinner} bench {msg} [{bar:40}] {human_pos}/{human_len} packets {elapsed} (eta {eta})").expect("valid template").progress_chars("=> "));
+    bar.set_message(format!("{flows} flows, {workers} worker(s)"));
+    bar
 }
 
 fn percentile(sorted: &[u32], pct: usize) -> u64 {
@@ -189,7 +203,7 @@ fn worker_config(worker: u32, workers: u32, flows: u64) -> EngineConfig {
 /// One worker's run. `sync` holds every worker between the passes, so the
 /// resident memory is read once all tables are full and the established
 /// passes run side by side.
-fn run_worker(worker: u32, workers: u32, flows: u64, sync: &Barrier) -> Result<WorkerResult, Failure> {
+fn run_worker(worker: u32, workers: u32, flows: u64, sync: &Barrier, progress: &ProgressBar) -> Result<WorkerResult, Failure> {
     let mut engine = match Engine::new(worker_config(worker, workers, flows)) {
         Ok(e) => e,
         Err(e) => {
@@ -199,11 +213,11 @@ fn run_worker(worker: u32, workers: u32, flows: u64, sync: &Barrier) -> Result<W
         }
     };
     let first_sub = u64::from(worker) * flows.div_ceil(FLOWS_PER_SUBSCRIBER);
-    let new = run_pass(&mut engine, first_sub, flows, Pass::New);
+    let new = run_pass(&mut engine, first_sub, flows, Pass::New, progress);
     let sessions = engine.tables().session_count() as u64;
     let rss_at_peak = if sync.wait().is_leader() { rss_bytes() } else { 0 };
     sync.wait();
-    let established = run_pass(&mut engine, first_sub, flows, Pass::Established);
+    let established = run_pass(&mut engine, first_sub, flows, Pass::Established, progress);
     Ok(WorkerResult { new, established, sessions, table_bytes: engine.memory_bytes() as u64, rss_at_peak })
 }
 
@@ -231,7 +245,11 @@ fn flow(first_sub: u64, i: u64) -> Flow {
     }
 }
 
-fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> PassResult {
+/// Packets between progress updates: rare enough that workers do not
+/// contend for the bar's counter.
+const PROGRESS_STEP: u64 = 1 << 15;
+
+fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass, progress: &ProgressBar) -> PassResult {
     let mut res = PassResult { batch_ns: Vec::with_capacity((flows as usize / BATCH + 1) * 2), ..PassResult::default() };
     let mut out = vec![[0u8; FRAME_LEN]; BATCH];
     let mut back = vec![[0u8; FRAME_LEN]; BATCH];
@@ -240,7 +258,7 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> Pass
         Pass::New => (TCP_SYN, TCP_SYN | TCP_ACK),
         Pass::Established => (TCP_ACK, TCP_ACK),
     };
-    let mut start = 0u64;
+    let (mut start, mut reported) = (0u64, 0u64);
     while start < flows {
         let n = (flows - start).min(BATCH as u64) as usize;
         for (k, frame) in out.iter_mut().enumerate().take(n) {
@@ -267,7 +285,12 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass) -> Pass
         res.packets += 2 * n as u64;
         start += n as u64;
         now_ns += 1_000;
+        if res.packets - reported >= PROGRESS_STEP {
+            progress.inc(res.packets - reported);
+            reported = res.packets;
+        }
     }
+    progress.inc(res.packets - reported);
     res
 }
 
