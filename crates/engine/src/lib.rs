@@ -8,9 +8,10 @@
 //! `subscriber`, `pool` (address and port allocation), `trackers` (one module
 //! per protocol), `translate` (header rewrites), `icmp_error`, `fragment`,
 //! `generate` (frames natrix sends itself), `events` (for logging), `engine`,
-//! which ties them together and holds the full path, `fast` (the fast path
-//! for established TCP and UDP) and `batch` (`process_batch`: prefetch
-//! across a batch of frames).
+//! which ties them together and holds the full path, `fast` (the fast path:
+//! one parse per frame; established TCP and UDP translated from the frame's
+//! bytes, new outbound flows handed to the full path's handling) and `batch`
+//! (`process_batch`: prefetch across a batch of frames).
 
 pub mod admin;
 pub mod batch;
