@@ -90,8 +90,8 @@ impl Engine {
     /// mappings stay, being configuration.
     pub fn clear_subscriber(&mut self, addr: u32) -> Cleared {
         let before = self.tables.mapping_count();
-        let ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).int_addr == addr).collect();
-        self.delete_sessions(&ids);
+        let mut ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).int_addr == addr).collect();
+        self.delete_sessions(&mut ids);
         Cleared { sessions: ids.len() as u64, mappings: (before - self.tables.mapping_count()) as u64 }
     }
 
@@ -100,8 +100,8 @@ impl Engine {
     /// subscribers for ports that someone else may hold after a restart.
     pub fn release_all(&mut self) -> Cleared {
         let before = self.tables.mapping_count();
-        let ids: Vec<u32> = self.tables.live_sessions().collect();
-        self.delete_sessions(&ids);
+        let mut ids: Vec<u32> = self.tables.live_sessions().collect();
+        self.delete_sessions(&mut ids);
         Cleared { sessions: ids.len() as u64, mappings: (before - self.tables.mapping_count()) as u64 }
     }
 
@@ -153,7 +153,7 @@ impl Engine {
             // Validation keeps statics on pool addresses; this is a safety net.
             debug_assert!(false, "static mapping on removed pool address {}", fmt_addr(st.ext_addr));
         }
-        let ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).ext_addr == ext_addr).collect();
-        self.delete_sessions(&ids);
+        let mut ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).ext_addr == ext_addr).collect();
+        self.delete_sessions(&mut ids);
     }
 }

@@ -807,19 +807,13 @@ impl Engine {
     }
 
     pub(crate) fn timeout_of(&self, class: TimeoutClass) -> u32 {
-        let t = &self.cfg.timeouts;
-        match class {
-            TimeoutClass::Udp => t.udp_s,
-            TimeoutClass::TcpEstablished => t.tcp_established_s,
-            TimeoutClass::TcpTransitory => t.tcp_transitory_s,
-            TimeoutClass::Icmp => t.icmp_s,
-        }
+        self.cfg.timeouts.by_class()[class as usize]
     }
 
     fn expire_sessions(&mut self) {
         let mut due = std::mem::take(&mut self.expired);
         self.tables.expire(self.now_s, &mut due);
-        self.delete_sessions(&due);
+        self.delete_sessions(&mut due);
         due.clear();
         self.expired = due;
     }
@@ -832,10 +826,9 @@ impl Engine {
 
     /// Deletes many sessions. Extras go before own sessions (their ids sort
     /// higher), so ending an own session never promotes one that is going too.
-    pub(crate) fn delete_sessions(&mut self, ids: &[u32]) {
-        let mut ids = ids.to_vec();
+    pub(crate) fn delete_sessions(&mut self, ids: &mut [u32]) {
         ids.sort_unstable_by(|a, b| b.cmp(a));
-        for id in ids {
+        for &id in ids.iter() {
             if self.tables.is_live(id) {
                 self.delete_session(id);
             }

@@ -111,6 +111,14 @@ struct Extra {
     live: bool,
 }
 
+/// Which endpoint of a mapping a lookup goes by: the internal one for
+/// outbound packets, the external one for inbound.
+#[derive(Clone, Copy)]
+enum By {
+    Internal,
+    External,
+}
+
 /// The two ends of a mapping, as a rewrite needs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoints {
@@ -205,23 +213,28 @@ impl Tables {
     /// Hash of an internal endpoint: what outbound packets look up.
     #[inline]
     pub fn hash_in(&self, proto: Proto, addr: u32, port: u16) -> u64 {
-        hash::endpoint(self.seed, proto as u8, addr, port)
+        hash::endpoint(self.seed_of(By::Internal), proto as u8, addr, port)
     }
 
     /// Hash of an external endpoint: what inbound packets look up.
     #[inline]
     pub fn hash_out(&self, proto: Proto, addr: u32, port: u16) -> u64 {
-        hash::endpoint(!self.seed, proto as u8, addr, port)
+        hash::endpoint(self.seed_of(By::External), proto as u8, addr, port)
+    }
+
+    /// The two directions hash with different seeds, so a mapping's two
+    /// index entries land apart.
+    #[inline]
+    fn seed_of(&self, by: By) -> u64 {
+        match by {
+            By::Internal => self.seed,
+            By::External => !self.seed,
+        }
     }
 
     #[inline]
-    fn extra_hash_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> u64 {
-        hash::five_tuple(self.seed, proto as u8, addr, port, rem, rport)
-    }
-
-    #[inline]
-    fn extra_hash_out(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> u64 {
-        hash::five_tuple(!self.seed, proto as u8, addr, port, rem, rport)
+    fn extra_hash(&self, by: By, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> u64 {
+        hash::five_tuple(self.seed_of(by), proto as u8, addr, port, rem, rport)
     }
 
     /// Prefetch, stage one: the index bucket of an endpoint hash.
@@ -243,17 +256,73 @@ impl Tables {
     /// Mapping of an internal endpoint, and its session with the remote.
     #[inline]
     pub fn lookup_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
-        let mapping = self.find_mapping_in(proto, addr, port)?;
-        let session = self.session_of(mapping, rem, rport, || self.extra_hash_in(proto, addr, port, rem, rport));
-        Some(Found { mapping, session })
+        self.lookup_at(By::Internal, self.hash_in(proto, addr, port), proto, addr, port, rem, rport)
     }
 
     /// Mapping of an external endpoint, and its session with the remote.
     #[inline]
     pub fn lookup_out(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
-        let mapping = self.find_mapping_out(proto, addr, port)?;
-        let session = self.session_of(mapping, rem, rport, || self.extra_hash_out(proto, addr, port, rem, rport));
+        self.lookup_at(By::External, self.hash_out(proto, addr, port), proto, addr, port, rem, rport)
+    }
+
+    /// `find_session_in` given the internal endpoint's `hash_in`, as a
+    /// batch computes it once for prefetching and lookup.
+    #[inline]
+    pub fn find_session_in_hashed(&self, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
+        self.lookup_at(By::Internal, hash, proto, addr, port, rem, rport)?.session
+    }
+
+    /// `find_session_out` given the external endpoint's `hash_out`.
+    #[inline]
+    pub fn find_session_out_hashed(&self, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
+        self.lookup_at(By::External, hash, proto, addr, port, rem, rport)?.session
+    }
+
+    /// Session for an outbound packet: (internal endpoint, remote endpoint).
+    #[inline]
+    pub fn find_session_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
+        self.lookup_in(proto, addr, port, rem, rport)?.session
+    }
+
+    /// Session for an inbound packet: (external endpoint, remote endpoint).
+    #[inline]
+    pub fn find_session_out(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
+        self.lookup_out(proto, addr, port, rem, rport)?.session
+    }
+
+    #[inline]
+    pub fn find_mapping_in(&self, proto: Proto, addr: u32, port: u16) -> Option<u32> {
+        self.mapping_at(By::Internal, self.hash_in(proto, addr, port), proto, addr, port)
+    }
+
+    #[inline]
+    pub fn find_mapping_out(&self, proto: Proto, addr: u32, port: u16) -> Option<u32> {
+        self.mapping_at(By::External, self.hash_out(proto, addr, port), proto, addr, port)
+    }
+
+    /// The mapping of endpoint (`proto`, `addr`, `port`) on side `by`,
+    /// indexed under `hash`, and its session with the remote.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn lookup_at(&self, by: By, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
+        let mapping = self.mapping_at(by, hash, proto, addr, port)?;
+        let session = self.session_of(mapping, rem, rport, || self.extra_hash(by, proto, addr, port, rem, rport));
         Some(Found { mapping, session })
+    }
+
+    #[inline]
+    fn mapping_at(&self, by: By, hash: u64, proto: Proto, addr: u32, port: u16) -> Option<u32> {
+        let r = &self.records;
+        self.index.find(hash, |id| {
+            id & EXTRA == 0 && {
+                let e = &r[id as usize];
+                let (a, p) = match by {
+                    By::Internal => (e.int_addr, e.int_port),
+                    By::External => (e.ext_addr, e.ext_port),
+                };
+                a == addr && p == port && e.proto == proto
+            }
+        })
     }
 
     #[inline]
@@ -273,65 +342,6 @@ impl Tables {
             id & EXTRA != 0 && {
                 let x = &extras[(id & !EXTRA) as usize];
                 x.mapping == mapping && x.rem_addr == rem && x.rem_port == rport
-            }
-        })
-    }
-
-    /// `find_session_in` given the internal endpoint's `hash_in`, as a
-    /// batch computes it once for prefetching and lookup.
-    #[inline]
-    pub fn find_session_in_hashed(&self, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
-        let mapping = self.mapping_in_at(hash, proto, addr, port)?;
-        self.session_of(mapping, rem, rport, || self.extra_hash_in(proto, addr, port, rem, rport))
-    }
-
-    /// `find_session_out` given the external endpoint's `hash_out`.
-    #[inline]
-    pub fn find_session_out_hashed(&self, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
-        let mapping = self.mapping_out_at(hash, proto, addr, port)?;
-        self.session_of(mapping, rem, rport, || self.extra_hash_out(proto, addr, port, rem, rport))
-    }
-
-    /// Session for an outbound packet: (internal endpoint, remote endpoint).
-    #[inline]
-    pub fn find_session_in(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
-        self.lookup_in(proto, addr, port, rem, rport)?.session
-    }
-
-    /// Session for an inbound packet: (external endpoint, remote endpoint).
-    #[inline]
-    pub fn find_session_out(&self, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
-        self.lookup_out(proto, addr, port, rem, rport)?.session
-    }
-
-    #[inline]
-    pub fn find_mapping_in(&self, proto: Proto, addr: u32, port: u16) -> Option<u32> {
-        self.mapping_in_at(self.hash_in(proto, addr, port), proto, addr, port)
-    }
-
-    #[inline]
-    fn mapping_in_at(&self, hash: u64, proto: Proto, addr: u32, port: u16) -> Option<u32> {
-        let r = &self.records;
-        self.index.find(hash, |id| {
-            id & EXTRA == 0 && {
-                let e = &r[id as usize];
-                e.int_addr == addr && e.int_port == port && e.proto == proto
-            }
-        })
-    }
-
-    #[inline]
-    pub fn find_mapping_out(&self, proto: Proto, addr: u32, port: u16) -> Option<u32> {
-        self.mapping_out_at(self.hash_out(proto, addr, port), proto, addr, port)
-    }
-
-    #[inline]
-    fn mapping_out_at(&self, hash: u64, proto: Proto, addr: u32, port: u16) -> Option<u32> {
-        let r = &self.records;
-        self.index.find(hash, |id| {
-            id & EXTRA == 0 && {
-                let e = &r[id as usize];
-                e.ext_addr == addr && e.ext_port == port && e.proto == proto
             }
         })
     }
@@ -500,8 +510,8 @@ impl Tables {
             (self.extras.len() - 1) as u32
         };
         let id = slot | EXTRA;
-        let hin = self.extra_hash_in(r.proto, r.int_addr, r.int_port, rem, rport);
-        let hout = self.extra_hash_out(r.proto, r.ext_addr, r.ext_port, rem, rport);
+        let hin = self.extra_hash(By::Internal, r.proto, r.int_addr, r.int_port, rem, rport);
+        let hout = self.extra_hash(By::External, r.proto, r.ext_addr, r.ext_port, rem, rport);
         if self.index.insert(hin, id).is_err() {
             self.free_extra_slot(slot);
             return Err(TableFull);
@@ -544,8 +554,8 @@ impl Tables {
     fn remove_extra(&mut self, slot: u32) {
         let x = self.extras[slot as usize];
         let r = self.records[x.mapping as usize];
-        self.index.remove(self.extra_hash_in(r.proto, r.int_addr, r.int_port, x.rem_addr, x.rem_port), slot | EXTRA);
-        self.index.remove(self.extra_hash_out(r.proto, r.ext_addr, r.ext_port, x.rem_addr, x.rem_port), slot | EXTRA);
+        self.index.remove(self.extra_hash(By::Internal, r.proto, r.int_addr, r.int_port, x.rem_addr, x.rem_port), slot | EXTRA);
+        self.index.remove(self.extra_hash(By::External, r.proto, r.ext_addr, r.ext_port, x.rem_addr, x.rem_port), slot | EXTRA);
         if x.prev != NIL {
             self.extras[x.prev as usize].next = x.next;
         } else {
