@@ -438,18 +438,22 @@ impl Tables {
         };
         let hin = self.hash_in(m.proto, m.int_addr, m.int_port);
         let hout = self.hash_out(m.proto, m.ext_addr, m.ext_port);
-        if self.index.insert(hin, id).is_err() {
+        if let Err(full) = self.index_both(hin, hout, id) {
             self.free_record_slot(id);
-            return Err(TableFull);
-        }
-        if self.index.insert(hout, id).is_err() {
-            self.index.remove(hin, id);
-            self.free_record_slot(id);
-            return Err(TableFull);
+            return Err(full);
         }
         self.mappings += 1;
         self.mappings_by_proto[m.proto as usize] += 1;
         Ok(id)
+    }
+
+    /// Indexes `id` under both its hashes (internal and external side), or
+    /// under neither.
+    fn index_both(&mut self, hin: u64, hout: u64, id: u32) -> Result<(), TableFull> {
+        self.index.insert(hin, id)?;
+        self.index.insert(hout, id).inspect_err(|_| {
+            self.index.remove(hin, id);
+        })
     }
 
     fn free_record_slot(&mut self, id: u32) {
@@ -512,14 +516,9 @@ impl Tables {
         let id = slot | EXTRA;
         let hin = self.extra_hash(By::Internal, r.proto, r.int_addr, r.int_port, rem, rport);
         let hout = self.extra_hash(By::External, r.proto, r.ext_addr, r.ext_port, rem, rport);
-        if self.index.insert(hin, id).is_err() {
+        if let Err(full) = self.index_both(hin, hout, id) {
             self.free_extra_slot(slot);
-            return Err(TableFull);
-        }
-        if self.index.insert(hout, id).is_err() {
-            self.index.remove(hin, id);
-            self.free_extra_slot(slot);
-            return Err(TableFull);
+            return Err(full);
         }
         if r.extras != NIL {
             self.extras[r.extras as usize].prev = slot;
@@ -586,11 +585,7 @@ impl Tables {
     /// Marks a session used now, in its (possibly new) timeout class.
     #[inline]
     pub fn touch(&mut self, id: u32, now_s: u32, class: TimeoutClass) {
-        let old = self.timer_of(id).1;
-        self.set_timer(id, now_s, class);
-        if class != old {
-            self.rearm_if_sooner(id);
-        }
+        self.on_packet(id, now_s, true, |_, _, _| class);
     }
 
     /// One packet of session `id`, in one visit to its record: `advance`
@@ -634,19 +629,6 @@ impl Tables {
         } else {
             let x = &self.extras[(id & !EXTRA) as usize];
             (x.last_used, x.class)
-        }
-    }
-
-    #[inline]
-    fn set_timer(&mut self, id: u32, last_used: u32, class: TimeoutClass) {
-        if id & EXTRA == 0 {
-            let r = &mut self.records[id as usize];
-            r.last_used = last_used;
-            r.class = class;
-        } else {
-            let x = &mut self.extras[(id & !EXTRA) as usize];
-            x.last_used = last_used;
-            x.class = class;
         }
     }
 
