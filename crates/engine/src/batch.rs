@@ -36,13 +36,13 @@ impl Engine {
             // Each record is prefetched a few frames ahead of its use: late
             // enough that its bucket has arrived to say where it is, early
             // enough that it arrives before the frame is translated.
-            for c in candidates.iter().take(chunk.len().min(RECORD_LEAD)).flatten() {
-                self.tables.prefetch_record(c.hash());
+            for c in candidates.iter_mut().take(chunk.len().min(RECORD_LEAD)).flatten() {
+                c.hint = self.tables.prefetch_record(c.hash());
             }
             self.stats.received[side as usize] += chunk.len() as u64;
             for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
-                if let Some(ahead) = candidates.get(i + RECORD_LEAD).and_then(Option::as_ref) {
-                    self.tables.prefetch_record(ahead.hash());
+                if let Some(ahead) = candidates.get_mut(i + RECORD_LEAD).and_then(Option::as_mut) {
+                    ahead.hint = self.tables.prefetch_record(ahead.hash());
                 }
                 let frame = f.as_mut();
                 *v = match &candidates[i] {

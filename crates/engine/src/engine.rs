@@ -15,7 +15,7 @@ use crate::fragment::{FragKey, FragRewrite, Fragments};
 use crate::generate::{self, OutFrame, OutQueue};
 use crate::pool::{AllocError, Pool};
 use crate::rng::Rng;
-use crate::session::{mapping_flags, Endpoints, Mapping, Tables};
+use crate::session::{mapping_flags, Endpoints, Found, Mapping, Tables};
 use crate::shard::{self, Owners};
 use crate::subscriber::{Subscribers, NONE};
 use crate::trackers::{self, Direction, TimeoutClass};
@@ -425,7 +425,9 @@ impl Engine {
             self.icmp_error_from_inside(frame, &ip)?
         } else {
             let flow = self.parse_flow(frame, &ip)?;
-            self.translate_out(frame, &ip, &flow)?
+            let (port, rport) = flow.out_ports();
+            let found = self.tables.lookup_in(flow.proto, ip.src, port, ip.dst, rport);
+            self.translate_out(frame, &ip, &flow, found)?
         };
         self.finish_forward(frame, &ip, Side::Inside, out);
         Ok(Some(out))
@@ -434,9 +436,10 @@ impl Engine {
     /// An outbound TCP or UDP datagram that has passed every check before
     /// translation, with no session yet: the full path's own handling from
     /// there on (policy, quotas, allocation, logging). The fast path, which
-    /// has parsed and checked the frame already, enters here.
-    pub(crate) fn open_outbound(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow) -> Verdict {
-        let result = self.translate_out(frame, ip, flow).map(|out| {
+    /// has parsed and checked the frame and looked its endpoint up
+    /// (`found`) already, enters here.
+    pub(crate) fn open_outbound(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, found: Option<Found>) -> Verdict {
+        let result = self.translate_out(frame, ip, flow, found).map(|out| {
             self.finish_forward(frame, ip, Side::Inside, out);
             Some(out)
         });
@@ -553,10 +556,10 @@ impl Engine {
         self.cfg.exempt.iter().any(|e| e.matches(ip.src, sport))
     }
 
-    /// Translates an outbound datagram; refusals for lack of resources are
-    /// answered (RFC 6888 REQ-8).
-    fn translate_out(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow) -> Result<Side, DropReason> {
-        match self.translate_out_flow(frame, ip, flow) {
+    /// Translates an outbound datagram whose internal endpoint's lookup
+    /// found `found`; refusals for lack of resources are answered (RFC 6888 REQ-8).
+    fn translate_out(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, found: Option<Found>) -> Result<Side, DropReason> {
+        match self.translate_out_flow(frame, ip, flow, found) {
             Err(r) if r.is_resource() => {
                 self.refuse(frame, ip.l3);
                 Err(r)
@@ -565,7 +568,7 @@ impl Engine {
         }
     }
 
-    fn translate_out_flow(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow) -> Result<Side, DropReason> {
+    fn translate_out_flow(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, found: Option<Found>) -> Result<Side, DropReason> {
         let hairpin = self.pool.contains(ip.dst);
         let may_create = match flow.icmp_class {
             None | Some(icmp::Class::QueryRequest) => true,
@@ -576,7 +579,7 @@ impl Engine {
             // Queries to a pool address reach no subscriber: identifiers are ours.
             return Err(DropReason::NoMapping);
         }
-        let sid = self.outbound_session(frame, ip, flow, may_create)?;
+        let sid = self.outbound_session(frame, ip, flow, may_create, found)?;
         let s = self.tables.session(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
         if !hairpin || !self.owns_external(flow.proto, ip.dst, flow.dport) {
@@ -609,9 +612,8 @@ impl Engine {
         Ok(Side::Inside)
     }
 
-    fn outbound_session(&mut self, frame: &[u8], ip: &Ip, flow: &Flow, may_create: bool) -> Result<u32, DropReason> {
+    fn outbound_session(&mut self, frame: &[u8], ip: &Ip, flow: &Flow, may_create: bool, found: Option<Found>) -> Result<u32, DropReason> {
         let (port, rport) = flow.out_ports();
-        let found = self.tables.lookup_in(flow.proto, ip.src, port, ip.dst, rport);
         if let Some(id) = found.and_then(|f| f.session) {
             self.track(id, Direction::Out, flow.tcp_flags, true);
             return Ok(id);

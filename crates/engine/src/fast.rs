@@ -15,6 +15,7 @@
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
 
 use crate::engine::{is_martian, Engine, Flow, Ip, Verdict};
+use crate::session::{Found, NIL};
 use crate::trackers::Direction;
 use crate::translate::{self, Which, L4};
 use crate::{Proto, Side};
@@ -30,6 +31,8 @@ const UDP_HEADER: usize = 8;
 #[derive(Clone, Copy)]
 pub(crate) struct Candidate {
     hash: u64,
+    /// The record a batch's prefetch guessed for the lookup; NIL if none.
+    pub(crate) hint: u32,
     src: u32,
     dst: u32,
     sport: u16,
@@ -86,43 +89,47 @@ impl Engine {
             Side::Outside if self.pool.contains(dst) => self.tables.hash_out(proto, dst, dport),
             _ => return None,
         };
-        Some(Candidate { hash, src, dst, sport, dport, proto, tcp_flags, l4_len: l4_len as u16 })
+        Some(Candidate { hash, hint: NIL, src, dst, sport, dport, proto, tcp_flags, l4_len: l4_len as u16 })
     }
 
-    /// Translates the candidate `frame` if its session exists; returns the
-    /// side it leaves on, or None (frame untouched) for the full path.
+    /// Translates the candidate `frame` if its session exists and returns
+    /// the side it leaves on; otherwise leaves it untouched and returns what
+    /// the lookup found, for the full path's handling.
     #[inline]
-    pub(crate) fn forward(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Option<Side> {
-        let (session, dir, refresh) = match side {
-            Side::Inside => (self.tables.find_session_in_hashed(c.hash, c.proto, c.src, c.sport, c.dst, c.dport)?, Direction::Out, true),
-            Side::Outside => (self.tables.find_session_out_hashed(c.hash, c.proto, c.dst, c.dport, c.src, c.sport)?, Direction::In, self.cfg.inbound_refresh),
+    pub(crate) fn forward(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Result<Side, Option<Found>> {
+        let (found, dir, refresh) = match side {
+            Side::Inside => (self.tables.lookup_in_hinted(c.hint, c.hash, c.proto, c.src, c.sport, c.dst, c.dport), Direction::Out, true),
+            Side::Outside => (self.tables.lookup_out_hinted(c.hint, c.hash, c.proto, c.dst, c.dport, c.src, c.sport), Direction::In, self.cfg.inbound_refresh),
         };
+        let Some(session) = found.and_then(|f| f.session) else { return Err(found) };
         let ends = self.track(session, dir, c.tcp_flags, refresh);
         let (which, addr, port) = match side {
             Side::Inside => (Which::Src, ends.ext_addr, ends.ext_port),
             Side::Outside => (Which::Dst, ends.int_addr, ends.int_port),
         };
         translate::rewrite_forward(frame, c.proto == Proto::Tcp, which, addr, port);
-        Some(side.other())
+        Ok(side.other())
     }
 
     /// Decides a candidate `frame`: translated here if its session exists;
     /// an outbound one without a session opens it through the full path's
-    /// handling, past the parse and checks `candidate` has made; an inbound
-    /// one takes the full path.
+    /// handling, past the parse, checks and lookup `candidate` and `forward`
+    /// have made; an inbound one takes the full path.
     #[inline]
     pub(crate) fn decide(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Verdict {
-        if let Some(out) = self.forward(frame, side, c) {
-            self.stats.forwarded[out as usize] += 1;
-            return Verdict::Forward(out);
-        }
-        match side {
-            Side::Inside => self.open(frame, c),
-            Side::Outside => self.full_path(frame, side),
+        match (self.forward(frame, side, c), side) {
+            (Ok(out), _) => {
+                self.stats.forwarded[out as usize] += 1;
+                Verdict::Forward(out)
+            }
+            (Err(found), Side::Inside) => self.open(frame, c, found),
+            (Err(_), Side::Outside) => self.full_path(frame, side),
         }
     }
 
-    fn open(&mut self, frame: &mut [u8], c: &Candidate) -> Verdict {
+    // Out of line: the established path it branches from stays compact.
+    #[inline(never)]
+    fn open(&mut self, frame: &mut [u8], c: &Candidate, found: Option<Found>) -> Verdict {
         let l4_len = usize::from(c.l4_len);
         let (ip_proto, l4) = match c.proto {
             Proto::Tcp => (proto::TCP, L4::Tcp { at: AT, len: l4_len }),
@@ -144,7 +151,7 @@ impl Engine {
             dont_fragment: frame[L3 + 6] & 0x40 != 0,
         };
         let flow = Flow { proto: c.proto, sport: c.sport, dport: c.dport, tcp_flags: c.tcp_flags, l4, icmp_class: None };
-        self.open_outbound(frame, &ip, &flow)
+        self.open_outbound(frame, &ip, &flow, found)
     }
 }
 

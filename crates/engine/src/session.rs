@@ -243,13 +243,19 @@ impl Tables {
         self.index.prefetch(hash);
     }
 
-    /// Prefetch, stage two: the record the (by now loaded) bucket points at.
+    /// Prefetch, stage two: the record the (by now loaded) bucket points
+    /// at. Returns its id (NIL if none), a hint for the lookup that follows
+    /// (`find_session_in_hashed`), which then need not search the bucket again.
     #[inline]
-    pub fn prefetch_record(&self, hash: u64) {
-        if let Some(id) = self.index.likely(hash) {
-            if let Some(r) = self.records.get(id as usize) {
-                prefetch(r);
+    pub fn prefetch_record(&self, hash: u64) -> u32 {
+        match self.index.likely(hash) {
+            Some(id) if id & EXTRA == 0 => {
+                if let Some(r) = self.records.get(id as usize) {
+                    prefetch(r);
+                }
+                id
             }
+            _ => NIL,
         }
     }
 
@@ -265,17 +271,46 @@ impl Tables {
         self.lookup_at(By::External, self.hash_out(proto, addr, port), proto, addr, port, rem, rport)
     }
 
-    /// `find_session_in` given the internal endpoint's `hash_in`, as a
-    /// batch computes it once for prefetching and lookup.
+    /// `lookup_in` given the internal endpoint's `hash_in`, as a batch
+    /// computes it once for prefetching and lookup, and `hint`, the record
+    /// `prefetch_record` guessed (NIL: none).
+    #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub fn find_session_in_hashed(&self, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
-        self.lookup_at(By::Internal, hash, proto, addr, port, rem, rport)?.session
+    pub fn lookup_in_hinted(&self, hint: u32, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
+        self.lookup_hinted(By::Internal, hint, hash, proto, addr, port, rem, rport)
     }
 
-    /// `find_session_out` given the external endpoint's `hash_out`.
+    /// `lookup_out` given the external endpoint's `hash_out` and a hint.
+    #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub fn find_session_out_hashed(&self, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<u32> {
-        self.lookup_at(By::External, hash, proto, addr, port, rem, rport)?.session
+    pub fn lookup_out_hinted(&self, hint: u32, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
+        self.lookup_hinted(By::External, hint, hash, proto, addr, port, rem, rport)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn lookup_hinted(&self, by: By, hint: u32, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
+        let mapping = self.hinted(by, hint, proto, addr, port).or_else(|| self.mapping_at(by, hash, proto, addr, port))?;
+        let session = self.session_of(mapping, rem, rport, || self.extra_hash(by, proto, addr, port, rem, rport));
+        Some(Found { mapping, session })
+    }
+
+    /// The hinted record, if it is the live mapping of the endpoint. Endpoints
+    /// are unique among live mappings, so this is the one the index would
+    /// find; the hint may be stale (the table changed since), never wrong.
+    #[inline]
+    fn hinted(&self, by: By, hint: u32, proto: Proto, addr: u32, port: u16) -> Option<u32> {
+        let r = self.records.get(hint as usize)?;
+        (r.flags & LIVE != 0 && Self::keyed(r, by, proto, addr, port)).then_some(hint)
+    }
+
+    #[inline]
+    fn keyed(r: &Record, by: By, proto: Proto, addr: u32, port: u16) -> bool {
+        let (a, p) = match by {
+            By::Internal => (r.int_addr, r.int_port),
+            By::External => (r.ext_addr, r.ext_port),
+        };
+        a == addr && p == port && r.proto == proto
     }
 
     /// Session for an outbound packet: (internal endpoint, remote endpoint).
@@ -305,27 +340,16 @@ impl Tables {
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn lookup_at(&self, by: By, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
-        let mapping = self.mapping_at(by, hash, proto, addr, port)?;
-        let session = self.session_of(mapping, rem, rport, || self.extra_hash(by, proto, addr, port, rem, rport));
-        Some(Found { mapping, session })
+        self.lookup_hinted(by, NIL, hash, proto, addr, port, rem, rport)
     }
 
     #[inline]
     fn mapping_at(&self, by: By, hash: u64, proto: Proto, addr: u32, port: u16) -> Option<u32> {
         let r = &self.records;
-        self.index.find(hash, |id| {
-            id & EXTRA == 0 && {
-                let e = &r[id as usize];
-                let (a, p) = match by {
-                    By::Internal => (e.int_addr, e.int_port),
-                    By::External => (e.ext_addr, e.ext_port),
-                };
-                a == addr && p == port && e.proto == proto
-            }
-        })
+        self.index.find(hash, |id| id & EXTRA == 0 && Self::keyed(&r[id as usize], by, proto, addr, port))
     }
 
-    #[inline]
+    #[inline(always)]
     fn session_of(&self, mapping: u32, rem: u32, rport: u16, extra_hash: impl FnOnce() -> u64) -> Option<u32> {
         let r = &self.records[mapping as usize];
         if r.flags & OWN == 0 {
@@ -337,8 +361,15 @@ impl Tables {
         if r.extras == NIL {
             return None;
         }
+        self.extra_session(mapping, extra_hash(), rem, rport)
+    }
+
+    /// The mapping's further session with the remote: the uncommon case, kept
+    /// out of line so the common one stays small where it is inlined.
+    #[inline(never)]
+    fn extra_session(&self, mapping: u32, hash: u64, rem: u32, rport: u16) -> Option<u32> {
         let extras = &self.extras;
-        self.index.find(extra_hash(), |id| {
+        self.index.find(hash, |id| {
             id & EXTRA != 0 && {
                 let x = &extras[(id & !EXTRA) as usize];
                 x.mapping == mapping && x.rem_addr == rem && x.rem_port == rport
@@ -818,6 +849,30 @@ mod tests {
         t.remove_session(s);
         assert_eq!(t.find_session_in(Proto::Udp, 0x6440_000a, 4000, 0xc633_6435, 53), None);
         assert!(!t.has_sessions(m));
+    }
+
+    #[test]
+    fn a_stale_hint_is_checked_never_trusted() {
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let (int, ext, rem) = (0x6440_000a, 0xcb00_7101, 0xc633_6435);
+        let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
+        t.insert_session(m, rem, 53, 0, TimeoutClass::Udp, 1).unwrap();
+        let (hin, hout) = (t.hash_in(Proto::Udp, int, 4000), t.hash_out(Proto::Udp, ext, 5000));
+        let hint = t.prefetch_record(hin);
+        assert_eq!(hint, m, "the prefetch guesses the record it loads");
+        assert_eq!(t.lookup_in_hinted(hint, hin, Proto::Udp, int, 4000, rem, 53), Some(Found { mapping: m, session: Some(m) }));
+        assert_eq!(t.lookup_out_hinted(t.prefetch_record(hout), hout, Proto::Udp, ext, 5000, rem, 53), Some(Found { mapping: m, session: Some(m) }));
+        // The record is freed and reused by another endpoint before the
+        // hinted lookup runs: the hint now names the wrong mapping.
+        t.remove_session(m);
+        t.remove_mapping(m);
+        assert_eq!(t.lookup_in_hinted(hint, hin, Proto::Udp, int, 4000, rem, 53), None, "a freed record is not live");
+        let other = t.insert_mapping(mapping(4001, 5001)).unwrap();
+        assert_eq!(other, hint, "the freed record is reused");
+        assert_eq!(t.lookup_in_hinted(hint, hin, Proto::Udp, int, 4000, rem, 53), None);
+        let again = t.insert_mapping(mapping(4000, 5000)).unwrap();
+        assert_eq!(t.lookup_in_hinted(hint, hin, Proto::Udp, int, 4000, rem, 53), Some(Found { mapping: again, session: None }), "the index answers when the hint misses");
+        assert_eq!(t.lookup_in_hinted(NIL, hin, Proto::Udp, int, 4000, rem, 53), Some(Found { mapping: again, session: None }));
     }
 
     #[test]
