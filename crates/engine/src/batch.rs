@@ -11,6 +11,7 @@
 
 use crate::engine::{Engine, Verdict};
 use crate::fast::Candidate;
+use crate::session::NIL;
 use crate::Side;
 
 /// Frames prefetched together at most; longer batches are taken in chunks.
@@ -19,6 +20,17 @@ pub const MAX_BATCH: usize = 64;
 const RECORD_LEAD: usize = 16;
 
 impl Engine {
+    /// Prefetch, stage two: the record the candidate's bucket points at,
+    /// kept as the lookup's hint; with none, an outbound candidate is most
+    /// likely a new flow, and what opening it touches is prefetched instead.
+    #[inline]
+    fn prefetch_record(&self, c: &mut Candidate, side: Side) {
+        c.hint = self.tables.prefetch_record(c.hash());
+        if c.hint == NIL && side == Side::Inside {
+            self.prefetch_opening(c);
+        }
+    }
+
     /// Translates `frames`, all arrived on `side` at `now_ns`, in place;
     /// `verdicts[i]` says what became of `frames[i]`. The same verdicts as
     /// `process` frame by frame, in fewer nanoseconds.
@@ -37,12 +49,12 @@ impl Engine {
             // enough that its bucket has arrived to say where it is, early
             // enough that it arrives before the frame is translated.
             for c in candidates.iter_mut().take(chunk.len().min(RECORD_LEAD)).flatten() {
-                c.hint = self.tables.prefetch_record(c.hash());
+                self.prefetch_record(c, side);
             }
             self.stats.received[side as usize] += chunk.len() as u64;
             for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
                 if let Some(ahead) = candidates.get_mut(i + RECORD_LEAD).and_then(Option::as_mut) {
-                    ahead.hint = self.tables.prefetch_record(ahead.hash());
+                    self.prefetch_record(ahead, side);
                 }
                 let frame = f.as_mut();
                 *v = match &candidates[i] {

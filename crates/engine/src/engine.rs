@@ -121,7 +121,7 @@ pub struct Engine {
     outside_source: u32,
     owners: Owners,
     /// Deterministic mode (RFC 7422): the formula that fixes each subscriber's range.
-    det: Option<Deterministic>,
+    pub(crate) det: Option<Deterministic>,
     /// Sessions the timer wheel found idle, reused each second.
     expired: Vec<u32>,
     /// The PCP server's holds and counters (RFC 6887; `crate::pcp`).
@@ -288,7 +288,7 @@ impl Engine {
     }
 
     /// Counts a handled frame's outcome and says what became of it.
-    fn verdict_of(&mut self, result: Result<Option<Side>, DropReason>) -> Verdict {
+    pub(crate) fn verdict_of(&mut self, result: Result<Option<Side>, DropReason>) -> Verdict {
         match result {
             Ok(Some(out)) => {
                 self.stats.forwarded[out as usize] += 1;
@@ -433,19 +433,6 @@ impl Engine {
         Ok(Some(out))
     }
 
-    /// An outbound TCP or UDP datagram that has passed every check before
-    /// translation, with no session yet: the full path's own handling from
-    /// there on (policy, quotas, allocation, logging). The fast path, which
-    /// has parsed and checked the frame and looked its endpoint up
-    /// (`found`) already, enters here.
-    pub(crate) fn open_outbound(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, found: Option<Found>) -> Verdict {
-        let result = self.translate_out(frame, ip, flow, found).map(|out| {
-            self.finish_forward(frame, ip, Side::Inside, out);
-            Some(out)
-        });
-        self.verdict_of(result)
-    }
-
     fn arrived_outside(&mut self, frame: &mut [u8]) -> Result<Option<Side>, DropReason> {
         let ip = self.parse_ip(frame)?;
         let to_pool = self.pool.contains(ip.dst);
@@ -559,13 +546,19 @@ impl Engine {
     /// Translates an outbound datagram whose internal endpoint's lookup
     /// found `found`; refusals for lack of resources are answered (RFC 6888 REQ-8).
     fn translate_out(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, found: Option<Found>) -> Result<Side, DropReason> {
-        match self.translate_out_flow(frame, ip, flow, found) {
-            Err(r) if r.is_resource() => {
-                self.refuse(frame, ip.l3);
-                Err(r)
+        let result = self.translate_out_flow(frame, ip, flow, found);
+        self.answer_refusal(frame, ip.l3, result)
+    }
+
+    /// RFC 6888 REQ-8: an outbound datagram refused for lack of resources
+    /// is answered.
+    pub(crate) fn answer_refusal<T>(&mut self, frame: &[u8], l3: usize, result: Result<T, DropReason>) -> Result<T, DropReason> {
+        if let Err(r) = &result {
+            if r.is_resource() {
+                self.refuse(frame, l3);
             }
-            other => other,
         }
+        result
     }
 
     fn translate_out_flow(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, found: Option<Found>) -> Result<Side, DropReason> {
@@ -612,7 +605,7 @@ impl Engine {
         Ok(Side::Inside)
     }
 
-    fn outbound_session(&mut self, frame: &[u8], ip: &Ip, flow: &Flow, may_create: bool, found: Option<Found>) -> Result<u32, DropReason> {
+    pub(crate) fn outbound_session(&mut self, frame: &[u8], ip: &Ip, flow: &Flow, may_create: bool, found: Option<Found>) -> Result<u32, DropReason> {
         let (port, rport) = flow.out_ports();
         if let Some(id) = found.and_then(|f| f.session) {
             self.track(id, Direction::Out, flow.tcp_flags, true);

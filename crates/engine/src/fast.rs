@@ -127,6 +127,21 @@ impl Engine {
         }
     }
 
+    /// For an outbound candidate whose endpoint the index guessed no record
+    /// for, so most likely a new flow: starts loading what opening it will
+    /// touch at random, the port map word of the port it would keep and the
+    /// index bucket its external endpoint would go in. Only a hint: a wrong
+    /// guess (another port chosen, another address) costs a wasted load.
+    #[inline(never)]
+    pub(crate) fn prefetch_opening(&self, c: &Candidate) {
+        if !self.pool.preserves_ports() || self.det.is_some() {
+            return;
+        }
+        let Some(paired) = self.subs.paired_of(c.src) else { return };
+        self.pool.prefetch_port(paired, c.proto, c.sport);
+        self.tables.prefetch_bucket(self.tables.hash_out(c.proto, self.pool.address(paired), c.sport));
+    }
+
     // Out of line: the established path it branches from stays compact.
     #[inline(never)]
     fn open(&mut self, frame: &mut [u8], c: &Candidate, found: Option<Found>) -> Verdict {
@@ -151,7 +166,16 @@ impl Engine {
             dont_fragment: frame[L3 + 6] & 0x40 != 0,
         };
         let flow = Flow { proto: c.proto, sport: c.sport, dport: c.dport, tcp_flags: c.tcp_flags, l4, icmp_class: None };
-        self.open_outbound(frame, &ip, &flow, found)
+        // The full path's policy (quotas, allocation, logging, held SYNs)
+        // from here on. A candidate is neither a hairpin nor ICMP, so the
+        // session's external endpoint is the whole rewrite.
+        let session = self.outbound_session(frame, &ip, &flow, true, found);
+        let result = self.answer_refusal(frame, L3, session).map(|sid| {
+            let ends = self.tables.endpoints(sid);
+            translate::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);
+            Some(Side::Outside)
+        });
+        self.verdict_of(result)
     }
 }
 

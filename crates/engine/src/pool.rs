@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 
 use crate::config::PortSelection;
 use crate::rng::Rng;
+use crate::table::prefetch;
 use crate::Proto;
 
 const WORDS: usize = 65536 / 64;
@@ -254,17 +255,30 @@ impl Pool {
         true
     }
 
+    /// Starts loading the word of the port map that says whether `port` is
+    /// free on the address at `addr_idx`: what preserving that port reads.
+    #[inline]
+    pub fn prefetch_port(&self, addr_idx: u32, proto: Proto, port: u16) {
+        if let Some(s) = self.spaces.get(addr_idx as usize * Proto::COUNT + proto as usize) {
+            prefetch(&s.used[usize::from(port) / 64]);
+        }
+    }
+
+    /// Whether a new mapping keeps the subscriber's port when it is free.
+    pub fn preserves_ports(&self) -> bool {
+        self.selection == PortSelection::Preserve
+    }
+
     /// Allocates a port for one-at-a-time mode.
     pub fn alloc_port(&mut self, addr_idx: u32, proto: Proto, want: u16, rng: &mut Rng) -> Result<u16, AllocError> {
         let (lo, hi) = (self.lo, self.hi);
         let parity = self.parity_of(proto, want);
         let preserve = self.selection == PortSelection::Preserve;
-        let start = rng.range(u32::from(lo), u32::from(hi)) as u16;
         let s = self.space(addr_idx, proto);
         let port = if preserve && (lo..=hi).contains(&want) && s.is_free(want) {
             Some(want)
         } else {
-            s.find(start, lo, hi, parity)
+            s.find(rng.range(u32::from(lo), u32::from(hi)) as u16, lo, hi, parity)
         };
         let port = port.ok_or(AllocError::Exhausted)?;
         s.take(port);

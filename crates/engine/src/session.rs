@@ -652,6 +652,12 @@ impl Tables {
         ends
     }
 
+    /// The two ends of session `id`'s mapping.
+    pub fn endpoints(&self, id: u32) -> Endpoints {
+        let mapping = if id & EXTRA == 0 { id } else { self.extras[(id & !EXTRA) as usize].mapping };
+        Endpoints::of(&self.records[mapping as usize])
+    }
+
     #[inline]
     fn timer_of(&self, id: u32) -> (u32, TimeoutClass) {
         if id & EXTRA == 0 {

@@ -63,6 +63,14 @@ impl Subscribers {
         self.index.find(hash::address(self.seed, addr), |id| slab[id as usize].addr == addr)
     }
 
+    /// The pool address index the subscriber at `addr` is paired with, if
+    /// it is known and paired.
+    #[inline]
+    pub fn paired_of(&self, addr: u32) -> Option<u32> {
+        let paired = self.slab[self.find(addr)? as usize].paired;
+        (paired != NONE).then_some(paired)
+    }
+
     /// Returns the subscriber's id, creating it; None when the table is full.
     pub fn find_or_create(&mut self, addr: u32) -> Option<u32> {
         if let Some(id) = self.find(addr) {
