@@ -79,6 +79,15 @@ pub(crate) struct Flow {
     pub icmp_class: Option<icmp::Class>,
 }
 
+/// What has been looked up of an outbound datagram before its handling:
+/// its internal endpoint's mapping and session, and its subscriber's id (a
+/// guess, checked before use; NONE: not looked up).
+#[derive(Clone, Copy)]
+pub(crate) struct Looked {
+    pub found: Option<Found>,
+    pub sub: u32,
+}
+
 impl Flow {
     /// (subscriber-side port, remote port) of an outbound packet; ICMP queries
     /// are keyed by identifier with no remote port.
@@ -426,8 +435,8 @@ impl Engine {
         } else {
             let flow = self.parse_flow(frame, &ip)?;
             let (port, rport) = flow.out_ports();
-            let found = self.tables.lookup_in(flow.proto, ip.src, port, ip.dst, rport);
-            self.translate_out(frame, &ip, &flow, found)?
+            let looked = Looked { found: self.tables.lookup_in(flow.proto, ip.src, port, ip.dst, rport), sub: NONE };
+            self.translate_out(frame, &ip, &flow, looked)?
         };
         self.finish_forward(frame, &ip, Side::Inside, out);
         Ok(Some(out))
@@ -543,10 +552,10 @@ impl Engine {
         self.cfg.exempt.iter().any(|e| e.matches(ip.src, sport))
     }
 
-    /// Translates an outbound datagram whose internal endpoint's lookup
-    /// found `found`; refusals for lack of resources are answered (RFC 6888 REQ-8).
-    fn translate_out(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, found: Option<Found>) -> Result<Side, DropReason> {
-        let result = self.translate_out_flow(frame, ip, flow, found);
+    /// Translates an outbound datagram, given what has been `looked` up of
+    /// it; refusals for lack of resources are answered (RFC 6888 REQ-8).
+    fn translate_out(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, looked: Looked) -> Result<Side, DropReason> {
+        let result = self.translate_out_flow(frame, ip, flow, looked);
         self.answer_refusal(frame, ip.l3, result)
     }
 
@@ -561,7 +570,7 @@ impl Engine {
         result
     }
 
-    fn translate_out_flow(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, found: Option<Found>) -> Result<Side, DropReason> {
+    fn translate_out_flow(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, looked: Looked) -> Result<Side, DropReason> {
         let hairpin = self.pool.contains(ip.dst);
         let may_create = match flow.icmp_class {
             None | Some(icmp::Class::QueryRequest) => true,
@@ -572,7 +581,7 @@ impl Engine {
             // Queries to a pool address reach no subscriber: identifiers are ours.
             return Err(DropReason::NoMapping);
         }
-        let sid = self.outbound_session(frame, ip, flow, may_create, found)?;
+        let sid = self.outbound_session(frame, ip, flow, may_create, looked)?;
         let s = self.tables.session(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
         if !hairpin || !self.owns_external(flow.proto, ip.dst, flow.dport) {
@@ -605,8 +614,9 @@ impl Engine {
         Ok(Side::Inside)
     }
 
-    pub(crate) fn outbound_session(&mut self, frame: &[u8], ip: &Ip, flow: &Flow, may_create: bool, found: Option<Found>) -> Result<u32, DropReason> {
+    pub(crate) fn outbound_session(&mut self, frame: &[u8], ip: &Ip, flow: &Flow, may_create: bool, looked: Looked) -> Result<u32, DropReason> {
         let (port, rport) = flow.out_ports();
+        let found = looked.found;
         if let Some(id) = found.and_then(|f| f.session) {
             self.track(id, Direction::Out, flow.tcp_flags, true);
             return Ok(id);
@@ -617,7 +627,7 @@ impl Engine {
         let made = match found {
             Some(f) => self.create_session(f.mapping, ip.dst, rport, Direction::Out, flow.tcp_flags),
             None => {
-                let (mid, sub) = self.create_mapping(frame, ip.l3, flow.proto, ip.src, port)?;
+                let (mid, sub) = self.create_mapping(frame, ip.l3, flow.proto, ip.src, port, looked.sub)?;
                 self.create_session_of(sub, mid, ip.dst, rport, Direction::Out, flow.tcp_flags).inspect_err(|_| self.delete_mapping(mid, true))
             }
         };
@@ -680,13 +690,13 @@ impl Engine {
         })
     }
 
-    /// Makes a mapping for an internal endpoint; returns it and its
-    /// subscriber.
-    fn create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16) -> Result<(u32, u32), DropReason> {
+    /// Makes a mapping for an internal endpoint, whose subscriber may be
+    /// `sub_hint` (checked; NONE: unknown); returns it and its subscriber.
+    fn create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16, sub_hint: u32) -> Result<(u32, u32), DropReason> {
         if self.det.as_ref().is_some_and(|d| d.index_of(int).is_none()) {
             return Err(DropReason::NotSubscriber);
         }
-        let sub = self.subs.find_or_create(int).ok_or(DropReason::SubscriberTableFull)?;
+        let sub = self.subs.find_or_create_hinted(int, sub_hint).ok_or(DropReason::SubscriberTableFull)?;
         let result = self.allocate_for(frame, l3, sub, proto, int, iport);
         if result.is_err() {
             self.subs.release_if_idle(sub);
@@ -967,7 +977,7 @@ fn apply_fragment_rewrite(frame: &mut [u8], l3: usize, rw: FragRewrite) {
 /// removes state only through these, so PCP mappings are ordinary ones.
 impl Engine {
     pub(crate) fn pcp_create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
-        self.create_mapping(frame, l3, proto, int, iport).map(|(mid, _)| mid)
+        self.create_mapping(frame, l3, proto, int, iport, NONE).map(|(mid, _)| mid)
     }
 
     pub(crate) fn pcp_create_session(&mut self, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {

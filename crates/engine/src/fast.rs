@@ -14,8 +14,9 @@
 
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
 
-use crate::engine::{is_martian, Engine, Flow, Ip, Verdict};
+use crate::engine::{is_martian, Engine, Flow, Ip, Looked, Verdict};
 use crate::session::{Found, NIL};
+use crate::subscriber::NONE;
 use crate::trackers::Direction;
 use crate::translate::{self, Which, L4};
 use crate::{Proto, Side};
@@ -33,6 +34,9 @@ pub(crate) struct Candidate {
     hash: u64,
     /// The record a batch's prefetch guessed for the lookup; NIL if none.
     pub(crate) hint: u32,
+    /// The subscriber a batch's prefetch found for a likely-new outbound
+    /// flow; NONE if none.
+    sub: u32,
     src: u32,
     dst: u32,
     sport: u16,
@@ -89,7 +93,7 @@ impl Engine {
             Side::Outside if self.pool.contains(dst) => self.tables.hash_out(proto, dst, dport),
             _ => return None,
         };
-        Some(Candidate { hash, hint: NIL, src, dst, sport, dport, proto, tcp_flags, l4_len: l4_len as u16 })
+        Some(Candidate { hash, hint: NIL, sub: NONE, src, dst, sport, dport, proto, tcp_flags, l4_len: l4_len as u16 })
     }
 
     /// Translates the candidate `frame` if its session exists and returns
@@ -133,11 +137,14 @@ impl Engine {
     /// index bucket its external endpoint would go in. Only a hint: a wrong
     /// guess (another port chosen, another address) costs a wasted load.
     #[inline(never)]
-    pub(crate) fn prefetch_opening(&self, c: &Candidate) {
-        if !self.pool.preserves_ports() || self.det.is_some() {
+    pub(crate) fn prefetch_opening(&self, c: &mut Candidate) {
+        let Some(sub) = self.subs.find(c.src) else { return };
+        // Kept for the opening, which then need not look the subscriber up.
+        c.sub = sub;
+        let paired = self.subs.get(sub).paired;
+        if paired == NONE || !self.pool.preserves_ports() || self.det.is_some() {
             return;
         }
-        let Some(paired) = self.subs.paired_of(c.src) else { return };
         self.pool.prefetch_port(paired, c.proto, c.sport);
         self.tables.prefetch_bucket(self.tables.hash_out(c.proto, self.pool.address(paired), c.sport));
     }
@@ -169,7 +176,7 @@ impl Engine {
         // The full path's policy (quotas, allocation, logging, held SYNs)
         // from here on. A candidate is neither a hairpin nor ICMP, so the
         // session's external endpoint is the whole rewrite.
-        let session = self.outbound_session(frame, &ip, &flow, true, found);
+        let session = self.outbound_session(frame, &ip, &flow, true, Looked { found, sub: c.sub });
         let result = self.answer_refusal(frame, L3, session).map(|sid| {
             let ends = self.tables.endpoints(sid);
             translate::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);

@@ -63,16 +63,17 @@ impl Subscribers {
         self.index.find(hash::address(self.seed, addr), |id| slab[id as usize].addr == addr)
     }
 
-    /// The pool address index the subscriber at `addr` is paired with, if
-    /// it is known and paired.
-    #[inline]
-    pub fn paired_of(&self, addr: u32) -> Option<u32> {
-        let paired = self.slab[self.find(addr)? as usize].paired;
-        (paired != NONE).then_some(paired)
-    }
-
     /// Returns the subscriber's id, creating it; None when the table is full.
     pub fn find_or_create(&mut self, addr: u32) -> Option<u32> {
+        self.find_or_create_hinted(addr, NONE)
+    }
+
+    /// `find_or_create` given `hint`, an id a caller found earlier (NONE:
+    /// none): taken without a lookup if it still belongs to `addr`.
+    pub fn find_or_create_hinted(&mut self, addr: u32, hint: u32) -> Option<u32> {
+        if self.slab.get(hint as usize).is_some_and(|s| s.in_use && s.addr == addr) {
+            return Some(hint);
+        }
         if let Some(id) = self.find(addr) {
             return Some(id);
         }
@@ -126,5 +127,28 @@ impl Subscribers {
 
     pub fn memory_bytes(&self) -> usize {
         self.slab.capacity() * core::mem::size_of::<Subscriber>() + self.index.memory_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hint_is_taken_only_while_it_belongs_to_the_address() {
+        let mut subs = Subscribers::new(4, 7);
+        let a = subs.find_or_create(0x6440_0001).unwrap();
+        assert_eq!(subs.find_or_create_hinted(0x6440_0001, a), Some(a));
+        assert_eq!(subs.find_or_create_hinted(0x6440_0001, NONE), Some(a), "no hint: the index answers");
+        // The subscriber leaves and its slot goes to another address.
+        subs.release_if_idle(a);
+        let b = subs.find_or_create(0x6440_0002).unwrap();
+        assert_eq!(b, a, "the slot is reused");
+        let again = subs.find_or_create_hinted(0x6440_0001, a).unwrap();
+        assert_ne!(again, b, "a stale hint names another subscriber's slot");
+        assert_eq!(subs.get(again).addr, 0x6440_0001);
+        assert_eq!(subs.get(b).addr, 0x6440_0002);
+        assert_eq!(subs.find_or_create_hinted(0x6440_0003, 99), subs.find(0x6440_0003), "a hint past the slab is ignored");
+        assert_eq!(subs.len(), 3);
     }
 }
