@@ -581,7 +581,7 @@ impl Engine {
             // Queries to a pool address reach no subscriber: identifiers are ours.
             return Err(DropReason::NoMapping);
         }
-        let sid = self.outbound_session(frame, ip, flow, may_create, looked)?;
+        let sid = self.outbound_session(ip.src, ip.dst, flow, may_create, looked)?;
         let s = self.tables.session(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
         if !hairpin || !self.owns_external(flow.proto, ip.dst, flow.dport) {
@@ -614,7 +614,9 @@ impl Engine {
         Ok(Side::Inside)
     }
 
-    pub(crate) fn outbound_session(&mut self, frame: &[u8], ip: &Ip, flow: &Flow, may_create: bool, looked: Looked) -> Result<u32, DropReason> {
+    /// The session of an outbound datagram from `src` to `dst`, made if
+    /// there is none and `may_create`.
+    pub(crate) fn outbound_session(&mut self, src: u32, dst: u32, flow: &Flow, may_create: bool, looked: Looked) -> Result<u32, DropReason> {
         let (port, rport) = flow.out_ports();
         let found = looked.found;
         if let Some(id) = found.and_then(|f| f.session) {
@@ -625,16 +627,16 @@ impl Engine {
             return Err(DropReason::NoMapping);
         }
         let made = match found {
-            Some(f) => self.create_session(f.mapping, ip.dst, rport, Direction::Out, flow.tcp_flags),
+            Some(f) => self.create_session(f.mapping, dst, rport, Direction::Out, flow.tcp_flags),
             None => {
-                let (mid, sub) = self.create_mapping(frame, ip.l3, flow.proto, ip.src, port, looked.sub)?;
-                self.create_session_of(sub, mid, ip.dst, rport, Direction::Out, flow.tcp_flags).inspect_err(|_| self.delete_mapping(mid, true))
+                let (mid, sub) = self.create_mapping(flow.proto, src, port, looked.sub)?;
+                self.create_session_of(sub, mid, dst, rport, Direction::Out, flow.tcp_flags).inspect_err(|_| self.delete_mapping(mid, true))
             }
         };
         let sid = made?;
-        if flow.proto == Proto::Tcp && flow.tcp_flags & tcp::flags::SYN != 0 {
-            let s = self.tables.session(sid);
-            self.cancel_held_syn(s.ext_addr, s.ext_port, ip.dst, rport);
+        if flow.proto == Proto::Tcp && flow.tcp_flags & tcp::flags::SYN != 0 && !self.syn_holds.is_empty() {
+            let ends = self.tables.endpoints(sid);
+            self.cancel_held_syn(ends.ext_addr, ends.ext_port, dst, rport);
         }
         Ok(sid)
     }
@@ -692,19 +694,19 @@ impl Engine {
 
     /// Makes a mapping for an internal endpoint, whose subscriber may be
     /// `sub_hint` (checked; NONE: unknown); returns it and its subscriber.
-    fn create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16, sub_hint: u32) -> Result<(u32, u32), DropReason> {
+    fn create_mapping(&mut self, proto: Proto, int: u32, iport: u16, sub_hint: u32) -> Result<(u32, u32), DropReason> {
         if self.det.as_ref().is_some_and(|d| d.index_of(int).is_none()) {
             return Err(DropReason::NotSubscriber);
         }
         let sub = self.subs.find_or_create_hinted(int, sub_hint).ok_or(DropReason::SubscriberTableFull)?;
-        let result = self.allocate_for(frame, l3, sub, proto, int, iport);
+        let result = self.allocate_for(sub, proto, int, iport);
         if result.is_err() {
             self.subs.release_if_idle(sub);
         }
         result.map(|mid| (mid, sub))
     }
 
-    fn allocate_for(&mut self, _frame: &[u8], _l3: usize, sub: u32, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
+    fn allocate_for(&mut self, sub: u32, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
         let cfg_ports = self.cfg.max_ports_per_subscriber;
         let per_proto = self.cfg.max_ports_per_protocol[proto as usize];
         let s = self.subs.get(sub);
@@ -904,9 +906,7 @@ impl Engine {
 
     /// RFC 5382 REQ-4: an outbound SYN for the held connection silences the held one.
     fn cancel_held_syn(&mut self, ext_addr: u32, ext_port: u16, rem_addr: u32, rem_port: u16) {
-        if !self.syn_holds.is_empty() {
-            self.syn_holds.retain(|h| !(h.ext_addr == ext_addr && h.ext_port == ext_port && h.rem_addr == rem_addr && h.rem_port == rem_port));
-        }
+        self.syn_holds.retain(|h| !(h.ext_addr == ext_addr && h.ext_port == ext_port && h.rem_addr == rem_addr && h.rem_port == rem_port));
     }
 
     fn answer_held_syn(&mut self, h: &HeldSyn) {
@@ -976,8 +976,8 @@ fn apply_fragment_rewrite(frame: &mut [u8], l3: usize, rw: FragRewrite) {
 /// What the PCP server (`crate::pcp`) uses of the packet path: it makes and
 /// removes state only through these, so PCP mappings are ordinary ones.
 impl Engine {
-    pub(crate) fn pcp_create_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
-        self.create_mapping(frame, l3, proto, int, iport, NONE).map(|(mid, _)| mid)
+    pub(crate) fn pcp_create_mapping(&mut self, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
+        self.create_mapping(proto, int, iport, NONE).map(|(mid, _)| mid)
     }
 
     pub(crate) fn pcp_create_session(&mut self, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {

@@ -14,7 +14,7 @@
 
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
 
-use crate::engine::{is_martian, Engine, Flow, Ip, Looked, Verdict};
+use crate::engine::{is_martian, Engine, Flow, Looked, Verdict};
 use crate::session::{Found, NIL};
 use crate::subscriber::NONE;
 use crate::trackers::Direction;
@@ -152,31 +152,17 @@ impl Engine {
     // Out of line: the established path it branches from stays compact.
     #[inline(never)]
     fn open(&mut self, frame: &mut [u8], c: &Candidate, found: Option<Found>) -> Verdict {
-        let l4_len = usize::from(c.l4_len);
-        let (ip_proto, l4) = match c.proto {
-            Proto::Tcp => (proto::TCP, L4::Tcp { at: AT, len: l4_len }),
-            Proto::Udp => (proto::UDP, L4::Udp { at: AT }),
+        let l4 = match c.proto {
+            Proto::Tcp => L4::Tcp { at: AT, len: usize::from(c.l4_len) },
+            Proto::Udp => L4::Udp { at: AT },
             // Never a candidate; decided by the full path should that change.
             Proto::Icmp => return self.full_path(frame, Side::Inside),
-        };
-        let ip = Ip {
-            l3: L3,
-            l4: AT,
-            l4_len,
-            proto: ip_proto,
-            src: c.src,
-            dst: c.dst,
-            ttl: frame[L3 + 8],
-            ident: get_u16_at(frame, L3 + 4),
-            first_frag: false,
-            later_frag: false,
-            dont_fragment: frame[L3 + 6] & 0x40 != 0,
         };
         let flow = Flow { proto: c.proto, sport: c.sport, dport: c.dport, tcp_flags: c.tcp_flags, l4, icmp_class: None };
         // The full path's policy (quotas, allocation, logging, held SYNs)
         // from here on. A candidate is neither a hairpin nor ICMP, so the
         // session's external endpoint is the whole rewrite.
-        let session = self.outbound_session(frame, &ip, &flow, true, Looked { found, sub: c.sub });
+        let session = self.outbound_session(c.src, c.dst, &flow, true, Looked { found, sub: c.sub });
         let result = self.answer_refusal(frame, L3, session).map(|sid| {
             let ends = self.tables.endpoints(sid);
             translate::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);

@@ -313,7 +313,7 @@ impl Engine {
             return;
         }
         self.pcp.in_window += 1;
-        let Some(answer) = self.pcp_answer(frame, ip, &dgram[udp::HEADER_LEN..]) else {
+        let Some(answer) = self.pcp_answer(ip, &dgram[udp::HEADER_LEN..]) else {
             self.pcp.stats.ignored += 1;
             return;
         };
@@ -329,7 +329,7 @@ impl Engine {
 
     /// Section 8.3: the answer to a request, or None when it is to be
     /// dropped silently.
-    fn pcp_answer(&mut self, frame: &[u8], ip: &Ip, msg: &[u8]) -> Option<Vec<u8>> {
+    fn pcp_answer(&mut self, ip: &Ip, msg: &[u8]) -> Option<Vec<u8>> {
         if msg.len() < 2 || msg[1] & wire::RESPONSE_BIT != 0 {
             return None;
         }
@@ -363,8 +363,8 @@ impl Engine {
             opcode::ANNOUNCE => check_options(op, &body[data_len..]).map(|_| (0, Vec::new())),
             _ => match parse_map(op, body) {
                 Err(code) => Err(code),
-                Ok(m) if op == opcode::MAP => self.pcp_map(frame, ip, req.lifetime(), m),
-                Ok(m) => self.pcp_peer(frame, ip, req.lifetime(), m),
+                Ok(m) if op == opcode::MAP => self.pcp_map(ip, req.lifetime(), m),
+                Ok(m) => self.pcp_peer(ip, req.lifetime(), m),
             },
         };
         let ours: Vec<Event> = self.events_mut().drain().collect();
@@ -401,7 +401,7 @@ impl Engine {
     }
 
     /// Section 11: MAP.
-    fn pcp_map(&mut self, frame: &[u8], ip: &Ip, lifetime: u32, m: MapRequest) -> Outcome {
+    fn pcp_map(&mut self, ip: &Ip, lifetime: u32, m: MapRequest) -> Outcome {
         let int = ip.src;
         if m.prefer_failure && m.ext_port == 0 && m.ext_addr.is_none() && !m.foreign_addr {
             return Err(result::MALFORMED_OPTION);
@@ -449,7 +449,7 @@ impl Engine {
             self.pcp_hold(key, m.nonce, granted, m.filters.clone());
             return Ok((granted, map_data(&m, wire::v4_mapped(mp.ext_addr), mp.ext_port, &m.echoed)));
         }
-        let mid = self.pcp_new_mapping(frame, ip.l3, proto, int, &m)?;
+        let mid = self.pcp_new_mapping(proto, int, &m)?;
         if let Err(r) = self.pcp_keepalive(mid) {
             self.pcp_undo_mapping(mid);
             return Err(result_of(r));
@@ -498,7 +498,7 @@ impl Engine {
     }
 
     /// Section 12: PEER.
-    fn pcp_peer(&mut self, frame: &[u8], ip: &Ip, lifetime: u32, m: MapRequest) -> Outcome {
+    fn pcp_peer(&mut self, ip: &Ip, lifetime: u32, m: MapRequest) -> Outcome {
         let int = ip.src;
         let proto = match m.protocol {
             proto::TCP => Proto::Tcp,
@@ -532,7 +532,7 @@ impl Engine {
             None => {
                 let (mid, new) = match self.tables.find_mapping_in(proto, int, m.int_port) {
                     Some(mid) => (mid, false),
-                    None => (self.pcp_new_mapping(frame, ip.l3, proto, int, &m)?, true),
+                    None => (self.pcp_new_mapping(proto, int, &m)?, true),
                 };
                 match self.pcp_create_session(mid, rem, rport, Direction::Out, 0) {
                     Ok(s) => s,
@@ -555,7 +555,7 @@ impl Engine {
     /// A new mapping for a PCP request, honouring the suggested external
     /// address and port when it can. With PREFER_FAILURE, a mapping that
     /// cannot be what was suggested is undone without a trace.
-    fn pcp_new_mapping(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, m: &MapRequest) -> Result<u32, u8> {
+    fn pcp_new_mapping(&mut self, proto: Proto, int: u32, m: &MapRequest) -> Result<u32, u8> {
         let deterministic = self.deterministic().is_some();
         if let Some(a) = m.ext_addr {
             // Paired pooling: a subscriber holding nothing yet may start on the suggested address.
@@ -570,8 +570,8 @@ impl Engine {
         }
         let hint = Some(m.ext_port).filter(|&p| p != 0 && p != m.int_port);
         let mid = match hint {
-            None => self.pcp_create_mapping(frame, l3, proto, int, m.int_port).map_err(result_of)?,
-            Some(want) => self.pcp_create_mapping_at(frame, l3, proto, int, m.int_port, want)?,
+            None => self.pcp_create_mapping(proto, int, m.int_port).map_err(result_of)?,
+            Some(want) => self.pcp_create_mapping_at(proto, int, m.int_port, want)?,
         };
         let mp = self.tables.mapping(mid);
         if m.prefer_failure && !honours(m, mp.ext_addr, mp.ext_port) {
@@ -586,13 +586,13 @@ impl Engine {
     /// the mapping is made as if for internal port `want`, with the
     /// allocator in port-preserving mode, and then re-keyed to `iport`; the
     /// events it logged are corrected to match.
-    fn pcp_create_mapping_at(&mut self, frame: &[u8], l3: usize, proto: Proto, int: u32, iport: u16, want: u16) -> Result<u32, u8> {
+    fn pcp_create_mapping_at(&mut self, proto: Proto, int: u32, iport: u16, want: u16) -> Result<u32, u8> {
         let before: Vec<Event> = self.events_mut().drain().collect();
         let (sel, parity, hold) = (self.cfg.port_selection, self.cfg.port_parity, self.cfg.hold_down_s);
         if sel != PortSelection::Preserve {
             self.pool.set_policy(PortSelection::Preserve, parity, hold);
         }
-        let made = self.pcp_create_mapping(frame, l3, proto, int, want);
+        let made = self.pcp_create_mapping(proto, int, want);
         if sel != PortSelection::Preserve {
             self.pool.set_policy(sel, parity, hold);
         }
