@@ -616,6 +616,7 @@ impl Engine {
 
     /// The session of an outbound datagram from `src` to `dst`, made if
     /// there is none and `may_create`.
+    #[inline(always)]
     pub(crate) fn outbound_session(&mut self, src: u32, dst: u32, flow: &Flow, may_create: bool, looked: Looked) -> Result<u32, DropReason> {
         let (port, rport) = flow.out_ports();
         let found = looked.found;
@@ -694,6 +695,7 @@ impl Engine {
 
     /// Makes a mapping for an internal endpoint, whose subscriber may be
     /// `sub_hint` (checked; NONE: unknown); returns it and its subscriber.
+    #[inline(always)]
     fn create_mapping(&mut self, proto: Proto, int: u32, iport: u16, sub_hint: u32) -> Result<(u32, u32), DropReason> {
         if self.det.as_ref().is_some_and(|d| d.index_of(int).is_none()) {
             return Err(DropReason::NotSubscriber);
@@ -706,6 +708,7 @@ impl Engine {
         result.map(|mid| (mid, sub))
     }
 
+    #[inline(always)]
     fn allocate_for(&mut self, sub: u32, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
         let cfg_ports = self.cfg.max_ports_per_subscriber;
         let per_proto = self.cfg.max_ports_per_protocol[proto as usize];
@@ -789,6 +792,7 @@ impl Engine {
     }
 
     /// `create_session` for a mapping whose subscriber the caller has at hand.
+    #[inline(always)]
     fn create_session_of(&mut self, sub: u32, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {
         let m = self.tables.mapping(mid);
         if self.subs.get(sub).sessions >= self.cfg.max_sessions_per_subscriber {

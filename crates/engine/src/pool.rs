@@ -270,6 +270,7 @@ impl Pool {
     }
 
     /// Allocates a port for one-at-a-time mode.
+    #[inline(always)]
     pub fn alloc_port(&mut self, addr_idx: u32, proto: Proto, want: u16, rng: &mut Rng) -> Result<u16, AllocError> {
         let (lo, hi) = (self.lo, self.hi);
         let parity = self.parity_of(proto, want);

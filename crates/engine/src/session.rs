@@ -439,6 +439,7 @@ impl Tables {
         self.records[mapping as usize].flags & OWN != 0
     }
 
+    #[inline(always)]
     pub fn insert_mapping(&mut self, m: Mapping) -> Result<u32, TableFull> {
         if self.mappings >= self.max_mappings {
             return Err(TableFull);
@@ -506,6 +507,7 @@ impl Tables {
     }
 
     /// Adds a session to `mapping` for the remote endpoint.
+    #[inline(always)]
     pub fn insert_session(&mut self, mapping: u32, rem: u32, rport: u16, state: u8, class: TimeoutClass, now_s: u32) -> Result<u32, TableFull> {
         if self.is_full() {
             return Err(TableFull);
@@ -703,6 +705,7 @@ impl Tables {
 
     /// Queues `id` on the wheel for second `due`, or as close to it as the
     /// wheel reaches.
+    #[inline(always)]
     fn arm(&mut self, id: u32, due: u32) {
         let at = due.clamp(self.wheel_done + 1, self.wheel_done + WHEEL_SLOTS);
         if id & EXTRA == 0 {

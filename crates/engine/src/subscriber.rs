@@ -70,6 +70,7 @@ impl Subscribers {
 
     /// `find_or_create` given `hint`, an id a caller found earlier (NONE:
     /// none): taken without a lookup if it still belongs to `addr`.
+    #[inline(always)]
     pub fn find_or_create_hinted(&mut self, addr: u32, hint: u32) -> Option<u32> {
         if self.slab.get(hint as usize).is_some_and(|s| s.in_use && s.addr == addr) {
             return Some(hint);

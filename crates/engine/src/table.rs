@@ -190,6 +190,7 @@ impl FlowIndex {
     }
 
     /// Indexes `id` under `hash`. Fails only when the index is full.
+    #[inline(always)]
     pub fn insert(&mut self, hash: u64, id: u32) -> Result<(), TableFull> {
         if self.len >= self.buckets.len() * SLOTS {
             return Err(TableFull);
