@@ -48,7 +48,7 @@ const SIMPLE_L4: usize = natrix_wire::ethernet::HEADER_LEN + 20;
 /// `rewrite` and the TTL decrement of forwarding in one, for the fast path's
 /// frames (Ethernet, IPv4 without options, TCP or UDP, lengths checked):
 /// each checksum takes one sum of all its changes, folded once.
-#[inline]
+#[inline(always)]
 pub fn rewrite_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) {
     use natrix_wire::{tcp, udp};
     let patched = if tcp {
