@@ -12,6 +12,7 @@
 use crate::engine::{Engine, Verdict};
 use crate::fast::Candidate;
 use crate::session::NIL;
+use crate::table::Guess;
 use crate::Side;
 
 /// Frames prefetched together at most; longer batches are taken in chunks.
@@ -21,12 +22,17 @@ const RECORD_LEAD: usize = 16;
 
 impl Engine {
     /// Prefetch, stage two: the record the candidate's bucket points at,
-    /// kept as the lookup's hint; with none, an outbound candidate is most
-    /// likely a new flow, and what opening it touches is prefetched instead.
+    /// kept as the lookup's hint; when the bucket says the endpoint is not
+    /// indexed, an outbound candidate is most likely a new flow, and what
+    /// opening it touches is prefetched instead.
     #[inline]
     fn prefetch_record(&self, c: &mut Candidate, side: Side) {
-        c.hint = self.tables.prefetch_record(c.hash());
-        if c.hint == NIL && side == Side::Inside {
+        let guess = self.tables.prefetch_record(c.hash());
+        c.hint = match guess {
+            Guess::Likely(id) => id,
+            Guess::Absent | Guess::Unsure => NIL,
+        };
+        if guess == Guess::Absent && side == Side::Inside {
             self.prefetch_opening(c);
         }
     }

@@ -19,7 +19,7 @@
 //! expired if its idle time has passed, or re-armed for when it will.
 
 use crate::hash;
-use crate::table::{prefetch, FlowIndex, TableFull};
+use crate::table::{prefetch, FlowIndex, Guess, TableFull};
 use crate::trackers::TimeoutClass;
 use crate::Proto;
 
@@ -243,19 +243,23 @@ impl Tables {
         self.index.prefetch(hash);
     }
 
-    /// Prefetch, stage two: the record the (by now loaded) bucket points
-    /// at. Returns its id (NIL if none), a hint for the lookup that follows
-    /// (`find_session_in_hashed`), which then need not search the bucket again.
+    /// Prefetch, stage two: the mapping record the (by now loaded) bucket
+    /// points at. The guess is returned: a likely record's id is a hint for
+    /// the lookup that follows (`lookup_in_hinted`), which then need not
+    /// search the bucket again, and an absent endpoint most likely opens a
+    /// new mapping.
     #[inline]
-    pub fn prefetch_record(&self, hash: u64) -> u32 {
-        match self.index.likely(hash) {
-            Some(id) if id & EXTRA == 0 => {
+    pub fn prefetch_record(&self, hash: u64) -> Guess {
+        match self.index.guess(hash) {
+            Guess::Likely(id) if id & EXTRA == 0 => {
                 if let Some(r) = self.records.get(id as usize) {
                     prefetch(r);
                 }
-                id
+                Guess::Likely(id)
             }
-            _ => NIL,
+            // An extra's tag: the mapping, if any, is elsewhere.
+            Guess::Likely(_) => Guess::Unsure,
+            other => other,
         }
     }
 
@@ -867,10 +871,11 @@ mod tests {
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         t.insert_session(m, rem, 53, 0, TimeoutClass::Udp, 1).unwrap();
         let (hin, hout) = (t.hash_in(Proto::Udp, int, 4000), t.hash_out(Proto::Udp, ext, 5000));
-        let hint = t.prefetch_record(hin);
+        let Guess::Likely(hint) = t.prefetch_record(hin) else { panic!("the prefetch finds the record") };
         assert_eq!(hint, m, "the prefetch guesses the record it loads");
         assert_eq!(t.lookup_in_hinted(hint, hin, Proto::Udp, int, 4000, rem, 53), Some(Found { mapping: m, session: Some(m) }));
-        assert_eq!(t.lookup_out_hinted(t.prefetch_record(hout), hout, Proto::Udp, ext, 5000, rem, 53), Some(Found { mapping: m, session: Some(m) }));
+        assert_eq!(t.prefetch_record(hout), Guess::Likely(m));
+        assert_eq!(t.lookup_out_hinted(m, hout, Proto::Udp, ext, 5000, rem, 53), Some(Found { mapping: m, session: Some(m) }));
         // The record is freed and reused by another endpoint before the
         // hinted lookup runs: the hint now names the wrong mapping.
         t.remove_session(m);

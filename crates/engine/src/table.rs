@@ -102,6 +102,17 @@ impl Iterator for SlotMask {
     }
 }
 
+/// A hash's home bucket read ahead of a lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guess {
+    /// The first entry whose tag matches: most likely the one.
+    Likely(u32),
+    /// No tag matches and no entry spilled past the bucket: not indexed.
+    Absent,
+    /// No tag matches, but entries spilled on to the next bucket.
+    Unsure,
+}
+
 pub struct FlowIndex {
     buckets: Vec<Bucket>,
     len: usize,
@@ -160,12 +171,15 @@ impl FlowIndex {
         prefetch(&self.buckets[self.home(hash)]);
     }
 
-    /// The first entry in `hash`'s home bucket whose tag matches: a likely
-    /// hit, to prefetch before the real lookup confirms it.
+    /// What `hash`'s home bucket says before the real lookup, to prefetch by.
     #[inline]
-    pub fn likely(&self, hash: u64) -> Option<u32> {
+    pub fn guess(&self, hash: u64) -> Guess {
         let bucket = &self.buckets[self.home(hash)];
-        bucket.matches(tag_of(hash)).next().map(|i| bucket.vals[i] - 1)
+        match bucket.matches(tag_of(hash)).next() {
+            Some(i) => Guess::Likely(bucket.vals[i] - 1),
+            None if bucket.spills == 0 => Guess::Absent,
+            None => Guess::Unsure,
+        }
     }
 
     /// Finds the entry indexed under `hash` for which `eq` holds.
@@ -294,6 +308,24 @@ mod tests {
             assert_eq!(found.is_some(), id % 2 == 1, "id {id}");
         }
         assert_eq!(t.len(), 15);
+    }
+
+    #[test]
+    fn the_home_bucket_guesses_present_absent_or_unsure() {
+        let mut t = FlowIndex::with_capacity(64);
+        // One home bucket (bucket 0), thirty distinct tags: twenty spill on.
+        let hash = |tag: u64| (tag << 48) | 3;
+        for tag in 1..=30u64 {
+            t.insert(hash(tag), tag as u32 + 100).unwrap();
+        }
+        assert_eq!(t.guess(hash(1)), Guess::Likely(101));
+        assert_eq!(t.guess(hash(25)), Guess::Unsure, "in a later bucket: the home bucket cannot tell");
+        assert_eq!(t.guess(hash(99)), Guess::Unsure, "absent, but entries spilled past the home bucket");
+        let elsewhere = (7 << 48) | 0xffff_ffff;
+        assert_ne!(t.home(elsewhere), t.home(hash(1)));
+        assert_eq!(t.guess(elsewhere), Guess::Absent);
+        t.insert(elsewhere, 7).unwrap();
+        assert_eq!(t.guess(elsewhere), Guess::Likely(7));
     }
 
     #[test]
