@@ -294,8 +294,14 @@ impl Tables {
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn lookup_hinted(&self, by: By, hint: u32, hash: u64, proto: Proto, addr: u32, port: u16, rem: u32, rport: u16) -> Option<Found> {
-        let mapping = self.hinted(by, hint, proto, addr, port).or_else(|| self.mapping_at(by, hash, proto, addr, port))?;
-        let session = self.session_of(mapping, rem, rport, || self.extra_hash(by, proto, addr, port, rem, rport));
+        let (mapping, r) = match self.hinted(by, hint, proto, addr, port) {
+            Some(hit) => hit,
+            None => {
+                let mapping = self.mapping_at(by, hash, proto, addr, port)?;
+                (mapping, &self.records[mapping as usize])
+            }
+        };
+        let session = self.session_of(mapping, r, rem, rport, || self.extra_hash(by, proto, addr, port, rem, rport));
         Some(Found { mapping, session })
     }
 
@@ -303,9 +309,9 @@ impl Tables {
     /// are unique among live mappings, so this is the one the index would
     /// find; the hint may be stale (the table changed since), never wrong.
     #[inline]
-    fn hinted(&self, by: By, hint: u32, proto: Proto, addr: u32, port: u16) -> Option<u32> {
+    fn hinted(&self, by: By, hint: u32, proto: Proto, addr: u32, port: u16) -> Option<(u32, &Record)> {
         let r = self.records.get(hint as usize)?;
-        (r.flags & LIVE != 0 && Self::keyed(r, by, proto, addr, port)).then_some(hint)
+        (r.flags & LIVE != 0 && Self::keyed(r, by, proto, addr, port)).then_some((hint, r))
     }
 
     #[inline]
@@ -354,8 +360,7 @@ impl Tables {
     }
 
     #[inline(always)]
-    fn session_of(&self, mapping: u32, rem: u32, rport: u16, extra_hash: impl FnOnce() -> u64) -> Option<u32> {
-        let r = &self.records[mapping as usize];
+    fn session_of(&self, mapping: u32, r: &Record, rem: u32, rport: u16, extra_hash: impl FnOnce() -> u64) -> Option<u32> {
         if r.flags & OWN == 0 {
             return None;
         }
