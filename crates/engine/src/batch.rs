@@ -26,7 +26,7 @@ impl Engine {
     /// indexed, an outbound candidate is most likely a new flow, and what
     /// opening it touches is prefetched instead.
     #[inline]
-    fn prefetch_record(&self, c: &mut Candidate, side: Side) {
+    fn prefetch_and_hint(&self, c: &mut Candidate, side: Side) {
         let guess = self.tables.prefetch_record(c.hash());
         c.hint = match guess {
             Guess::Likely(id) => id,
@@ -55,12 +55,12 @@ impl Engine {
             // enough that its bucket has arrived to say where it is, early
             // enough that it arrives before the frame is translated.
             for c in candidates.iter_mut().take(chunk.len().min(RECORD_LEAD)).flatten() {
-                self.prefetch_record(c, side);
+                self.prefetch_and_hint(c, side);
             }
             self.stats.received[side as usize] += chunk.len() as u64;
             for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
                 if let Some(ahead) = candidates.get_mut(i + RECORD_LEAD).and_then(Option::as_mut) {
-                    self.prefetch_record(ahead, side);
+                    self.prefetch_and_hint(ahead, side);
                 }
                 let frame = f.as_mut();
                 *v = match &candidates[i] {

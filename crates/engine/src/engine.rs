@@ -85,7 +85,7 @@ pub(crate) struct Flow {
 #[derive(Clone, Copy)]
 pub(crate) struct Looked {
     pub found: Option<Found>,
-    pub sub: u32,
+    pub sub_hint: u32,
 }
 
 impl Flow {
@@ -130,7 +130,7 @@ pub struct Engine {
     outside_source: u32,
     owners: Owners,
     /// Deterministic mode (RFC 7422): the formula that fixes each subscriber's range.
-    pub(crate) det: Option<Deterministic>,
+    det: Option<Deterministic>,
     /// Sessions the timer wheel found idle, reused each second.
     expired: Vec<u32>,
     /// The PCP server's holds and counters (RFC 6887; `crate::pcp`).
@@ -434,9 +434,7 @@ impl Engine {
             self.icmp_error_from_inside(frame, &ip)?
         } else {
             let flow = self.parse_flow(frame, &ip)?;
-            let (port, rport) = flow.out_ports();
-            let looked = Looked { found: self.tables.lookup_in(flow.proto, ip.src, port, ip.dst, rport), sub: NONE };
-            self.translate_out(frame, &ip, &flow, looked)?
+            self.translate_out(frame, &ip, &flow)?
         };
         self.finish_forward(frame, &ip, Side::Inside, out);
         Ok(Some(out))
@@ -552,10 +550,10 @@ impl Engine {
         self.cfg.exempt.iter().any(|e| e.matches(ip.src, sport))
     }
 
-    /// Translates an outbound datagram, given what has been `looked` up of
-    /// it; refusals for lack of resources are answered (RFC 6888 REQ-8).
-    fn translate_out(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, looked: Looked) -> Result<Side, DropReason> {
-        let result = self.translate_out_flow(frame, ip, flow, looked);
+    /// Translates an outbound datagram; refusals for lack of resources are
+    /// answered (RFC 6888 REQ-8).
+    fn translate_out(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow) -> Result<Side, DropReason> {
+        let result = self.translate_out_flow(frame, ip, flow);
         self.answer_refusal(frame, ip.l3, result)
     }
 
@@ -570,7 +568,7 @@ impl Engine {
         result
     }
 
-    fn translate_out_flow(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow, looked: Looked) -> Result<Side, DropReason> {
+    fn translate_out_flow(&mut self, frame: &mut [u8], ip: &Ip, flow: &Flow) -> Result<Side, DropReason> {
         let hairpin = self.pool.contains(ip.dst);
         let may_create = match flow.icmp_class {
             None | Some(icmp::Class::QueryRequest) => true,
@@ -581,6 +579,8 @@ impl Engine {
             // Queries to a pool address reach no subscriber: identifiers are ours.
             return Err(DropReason::NoMapping);
         }
+        let (port, rport) = flow.out_ports();
+        let looked = Looked { found: self.tables.lookup_in(flow.proto, ip.src, port, ip.dst, rport), sub_hint: NONE };
         let sid = self.outbound_session(ip.src, ip.dst, flow, may_create, looked)?;
         let s = self.tables.session(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
@@ -630,7 +630,7 @@ impl Engine {
         let made = match found {
             Some(f) => self.create_session(f.mapping, dst, rport, Direction::Out, flow.tcp_flags),
             None => {
-                let (mid, sub) = self.create_mapping(flow.proto, src, port, looked.sub)?;
+                let (mid, sub) = self.create_mapping(flow.proto, src, port, looked.sub_hint)?;
                 self.create_session_of(sub, mid, dst, rport, Direction::Out, flow.tcp_flags).inspect_err(|_| self.delete_mapping(mid, true))
             }
         };

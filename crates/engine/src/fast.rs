@@ -131,25 +131,30 @@ impl Engine {
         }
     }
 
-    /// For an outbound candidate whose endpoint the index guessed no record
-    /// for, so most likely a new flow: starts loading what opening it will
-    /// touch at random, the port map word of the port it would keep and the
-    /// index bucket its external endpoint would go in. Only a hint: a wrong
+    /// For an outbound candidate whose endpoint is not in the index, so most
+    /// likely a new flow: keeps its subscriber in `c.sub` (the opening
+    /// checks it before use) and starts loading the two random lines opening
+    /// it will touch: the port map word of the port it would keep, and the
+    /// index bucket its external endpoint would go in. Only hints: a wrong
     /// guess (another port chosen, another address) costs a wasted load.
     #[inline(never)]
     pub(crate) fn prefetch_opening(&self, c: &mut Candidate) {
         let Some(sub) = self.subs.find(c.src) else { return };
-        // Kept for the opening, which then need not look the subscriber up.
         c.sub = sub;
         let paired = self.subs.get(sub).paired;
-        if paired == NONE || !self.pool.preserves_ports() || self.det.is_some() {
+        // The port is kept only in port-preserving mode, and not in port
+        // blocks or deterministic ranges it may lie outside of.
+        let keeps_port = self.pool.preserves_ports() && self.cfg.port_block_size == 0 && self.deterministic().is_none();
+        if paired == NONE || !keeps_port {
             return;
         }
         self.pool.prefetch_port(paired, c.proto, c.sport);
         self.tables.prefetch_bucket(self.tables.hash_out(c.proto, self.pool.address(paired), c.sport));
     }
 
-    // Out of line: the established path it branches from stays compact.
+    /// Opens the flow of an outbound candidate that has no session, given
+    /// what `forward`'s lookup found: the full path's policy from there on.
+    /// Out of line, so the established path it branches from stays compact.
     #[inline(never)]
     fn open(&mut self, frame: &mut [u8], c: &Candidate, found: Option<Found>) -> Verdict {
         let l4 = match c.proto {
@@ -162,7 +167,7 @@ impl Engine {
         // The full path's policy (quotas, allocation, logging, held SYNs)
         // from here on. A candidate is neither a hairpin nor ICMP, so the
         // session's external endpoint is the whole rewrite.
-        let session = self.outbound_session(c.src, c.dst, &flow, true, Looked { found, sub: c.sub });
+        let session = self.outbound_session(c.src, c.dst, &flow, true, Looked { found, sub_hint: c.sub });
         let result = self.answer_refusal(frame, L3, session).map(|sid| {
             let ends = self.tables.endpoints(sid);
             translate::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);

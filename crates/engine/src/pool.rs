@@ -294,11 +294,11 @@ impl Pool {
         let (first, last) = range;
         let parity = self.parity_of(proto, want);
         let preserve = self.selection == PortSelection::Preserve && (first..=last).contains(&want);
-        let start = rng.range(u32::from(first), u32::from(last)) as u16;
         let s = self.space(addr_idx, proto);
         let port = if preserve && s.is_free(want) {
             Some(want)
         } else {
+            let start = rng.range(u32::from(first), u32::from(last)) as u16;
             s.find(start, first, last, parity).or_else(|| s.find(start, first, last, None))
         };
         let port = port.ok_or(AllocError::Exhausted)?;

@@ -257,7 +257,8 @@ impl Tables {
                 }
                 Guess::Likely(id)
             }
-            // An extra's tag: the mapping, if any, is elsewhere.
+            // An extra's tag: the mapping, if any, is further on (in this
+            // bucket behind the tag collision, or a later one).
             Guess::Likely(_) => Guess::Unsure,
             other => other,
         }

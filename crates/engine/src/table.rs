@@ -109,7 +109,8 @@ pub enum Guess {
     Likely(u32),
     /// No tag matches and no entry spilled past the bucket: not indexed.
     Absent,
-    /// No tag matches, but entries spilled on to the next bucket.
+    /// Nothing to say: no tag matches but entries spilled on to the next
+    /// bucket (or, to callers that skip some entries, only those match).
     Unsure,
 }
 
