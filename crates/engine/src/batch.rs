@@ -4,10 +4,14 @@
 //! the fast path's first step (check, parse, hash) over every frame of a
 //! batch and starts loading their buckets, then translates the frames, each
 //! time starting to load the record a frame a few places further on will
-//! need (its bucket has arrived by then and says where it is): the loads of
-//! the whole batch overlap, each frame is parsed once, and the
-//! clock and the counters move once per batch. The prefetches are only
-//! hints: a wrong guess costs a wasted load, never a wrong answer.
+//! need (its bucket has arrived by then and says where it is; the lookup
+//! starts from that record). When the bucket says an outbound frame's
+//! endpoint is not indexed, the frame most likely opens a flow, and the two
+//! random lines that takes (a port map word, the bucket of its external
+//! endpoint) are loaded instead. The loads of the whole batch overlap, each
+//! frame is parsed once, and the clock and the counters move once per batch.
+//! The prefetches and what they find are only hints: each is checked before
+//! use, so a wrong guess costs a wasted load, never a wrong answer.
 
 use crate::engine::{Engine, Verdict};
 use crate::fast::Candidate;

@@ -5,8 +5,9 @@
 //! run the first for all its frames before the second: `candidate` checks
 //! and parses a frame and hashes its lookup key, changing nothing; `decide`
 //! finds the session and translates (`forward`). An outbound candidate
-//! without a session enters the full path's handling past the parse and
-//! checks it has already made (`open`), so a new flow is parsed once.
+//! without a session enters the full path's policy past the parse, checks
+//! and lookup already made (`open`), so a new flow is parsed and looked up
+//! once, and rewritten with the same fixed-layout patch.
 //! Anything else (ICMP, hairpins, fragments, options, PCP, exempt traffic,
 //! inbound packets without a session, anything malformed) is not a
 //! candidate, or falls out of `forward` untouched, and the full path decides
