@@ -100,12 +100,26 @@ fn observe(e: &mut Engine) -> (String, usize, usize, Vec<Vec<u8>>) {
     (format!("{:?}", e.stats()), e.tables().session_count(), e.tables().mapping_count(), out)
 }
 
-/// The common configuration; `tight` allows each subscriber two ports, so
-/// that some new flows are refused (with ICMP, RFC 6888 REQ-8).
-fn config_with_quota(tight: bool) -> natrix_engine::EngineConfig {
+/// The allocation modes both paths must agree in: 0 the defaults (ports
+/// kept when free); 1 two ports per subscriber, so that some new flows are
+/// refused (with ICMP, RFC 6888 REQ-8); 2 port blocks of four, at most two
+/// per subscriber; 3 random ports (RFC 6056); 4 deterministic NAT (RFC
+/// 7422), each subscriber its formula's 16 ports.
+const MODES: u8 = 5;
+
+fn config_for(mode: u8) -> natrix_engine::EngineConfig {
+    use natrix_engine::config::PortSelection;
+    use natrix_engine::deterministic::DeterministicConfig;
     let mut cfg = config();
-    if tight {
-        cfg.max_ports_per_subscriber = 2;
+    match mode {
+        1 => cfg.max_ports_per_subscriber = 2,
+        2 => {
+            cfg.port_block_size = 4;
+            cfg.max_ports_per_subscriber = 8;
+        }
+        3 => cfg.port_selection = PortSelection::Random,
+        4 => cfg.deterministic = Some(DeterministicConfig { subscribers: vec![(u32::from_be_bytes([100, 64, 0, 0]), 29)], ports_per_subscriber: 16 }),
+        _ => {}
     }
     cfg
 }
@@ -136,13 +150,13 @@ proptest! {
     fn fast_path_decides_as_the_full_path_does(
         flows in flows(),
         traffic in proptest::collection::vec((0usize..8, any::<bool>(), prop_oneof![Just(TcpKind::Ack), Just(TcpKind::Fin), Just(TcpKind::Rst), Just(TcpKind::Syn)], damage(), any::<bool>()), 1..40),
-        tight in any::<bool>(),
+        mode in 0..MODES,
     ) {
-        let cfg = config_with_quota(tight);
+        let cfg = config_for(mode);
         let (mut fast, mut full) = (engine(cfg.clone()), engine(cfg));
         let mut now = 1_000_000_000u64;
         // Open every flow (through the fast path's `open` in one engine, the
-        // full path in the other; refused past a tight quota, with ICMP) and
+        // full path in the other; refused past a quota, with ICMP) and
         // learn its external endpoint from the translation.
         let mut ext = Vec::new();
         for f in &flows {
@@ -188,9 +202,9 @@ proptest! {
     fn a_batch_decides_as_the_full_path_does(
         flows in flows(),
         batches in proptest::collection::vec((prop_oneof![Just(300u64), Just(150_000), Just(301_000)], proptest::collection::vec((0usize..8, any::<bool>(), damage(), any::<bool>()), 1..150)), 1..6),
-        tight in any::<bool>(),
+        mode in 0..MODES,
     ) {
-        let cfg = config_with_quota(tight);
+        let cfg = config_for(mode);
         let (mut batched, mut full) = (engine(cfg.clone()), engine(cfg));
         let mut now = 1_000_000_000u64;
         let mut ext: Vec<Option<([u8; 4], u16)>> = vec![None; flows.len()];
