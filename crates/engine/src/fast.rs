@@ -179,14 +179,53 @@ impl Engine {
 }
 
 /// RFC 1071: a 20-byte header whose checksum is right sums to all ones.
-/// Summed as five 32-bit words in the CPU's byte order (the one's complement
-/// sum is the same, and all ones reads the same either way).
+/// The one's complement sum is the plain sum taken modulo 0xffff (2^16 is 1
+/// there), with all ones standing for 0, so the test is that the plain sum
+/// of the header, which is never 0 (its first byte is 0x45), is a multiple
+/// of 0xffff: one multiply-based remainder instead of three folds. Summed
+/// as five 32-bit words in the CPU's byte order: a byte swap multiplies by
+/// 2^8 modulo 0xffff, which keeps multiples multiples.
 #[inline(always)]
 fn header_checksum_ok(frame: &[u8; AT + UDP_HEADER]) -> bool {
     let word = |i: usize| u64::from(u32::from_ne_bytes([frame[L3 + 4 * i], frame[L3 + 4 * i + 1], frame[L3 + 4 * i + 2], frame[L3 + 4 * i + 3]]));
     let sum: u64 = (0..5).map(word).sum();
-    let sum = (sum & 0xffff_ffff) + (sum >> 32);
-    let sum = (sum & 0xffff) + (sum >> 16);
-    let sum = (sum & 0xffff) + (sum >> 16);
-    (sum & 0xffff) + (sum >> 16) == 0xffff
+    sum.is_multiple_of(0xffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// RFC 1071 as written: big-endian 16-bit words, end-around carry.
+    fn folds_to_all_ones(header: &[u8]) -> bool {
+        let mut sum: u32 = header.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        sum == 0xffff
+    }
+
+    fn frame_with(header: [u8; IP_HEADER]) -> [u8; AT + UDP_HEADER] {
+        let mut f = [0u8; AT + UDP_HEADER];
+        f[L3..AT].copy_from_slice(&header);
+        f
+    }
+
+    proptest! {
+        #[test]
+        fn header_checksum_test_agrees_with_rfc_1071(mut header in any::<[u8; IP_HEADER]>(), fix in any::<bool>()) {
+            header[0] = 0x45;
+            if fix {
+                header[10] = 0;
+                header[11] = 0;
+                let mut sum: u32 = header.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
+                while sum > 0xffff {
+                    sum = (sum & 0xffff) + (sum >> 16);
+                }
+                header[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            }
+            prop_assert_eq!(header_checksum_ok(&frame_with(header)), folds_to_all_ones(&header));
+        }
+    }
 }
