@@ -156,6 +156,16 @@ impl FlowIndex {
         ((u64::from(hash as u32) * self.buckets.len() as u64) >> 32) as usize
     }
 
+    /// `hash`'s home bucket. Multiply-shift always lands below the bucket
+    /// count, so the access needs no bounds check.
+    #[inline]
+    fn home_bucket(&self, hash: u64) -> &Bucket {
+        let b = self.home(hash);
+        debug_assert!(b < self.buckets.len());
+        // SAFETY: (x * n) >> 32 < n for any 32-bit x, and n >= 1 buckets.
+        unsafe { self.buckets.get_unchecked(b) }
+    }
+
     #[inline]
     fn next(&self, b: usize) -> usize {
         if b + 1 == self.buckets.len() {
@@ -169,13 +179,13 @@ impl FlowIndex {
     /// finds it in cache.
     #[inline]
     pub fn prefetch(&self, hash: u64) {
-        prefetch(&self.buckets[self.home(hash)]);
+        prefetch(self.home_bucket(hash));
     }
 
     /// What `hash`'s home bucket says before the real lookup, to prefetch by.
     #[inline]
     pub fn guess(&self, hash: u64) -> Guess {
-        let bucket = &self.buckets[self.home(hash)];
+        let bucket = self.home_bucket(hash);
         match bucket.matches(tag_of(hash)).next() {
             Some(i) => Guess::Likely(bucket.vals[i] - 1),
             None if bucket.spills == 0 => Guess::Absent,
