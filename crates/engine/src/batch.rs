@@ -41,6 +41,20 @@ impl Engine {
         }
     }
 
+    /// Prefetch, stage one: checks, parses and hashes each frame of `chunk`
+    /// into `candidates` and starts loading its index bucket. A function of
+    /// its own, so that its loop has the registers to itself and writes each
+    /// candidate straight into its slot.
+    #[inline(never)]
+    fn candidates_of<F: AsMut<[u8]>>(&self, chunk: &mut [F], side: Side, candidates: &mut [Option<Candidate>; MAX_BATCH]) {
+        for (c, f) in candidates.iter_mut().zip(chunk.iter_mut()) {
+            *c = self.candidate(f.as_mut(), side);
+            if let Some(c) = c {
+                self.tables.prefetch_bucket(c.hash());
+            }
+        }
+    }
+
     /// Translates `frames`, all arrived on `side` at `now_ns`, in place;
     /// `verdicts[i]` says what became of `frames[i]`. The same verdicts as
     /// `process` frame by frame, in fewer nanoseconds.
@@ -49,12 +63,7 @@ impl Engine {
         self.advance(now_ns);
         for (chunk, out) in frames.chunks_mut(MAX_BATCH).zip(verdicts.chunks_mut(MAX_BATCH)) {
             let mut candidates: [Option<Candidate>; MAX_BATCH] = [None; MAX_BATCH];
-            for (c, f) in candidates.iter_mut().zip(chunk.iter_mut()) {
-                *c = self.candidate(f.as_mut(), side);
-                if let Some(c) = c {
-                    self.tables.prefetch_bucket(c.hash());
-                }
-            }
+            self.candidates_of(chunk, side, &mut candidates);
             // Each record is prefetched a few frames ahead of its use: late
             // enough that its bucket has arrived to say where it is, early
             // enough that it arrives before the frame is translated.
