@@ -582,7 +582,7 @@ impl Engine {
         let (port, rport) = flow.out_ports();
         let looked = Looked { found: self.tables.lookup_in(flow.proto, ip.src, port, ip.dst, rport), sub_hint: NONE };
         let sid = self.outbound_session(ip.src, ip.dst, flow, may_create, looked)?;
-        let s = self.tables.session(sid);
+        let s = self.tables.endpoints(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
         if !hairpin || !self.owns_external(flow.proto, ip.dst, flow.dport) {
             // A hairpin to another worker's mapping leaves as if outbound; the
@@ -590,7 +590,7 @@ impl Engine {
             return Ok(Side::Outside);
         }
         let peer = self.inbound_session(frame, ip.l3, flow.proto, ip.dst, flow.dport, s.ext_addr, s.ext_port, flow.tcp_flags, true)?;
-        let p = self.tables.session(peer);
+        let p = self.tables.endpoints(peer);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Dst, p.int_addr, p.int_port);
         Ok(Side::Inside)
     }
@@ -609,7 +609,7 @@ impl Engine {
         }
         let (port, rport) = flow.in_ports();
         let sid = self.inbound_session(frame, ip.l3, flow.proto, ip.dst, port, ip.src, rport, flow.tcp_flags, false)?;
-        let s = self.tables.session(sid);
+        let s = self.tables.endpoints(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Dst, s.int_addr, s.int_port);
         Ok(Side::Inside)
     }

@@ -143,9 +143,8 @@ impl Engine {
         let Some(sub) = self.subs.find(c.src) else { return };
         c.sub = sub;
         let paired = self.subs.get(sub).paired;
-        // The port is kept only in port-preserving mode, and not in port
-        // blocks or deterministic ranges it may lie outside of.
-        let keeps_port = self.pool.preserves_ports() && self.cfg.port_block_size == 0 && self.deterministic().is_none();
+        // Not in deterministic ranges the port may lie outside of.
+        let keeps_port = self.pool.keeps_wanted_port() && self.deterministic().is_none();
         if paired == NONE || !keeps_port {
             return;
         }
@@ -187,8 +186,7 @@ impl Engine {
 /// 2^8 modulo 0xffff, which keeps multiples multiples.
 #[inline(always)]
 fn header_checksum_ok(frame: &[u8; AT + UDP_HEADER]) -> bool {
-    let word = |i: usize| u64::from(u32::from_ne_bytes([frame[L3 + 4 * i], frame[L3 + 4 * i + 1], frame[L3 + 4 * i + 2], frame[L3 + 4 * i + 3]]));
-    let sum: u64 = (0..5).map(word).sum();
+    let sum: u64 = (0..5).map(|i| u64::from(translate::ne_u32(frame, L3 + 4 * i))).sum();
     sum.is_multiple_of(0xffff)
 }
 
@@ -197,13 +195,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// RFC 1071 as written: big-endian 16-bit words, end-around carry.
-    fn folds_to_all_ones(header: &[u8]) -> bool {
+    /// RFC 1071 as written: the sum of big-endian 16-bit words, end-around
+    /// carry folded in.
+    fn folded_sum(header: &[u8]) -> u16 {
         let mut sum: u32 = header.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
         while sum > 0xffff {
             sum = (sum & 0xffff) + (sum >> 16);
         }
-        sum == 0xffff
+        sum as u16
     }
 
     fn frame_with(header: [u8; IP_HEADER]) -> [u8; AT + UDP_HEADER] {
@@ -219,13 +218,10 @@ mod tests {
             if fix {
                 header[10] = 0;
                 header[11] = 0;
-                let mut sum: u32 = header.chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum();
-                while sum > 0xffff {
-                    sum = (sum & 0xffff) + (sum >> 16);
-                }
-                header[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+                let checksum = !folded_sum(&header);
+                header[10..12].copy_from_slice(&checksum.to_be_bytes());
             }
-            prop_assert_eq!(header_checksum_ok(&frame_with(header)), folds_to_all_ones(&header));
+            prop_assert_eq!(header_checksum_ok(&frame_with(header)), folded_sum(&header) == 0xffff);
         }
     }
 }

@@ -264,8 +264,14 @@ impl Pool {
         }
     }
 
-    /// Whether a new mapping keeps the subscriber's port when it is free.
-    pub fn preserves_ports(&self) -> bool {
+    /// Whether a new mapping in one-at-a-time mode (`alloc_port`) keeps the
+    /// subscriber's port when it is free; block mode keeps it only inside
+    /// the subscriber's blocks.
+    pub fn keeps_wanted_port(&self) -> bool {
+        self.preserves() && self.block_size == 0
+    }
+
+    fn preserves(&self) -> bool {
         self.selection == PortSelection::Preserve
     }
 
@@ -274,7 +280,7 @@ impl Pool {
     pub fn alloc_port(&mut self, addr_idx: u32, proto: Proto, want: u16, rng: &mut Rng) -> Result<u16, AllocError> {
         let (lo, hi) = (self.lo, self.hi);
         let parity = self.parity_of(proto, want);
-        let preserve = self.selection == PortSelection::Preserve;
+        let preserve = self.preserves();
         let s = self.space(addr_idx, proto);
         let port = if preserve && (lo..=hi).contains(&want) && s.is_free(want) {
             Some(want)
@@ -293,7 +299,7 @@ impl Pool {
     pub fn alloc_port_in(&mut self, addr_idx: u32, proto: Proto, want: u16, range: (u16, u16), rng: &mut Rng) -> Result<u16, AllocError> {
         let (first, last) = range;
         let parity = self.parity_of(proto, want);
-        let preserve = self.selection == PortSelection::Preserve && (first..=last).contains(&want);
+        let preserve = self.preserves() && (first..=last).contains(&want);
         let s = self.space(addr_idx, proto);
         let port = if preserve && s.is_free(want) {
             Some(want)
@@ -331,7 +337,7 @@ impl Pool {
     ) -> Result<(u16, Option<BlockChange>), AllocError> {
         let space_idx = addr_idx * Proto::COUNT as u32 + proto as u32;
         let parity = self.parity_of(proto, want);
-        let preserve = self.selection == PortSelection::Preserve;
+        let preserve = self.preserves();
         for &(sp, b) in blocks.iter().filter(|(sp, _)| *sp == space_idx) {
             let (first, last) = self.block_range(b);
             let s = &mut self.spaces[sp as usize];

@@ -87,13 +87,15 @@ fn patch_forward<const N: usize>(f: &mut [u8; N], l4_checksum: usize, udp: bool,
     f[l4_checksum..l4_checksum + 2].copy_from_slice(&c.to_ne_bytes());
 }
 
+/// A 16-bit word of a fixed-length frame in the CPU's byte order.
 #[inline(always)]
 fn ne_u16<const N: usize>(f: &[u8; N], at: usize) -> u16 {
     u16::from_ne_bytes([f[at], f[at + 1]])
 }
 
+/// A 32-bit word of a fixed-length frame in the CPU's byte order.
 #[inline(always)]
-fn ne_u32<const N: usize>(f: &[u8; N], at: usize) -> u32 {
+pub(crate) fn ne_u32<const N: usize>(f: &[u8; N], at: usize) -> u32 {
     u32::from_ne_bytes([f[at], f[at + 1], f[at + 2], f[at + 3]])
 }
 
