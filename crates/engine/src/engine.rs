@@ -15,7 +15,7 @@ use crate::fragment::{FragKey, FragRewrite, Fragments};
 use crate::generate::{self, OutFrame, OutQueue};
 use crate::pool::{AllocError, Pool};
 use crate::rng::Rng;
-use crate::session::{mapping_flags, Endpoints, Found, Mapping, Tables};
+use crate::session::{mapping_flags, Endpoints, Found, Mapping, Tables, NIL};
 use crate::shard::{self, Owners};
 use crate::subscriber::{Subscribers, NONE};
 use crate::trackers::{self, Direction, TimeoutClass};
@@ -80,10 +80,11 @@ pub(crate) struct Flow {
 }
 
 /// What has been looked up of an outbound datagram before its handling:
-/// its internal endpoint's mapping and session, and its subscriber's id (a
-/// guess, checked before use; NONE: not looked up).
+/// its internal endpoint's hash and, under it, mapping and session, and its
+/// subscriber's id (a guess, checked before use; NONE: not looked up).
 #[derive(Clone, Copy)]
 pub(crate) struct Looked {
+    pub hash_in: u64,
     pub found: Option<Found>,
     pub sub_hint: u32,
 }
@@ -580,7 +581,9 @@ impl Engine {
             return Err(DropReason::NoMapping);
         }
         let (port, rport) = flow.out_ports();
-        let looked = Looked { found: self.tables.lookup_in(flow.proto, ip.src, port, ip.dst, rport), sub_hint: NONE };
+        let hash_in = self.tables.hash_in(flow.proto, ip.src, port);
+        let found = self.tables.lookup_in_hinted(NIL, hash_in, flow.proto, ip.src, port, ip.dst, rport);
+        let looked = Looked { hash_in, found, sub_hint: NONE };
         let sid = self.outbound_session(ip.src, ip.dst, flow, may_create, looked)?;
         let s = self.tables.endpoints(sid);
         translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
@@ -630,7 +633,7 @@ impl Engine {
         let made = match found {
             Some(f) => self.create_session(f.mapping, dst, rport, Direction::Out, flow.tcp_flags),
             None => {
-                let (mid, sub) = self.create_mapping(flow.proto, src, port, looked.sub_hint)?;
+                let (mid, sub) = self.create_mapping(flow.proto, src, port, looked.sub_hint, looked.hash_in)?;
                 self.create_session_of(sub, mid, dst, rport, Direction::Out, flow.tcp_flags).inspect_err(|_| self.delete_mapping(mid, true))
             }
         };
@@ -693,15 +696,16 @@ impl Engine {
         })
     }
 
-    /// Makes a mapping for an internal endpoint, whose subscriber may be
-    /// `sub_hint` (checked; NONE: unknown); returns it and its subscriber.
+    /// Makes a mapping for an internal endpoint, whose hash is `hash_in` and
+    /// whose subscriber may be `sub_hint` (checked; NONE: unknown); returns
+    /// it and its subscriber.
     #[inline(always)]
-    fn create_mapping(&mut self, proto: Proto, int: u32, iport: u16, sub_hint: u32) -> Result<(u32, u32), DropReason> {
+    fn create_mapping(&mut self, proto: Proto, int: u32, iport: u16, sub_hint: u32, hash_in: u64) -> Result<(u32, u32), DropReason> {
         if self.det.as_ref().is_some_and(|d| d.index_of(int).is_none()) {
             return Err(DropReason::NotSubscriber);
         }
         let sub = self.subs.find_or_create_hinted(int, sub_hint).ok_or(DropReason::SubscriberTableFull)?;
-        let result = self.allocate_for(sub, proto, int, iport);
+        let result = self.allocate_for(sub, proto, int, iport, hash_in);
         if result.is_err() {
             self.subs.release_if_idle(sub);
         }
@@ -709,7 +713,7 @@ impl Engine {
     }
 
     #[inline(always)]
-    fn allocate_for(&mut self, sub: u32, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
+    fn allocate_for(&mut self, sub: u32, proto: Proto, int: u32, iport: u16, hash_in: u64) -> Result<u32, DropReason> {
         let cfg_ports = self.cfg.max_ports_per_subscriber;
         let per_proto = self.cfg.max_ports_per_protocol[proto as usize];
         let s = self.subs.get(sub);
@@ -767,7 +771,7 @@ impl Engine {
             self.event(EventKind::BlockAllocated, proto, int, 0, b.addr, b.first, b.last, 0, 0);
         }
         let m = Mapping { int_addr: int, ext_addr, int_port: iport, ext_port: port, proto, flags: 0 };
-        let mid = match self.tables.insert_mapping(m) {
+        let mid = match self.tables.insert_mapping_hashed(m, hash_in) {
             Ok(id) => id,
             Err(_) => {
                 let mut blocks = std::mem::take(&mut self.subs.get_mut(sub).blocks);
@@ -981,7 +985,7 @@ fn apply_fragment_rewrite(frame: &mut [u8], l3: usize, rw: FragRewrite) {
 /// removes state only through these, so PCP mappings are ordinary ones.
 impl Engine {
     pub(crate) fn pcp_create_mapping(&mut self, proto: Proto, int: u32, iport: u16) -> Result<u32, DropReason> {
-        self.create_mapping(proto, int, iport, NONE).map(|(mid, _)| mid)
+        self.create_mapping(proto, int, iport, NONE, self.tables.hash_in(proto, int, iport)).map(|(mid, _)| mid)
     }
 
     pub(crate) fn pcp_create_session(&mut self, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {

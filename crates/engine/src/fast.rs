@@ -167,7 +167,7 @@ impl Engine {
         // The full path's policy (quotas, allocation, logging, held SYNs)
         // from here on. A candidate is neither a hairpin nor ICMP, so the
         // session's external endpoint is the whole rewrite.
-        let session = self.outbound_session(c.src, c.dst, &flow, true, Looked { found, sub_hint: c.sub });
+        let session = self.outbound_session(c.src, c.dst, &flow, true, Looked { hash_in: c.hash, found, sub_hint: c.sub });
         let result = self.answer_refusal(frame, L3, session).map(|sid| {
             let ends = self.tables.endpoints(sid);
             translate::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);

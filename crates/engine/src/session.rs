@@ -449,8 +449,15 @@ impl Tables {
         self.records[mapping as usize].flags & OWN != 0
     }
 
-    #[inline(always)]
     pub fn insert_mapping(&mut self, m: Mapping) -> Result<u32, TableFull> {
+        self.insert_mapping_hashed(m, self.hash_in(m.proto, m.int_addr, m.int_port))
+    }
+
+    /// `insert_mapping` given the internal endpoint's `hash_in`, which the
+    /// packet that opens the mapping has had computed for its lookup.
+    #[inline(always)]
+    pub fn insert_mapping_hashed(&mut self, m: Mapping, hin: u64) -> Result<u32, TableFull> {
+        debug_assert_eq!(hin, self.hash_in(m.proto, m.int_addr, m.int_port));
         if self.mappings >= self.max_mappings {
             return Err(TableFull);
         }
@@ -478,7 +485,6 @@ impl Tables {
             self.records.push(rec);
             (self.records.len() - 1) as u32
         };
-        let hin = self.hash_in(m.proto, m.int_addr, m.int_port);
         let hout = self.hash_out(m.proto, m.ext_addr, m.ext_port);
         if let Err(full) = self.index_both(hin, hout, id) {
             self.free_record_slot(id);
