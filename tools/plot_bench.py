@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plots `natrix bench --json` output as an SVG: Mpps against flows (log
-scale), one line per pass and worker count. No plotting library needed.
+scale), one line per pass, worker count and order (`--order`; lines without
+the field are creation order). No plotting library needed.
 
 usage: natrix bench --json > bench.jsonl; tools/plot_bench.py bench.jsonl docs/bench.svg
 """
@@ -9,15 +10,15 @@ import json
 import math
 import sys
 
-W, H, L, R, T, B = 720, 420, 70, 190, 30, 60
-COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"]
+W, H, L, R, T, B = 860, 420, 70, 300, 30, 60
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
 def main():
     rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
     series = {}
     for r in rows:
-        series.setdefault((r["pass"], r["workers"]), []).append((r["flows"], r["mpps"]))
+        series.setdefault((r["pass"], r["workers"], r.get("order", "created")), []).append((r["flows"], r["mpps"]))
     xs = [f for pts in series.values() for f, _ in pts]
     ymax = max(m for pts in series.values() for _, m in pts) * 1.15
     lx0, lx1 = math.log10(min(xs)), math.log10(max(xs))
@@ -35,15 +36,17 @@ def main():
         m = ymax * i / 5
         out.append(f'<text x="{L-6}" y="{py(m)+4:.1f}" text-anchor="end">{m:.1f}</text>')
         out.append(f'<line x1="{L}" y1="{py(m):.1f}" x2="{W-R}" y2="{py(m):.1f}" stroke="#ddd"/>')
-    for i, ((pas, workers), pts) in enumerate(sorted(series.items())):
+    for i, ((pas, workers, order), pts) in enumerate(sorted(series.items())):
         c = COLORS[i % len(COLORS)]
+        dash = "" if order == "created" else ' stroke-dasharray="6,3"'
         pts.sort()
         path = " ".join(f"{px(f):.1f},{py(m):.1f}" for f, m in pts)
-        out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"/>')
+        out.append(f'<polyline points="{path}" fill="none" stroke="{c}" stroke-width="2"{dash}/>')
         out += [f'<circle cx="{px(f):.1f}" cy="{py(m):.1f}" r="3" fill="{c}"/>' for f, m in pts]
         y = T + 20 * i
-        out.append(f'<line x1="{W-R+15}" y1="{y}" x2="{W-R+35}" y2="{y}" stroke="{c}" stroke-width="2"/>')
-        out.append(f'<text x="{W-R+40}" y="{y+4}">{pas}, {workers} worker{"s" if workers > 1 else ""}</text>')
+        out.append(f'<line x1="{W-R+15}" y1="{y}" x2="{W-R+35}" y2="{y}" stroke="{c}" stroke-width="2"{dash}/>')
+        name = f'{pas}, {workers} worker{"s" if workers > 1 else ""}' + ("" if order == "created" else ", random order")
+        out.append(f'<text x="{W-R+40}" y="{y+4}">{name}</text>')
     out.append("</svg>")
     open(sys.argv[2], "w").write("\n".join(out) + "\n")
 

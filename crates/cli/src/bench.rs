@@ -29,6 +29,29 @@ pub struct Args {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// The order each pass presents the flows in.
+    #[arg(long, value_enum, default_value_t = Order::Created)]
+    order: Order,
+}
+
+/// The order in which a pass presents its flows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Order {
+    /// Creation order, both passes: seed 004's method. Records are then read
+    /// in the order they were allocated.
+    Created,
+    /// Each pass its own pseudorandom order, so that neither subscribers nor
+    /// records come in allocation order: what live traffic looks like.
+    Random,
+}
+
+impl Order {
+    fn name(self) -> &'static str {
+        match self {
+            Order::Created => "created",
+            Order::Random => "random",
+        }
+    }
 }
 
 const DEFAULT_FLOWS: [u64; 4] = [1 << 10, 1 << 16, 1 << 20, 1 << 24];
@@ -52,6 +75,7 @@ struct Line {
     flows: u64,
     workers: u32,
     pass: &'static str,
+    order: &'static str,
     ns_per_packet: f64,
     mpps: f64,
     new_mappings_per_second: Option<f64>,
@@ -81,12 +105,15 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         None => vec![1],
     };
     if !args.json {
+        if args.order == Order::Random {
+            println!("each pass presents the flows in its own random order");
+        }
         println!("{:>10} {:>7} {:>12} {:>8} {:>8} {:>12} {:>9} {:>9} {:>9}", "flows", "workers", "pass", "ns/pkt", "Mpps", "new map/s", "B/sess", "batch p50", "batch p99");
     }
     let mut errors = 0;
     for &flows in &sizes {
         for &workers in &worker_counts {
-            for line in bench_one(flows, workers)? {
+            for line in bench_one(flows, workers, args.order)? {
                 errors += line.errors;
                 if args.json {
                     println!("{}", serde_json::to_string(&line).expect("serializable"));
@@ -110,7 +137,7 @@ fn print_row(l: &Line) {
     );
 }
 
-fn bench_one(flows: u64, workers: u32) -> Result<Vec<Line>, Failure> {
+fn bench_one(flows: u64, workers: u32, order: Order) -> Result<Vec<Line>, Failure> {
     if flows < u64::from(workers) {
         return Err(Failure::Other("--flows must be at least --workers".into()));
     }
@@ -126,7 +153,7 @@ fn bench_one(flows: u64, workers: u32) -> Result<Vec<Line>, Failure> {
     let bar = progress_bar(per_worker * u64::from(workers), workers);
     let progress = &bar;
     let results: Vec<Result<WorkerResult, Failure>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, workers, per_worker, sync, progress))).collect();
+        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, workers, per_worker, order, sync, progress))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Failure::Other("bench worker panicked".into())))).collect()
     });
     bar.finish_and_clear();
@@ -148,6 +175,7 @@ fn bench_one(flows: u64, workers: u32) -> Result<Vec<Line>, Failure> {
             flows: per_worker * u64::from(workers),
             workers,
             pass: if pass == Pass::New { "new" } else { "established" },
+            order: order.name(),
             ns_per_packet: 1e3 / mpps * f64::from(workers),
             mpps,
             new_mappings_per_second: (pass == Pass::New).then(|| sessions as f64 / busy_s.max(1e-9)),
@@ -203,7 +231,7 @@ fn worker_config(worker: u32, workers: u32, flows: u64) -> EngineConfig {
 /// One worker's run. `sync` holds every worker between the passes, so the
 /// resident memory is read once all tables are full and the established
 /// passes run side by side.
-fn run_worker(worker: u32, workers: u32, flows: u64, sync: &Barrier, progress: &ProgressBar) -> Result<WorkerResult, Failure> {
+fn run_worker(worker: u32, workers: u32, flows: u64, order: Order, sync: &Barrier, progress: &ProgressBar) -> Result<WorkerResult, Failure> {
     let mut engine = match Engine::new(worker_config(worker, workers, flows)) {
         Ok(e) => e,
         Err(e) => {
@@ -213,11 +241,12 @@ fn run_worker(worker: u32, workers: u32, flows: u64, sync: &Barrier, progress: &
         }
     };
     let first_sub = u64::from(worker) * flows.div_ceil(FLOWS_PER_SUBSCRIBER);
-    let new = run_pass(&mut engine, first_sub, flows, Pass::New, progress);
+    let shuffle = |pass: u64| (order == Order::Random).then(|| Shuffle::new(flows, u64::from(worker) << 1 | pass));
+    let new = run_pass(&mut engine, first_sub, flows, Pass::New, shuffle(0).as_ref(), progress);
     let sessions = engine.tables().session_count() as u64;
     let rss_at_peak = if sync.wait().is_leader() { rss_bytes() } else { 0 };
     sync.wait();
-    let established = run_pass(&mut engine, first_sub, flows, Pass::Established, progress);
+    let established = run_pass(&mut engine, first_sub, flows, Pass::Established, shuffle(1).as_ref(), progress);
     Ok(WorkerResult { new, established, sessions, table_bytes: engine.memory_bytes() as u64, rss_at_peak })
 }
 
@@ -237,7 +266,7 @@ fn flow(first_sub: u64, i: u64) -> Flow {
     let j = i % FLOWS_PER_SUBSCRIBER;
     let r = Rng::new(i ^ first_sub << 40).next_u64();
     Flow {
-        tcp: i % 2 == 1,
+        tcp: std::env::var_os("BENCH_UDP").is_none() && i % 2 == 1,
         sub: SUBSCRIBER_BASE + sub_index as u32,
         sport: 1024 + ((j * 7919 + sub_index * 31) % 64512) as u16,
         server: SERVER_BASE + (r & 0xffff) as u32,
@@ -249,7 +278,45 @@ fn flow(first_sub: u64, i: u64) -> Flow {
 /// contend for the bar's counter.
 const PROGRESS_STEP: u64 = 1 << 15;
 
-fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass, progress: &ProgressBar) -> PassResult {
+/// A pseudorandom permutation of `0..n`: an invertible mix of `bits`-bit
+/// integers (odd multiplies, an addition and xor-shifts, each a bijection),
+/// applied again while it lands at or above n (cycle walking), so every
+/// index comes out exactly once.
+struct Shuffle {
+    n: u64,
+    bits: u32,
+    keys: [u64; 3],
+}
+
+impl Shuffle {
+    fn new(n: u64, seed: u64) -> Self {
+        let bits = (u64::BITS - n.saturating_sub(1).leading_zeros()).max(2);
+        let mut rng = Rng::new(seed);
+        Shuffle { n, bits, keys: [rng.next_u64() | 1, rng.next_u64(), rng.next_u64() | 1] }
+    }
+
+    fn mix(&self, x: u64) -> u64 {
+        let mask = (1u64 << self.bits) - 1;
+        let shift = self.bits.div_ceil(2);
+        let mut x = x.wrapping_mul(self.keys[0]).wrapping_add(self.keys[1]) & mask;
+        x ^= x >> shift;
+        x = x.wrapping_mul(self.keys[2]) & mask;
+        x ^= x >> shift;
+        x = x.wrapping_mul(self.keys[0]) & mask;
+        x ^ x >> shift
+    }
+
+    fn apply(&self, i: u64) -> u64 {
+        let mut x = self.mix(i);
+        while x >= self.n {
+            x = self.mix(x);
+        }
+        x
+    }
+}
+
+fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass, shuffle: Option<&Shuffle>, progress: &ProgressBar) -> PassResult {
+    let nth = |i: u64| flow(first_sub, shuffle.map_or(i, |s| s.apply(i)));
     let mut res = PassResult { batch_ns: Vec::with_capacity((flows as usize / BATCH + 1) * 2), ..PassResult::default() };
     let mut out = vec![[0u8; FRAME_LEN]; BATCH];
     let mut back = vec![[0u8; FRAME_LEN]; BATCH];
@@ -262,7 +329,7 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass, progres
     while start < flows {
         let n = (flows - start).min(BATCH as u64) as usize;
         for (k, frame) in out.iter_mut().enumerate().take(n) {
-            let f = flow(first_sub, start + k as u64);
+            let f = nth(start + k as u64);
             build(frame, f.tcp, f.sub, f.sport, f.server, f.dport, out_flags);
         }
         let mut verdicts = [Verdict::Held; BATCH];
@@ -276,7 +343,7 @@ fn run_pass(engine: &mut Engine, first_sub: u64, flows: u64, pass: Pass, progres
         // untranslated frame: it cannot come back right, and counts as an error.
         time_batch(&mut res, || engine.process_batch(&mut back[..n], Side::Outside, now_ns, &mut verdicts[..n]));
         for k in 0..n {
-            let f = flow(first_sub, start + k as u64);
+            let f = nth(start + k as u64);
             let ok = verdicts[k] == Verdict::Forward(Side::Inside) && get_u32_at(&back[k], 30) == f.sub && get_u16_at(&back[k], 36) == f.sport;
             res.errors += u64::from(!ok);
         }
@@ -355,12 +422,34 @@ mod tests {
 
     #[test]
     fn small_bench_round_trips_every_packet_both_passes() {
-        let lines = bench_one(2048, 2).unwrap();
-        assert_eq!(lines.len(), 2);
-        for l in &lines {
-            assert_eq!(l.errors, 0, "pass {}", l.pass);
-            assert_eq!(l.packets, 4096);
-            assert!(l.table_bytes_per_session > 0.0);
+        for order in [Order::Created, Order::Random] {
+            let lines = bench_one(2048, 2, order).unwrap();
+            assert_eq!(lines.len(), 2);
+            for l in &lines {
+                assert_eq!(l.errors, 0, "pass {} in {order:?} order", l.pass);
+                assert_eq!(l.packets, 4096);
+                assert!(l.table_bytes_per_session > 0.0);
+            }
+        }
+    }
+
+    #[test]
+    fn a_shuffle_presents_every_flow_once_and_not_in_order() {
+        for n in [1u64, 2, 3, 1000, 1024, 65_537] {
+            for seed in 0..3 {
+                let s = Shuffle::new(n, seed);
+                let mut seen = vec![false; n as usize];
+                for i in 0..n {
+                    let j = s.apply(i) as usize;
+                    assert!(!seen[j], "n {n} seed {seed}: {j} twice");
+                    seen[j] = true;
+                }
+                if n >= 1000 {
+                    let in_place = (0..n).filter(|&i| s.apply(i) == i).count();
+                    let ascending = (1..n).filter(|&i| s.apply(i) == s.apply(i - 1) + 1).count();
+                    assert!(in_place < 10 && ascending < n as usize / 100, "n {n} seed {seed}: not shuffled");
+                }
+            }
         }
     }
 
