@@ -36,6 +36,9 @@ mkdir -p out
     --out out/test-example.pcapng --report out/test-example.json
 python3 tools/verify_checksums.py out/test-example.pcapng
 
+step "seed 004's design rebuilt (the benchmark baseline): builds, round-trips, compares at a small size"
+NATRIX_BIN="$PWD/target/debug/natrix" ./scripts/bench-vs-seed004.sh --flows 4096 --runs 1
+
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
     step "fuzzing Engine::process for ${FUZZ_SECONDS}s"
     rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
