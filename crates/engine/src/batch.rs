@@ -1,42 +1,46 @@
 //! Batches. A lookup in a table much larger than the caches costs a memory
 //! round trip (100+ ns) for the index bucket and another for the mapping
-//! record; done one packet at a time they serialise. `process_batch` runs
-//! the fast path's first step (check, parse, hash) over every frame of a
-//! batch and starts loading their buckets, then translates the frames, each
-//! time starting to load the record a frame a few places further on will
-//! need (its bucket has arrived by then and says where it is; the lookup
-//! starts from that record). When the bucket says an outbound frame's
+//! record; done one packet at a time they serialise. `process_batch` works
+//! in stages over the whole batch: it runs the fast path's first step
+//! (check, parse, hash) over every frame and starts loading their buckets;
+//! then reads each bucket (the first stage's work gave it time to arrive)
+//! and starts loading the record it points at, kept as the lookup's hint;
+//! then translates the frames. When the bucket says an outbound frame's
 //! endpoint is not indexed, the frame most likely opens a flow, and the two
 //! random lines that takes (a port map word, the bucket of its external
-//! endpoint) are loaded instead. The loads of the whole batch overlap, each
-//! frame is parsed once, and the clock and the counters move once per batch.
-//! The prefetches and what they find are only hints: each is checked before
-//! use, so a wrong guess costs a wasted load, never a wrong answer.
+//! endpoint) are loaded a few frames ahead of it, late enough that the
+//! subscriber an earlier frame of the batch opens can be found. The loads of
+//! the whole batch overlap, each frame is parsed once, and the clock and
+//! the counters move once per batch. The prefetches and what they find are
+//! only hints: each is checked before use, so a wrong guess costs a wasted
+//! load, never a wrong answer.
 
 use crate::engine::{Engine, Verdict};
 use crate::fast::Candidate;
 use crate::session::NIL;
+use crate::subscriber::NONE;
 use crate::table::Guess;
 use crate::Side;
 
 /// Frames prefetched together at most; longer batches are taken in chunks.
 pub const MAX_BATCH: usize = 64;
-/// How many frames ahead of its translation a frame's record is prefetched.
-const RECORD_LEAD: usize = 16;
+/// How many frames ahead of its opening a likely-new flow's lines are
+/// prefetched.
+const OPENING_LEAD: usize = 16;
 
 impl Engine {
     /// Prefetch, stage two: the record the candidate's bucket points at,
-    /// kept as the lookup's hint; when the bucket says the endpoint is not
-    /// indexed, an outbound candidate is most likely a new flow, and what
-    /// opening it touches is prefetched instead.
+    /// kept as the lookup's hint; or, when the bucket says the endpoint is
+    /// not indexed and `opens` (outbound), what opening its flow touches.
     #[inline]
-    fn prefetch_and_hint(&self, c: &mut Candidate, side: Side) {
+    fn prefetch_and_hint(&self, c: &mut Candidate, opens: bool) {
         let guess = self.tables.prefetch_record(c.hash());
         c.hint = match guess {
             Guess::Likely(id) => id,
             Guess::Absent | Guess::Unsure => NIL,
         };
-        if guess == Guess::Absent && side == Side::Inside {
+        c.absent = guess == Guess::Absent;
+        if c.absent && opens {
             self.prefetch_opening(c);
         }
     }
@@ -64,16 +68,16 @@ impl Engine {
         for (chunk, out) in frames.chunks_mut(MAX_BATCH).zip(verdicts.chunks_mut(MAX_BATCH)) {
             let mut candidates: [Option<Candidate>; MAX_BATCH] = [None; MAX_BATCH];
             self.candidates_of(chunk, side, &mut candidates);
-            // Each record is prefetched a few frames ahead of its use: late
-            // enough that its bucket has arrived to say where it is, early
-            // enough that it arrives before the frame is translated.
-            for c in candidates.iter_mut().take(chunk.len().min(RECORD_LEAD)).flatten() {
-                self.prefetch_and_hint(c, side);
+            let opens = side == Side::Inside;
+            for c in candidates.iter_mut().take(chunk.len()).flatten() {
+                self.prefetch_and_hint(c, opens);
             }
             self.stats.received[side as usize] += chunk.len() as u64;
             for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
-                if let Some(ahead) = candidates.get_mut(i + RECORD_LEAD).and_then(Option::as_mut) {
-                    self.prefetch_and_hint(ahead, side);
+                // A subscriber an earlier frame of this batch opens could not
+                // be found in stage two: look again a few frames ahead.
+                if let Some(ahead) = candidates.get_mut(i + OPENING_LEAD).and_then(Option::as_mut).filter(|c| opens && c.absent && c.sub == NONE) {
+                    self.prefetch_opening(ahead);
                 }
                 let frame = f.as_mut();
                 *v = match &candidates[i] {

@@ -687,12 +687,24 @@ impl Engine {
     /// refreshes it; returns its endpoints for the rewrite.
     #[inline]
     pub(crate) fn track(&mut self, id: u32, dir: Direction, tcp_flags: u8, refresh: bool) -> Endpoints {
-        self.tables.on_packet(id, self.now_s, refresh, |proto, state, class| match proto {
-            Proto::Tcp => {
-                trackers::tcp::on_segment(state, dir, tcp_flags);
-                trackers::tcp::timeout_class(*state)
+        self.tables.on_packet(id, self.now_s, refresh, |proto, state, class| {
+            // Most packets change nothing: UDP and ICMP ones (no flags) and
+            // TCP segments without SYN, FIN or RST, which leave the state and
+            // so the class it gives. Testing that first spares a branch on
+            // the protocol, which live traffic mixes unpredictably. (PCP's
+            // keep-alive sessions are classed apart from their state, but
+            // their remote is 0.0.0.0:0, which no packet comes from.)
+            if !trackers::tcp::acts_on(tcp_flags) {
+                debug_assert!(proto != Proto::Tcp || class == trackers::tcp::timeout_class(*state), "a TCP session's class follows its state");
+                return class;
             }
-            _ => class,
+            match proto {
+                Proto::Tcp => {
+                    trackers::tcp::on_segment(state, dir, tcp_flags);
+                    trackers::tcp::timeout_class(*state)
+                }
+                _ => class,
+            }
         })
     }
 

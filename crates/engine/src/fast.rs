@@ -9,9 +9,12 @@
 //! and lookup already made (`open`), so a new flow is parsed and looked up
 //! once, and rewritten with the same fixed-layout patch.
 //! Anything else (ICMP, hairpins, fragments, options, PCP, exempt traffic,
-//! inbound packets without a session, anything malformed) is not a
+//! frames too short to hold a TCP header, inbound packets without a
+//! session, anything malformed) is not a
 //! candidate, or falls out of `forward` untouched, and the full path decides
 //! it on its own. The fast path only does less work for the cases it knows.
+
+use core::hint::select_unpredictable;
 
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
 
@@ -28,6 +31,10 @@ const IP_HEADER: usize = 20;
 const AT: usize = L3 + IP_HEADER;
 const TCP_HEADER: usize = 20;
 const UDP_HEADER: usize = 8;
+/// The shortest frame the fast path takes: room for a TCP header. A UDP
+/// frame is shorter only with under 12 bytes of payload where nothing padded
+/// it to Ethernet's 60-byte minimum; the full path takes it.
+const VIEW: usize = AT + TCP_HEADER;
 
 /// A frame the fast path may take: checked, parsed, and its lookup key hashed.
 #[derive(Clone, Copy)]
@@ -35,9 +42,12 @@ pub(crate) struct Candidate {
     hash: u64,
     /// The record a batch's prefetch guessed for the lookup; NIL if none.
     pub(crate) hint: u32,
+    /// A batch's prefetch found the endpoint absent from the index: an
+    /// outbound candidate most likely opens a flow.
+    pub(crate) absent: bool,
     /// The subscriber a batch's prefetch found for a likely-new outbound
     /// flow; NONE if none.
-    sub: u32,
+    pub(crate) sub: u32,
     src: u32,
     dst: u32,
     sport: u16,
@@ -59,9 +69,8 @@ impl Engine {
     /// each one failing sends the frame there. Reads the frame, changes nothing.
     #[inline]
     pub(crate) fn candidate(&self, frame: &[u8], side: Side) -> Option<Candidate> {
-        // The shortest candidate: Ethernet, IPv4 without options, a UDP
-        // header. Read through a fixed-length view, no field needs a bounds check.
-        let h = frame.first_chunk::<{ AT + UDP_HEADER }>()?;
+        // Read through a fixed-length view, no field needs a bounds check.
+        let h = frame.first_chunk::<VIEW>()?;
         if get_u16_at(h, 12) != ethernet::ETHERTYPE_IPV4 || h[L3] != 0x45 {
             return None;
         }
@@ -71,17 +80,7 @@ impl Engine {
             return None;
         }
         let l4_len = total - IP_HEADER;
-        let (proto, tcp_flags) = match h[L3 + 9] {
-            proto::TCP if l4_len >= TCP_HEADER => {
-                let t = frame.first_chunk::<{ AT + TCP_HEADER }>()?;
-                if !(TCP_HEADER..=l4_len).contains(&(usize::from(t[AT + 12] >> 4) * 4)) {
-                    return None;
-                }
-                (Proto::Tcp, t[AT + 13])
-            }
-            proto::UDP if l4_len >= UDP_HEADER && (UDP_HEADER..=l4_len).contains(&usize::from(get_u16_at(h, AT + 4))) => (Proto::Udp, 0),
-            _ => return None,
-        };
+        let (proto, tcp_flags) = transport(h, l4_len)?;
         let (src, dst) = (get_u32_at(h, L3 + 12), get_u32_at(h, L3 + 16));
         let mtu = self.cfg.egress_mtu[side.other() as usize];
         if is_martian(src) || is_martian(dst) || (mtu != 0 && total > usize::from(mtu)) || !self.cfg.exempt.is_empty() || !header_checksum_ok(h) {
@@ -94,7 +93,7 @@ impl Engine {
             Side::Outside if self.pool.contains(dst) => self.tables.hash_out(proto, dst, dport),
             _ => return None,
         };
-        Some(Candidate { hash, hint: NIL, sub: NONE, src, dst, sport, dport, proto, tcp_flags, l4_len: l4_len as u16 })
+        Some(Candidate { hash, hint: NIL, absent: false, sub: NONE, src, dst, sport, dport, proto, tcp_flags, l4_len: l4_len as u16 })
     }
 
     /// Translates the candidate `frame` if its session exists and returns
@@ -177,6 +176,24 @@ impl Engine {
     }
 }
 
+/// The transport of a candidate datagram of `l4_len` bytes: TCP (with its
+/// flags) or UDP, its header within the datagram. Live traffic mixes the two
+/// unpredictably, so the protocol picks the length to check by selects, and
+/// every branch here is on something true of nearly every datagram.
+#[inline(always)]
+fn transport(h: &[u8; VIEW], l4_len: usize) -> Option<(Proto, u8)> {
+    let p = h[L3 + 9];
+    let is_tcp = p == proto::TCP;
+    // TCP: the data offset, at least a bare header; UDP: its length field,
+    // at least its header. Either must fit the datagram.
+    let len = select_unpredictable(is_tcp, usize::from(h[AT + 12] >> 4) * 4, usize::from(get_u16_at(h, AT + 4)));
+    let least = select_unpredictable(is_tcp, TCP_HEADER, UDP_HEADER);
+    if !(is_tcp || p == proto::UDP) || len < least || len > l4_len {
+        return None;
+    }
+    Some((select_unpredictable(is_tcp, Proto::Tcp, Proto::Udp), select_unpredictable(is_tcp, h[AT + 13], 0)))
+}
+
 /// RFC 1071: a 20-byte header whose checksum is right sums to all ones.
 /// The one's complement sum is the plain sum taken modulo 0xffff (2^16 is 1
 /// there), with all ones standing for 0, so the test is that the plain sum
@@ -185,7 +202,7 @@ impl Engine {
 /// as five 32-bit words in the CPU's byte order: a byte swap multiplies by
 /// 2^8 modulo 0xffff, which keeps multiples multiples.
 #[inline(always)]
-fn header_checksum_ok(frame: &[u8; AT + UDP_HEADER]) -> bool {
+fn header_checksum_ok(frame: &[u8; VIEW]) -> bool {
     let sum: u64 = (0..5).map(|i| u64::from(translate::ne_u32(frame, L3 + 4 * i))).sum();
     sum.is_multiple_of(0xffff)
 }
@@ -205,8 +222,8 @@ mod tests {
         sum as u16
     }
 
-    fn frame_with(header: [u8; IP_HEADER]) -> [u8; AT + UDP_HEADER] {
-        let mut f = [0u8; AT + UDP_HEADER];
+    fn frame_with(header: [u8; IP_HEADER]) -> [u8; VIEW] {
+        let mut f = [0u8; VIEW];
         f[L3..AT].copy_from_slice(&header);
         f
     }

@@ -182,13 +182,28 @@ impl FlowIndex {
         prefetch(self.home_bucket(hash));
     }
 
-    /// What `hash`'s home bucket says before the real lookup, to prefetch by.
+    /// What `hash`'s home bucket, and the next one when entries spilled
+    /// into it, say before the real lookup, to prefetch by. At full load
+    /// about one entry in thirteen lives in the bucket after its home; one
+    /// bucket on finds nearly all of those, and it is the adjacent line.
     #[inline]
     pub fn guess(&self, hash: u64) -> Guess {
-        let bucket = self.home_bucket(hash);
-        match bucket.matches(tag_of(hash)).next() {
-            Some(i) => Guess::Likely(bucket.vals[i] - 1),
-            None if bucket.spills == 0 => Guess::Absent,
+        let tag = tag_of(hash);
+        let b = self.home(hash);
+        // SAFETY: `home` is below the bucket count (see `home_bucket`).
+        let home = unsafe { self.buckets.get_unchecked(b) };
+        if let Some(i) = home.matches(tag).next() {
+            return Guess::Likely(home.vals[i] - 1);
+        }
+        if home.spills == 0 {
+            return Guess::Absent;
+        }
+        let next = &self.buckets[self.next(b)];
+        match next.matches(tag).next() {
+            Some(i) => Guess::Likely(next.vals[i] - 1),
+            // Whatever spilled past the home bucket would be here or have
+            // spilled on from here.
+            None if next.spills == 0 => Guess::Absent,
             None => Guess::Unsure,
         }
     }
@@ -322,21 +337,30 @@ mod tests {
     }
 
     #[test]
-    fn the_home_bucket_guesses_present_absent_or_unsure() {
+    fn the_home_bucket_and_the_next_guess_present_absent_or_unsure() {
         let mut t = FlowIndex::with_capacity(64);
-        // One home bucket (bucket 0), thirty distinct tags: twenty spill on.
+        // One home bucket (bucket 0), thirty distinct tags: ten in each of
+        // buckets 0, 1 and 2.
         let hash = |tag: u64| (tag << 48) | 3;
         for tag in 1..=30u64 {
             t.insert(hash(tag), tag as u32 + 100).unwrap();
         }
         assert_eq!(t.guess(hash(1)), Guess::Likely(101));
-        assert_eq!(t.guess(hash(25)), Guess::Unsure, "in a later bucket: the home bucket cannot tell");
-        assert_eq!(t.guess(hash(99)), Guess::Unsure, "absent, but entries spilled past the home bucket");
+        assert_eq!(t.guess(hash(15)), Guess::Likely(115), "spilled one bucket on: found there");
+        assert_eq!(t.guess(hash(25)), Guess::Unsure, "two buckets on: the guess cannot tell");
+        assert_eq!(t.guess(hash(99)), Guess::Unsure, "absent, but entries spilled past the next bucket too");
         let elsewhere = (7 << 48) | 0xffff_ffff;
         assert_ne!(t.home(elsewhere), t.home(hash(1)));
         assert_eq!(t.guess(elsewhere), Guess::Absent);
         t.insert(elsewhere, 7).unwrap();
         assert_eq!(t.guess(elsewhere), Guess::Likely(7));
+
+        let mut t = FlowIndex::with_capacity(64);
+        for tag in 1..=12u64 {
+            t.insert(hash(tag), tag as u32).unwrap();
+        }
+        assert_eq!(t.guess(hash(12)), Guess::Likely(12));
+        assert_eq!(t.guess(hash(99)), Guess::Absent, "spilled into the next bucket and no further: not there");
     }
 
     #[test]

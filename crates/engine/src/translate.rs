@@ -50,22 +50,22 @@ const SIMPLE_L4: usize = natrix_wire::ethernet::HEADER_LEN + 20;
 /// each checksum takes one sum of all its changes, folded once.
 #[inline(always)]
 pub fn rewrite_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) {
-    use natrix_wire::{tcp, udp};
-    let patched = if tcp {
-        frame.first_chunk_mut::<{ SIMPLE_L4 + 20 }>().map(|f| patch_forward(f, SIMPLE_L4 + tcp::CHECKSUM_OFFSET, false, which, addr, port))
-    } else {
-        frame.first_chunk_mut::<{ SIMPLE_L4 + 8 }>().map(|f| patch_forward(f, SIMPLE_L4 + udp::CHECKSUM_OFFSET, true, which, addr, port))
-    };
+    let patched = patch_forward(frame, tcp, which, addr, port);
     debug_assert!(patched.is_some(), "rewrite_forward: the fast path let through a frame too short for its transport header");
 }
 
-/// `rewrite_forward` on a frame of known length: every offset is a
-/// constant, so no access needs a bounds check. A one's complement sum comes
-/// out the same in either byte order (RFC 1071 section 2), so every word is
-/// read and written in the CPU's own order, without byte swaps.
+/// `rewrite_forward` on a fixed-length view that holds a TCP header (the
+/// fast path takes no shorter frame), so no access needs a bounds check. A
+/// one's complement sum comes out the same in either byte order (RFC 1071
+/// section 2), so every word is read and written in the CPU's own order,
+/// without byte swaps. Where the transport checksum lies and UDP's rules for
+/// it are selected, not branched on: live traffic mixes TCP and UDP
+/// unpredictably.
 #[inline(always)]
-fn patch_forward<const N: usize>(f: &mut [u8; N], l4_checksum: usize, udp: bool, which: Which, addr: u32, port: u16) {
+fn patch_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) -> Option<()> {
+    use natrix_wire::{tcp, udp};
     const L3: usize = natrix_wire::ethernet::HEADER_LEN;
+    let f = frame.first_chunk_mut::<{ SIMPLE_L4 + 20 }>()?;
     let (a, p) = match which {
         Which::Src => (L3 + IP_SRC, SIMPLE_L4),
         Which::Dst => (L3 + IP_DST, SIMPLE_L4 + 2),
@@ -81,10 +81,12 @@ fn patch_forward<const N: usize>(f: &mut [u8; N], l4_checksum: usize, udp: bool,
     let ip_delta = addr_delta.plus(Delta::from_u16(ttl_word, ne_u16(f, L3 + IP_TTL)));
     let c = ip_delta.apply(ne_u16(f, L3 + IP_CHECKSUM));
     f[L3 + IP_CHECKSUM..L3 + IP_CHECKSUM + 2].copy_from_slice(&c.to_ne_bytes());
-    let l4_delta = addr_delta.plus(port_delta);
-    let c = ne_u16(f, l4_checksum);
-    let c = if udp { l4_delta.apply_udp(c) } else { l4_delta.apply(c) };
-    f[l4_checksum..l4_checksum + 2].copy_from_slice(&c.to_ne_bytes());
+    // Arithmetic on the flag rather than a select keeps the offset's range
+    // in the compiler's view, so the accesses need no bounds check.
+    let at = SIMPLE_L4 + udp::CHECKSUM_OFFSET + usize::from(tcp) * (tcp::CHECKSUM_OFFSET - udp::CHECKSUM_OFFSET);
+    let c = addr_delta.plus(port_delta).apply_transport(ne_u16(f, at), !tcp);
+    f[at..at + 2].copy_from_slice(&c.to_ne_bytes());
+    Some(())
 }
 
 /// A 16-bit word of a fixed-length frame in the CPU's byte order.

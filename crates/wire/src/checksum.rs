@@ -90,13 +90,17 @@ impl Delta {
     /// and must stay 0, and a computed 0 is sent as 0xffff (RFC 768).
     #[inline]
     pub fn apply_udp(self, field: u16) -> u16 {
-        if field == 0 {
-            return 0;
-        }
-        match self.apply(field) {
-            0 => 0xffff,
-            v => v,
-        }
+        self.apply_transport(field, true)
+    }
+
+    /// `apply_udp` if `udp`, else `apply`, chosen by selects rather than a
+    /// branch, for paths that meet TCP and UDP mixed unpredictably. Both
+    /// special values are the same in either byte order.
+    #[inline]
+    pub fn apply_transport(self, field: u16, udp: bool) -> u16 {
+        let v = self.apply(field);
+        let v = core::hint::select_unpredictable(udp & (v == 0), 0xffff, v);
+        core::hint::select_unpredictable(udp & (field == 0), 0, v)
     }
 }
 
@@ -131,6 +135,20 @@ mod tests {
     #[test]
     fn udp_zero_checksum_stays_zero() {
         assert_eq!(Delta::from_u32(1, 2).apply_udp(0), 0);
+        assert_eq!(Delta::from_u32(1, 2).apply_transport(0, true), 0);
+        assert_ne!(Delta::from_u32(1, 2).apply_transport(0, false), 0, "TCP has no such rule");
+    }
+
+    /// RFC 768: a computed UDP checksum of zero is transmitted as all ones.
+    /// Replacing word 0x0000 by 0xffff (the same in one's complement) in data
+    /// whose checksum field reads 0xffff computes a checksum of zero.
+    #[test]
+    fn a_computed_zero_udp_checksum_is_sent_as_all_ones() {
+        let d = Delta::from_u16(0x0000, 0xffff);
+        assert_eq!(d.apply(0xffff), 0, "the plain update computes zero");
+        assert_eq!(d.apply_udp(0xffff), 0xffff);
+        assert_eq!(d.apply_transport(0xffff, true), 0xffff);
+        assert_eq!(d.apply_transport(0xffff, false), 0);
     }
 
     proptest::proptest! {

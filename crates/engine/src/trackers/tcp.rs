@@ -25,6 +25,13 @@ pub const FIN_OUT: u8 = 0x04;
 pub const FIN_IN: u8 = 0x08;
 pub const RST: u8 = 0x10;
 
+/// Whether a segment with these flags can change the state: one without
+/// SYN, FIN or RST (a plain ACK, the bulk of any connection) leaves it, and
+/// so its timeout class, as it was.
+pub fn acts_on(tcp_flags: u8) -> bool {
+    tcp_flags & (flags::SYN | flags::FIN | flags::RST) != 0
+}
+
 /// Applies one segment's flags to the session state.
 pub fn on_segment(state: &mut u8, dir: Direction, tcp_flags: u8) {
     if tcp_flags & flags::SYN != 0 && tcp_flags & flags::ACK == 0 && is_closed(*state) {
@@ -66,6 +73,23 @@ pub fn timeout_class(state: u8) -> TimeoutClass {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_segment_without_syn_fin_or_rst_changes_nothing() {
+        for state in 0..32u8 {
+            for dir in [Direction::Out, Direction::In] {
+                for tcp_flags in 0..=u8::MAX {
+                    let mut s = state;
+                    on_segment(&mut s, dir, tcp_flags);
+                    if !acts_on(tcp_flags) {
+                        assert_eq!(s, state, "state {state:#x} flags {tcp_flags:#x}");
+                    }
+                }
+            }
+        }
+        assert!(!acts_on(flags::ACK | flags::PSH));
+        assert!(acts_on(flags::SYN | flags::ACK) && acts_on(flags::FIN) && acts_on(flags::RST));
+    }
 
     #[test]
     fn three_way_handshake_establishes() {
