@@ -266,7 +266,7 @@ fn flow(first_sub: u64, i: u64) -> Flow {
     let j = i % FLOWS_PER_SUBSCRIBER;
     let r = Rng::new(i ^ first_sub << 40).next_u64();
     Flow {
-        tcp: std::env::var_os("BENCH_UDP").is_none() && i % 2 == 1,
+        tcp: i % 2 == 1,
         sub: SUBSCRIBER_BASE + sub_index as u32,
         sport: 1024 + ((j * 7919 + sub_index * 31) % 64512) as u16,
         server: SERVER_BASE + (r & 0xffff) as u32,
@@ -296,7 +296,7 @@ impl Shuffle {
     }
 
     fn mix(&self, x: u64) -> u64 {
-        let mask = (1u64 << self.bits) - 1;
+        let mask = u64::MAX >> (u64::BITS - self.bits);
         let shift = self.bits.div_ceil(2);
         let mut x = x.wrapping_mul(self.keys[0]).wrapping_add(self.keys[1]) & mask;
         x ^= x >> shift;

@@ -691,9 +691,7 @@ impl Engine {
             // Most packets change nothing: UDP and ICMP ones (no flags) and
             // TCP segments without SYN, FIN or RST, which leave the state and
             // so the class it gives. Testing that first spares a branch on
-            // the protocol, which live traffic mixes unpredictably. (PCP's
-            // keep-alive sessions are classed apart from their state, but
-            // their remote is 0.0.0.0:0, which no packet comes from.)
+            // the protocol, which live traffic mixes unpredictably.
             if !trackers::tcp::acts_on(tcp_flags) {
                 debug_assert!(proto != Proto::Tcp || class == trackers::tcp::timeout_class(*state), "a TCP session's class follows its state");
                 return class;

@@ -35,7 +35,7 @@ use crate::drop::DropReason;
 use crate::engine::{Engine, Ip};
 use crate::events::{Event, EventKind};
 use crate::session::mapping_flags;
-use crate::trackers::{Direction, TimeoutClass};
+use crate::trackers::{tcp, Direction, TimeoutClass};
 use crate::{Proto, Side};
 
 /// `[pcp]` settings.
@@ -628,8 +628,13 @@ impl Engine {
         if self.subs.get(sub).sessions >= self.cfg.max_sessions_per_subscriber {
             return Err(DropReason::SessionQuota);
         }
-        let class = if m.proto == Proto::Tcp { TimeoutClass::TcpEstablished } else { TimeoutClass::Udp };
-        let sid = self.tables.insert_session(mid, 0, 0, 0, class, self.now_s).map_err(|_| DropReason::SessionTableFull)?;
+        // A TCP hold is an established connection to the tracker, so its
+        // class is the one its state gives, as for every other session.
+        let (state, class) = match m.proto {
+            Proto::Tcp => (tcp::SYN_OUT | tcp::SYN_IN, TimeoutClass::TcpEstablished),
+            _ => (0, TimeoutClass::Udp),
+        };
+        let sid = self.tables.insert_session(mid, 0, 0, state, class, self.now_s).map_err(|_| DropReason::SessionTableFull)?;
         self.subs.get_mut(sub).sessions += 1;
         Ok(sid)
     }

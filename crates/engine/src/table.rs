@@ -102,15 +102,17 @@ impl Iterator for SlotMask {
     }
 }
 
-/// A hash's home bucket read ahead of a lookup.
+/// A hash's home bucket, and the next one if entries spilled into it, read
+/// ahead of a lookup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Guess {
     /// The first entry whose tag matches: most likely the one.
     Likely(u32),
-    /// No tag matches and no entry spilled past the bucket: not indexed.
+    /// No tag matches in the buckets read and no entry spilled past the
+    /// last of them: not indexed.
     Absent,
-    /// Nothing to say: no tag matches but entries spilled on to the next
-    /// bucket (or, to callers that skip some entries, only those match).
+    /// Nothing to say: no tag matches but entries spilled past the buckets
+    /// read (or, to callers that skip some entries, only those match).
     Unsure,
 }
 

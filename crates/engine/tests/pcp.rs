@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use natrix_engine::config::{Filtering, PortSelection};
 use natrix_engine::pcp::PcpConfig;
+use natrix_engine::trackers::{tcp, TimeoutClass};
 use natrix_engine::{DropReason, Engine, EngineConfig, EventKind, Side, Verdict};
 
 const SUB: [u8; 4] = [100, 64, 0, 10];
@@ -252,6 +253,20 @@ fn an_inbound_syn_reaches_a_tcp_mapping() {
     let mut syn = tcp_frame(Side::Outside, PEER, 50000, ext.0, ext.1, 64, TcpKind::Syn, 1, 0, b"");
     assert_eq!(run(&mut e, &mut syn, Side::Outside, 2 * SEC), Verdict::Forward(Side::Inside));
     assert_eq!(must_decode(&syn).tcp().destination_port, 22);
+}
+
+/// The established path skips the TCP tracker for segments without SYN,
+/// FIN or RST, which is right only if every TCP session's timeout class is
+/// the one its tracker state gives: a MAP hold's keep-alive session too.
+#[test]
+fn a_tcp_hold_is_classed_as_its_tracker_state_says() {
+    let mut e = engine(pcp_config());
+    answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 6, 22, (0, [0; 4]), &[]), SEC);
+    let t = e.tables();
+    let held: Vec<_> = t.live_sessions().map(|id| t.session(id)).collect();
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0].class, TimeoutClass::TcpEstablished, "a hold keeps the long timeout");
+    assert_eq!(held[0].class, tcp::timeout_class(held[0].state));
 }
 
 #[test]
