@@ -63,7 +63,6 @@ pub fn rewrite_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, por
 /// unpredictably.
 #[inline(always)]
 fn patch_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) -> Option<()> {
-    use natrix_wire::{tcp, udp};
     const L3: usize = natrix_wire::ethernet::HEADER_LEN;
     let f = frame.first_chunk_mut::<{ SIMPLE_L4 + 20 }>()?;
     let (a, p) = match which {
@@ -83,7 +82,9 @@ fn patch_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16
     f[L3 + IP_CHECKSUM..L3 + IP_CHECKSUM + 2].copy_from_slice(&c.to_ne_bytes());
     // Arithmetic on the flag rather than a select keeps the offset's range
     // in the compiler's view, so the accesses need no bounds check.
-    let at = SIMPLE_L4 + udp::CHECKSUM_OFFSET + usize::from(tcp) * (tcp::CHECKSUM_OFFSET - udp::CHECKSUM_OFFSET);
+    const UDP_CHECKSUM: usize = natrix_wire::udp::CHECKSUM_OFFSET;
+    const TCP_CHECKSUM: usize = natrix_wire::tcp::CHECKSUM_OFFSET;
+    let at = SIMPLE_L4 + UDP_CHECKSUM + usize::from(tcp) * (TCP_CHECKSUM - UDP_CHECKSUM);
     let c = addr_delta.plus(port_delta).apply_transport(ne_u16(f, at), !tcp);
     f[at..at + 2].copy_from_slice(&c.to_ne_bytes());
     Some(())
