@@ -194,7 +194,9 @@ fn bench_one(flows: u64, workers: u32, order: Order) -> Result<Vec<Line>, Failur
 /// over a minute. Counts packets of both passes.
 fn progress_bar(flows: u64, workers: u32) -> ProgressBar {
     let bar = ProgressBar::new(4 * flows);
-    bar.set_style(ProgressStyle::with_template("{spinner} bench {msg} [{bar:40}] {human_pos}/{human_len} packets {elapsed} (eta {eta})").expect("valid template").progress_chars("=> "));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} bench {msg} [{bar:40}] {human_pos}/{human_len} packets {elapsed} (eta {eta})").expect("valid template").progress_chars("=> "),
+    );
     bar.set_message(format!("{flows} flows, {workers} worker(s)"));
     bar
 }

@@ -167,13 +167,7 @@ fn print_summary(r: &Report, secs: f64, log_volume: Option<(u64, u64)>, exporter
     println!("  mappings created {}, sessions created {}, peak sessions {}, peak mappings {}", r.mappings_created, r.sessions_created, r.peak_sessions, r.peak_mappings);
     let pp = &r.ports_per_subscriber;
     println!("  subscribers {}, external ports per subscriber p50 {} p99 {} max {}", r.subscribers, pp.p50, pp.p99, pp.max);
-    println!(
-        "  pool: {} addresses, peak {} of {} ports in use ({:.4}%)",
-        r.pool.addresses,
-        r.pool.peak_ports_used,
-        r.pool.ports,
-        r.pool.peak_utilisation * 100.0
-    );
+    println!("  pool: {} addresses, peak {} of {} ports in use ({:.4}%)", r.pool.addresses, r.pool.peak_ports_used, r.pool.ports, r.pool.peak_utilisation * 100.0);
     if let Some((records, bytes)) = log_volume {
         println!("  event log: {records} records, {bytes} bytes");
     }

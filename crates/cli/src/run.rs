@@ -9,8 +9,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use natrix_control::eventlog::EventLog;
 use natrix_control::api::LogCounters;
+use natrix_control::eventlog::EventLog;
 use natrix_control::{api, Config, IoBackend, LoggingConfig};
 use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings};
 use natrix_engine::Event;

@@ -202,7 +202,11 @@ fn parse_rfc3339(t: &str) -> Option<i64> {
                 return None;
             }
             let o = oh * 3600 + om * 60;
-            if rb[0] == b'-' { -o } else { o }
+            if rb[0] == b'-' {
+                -o
+            } else {
+                o
+            }
         }
     };
     let secs = days_from_civil(y, mo as u32, d as u32) * 86_400 + h * 3600 + mi * 60 + s - offset_s;
@@ -308,14 +312,32 @@ fn holdings(path: &std::path::Path, addr: Ipv4Addr, port: u16) -> Result<Vec<Hel
                 h.until_ns = Some(r.time_ns);
                 done.push(h);
             }
-            open.push(Held { proto: r.proto, subscriber: r.subscriber, subscriber_port: r.subscriber_port, first: r.first, last: r.last, from_ns: Some(r.time_ns), until_ns: None, block: r.block });
+            open.push(Held {
+                proto: r.proto,
+                subscriber: r.subscriber,
+                subscriber_port: r.subscriber_port,
+                first: r.first,
+                last: r.last,
+                from_ns: Some(r.time_ns),
+                until_ns: None,
+                block: r.block,
+            });
         } else if let Some(i) = open.iter().position(|h| same(h) && h.subscriber == r.subscriber) {
             let mut h = open.swap_remove(i);
             h.until_ns = Some(r.time_ns);
             done.push(h);
         } else {
             // Created before the log begins.
-            done.push(Held { proto: r.proto, subscriber: r.subscriber, subscriber_port: r.subscriber_port, first: r.first, last: r.last, from_ns: None, until_ns: Some(r.time_ns), block: r.block });
+            done.push(Held {
+                proto: r.proto,
+                subscriber: r.subscriber,
+                subscriber_port: r.subscriber_port,
+                first: r.first,
+                last: r.last,
+                from_ns: None,
+                until_ns: Some(r.time_ns),
+                block: r.block,
+            });
         }
     }
     done.extend(open);

@@ -103,7 +103,16 @@ impl Config {
         let mut root = Section::new("", &root);
         let mut warnings = Vec::new();
         let mut engine = EngineConfig::default();
-        let mut live = LiveConfig { inside_interface: None, outside_interface: None, gateway: None, workers: 1, io: IoBackend::Auto, busy_poll: false, management_listen: None, outside_prefix_len: 32 };
+        let mut live = LiveConfig {
+            inside_interface: None,
+            outside_interface: None,
+            gateway: None,
+            workers: 1,
+            io: IoBackend::Auto,
+            busy_poll: false,
+            management_listen: None,
+            outside_prefix_len: 32,
+        };
 
         if let Some(mut s) = root.section("inside")? {
             live.inside_interface = s.string("interface")?.map(str::to_owned);
@@ -146,9 +155,7 @@ impl Config {
             s.finish()?;
         }
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
-        live.io = root
-            .choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?
-            .unwrap_or(IoBackend::Auto);
+        live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
         root.finish()?;
         check_consistency(&engine)?;
@@ -411,7 +418,10 @@ fn check_worker_slices(e: &EngineConfig, workers: u32) -> Result<(), ConfigError
     if workers > slices {
         return err(
             "workers",
-            format!("{workers} workers need {workers} slices of nat.ports {}-{} of at least {unit} ports each (port_block_size, or 2 for parity); the range holds {slices}", e.ports.0, e.ports.1),
+            format!(
+                "{workers} workers need {workers} slices of nat.ports {}-{} of at least {unit} ports each (port_block_size, or 2 for parity); the range holds {slices}",
+                e.ports.0, e.ports.1
+            ),
         );
     }
     Ok(())
@@ -497,7 +507,11 @@ impl<'a> Section<'a> {
     }
 
     fn path(&self, key: &str) -> String {
-        if self.name.is_empty() { key.to_owned() } else { format!("{}.{key}", self.name) }
+        if self.name.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.name)
+        }
     }
 
     fn has(&self, key: &str) -> bool {
@@ -623,7 +637,10 @@ mod tests {
         assert_eq!(key_of("[nat]\npool = []\n"), "nat.pool");
         assert_eq!(key_of("[inside]\naddress = \"100.64.0.1/10\"\n"), "nat.pool");
         assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\nmax_ports_per_subscriber = \"many\"\n"), "nat.max_ports_per_subscriber");
-        assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\nstatic = [{ proto = \"tcp\", inside = \"100.64.0.5:22\", outside = \"192.0.2.1:2222\" }]\n"), "nat.static[0].outside");
+        assert_eq!(
+            key_of("[nat]\npool = [\"203.0.113.0/28\"]\nstatic = [{ proto = \"tcp\", inside = \"100.64.0.5:22\", outside = \"192.0.2.1:2222\" }]\n"),
+            "nat.static[0].outside"
+        );
         assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\n[unknown]\n"), "unknown");
     }
 

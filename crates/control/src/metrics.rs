@@ -80,7 +80,12 @@ pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lo
         o.sample("subscribers_port_use", &format!("at_least=\"{t}\""), sum(workers, |w| w.port_use_over[i]));
     }
     o.one("memory_bytes", "gauge", "Bytes held by tables, allocator and subscriber state.", sum(workers, |w| w.memory_bytes));
-    o.one("log_records_lost_total", "counter", "NAT event records dropped: logger behind, collector unreachable or log file unwritable.", sum(workers, |w| w.events_lost) + log_lost);
+    o.one(
+        "log_records_lost_total",
+        "counter",
+        "NAT event records dropped: logger behind, collector unreachable or log file unwritable.",
+        sum(workers, |w| w.events_lost) + log_lost,
+    );
     o.one("log_records_total", "counter", "NAT event records handed to the configured log sinks (JSON, IPFIX, syslog).", log_recorded);
     o.one("handoff_dropped_total", "counter", "Frames dropped because a ring between threads was full.", io.handoff_dropped + sum(workers, |w| w.handoff_dropped));
     o.family("worker_packets_total", "counter", "Frames each worker processed.");

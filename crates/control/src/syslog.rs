@@ -23,8 +23,8 @@ use std::sync::atomic::Ordering;
 use natrix_engine::{Event, EventKind};
 
 use crate::config::LogUnit;
-use crate::eventlog::rfc3339;
 use crate::eventlog::records;
+use crate::eventlog::rfc3339;
 use crate::ipfix::{LossCounter, SinkStats};
 
 /// RFC 5424 facility local0.

@@ -177,7 +177,10 @@ impl Dataplane {
         let (event_tx, event_rx) = mpsc::sync_channel(settings.event_buffer.max(1));
         let stop = Arc::new(AtomicBool::new(false));
         let count = settings.workers.max(1);
-        let mut engines = (0..count).map(|index| Engine::new(EngineConfig { shard: Shard { index, count }, ..engine_cfg.clone() })).collect::<Result<Vec<_>, _>>().map_err(DataplaneError::Engine)?;
+        let mut engines = (0..count)
+            .map(|index| Engine::new(EngineConfig { shard: Shard { index, count }, ..engine_cfg.clone() }))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DataplaneError::Engine)?;
         let mut ports = ports;
         if let Some(announce) = engines[0].pcp_announcement(inside_if.mac) {
             // RFC 6887 section 14.1.3: tell clients natrix (re)started, so they renew.
@@ -219,7 +222,15 @@ impl Dataplane {
         Ok(())
     }
 
-    fn start_sharded(&mut self, engines: Vec<Engine>, mut ports: Ports, cfg: &EngineConfig, event_tx: SyncSender<Event>, clock: Clock, busy_poll: bool) -> Result<(), DataplaneError> {
+    fn start_sharded(
+        &mut self,
+        engines: Vec<Engine>,
+        mut ports: Ports,
+        cfg: &EngineConfig,
+        event_tx: SyncSender<Event>,
+        clock: Clock,
+        busy_poll: bool,
+    ) -> Result<(), DataplaneError> {
         let count = engines.len() as u16;
         let io_bell = self.io.doorbell.clone();
         let mut lanes = Lanes::default();

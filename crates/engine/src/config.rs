@@ -82,14 +82,7 @@ impl Timeouts {
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts {
-            udp_s: 300,
-            tcp_established_s: 2 * 3600 + 4 * 60,
-            tcp_transitory_s: 240,
-            icmp_s: 60,
-            syn_hold_ns: 6_000_000_000,
-            fragment_ns: 5_000_000_000,
-        }
+        Timeouts { udp_s: 300, tcp_established_s: 2 * 3600 + 4 * 60, tcp_transitory_s: 240, icmp_s: 60, syn_hold_ns: 6_000_000_000, fragment_ns: 5_000_000_000 }
     }
 }
 

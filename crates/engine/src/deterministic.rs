@@ -353,12 +353,7 @@ mod tests {
 
     #[test]
     fn a_full_range_is_the_subscribers_quota_and_parity_gives_way() {
-        let cfg = EngineConfig {
-            pool: POOL.to_vec(),
-            deterministic: Some(det_cfg(&[(ip([100, 64, 0, 0]), 24)], 4)),
-            max_sessions: 1024,
-            ..EngineConfig::default()
-        };
+        let cfg = EngineConfig { pool: POOL.to_vec(), deterministic: Some(det_cfg(&[(ip([100, 64, 0, 0]), 24)], 4)), max_sessions: 1024, ..EngineConfig::default() };
         let mut e = Engine::new(cfg).unwrap();
         let sub = ip([100, 64, 0, 9]);
         let a = e.deterministic().unwrap().assignment(sub).unwrap();

@@ -93,11 +93,19 @@ impl Flow {
     /// (subscriber-side port, remote port) of an outbound packet; ICMP queries
     /// are keyed by identifier with no remote port.
     fn out_ports(&self) -> (u16, u16) {
-        if self.proto == Proto::Icmp { (self.sport, 0) } else { (self.sport, self.dport) }
+        if self.proto == Proto::Icmp {
+            (self.sport, 0)
+        } else {
+            (self.sport, self.dport)
+        }
     }
 
     fn in_ports(&self) -> (u16, u16) {
-        if self.proto == Proto::Icmp { (self.sport, 0) } else { (self.dport, self.sport) }
+        if self.proto == Proto::Icmp {
+            (self.sport, 0)
+        } else {
+            (self.dport, self.sport)
+        }
     }
 }
 
@@ -158,12 +166,7 @@ impl DropReason {
     pub fn is_resource(self) -> bool {
         matches!(
             self,
-            DropReason::PortQuota
-                | DropReason::SessionQuota
-                | DropReason::RateLimited
-                | DropReason::PoolExhausted
-                | DropReason::SessionTableFull
-                | DropReason::SubscriberTableFull
+            DropReason::PortQuota | DropReason::SessionQuota | DropReason::RateLimited | DropReason::PoolExhausted | DropReason::SessionTableFull | DropReason::SubscriberTableFull
         )
     }
 }

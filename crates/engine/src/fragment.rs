@@ -85,9 +85,7 @@ impl Fragments {
 
     pub fn lookup(&self, key: &FragKey, now_ns: u64) -> Option<FragRewrite> {
         let r = &self.records;
-        self.index
-            .find(key.hash(), |i| r[i as usize].key == *key && r[i as usize].expires_ns > now_ns)
-            .map(|i| r[i as usize].rewrite)
+        self.index.find(key.hash(), |i| r[i as usize].key == *key && r[i as usize].expires_ns > now_ns).map(|i| r[i as usize].rewrite)
     }
 
     /// Remembers the first fragment's rewrite.

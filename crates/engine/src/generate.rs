@@ -82,10 +82,7 @@ mod tests {
     #[test]
     fn icmp_error_is_valid_under_etherparse() {
         let mut frame = vec![0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
-        etherparse::PacketBuilder::ipv4([100, 64, 0, 10], [198, 51, 100, 53], 1)
-            .udp(4000, 53)
-            .write(&mut frame, &[7u8; 700])
-            .unwrap();
+        etherparse::PacketBuilder::ipv4([100, 64, 0, 10], [198, 51, 100, 53], 1).udp(4000, 53).write(&mut frame, &[7u8; 700]).unwrap();
         let mut out = Vec::new();
         icmp_error(&mut out, &frame, 14, u32::from_be_bytes([100, 64, 0, 1]), IcmpError { msg_type: 11, code: 0, next_hop_mtu: 0 }, 9);
         assert_eq!(&out[0..6], &frame[6..12]);

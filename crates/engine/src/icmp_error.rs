@@ -30,12 +30,20 @@ impl Quoted {
     /// Ports of the quoted datagram as (subscriber-side, remote) when it was
     /// travelling towards the subscriber.
     fn inbound_ports(&self) -> (u16, u16) {
-        if self.proto == Proto::Icmp { (self.dport, 0) } else { (self.dport, self.sport) }
+        if self.proto == Proto::Icmp {
+            (self.dport, 0)
+        } else {
+            (self.dport, self.sport)
+        }
     }
 
     /// Ports as (subscriber-side, remote) when it was travelling away from the subscriber.
     fn outbound_ports(&self) -> (u16, u16) {
-        if self.proto == Proto::Icmp { (self.sport, 0) } else { (self.sport, self.dport) }
+        if self.proto == Proto::Icmp {
+            (self.sport, 0)
+        } else {
+            (self.sport, self.dport)
+        }
     }
 }
 

@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use natrix_wire::pcp::{self as wire, opcode, option, result};
 use natrix_wire::{checksum, ethernet, ipv4, proto, set_u16_at, udp};
 
-use crate::config::{PortSelection, prefix_contains};
+use crate::config::{prefix_contains, PortSelection};
 use crate::drop::DropReason;
 use crate::engine::{Engine, Ip};
 use crate::events::{Event, EventKind};
@@ -107,7 +107,11 @@ struct Key {
 
 impl Key {
     fn proto(&self) -> Proto {
-        if self.proto == Proto::Tcp as u8 { Proto::Tcp } else { Proto::Udp }
+        if self.proto == Proto::Tcp as u8 {
+            Proto::Tcp
+        } else {
+            Proto::Udp
+        }
     }
 
     fn is_map(&self) -> bool {

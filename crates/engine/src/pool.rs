@@ -41,13 +41,7 @@ impl PortSpace {
                 *word &= !free;
             }
         }
-        PortSpace {
-            used,
-            free: u32::from(hi - lo) + 1,
-            block_owner: vec![0; blocks],
-            block_used: vec![0; blocks],
-            free_blocks: blocks as u32,
-        }
+        PortSpace { used, free: u32::from(hi - lo) + 1, block_owner: vec![0; blocks], block_used: vec![0; blocks], free_blocks: blocks as u32 }
     }
 
     fn is_free(&self, p: u16) -> bool {
@@ -226,7 +220,11 @@ impl Pool {
 
     fn has_room(&self, addr_idx: usize, proto: Proto) -> bool {
         let s = &self.spaces[addr_idx * Proto::COUNT + proto as usize];
-        if self.block_size == 0 { s.free > 0 } else { s.free_blocks > 0 }
+        if self.block_size == 0 {
+            s.free > 0
+        } else {
+            s.free_blocks > 0
+        }
     }
 
     /// Picks the address a new subscriber is paired with (RFC 4787 REQ-2):
@@ -282,11 +280,7 @@ impl Pool {
         let parity = self.parity_of(proto, want);
         let preserve = self.preserves();
         let s = self.space(addr_idx, proto);
-        let port = if preserve && (lo..=hi).contains(&want) && s.is_free(want) {
-            Some(want)
-        } else {
-            s.find(rng.range(u32::from(lo), u32::from(hi)) as u16, lo, hi, parity)
-        };
+        let port = if preserve && (lo..=hi).contains(&want) && s.is_free(want) { Some(want) } else { s.find(rng.range(u32::from(lo), u32::from(hi)) as u16, lo, hi, parity) };
         let port = port.ok_or(AllocError::Exhausted)?;
         s.take(port);
         self.ports_in_use += 1;

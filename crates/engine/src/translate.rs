@@ -14,10 +14,17 @@ const IP_DST: usize = 16;
 pub enum L4 {
     /// Non-first fragment: no transport header here.
     None,
-    Tcp { at: usize, len: usize },
-    Udp { at: usize },
+    Tcp {
+        at: usize,
+        len: usize,
+    },
+    Udp {
+        at: usize,
+    },
     /// ICMP query: the identifier plays the port; its checksum has no pseudo-header.
-    IcmpQuery { at: usize },
+    IcmpQuery {
+        at: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -137,8 +137,13 @@ struct Flow {
 
 fn flows() -> impl Strategy<Value = Vec<Flow>> {
     proptest::collection::vec(
-        (any::<bool>(), 2u8..6, 1024u16..1100, 1u16..1024, prop_oneof![3 => 12usize..40, 1 => 0usize..12])
-            .prop_map(|(tcp, sub, sport, dport, payload)| Flow { tcp, sub, sport, dport, payload }),
+        (any::<bool>(), 2u8..6, 1024u16..1100, 1u16..1024, prop_oneof![3 => 12usize..40, 1 => 0usize..12]).prop_map(|(tcp, sub, sport, dport, payload)| Flow {
+            tcp,
+            sub,
+            sport,
+            dport,
+            payload,
+        }),
         1..8,
     )
 }

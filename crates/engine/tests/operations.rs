@@ -67,7 +67,11 @@ fn a_hairpin_to_another_workers_mapping_leaves_outside_for_the_dataplane_to_turn
 
 fn set_dont_fragment(f: &mut [u8], on: bool) {
     let ip = ETH_LEN;
-    if on { f[ip + 6] |= 0x40 } else { f[ip + 6] &= !0x40 }
+    if on {
+        f[ip + 6] |= 0x40
+    } else {
+        f[ip + 6] &= !0x40
+    }
     f[ip + 10..ip + 12].fill(0);
     let sum = !ones_complement_sum(&f[ip..ip + 20]);
     f[ip + 10..ip + 12].copy_from_slice(&sum.to_be_bytes());

@@ -512,10 +512,7 @@ fn fragments_out_of_order_held_then_released() {
 
 #[test]
 fn exempt_destination_passes_untranslated() {
-    let cfg = natrix_engine::EngineConfig {
-        exempt: vec![natrix_engine::config::Exemption { network: u32_of([192, 0, 2, 0]), prefix_len: 24, ports: (0, 65535) }],
-        ..config()
-    };
+    let cfg = natrix_engine::EngineConfig { exempt: vec![natrix_engine::config::Exemption { network: u32_of([192, 0, 2, 0]), prefix_len: 24, ports: (0, 65535) }], ..config() };
     let mut e = engine(cfg);
     let mut f = udp_frame(Side::Inside, SUB, 5000, [192, 0, 2, 9], 53, 64, b"exempt", false);
     assert_eq!(e.process(&mut f, Side::Inside, SEC), Verdict::Forward(Side::Outside));

@@ -72,16 +72,13 @@ impl AfXdpPort {
         let ifindex = Interface::lookup(interface)?.index;
         refuse_multiqueue(interface)?;
         let socket = xsk_socket(interface)?;
-        let umem =
-            Mmap::anonymous(UMEM_LEN).map_err(|e| os_error("allocating the UMEM", interface, e))?;
-        register_umem(&socket, &umem)
-            .map_err(|e| os_error("registering the UMEM", interface, e))?;
+        let umem = Mmap::anonymous(UMEM_LEN).map_err(|e| os_error("allocating the UMEM", interface, e))?;
+        register_umem(&socket, &umem).map_err(|e| os_error("registering the UMEM", interface, e))?;
         let mut rings = Rings::map(&socket, interface)?;
         // Before the program attaches, so that no early frame finds the
         // fill ring empty.
         give_all_rx_frames(&mut rings.fill);
-        bind(&socket, ifindex)
-            .map_err(|e| unsupported("binding the AF_XDP socket in copy mode", interface, e))?;
+        bind(&socket, ifindex).map_err(|e| unsupported("binding the AF_XDP socket in copy mode", interface, e))?;
         Ok(AfXdpPort {
             _program: XdpProgram::attach(&socket, ifindex, interface)?,
             rx: rings.rx,
@@ -108,16 +105,7 @@ impl AfXdpPort {
     fn kick(&self) -> Result<(), IoError> {
         // SAFETY: a zero-length sendto with no buffer or address only wakes
         // the socket's transmit path.
-        let rc = unsafe {
-            libc::sendto(
-                self.socket.as_raw_fd(),
-                std::ptr::null(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null(),
-                0,
-            )
-        };
+        let rc = unsafe { libc::sendto(self.socket.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
         if rc >= 0 {
             return Ok(());
         }
@@ -132,10 +120,7 @@ impl AfXdpPort {
 
 impl PacketPort for AfXdpPort {
     fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> Result<usize, IoError> {
-        let n = self
-            .rx
-            .available()
-            .min(u32::try_from(max).unwrap_or(u32::MAX));
+        let n = self.rx.available().min(u32::try_from(max).unwrap_or(u32::MAX));
         for i in 0..n {
             let desc = self.rx.read(i);
             if let Some(frame) = self.umem.slice_mut(desc.addr, desc.len) {
@@ -162,15 +147,8 @@ impl PacketPort for AfXdpPort {
         };
         debug_assert!(self.tx.free() > 0, "the TX ring holds every TX frame");
         let len = frame.len() as u32;
-        self.umem
-            .slice_mut(addr, len)
-            .expect("TX frames lie inside the UMEM")
-            .copy_from_slice(frame);
-        self.tx.push(libc::xdp_desc {
-            addr,
-            len,
-            options: 0,
-        });
+        self.umem.slice_mut(addr, len).expect("TX frames lie inside the UMEM").copy_from_slice(frame);
+        self.tx.push(libc::xdp_desc { addr, len, options: 0 });
         true
     }
 
@@ -221,19 +199,12 @@ fn frame_addr(frame: u32) -> u64 {
 }
 
 fn os_error(op: &'static str, interface: &str, source: io::Error) -> IoError {
-    IoError::Os {
-        op,
-        interface: interface.to_owned(),
-        source,
-    }
+    IoError::Os { op, interface: interface.to_owned(), source }
 }
 
 /// For refusals that mean "use another backend": the caller falls back.
 fn unsupported(op: &str, interface: &str, err: impl std::fmt::Display) -> IoError {
-    IoError::Unsupported {
-        interface: interface.to_owned(),
-        reason: format!("AF_XDP: {op} failed: {err}"),
-    }
+    IoError::Unsupported { interface: interface.to_owned(), reason: format!("AF_XDP: {op} failed: {err}") }
 }
 
 /// Turns a -1 return into the thread's errno.
@@ -284,10 +255,7 @@ struct EthtoolChannels {
 /// The interface's receive queues, or None where the driver does not say
 /// (virtual drivers without channels have one).
 fn rx_queues(interface: &str) -> Option<u32> {
-    let mut channels = EthtoolChannels {
-        cmd: ETHTOOL_GCHANNELS,
-        ..Default::default()
-    };
+    let mut channels = EthtoolChannels { cmd: ETHTOOL_GCHANNELS, ..Default::default() };
     // SAFETY: ifreq is plain data; all zeroes is a valid value.
     let mut req: libc::ifreq = unsafe { zeroed() };
     if interface.len() >= req.ifr_name.len() {
@@ -298,77 +266,41 @@ fn rx_queues(interface: &str) -> Option<u32> {
     }
     req.ifr_ifru.ifru_data = (&mut channels as *mut EthtoolChannels).cast();
     // SAFETY: a datagram socket only serves as a handle for the ioctl.
-    let fd =
-        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })
-            .ok()?;
+    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }).ok()?;
     // SAFETY: fd was just created and nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: req names the interface and points at a live ethtool_channels.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL, &mut req as *mut libc::ifreq) })
-        .ok()?;
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL, &mut req as *mut libc::ifreq) }).ok()?;
     Some(channels.rx_count + channels.combined_count)
 }
 
 fn xsk_socket(interface: &str) -> Result<OwnedFd, IoError> {
     // SAFETY: plain socket creation.
-    let fd = check(unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) })
-        .map_err(|e| unsupported("creating the AF_XDP socket", interface, e))?;
+    let fd = check(unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) }).map_err(|e| unsupported("creating the AF_XDP socket", interface, e))?;
     // SAFETY: fd was just created and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn set_option<T>(
-    socket: &OwnedFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    value: &T,
-) -> io::Result<()> {
+fn set_option<T>(socket: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
     // SAFETY: value points to a live T of the given size.
-    check(unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            level,
-            name,
-            (value as *const T).cast(),
-            size_of::<T>() as libc::socklen_t,
-        )
-    })?;
+    check(unsafe { libc::setsockopt(socket.as_raw_fd(), level, name, (value as *const T).cast(), size_of::<T>() as libc::socklen_t) })?;
     Ok(())
 }
 
 fn register_umem(socket: &OwnedFd, umem: &Mmap) -> io::Result<()> {
-    let reg = libc::xdp_umem_reg {
-        addr: umem.ptr as u64,
-        len: umem.len as u64,
-        chunk_size: FRAME_SIZE,
-        headroom: 0,
-        flags: 0,
-        tx_metadata_len: 0,
-    };
+    let reg = libc::xdp_umem_reg { addr: umem.ptr as u64, len: umem.len as u64, chunk_size: FRAME_SIZE, headroom: 0, flags: 0, tx_metadata_len: 0 };
     set_option(socket, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg)
 }
 
 fn bind(socket: &OwnedFd, ifindex: u32) -> io::Result<()> {
     // Copy mode: veth and most drivers have no zero-copy support, and copy
     // mode costs one copy per frame, which natrix's rates afford.
-    let addr = libc::sockaddr_xdp {
-        sxdp_family: libc::AF_XDP as u16,
-        sxdp_flags: libc::XDP_COPY,
-        sxdp_ifindex: ifindex,
-        sxdp_queue_id: 0,
-        sxdp_shared_umem_fd: 0,
-    };
+    let addr = libc::sockaddr_xdp { sxdp_family: libc::AF_XDP as u16, sxdp_flags: libc::XDP_COPY, sxdp_ifindex: ifindex, sxdp_queue_id: 0, sxdp_shared_umem_fd: 0 };
     let len = size_of::<libc::sockaddr_xdp>() as libc::socklen_t;
     let mut tries = BIND_TRIES;
     loop {
         // SAFETY: addr is a valid sockaddr_xdp of that length.
-        let rc = unsafe {
-            libc::bind(
-                socket.as_raw_fd(),
-                (&addr as *const libc::sockaddr_xdp).cast(),
-                len,
-            )
-        };
+        let rc = unsafe { libc::bind(socket.as_raw_fd(), (&addr as *const libc::sockaddr_xdp).cast(), len) };
         let err = match check(rc) {
             Ok(_) => return Ok(()),
             Err(err) => err,
@@ -396,12 +328,7 @@ unsafe impl Send for Mmap {}
 
 impl Mmap {
     fn anonymous(len: usize) -> io::Result<Mmap> {
-        let map = Mmap::new(
-            len,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-            -1,
-            0,
-        )?;
+        let map = Mmap::new(len, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE, -1, 0)?;
         // Huge pages spare the copy loops TLB misses; without them (the
         // kernel may refuse) everything still works.
         // SAFETY: the range is our own mapping.
@@ -411,23 +338,11 @@ impl Mmap {
 
     fn new(len: usize, flags: libc::c_int, fd: RawFd, offset: libc::off_t) -> io::Result<Mmap> {
         // SAFETY: a fresh mapping chosen by the kernel overlaps nothing of ours.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                flags,
-                fd,
-                offset,
-            )
-        };
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd, offset) };
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mmap {
-            ptr: ptr.cast(),
-            len,
-        })
+        Ok(Mmap { ptr: ptr.cast(), len })
     }
 
     /// `len` bytes at `offset`, or None when they would leave the mapping.
@@ -468,30 +383,12 @@ struct Ring<T> {
 }
 
 impl<T: Copy> Ring<T> {
-    fn map(
-        socket: &OwnedFd,
-        offsets: &libc::xdp_ring_offset,
-        pgoff: libc::off_t,
-        entries: u32,
-    ) -> io::Result<Ring<T>> {
+    fn map(socket: &OwnedFd, offsets: &libc::xdp_ring_offset, pgoff: libc::off_t, entries: u32) -> io::Result<Ring<T>> {
         let descs = offsets.desc as usize;
         let len = descs + entries as usize * size_of::<T>();
-        let map = Mmap::new(
-            len,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            socket.as_raw_fd(),
-            pgoff,
-        )?;
+        let map = Mmap::new(len, libc::MAP_SHARED | libc::MAP_POPULATE, socket.as_raw_fd(), pgoff)?;
         // Fresh rings start with both indexes at zero.
-        Ok(Ring {
-            map,
-            producer: offsets.producer as usize,
-            consumer: offsets.consumer as usize,
-            descs,
-            mask: entries - 1,
-            ours: 0,
-            entry: PhantomData,
-        })
+        Ok(Ring { map, producer: offsets.producer as usize, consumer: offsets.consumer as usize, descs, mask: entries - 1, ours: 0, entry: PhantomData })
     }
 
     fn index(&self, offset: usize) -> &AtomicU32 {
@@ -504,13 +401,7 @@ impl<T: Copy> Ring<T> {
     fn slot(&self, index: u32) -> *mut T {
         // SAFETY: index & mask < entries, and the mapping holds `entries`
         // descriptors from `descs` on.
-        unsafe {
-            self.map
-                .ptr
-                .add(self.descs)
-                .cast::<T>()
-                .add((index & self.mask) as usize)
-        }
+        unsafe { self.map.ptr.add(self.descs).cast::<T>().add((index & self.mask) as usize) }
     }
 
     // Producer side (fill, TX). The acquire load of the consumer index makes
@@ -524,8 +415,7 @@ impl<T: Copy> Ring<T> {
 
     /// Entries published or pushed that the kernel has not taken yet.
     fn unconsumed(&self) -> u32 {
-        self.ours
-            .wrapping_sub(self.index(self.consumer).load(Ordering::Acquire))
+        self.ours.wrapping_sub(self.index(self.consumer).load(Ordering::Acquire))
     }
 
     /// Writes an entry without publishing it; the caller guarantees room.
@@ -537,8 +427,7 @@ impl<T: Copy> Ring<T> {
     }
 
     fn publish(&self) {
-        self.index(self.producer)
-            .store(self.ours, Ordering::Release);
+        self.index(self.producer).store(self.ours, Ordering::Release);
     }
 
     // Consumer side (RX, completion). The acquire load of the producer index
@@ -546,9 +435,7 @@ impl<T: Copy> Ring<T> {
     // consumer index hands their slots back only after we have read them.
 
     fn available(&self) -> u32 {
-        self.index(self.producer)
-            .load(Ordering::Acquire)
-            .wrapping_sub(self.ours)
+        self.index(self.producer).load(Ordering::Acquire).wrapping_sub(self.ours)
     }
 
     /// The i-th entry after the last one released; i < available().
@@ -560,8 +447,7 @@ impl<T: Copy> Ring<T> {
 
     fn release(&mut self, n: u32) {
         self.ours = self.ours.wrapping_add(n);
-        self.index(self.consumer)
-            .store(self.ours, Ordering::Release);
+        self.index(self.consumer).store(self.ours, Ordering::Release);
     }
 }
 
@@ -574,31 +460,19 @@ struct Rings {
 
 impl Rings {
     fn map(socket: &OwnedFd, interface: &str) -> Result<Rings, IoError> {
-        let size = |name, entries: u32, op| {
-            set_option(socket, libc::SOL_XDP, name, &entries)
-                .map_err(|e| os_error(op, interface, e))
-        };
+        let size = |name, entries: u32, op| set_option(socket, libc::SOL_XDP, name, &entries).map_err(|e| os_error(op, interface, e));
         size(libc::XDP_UMEM_FILL_RING, RX_RING, "sizing the fill ring")?;
-        size(
-            libc::XDP_UMEM_COMPLETION_RING,
-            TX_RING,
-            "sizing the completion ring",
-        )?;
+        size(libc::XDP_UMEM_COMPLETION_RING, TX_RING, "sizing the completion ring")?;
         size(libc::XDP_RX_RING, RX_RING, "sizing the RX ring")?;
         size(libc::XDP_TX_RING, TX_RING, "sizing the TX ring")?;
-        let off =
-            mmap_offsets(socket).map_err(|e| os_error("reading the ring offsets", interface, e))?;
+        let off = mmap_offsets(socket).map_err(|e| os_error("reading the ring offsets", interface, e))?;
         let fill_pgoff = libc::XDP_UMEM_PGOFF_FILL_RING as libc::off_t;
         let completion_pgoff = libc::XDP_UMEM_PGOFF_COMPLETION_RING as libc::off_t;
         Ok(Rings {
-            rx: Ring::map(socket, &off.rx, libc::XDP_PGOFF_RX_RING, RX_RING)
-                .map_err(|e| os_error("mapping the RX ring", interface, e))?,
-            tx: Ring::map(socket, &off.tx, libc::XDP_PGOFF_TX_RING, TX_RING)
-                .map_err(|e| os_error("mapping the TX ring", interface, e))?,
-            fill: Ring::map(socket, &off.fr, fill_pgoff, RX_RING)
-                .map_err(|e| os_error("mapping the fill ring", interface, e))?,
-            completion: Ring::map(socket, &off.cr, completion_pgoff, TX_RING)
-                .map_err(|e| os_error("mapping the completion ring", interface, e))?,
+            rx: Ring::map(socket, &off.rx, libc::XDP_PGOFF_RX_RING, RX_RING).map_err(|e| os_error("mapping the RX ring", interface, e))?,
+            tx: Ring::map(socket, &off.tx, libc::XDP_PGOFF_TX_RING, TX_RING).map_err(|e| os_error("mapping the TX ring", interface, e))?,
+            fill: Ring::map(socket, &off.fr, fill_pgoff, RX_RING).map_err(|e| os_error("mapping the fill ring", interface, e))?,
+            completion: Ring::map(socket, &off.cr, completion_pgoff, TX_RING).map_err(|e| os_error("mapping the completion ring", interface, e))?,
         })
     }
 }
@@ -608,21 +482,10 @@ fn mmap_offsets(socket: &OwnedFd) -> io::Result<libc::xdp_mmap_offsets> {
     let mut off: libc::xdp_mmap_offsets = unsafe { zeroed() };
     let mut len = size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
     // SAFETY: off is writable for len bytes and len is updated in place.
-    check(unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_XDP,
-            libc::XDP_MMAP_OFFSETS,
-            (&mut off as *mut libc::xdp_mmap_offsets).cast(),
-            &mut len,
-        )
-    })?;
+    check(unsafe { libc::getsockopt(socket.as_raw_fd(), libc::SOL_XDP, libc::XDP_MMAP_OFFSETS, (&mut off as *mut libc::xdp_mmap_offsets).cast(), &mut len) })?;
     // Kernels before 5.4 answer with a shorter layout (no flags field).
     if len as usize != size_of::<libc::xdp_mmap_offsets>() {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "kernel uses the pre-5.4 ring layout",
-        ));
+        return Err(io::Error::new(io::ErrorKind::Unsupported, "kernel uses the pre-5.4 ring layout"));
     }
     Ok(off)
 }
@@ -644,46 +507,22 @@ struct XdpProgram {
 impl XdpProgram {
     fn attach(socket: &OwnedFd, ifindex: u32, interface: &str) -> Result<XdpProgram, IoError> {
         let map = xskmap().map_err(|e| unsupported("creating the XSKMAP", interface, e))?;
-        let program =
-            load_program(&map).map_err(|e| unsupported("loading the XDP program", interface, e))?;
-        map_insert(&map, 0, socket.as_raw_fd())
-            .map_err(|e| unsupported("adding the socket to the XSKMAP", interface, e))?;
+        let program = load_program(&map).map_err(|e| unsupported("loading the XDP program", interface, e))?;
+        map_insert(&map, 0, socket.as_raw_fd()).map_err(|e| unsupported("adding the socket to the XSKMAP", interface, e))?;
         // The program keeps the map (and the map the socket) alive from here.
         drop(map);
-        let netlink =
-            netlink_socket().map_err(|e| os_error("opening a netlink socket", interface, e))?;
+        let netlink = netlink_socket().map_err(|e| os_error("opening a netlink socket", interface, e))?;
         let mut errors = Vec::new();
         // Native mode spares a NIC driver an skb per frame; generic mode
         // works on every interface.
-        for (mode, name) in [
-            (XDP_FLAGS_DRV_MODE, "native"),
-            (XDP_FLAGS_SKB_MODE, "generic"),
-        ] {
+        for (mode, name) in [(XDP_FLAGS_DRV_MODE, "native"), (XDP_FLAGS_SKB_MODE, "generic")] {
             // UPDATE_IF_NOEXIST: never replace someone else's program.
-            match set_link_xdp(
-                &netlink,
-                ifindex,
-                &[
-                    (IFLA_XDP_FD, program.as_raw_fd() as u32),
-                    (IFLA_XDP_FLAGS, mode | XDP_FLAGS_UPDATE_IF_NOEXIST),
-                ],
-            ) {
-                Ok(()) => {
-                    return Ok(XdpProgram {
-                        netlink,
-                        ifindex,
-                        mode,
-                        program,
-                    })
-                }
+            match set_link_xdp(&netlink, ifindex, &[(IFLA_XDP_FD, program.as_raw_fd() as u32), (IFLA_XDP_FLAGS, mode | XDP_FLAGS_UPDATE_IF_NOEXIST)]) {
+                Ok(()) => return Ok(XdpProgram { netlink, ifindex, mode, program }),
                 Err(e) => errors.push(format!("{name}: {e}")),
             }
         }
-        Err(unsupported(
-            "attaching the XDP program",
-            interface,
-            errors.join("; "),
-        ))
+        Err(unsupported("attaching the XDP program", interface, errors.join("; ")))
     }
 }
 
@@ -692,11 +531,7 @@ impl Drop for XdpProgram {
         // REPLACE with the expected fd detaches only if our program is still
         // the attached one. A failure (the interface is gone) leaves nothing
         // to clean up, and drop has no one to report to.
-        let attrs = [
-            (IFLA_XDP_FD, -1i32 as u32),
-            (IFLA_XDP_FLAGS, self.mode | XDP_FLAGS_REPLACE),
-            (IFLA_XDP_EXPECTED_FD, self.program.as_raw_fd() as u32),
-        ];
+        let attrs = [(IFLA_XDP_FD, -1i32 as u32), (IFLA_XDP_FLAGS, self.mode | XDP_FLAGS_REPLACE), (IFLA_XDP_EXPECTED_FD, self.program.as_raw_fd() as u32)];
         let _ = set_link_xdp(&self.netlink, self.ifindex, &attrs);
     }
 }
@@ -738,17 +573,8 @@ struct BpfInsn {
 }
 
 fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> BpfInsn {
-    let regs = if cfg!(target_endian = "little") {
-        dst | src << 4
-    } else {
-        dst << 4 | src
-    };
-    BpfInsn {
-        code,
-        regs,
-        off,
-        imm,
-    }
+    let regs = if cfg!(target_endian = "little") { dst | src << 4 } else { dst << 4 | src };
+    BpfInsn { code, regs, off, imm }
 }
 
 /// `return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);`
@@ -814,24 +640,11 @@ fn bpf_fd<A>(cmd: libc::c_long, attr: &A) -> io::Result<OwnedFd> {
 
 fn xskmap() -> io::Result<OwnedFd> {
     let key_size = size_of::<u32>() as u32;
-    bpf_fd(
-        BPF_MAP_CREATE,
-        &MapCreateAttr {
-            map_type: BPF_MAP_TYPE_XSKMAP,
-            key_size,
-            value_size: key_size,
-            max_entries: 1,
-        },
-    )
+    bpf_fd(BPF_MAP_CREATE, &MapCreateAttr { map_type: BPF_MAP_TYPE_XSKMAP, key_size, value_size: key_size, max_entries: 1 })
 }
 
 fn map_insert(map: &OwnedFd, key: u32, socket: RawFd) -> io::Result<()> {
-    let attr = MapUpdateAttr {
-        map_fd: map.as_raw_fd() as u32,
-        key: &key as *const u32 as u64,
-        value: &socket as *const RawFd as u64,
-        flags: 0,
-    };
+    let attr = MapUpdateAttr { map_fd: map.as_raw_fd() as u32, key: &key as *const u32 as u64, value: &socket as *const RawFd as u64, flags: 0 };
     bpf(BPF_MAP_UPDATE_ELEM, &attr)?;
     Ok(())
 }
@@ -840,12 +653,7 @@ fn load_program(map: &OwnedFd) -> io::Result<OwnedFd> {
     let insns = redirect_program(map.as_raw_fd());
     // bpf_redirect_map is a GPL-only helper.
     let license = c"GPL";
-    let attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_XDP,
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-    };
+    let attr = ProgLoadAttr { prog_type: BPF_PROG_TYPE_XDP, insn_cnt: insns.len() as u32, insns: insns.as_ptr() as u64, license: license.as_ptr() as u64 };
     bpf_fd(BPF_PROG_LOAD, &attr)
 }
 
@@ -868,13 +676,7 @@ const NLMSGERR_ATTR_MSG: u16 = 1;
 
 fn netlink_socket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket creation.
-    let fd = check(unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    })?;
+    let fd = check(unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE) })?;
     // SAFETY: fd was just created and nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // Extended acks carry the driver's reason for refusing a program;
@@ -890,27 +692,13 @@ fn set_link_xdp(netlink: &OwnedFd, ifindex: u32, attrs: &[(u16, u32)]) -> Result
     let request = setlink_request(ifindex, attrs);
     // SAFETY: request is a readable buffer of its length; an unconnected
     // netlink socket sends to the kernel.
-    let sent = unsafe {
-        libc::send(
-            netlink.as_raw_fd(),
-            request.as_ptr().cast(),
-            request.len(),
-            0,
-        )
-    };
+    let sent = unsafe { libc::send(netlink.as_raw_fd(), request.as_ptr().cast(), request.len(), 0) };
     if sent < 0 {
         return Err(io::Error::last_os_error().to_string());
     }
     let mut answer = [0u8; 4096];
     // SAFETY: answer is writable for its length.
-    let got = unsafe {
-        libc::recv(
-            netlink.as_raw_fd(),
-            answer.as_mut_ptr().cast::<c_void>(),
-            answer.len(),
-            0,
-        )
-    };
+    let got = unsafe { libc::recv(netlink.as_raw_fd(), answer.as_mut_ptr().cast::<c_void>(), answer.len(), 0) };
     if got < 0 {
         return Err(io::Error::last_os_error().to_string());
     }
@@ -968,10 +756,7 @@ fn parse_ack(answer: &[u8]) -> Result<(), String> {
     let flags = ne_u16(answer, 6).unwrap_or(0);
     // Capped: nlmsgerr is the error and the request's header only.
     let tlvs = answer.get(NLMSG_HDRLEN + 4 + NLMSG_HDRLEN..).unwrap_or(&[]);
-    match (flags & NLM_F_ACK_TLVS != 0)
-        .then(|| ack_message(tlvs))
-        .flatten()
-    {
+    match (flags & NLM_F_ACK_TLVS != 0).then(|| ack_message(tlvs)).flatten() {
         Some(message) => Err(format!("{errno} ({message})")),
         None => Err(errno.to_string()),
     }
@@ -1004,10 +789,7 @@ mod tests {
 
     #[test]
     fn missing_interface_is_named_in_the_error() {
-        let err = AfXdpPort::open("nx-no-such0")
-            .err()
-            .expect("no such interface")
-            .to_string();
+        let err = AfXdpPort::open("nx-no-such0").err().expect("no such interface").to_string();
         assert!(err.contains("nx-no-such0"), "{err}");
     }
 
@@ -1042,29 +824,18 @@ mod tests {
             let peer_mac = Interface::lookup(PEER_IF).unwrap().mac;
             for round in 0..ROUNDS {
                 let seqs = round * BURST..(round + 1) * BURST;
-                let inbound: Vec<Vec<u8>> = seqs
-                    .clone()
-                    .map(|seq| test_frame(port_mac, peer_mac, seq))
-                    .collect();
+                let inbound: Vec<Vec<u8>> = seqs.clone().map(|seq| test_frame(port_mac, peer_mac, seq)).collect();
                 for frame in &inbound {
                     peer.send(frame);
                 }
-                assert!(
-                    receive_on_port(&mut port, inbound.len()) == inbound,
-                    "round {round}: frames into the port differ"
-                );
+                assert!(receive_on_port(&mut port, inbound.len()) == inbound, "round {round}: frames into the port differ");
 
-                let outbound: Vec<Vec<u8>> = seqs
-                    .map(|seq| test_frame(peer_mac, port_mac, seq))
-                    .collect();
+                let outbound: Vec<Vec<u8>> = seqs.map(|seq| test_frame(peer_mac, port_mac, seq)).collect();
                 for frame in &outbound {
                     assert!(port.send(frame), "round {round}: TX ring full");
                 }
                 port.flush().expect("flush");
-                assert!(
-                    peer.receive(outbound.len()) == outbound,
-                    "round {round}: frames out of the port differ"
-                );
+                assert!(peer.receive(outbound.len()) == outbound, "round {round}: frames out of the port differ");
             }
         });
     }
@@ -1120,11 +891,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut frames = Vec::new();
         while frames.len() < count && Instant::now() < deadline {
-            let mut pfd = libc::pollfd {
-                fd: port.fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
+            let mut pfd = libc::pollfd { fd: port.fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd.
             unsafe { libc::poll(&mut pfd, 1, 100) };
             port.recv_batch(64, &mut |frame| {
@@ -1144,30 +911,13 @@ mod tests {
         fn open(interface: &str) -> RawSocket {
             let protocol = TEST_ETHERTYPE.to_be();
             // SAFETY: plain socket creation.
-            let fd = check(unsafe {
-                libc::socket(
-                    libc::AF_PACKET,
-                    libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                    i32::from(protocol),
-                )
-            })
-            .expect("AF_PACKET socket");
+            let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(protocol)) }).expect("AF_PACKET socket");
             // SAFETY: fd was just created and nothing else owns it.
             let socket = RawSocket(unsafe { OwnedFd::from_raw_fd(fd) });
             // Room for a whole burst of full-size frames.
-            set_option(
-                &socket.0,
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUFFORCE,
-                &(8 << 20),
-            )
-            .expect("SO_RCVBUFFORCE");
-            let timeout = libc::timeval {
-                tv_sec: 5,
-                tv_usec: 0,
-            };
-            set_option(&socket.0, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout)
-                .expect("SO_RCVTIMEO");
+            set_option(&socket.0, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(8 << 20)).expect("SO_RCVBUFFORCE");
+            let timeout = libc::timeval { tv_sec: 5, tv_usec: 0 };
+            set_option(&socket.0, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout).expect("SO_RCVTIMEO");
             // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
             let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
             addr.sll_family = libc::AF_PACKET as u16;
@@ -1175,22 +925,15 @@ mod tests {
             addr.sll_ifindex = Interface::lookup(interface).unwrap().index as i32;
             let len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
             // SAFETY: addr is a valid sockaddr_ll of that length.
-            check(unsafe { libc::bind(fd, (&addr as *const libc::sockaddr_ll).cast(), len) })
-                .expect("bind AF_PACKET");
+            check(unsafe { libc::bind(fd, (&addr as *const libc::sockaddr_ll).cast(), len) }).expect("bind AF_PACKET");
             socket
         }
 
         fn send(&self, frame: &[u8]) {
             // SAFETY: frame is readable for its length; the bound interface
             // is the destination.
-            let sent =
-                unsafe { libc::send(self.0.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-            assert_eq!(
-                sent,
-                frame.len() as isize,
-                "AF_PACKET send: {}",
-                io::Error::last_os_error()
-            );
+            let sent = unsafe { libc::send(self.0.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+            assert_eq!(sent, frame.len() as isize, "AF_PACKET send: {}", io::Error::last_os_error());
         }
 
         fn receive(&self, count: usize) -> Vec<Vec<u8>> {
@@ -1198,9 +941,7 @@ mod tests {
             let mut buf = [0u8; MAX_FRAME];
             while frames.len() < count {
                 // SAFETY: buf is writable for its length.
-                let got = unsafe {
-                    libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0)
-                };
+                let got = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
                 if got < 0 {
                     break; // the receive timeout: report what arrived
                 }
@@ -1233,16 +974,11 @@ mod tests {
                 }
             }
             let ns = Netns { name };
-            ns.ip(&[
-                "link", "add", PORT_IF, "type", "veth", "peer", "name", PEER_IF,
-            ]);
+            ns.ip(&["link", "add", PORT_IF, "type", "veth", "peer", "name", PEER_IF]);
             for interface in [PORT_IF, PEER_IF] {
                 // Offloads would leave kernel-built frames with partial
                 // checksums or merged by GRO.
-                ns.ethtool(&[
-                    "-K", interface, "rx", "off", "tx", "off", "tso", "off", "gso", "off", "gro",
-                    "off",
-                ]);
+                ns.ethtool(&["-K", interface, "rx", "off", "tx", "off", "tso", "off", "gso", "off", "gro", "off"]);
                 ns.ip(&["link", "set", interface, "up"]);
             }
             Some(ns)
@@ -1263,15 +999,11 @@ mod tests {
             std::thread::scope(|s| {
                 s.spawn(|| {
                     // SAFETY: path is a valid C string.
-                    let fd = check(unsafe {
-                        libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC)
-                    })
-                    .expect("open the namespace");
+                    let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) }).expect("open the namespace");
                     // SAFETY: fd was just opened and nothing else owns it.
                     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
                     // SAFETY: fd refers to a network namespace.
-                    check(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) })
-                        .expect("setns");
+                    check(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) }).expect("setns");
                     f();
                 });
             });
@@ -1280,23 +1012,14 @@ mod tests {
 
     impl Drop for Netns {
         fn drop(&mut self) {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .status();
+            let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
         }
     }
 
     /// Runs a command line, panicking with its stderr when it fails.
     fn run_command(argv: &[&str]) -> String {
-        let out = Command::new(argv[0])
-            .args(&argv[1..])
-            .output()
-            .unwrap_or_else(|e| panic!("{}: {e}", argv[0]));
-        assert!(
-            out.status.success(),
-            "{argv:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = Command::new(argv[0]).args(&argv[1..]).output().unwrap_or_else(|e| panic!("{}: {e}", argv[0]));
+        assert!(out.status.success(), "{argv:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }

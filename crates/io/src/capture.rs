@@ -88,12 +88,7 @@ impl CaptureReader {
         let size = file.metadata().map_err(open_err)?.len();
         let mut inner = BufReader::with_capacity(1 << 20, file);
         // Peek at the magic number; the parsers read it again from the buffer.
-        let magic: [u8; 4] = inner
-            .fill_buf()
-            .map_err(open_err)?
-            .get(..4)
-            .and_then(|m| m.try_into().ok())
-            .ok_or_else(|| format_err("too short to be a capture file".into()))?;
+        let magic: [u8; 4] = inner.fill_buf().map_err(open_err)?.get(..4).and_then(|m| m.try_into().ok()).ok_or_else(|| format_err("too short to be a capture file".into()))?;
         let read = Rc::new(Cell::new(0));
         let source = Counting { inner, read: Rc::clone(&read) };
         let format = if magic == PCAPNG_MAGIC {
@@ -200,7 +195,11 @@ fn scale_timestamp(raw: u64, tsresol: u8) -> u64 {
     let raw = u128::from(raw);
     let ns = if tsresol & 0x80 == 0 {
         let exp = u32::from(tsresol);
-        if exp <= 9 { raw * 10u128.pow(9 - exp) } else { raw / 10u128.pow((exp - 9).min(38)) }
+        if exp <= 9 {
+            raw * 10u128.pow(9 - exp)
+        } else {
+            raw / 10u128.pow((exp - 9).min(38))
+        }
     } else {
         let exp = u32::from(tsresol & 0x7f).min(127);
         (raw * 1_000_000_000) >> exp

@@ -80,9 +80,7 @@ pub fn swap_addresses(frame: &mut [u8]) {
 mod tests {
     use super::*;
 
-    const UNTAGGED: [u8; 16] = [
-        0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00, 0x45, 0x00,
-    ];
+    const UNTAGGED: [u8; 16] = [0x02, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00, 0x45, 0x00];
 
     #[test]
     fn parses_untagged() {

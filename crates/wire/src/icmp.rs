@@ -142,10 +142,7 @@ mod tests {
 
     fn echo_request() -> Vec<u8> {
         let mut out = Vec::new();
-        etherparse::PacketBuilder::ipv4([100, 64, 0, 10], [198, 51, 100, 1], 64)
-            .icmpv4_echo_request(0x4242, 7)
-            .write(&mut out, b"ping")
-            .unwrap();
+        etherparse::PacketBuilder::ipv4([100, 64, 0, 10], [198, 51, 100, 1], 64).icmpv4_echo_request(0x4242, 7).write(&mut out, b"ping").unwrap();
         out.split_off(20)
     }
 

@@ -98,9 +98,7 @@ mod tests {
 
     #[test]
     fn deconstruct_a_syn_built_by_etherparse() {
-        let b = etherparse::PacketBuilder::ipv4([100, 64, 0, 10], [198, 51, 100, 80], 64)
-            .tcp(40000, 80, 7, 1024)
-            .syn();
+        let b = etherparse::PacketBuilder::ipv4([100, 64, 0, 10], [198, 51, 100, 80], 64).tcp(40000, 80, 7, 1024).syn();
         let mut out = Vec::new();
         b.write(&mut out, &[]).unwrap();
         let p = Packet::new_checked(&out[20..]).unwrap();

@@ -76,10 +76,7 @@ mod tests {
     #[test]
     fn deconstruct_a_datagram_built_by_etherparse() {
         let mut out = Vec::new();
-        etherparse::PacketBuilder::ipv4([100, 64, 0, 10], [198, 51, 100, 53], 64)
-            .udp(5353, 53)
-            .write(&mut out, b"abcd")
-            .unwrap();
+        etherparse::PacketBuilder::ipv4([100, 64, 0, 10], [198, 51, 100, 53], 64).udp(5353, 53).write(&mut out, b"abcd").unwrap();
         let p = Packet::new_checked(&out[20..]).unwrap();
         assert_eq!((p.src_port(), p.dst_port(), p.length()), (5353, 53, 12));
         assert_ne!(p.checksum(), 0);

@@ -5,8 +5,7 @@
 #![allow(dead_code, clippy::too_many_arguments, clippy::type_complexity)]
 
 use etherparse::{
-    checksum::Sum16BitWords, Ethernet2Header, Icmpv4Header, Icmpv4Type, Ipv4Header, NetHeaders,
-    PacketBuilder, PacketHeaders, PayloadSlice, TcpHeader, TransportHeader, UdpHeader,
+    checksum::Sum16BitWords, Ethernet2Header, Icmpv4Header, Icmpv4Type, Ipv4Header, NetHeaders, PacketBuilder, PacketHeaders, PayloadSlice, TcpHeader, TransportHeader, UdpHeader,
 };
 use natrix_engine::{Engine, EngineConfig, Side, Verdict};
 
