@@ -1,4 +1,7 @@
-//! Internet checksum: full computation (RFC 1071) and incremental update (RFC 1624).
+//! Internet checksum: full computation (RFC 1071) and incremental update (RFC 1624),
+//! with the IPv4 and IPv6 (RFC 8200 section 8.1) pseudo-headers.
+
+use std::net::Ipv6Addr;
 
 /// One's-complement sum of `data` folded into 32 bits, not yet complemented.
 #[inline]
@@ -52,6 +55,70 @@ pub fn pseudo_header_sum(src: u32, dst: u32, proto: u8, l4_len: u16) -> u32 {
     fold64(acc)
 }
 
+/// Sum of the IPv6 pseudo-header (RFC 8200 section 8.1) used by TCP, UDP and
+/// ICMPv6: source address, destination address, the upper-layer packet length
+/// as 32 bits, and the upper-layer protocol's next header value (6, 17, 58;
+/// never that of an extension header in between). Not yet complemented; add
+/// `sum` of the upper-layer bytes and fold, as with `pseudo_header_sum`.
+///
+/// With a Routing header whose Segments Left is not zero, `dst` must be the
+/// final destination (the Routing header's last address), not the header's.
+#[inline]
+pub fn pseudo_header_sum_v6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, upper_len: u32) -> u32 {
+    let mut acc = 0u64;
+    for w in src.segments().into_iter().chain(dst.segments()) {
+        acc += u64::from(w);
+    }
+    acc += u64::from(upper_len >> 16) + u64::from(upper_len & 0xffff);
+    acc += u64::from(next_header);
+    fold64(acc)
+}
+
+/// The checksum field value for an upper-layer packet over IPv6 whose checksum
+/// field reads zero: `data` is the whole TCP segment, UDP datagram or ICMPv6
+/// message. For UDP use `udp_checksum_v6`, which never yields zero.
+#[inline]
+pub fn checksum_v6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, data: &[u8]) -> u16 {
+    let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+    !fold(fold64(u64::from(pseudo_header_sum_v6(src, dst, next_header, len)) + u64::from(sum(data))))
+}
+
+/// True when the checksum of an upper-layer packet over IPv6 verifies
+/// (`data` with its checksum field as received). For UDP use
+/// `udp_v6_checksum_ok`, which also refuses a zero field.
+#[inline]
+pub fn verify_v6(src: Ipv6Addr, dst: Ipv6Addr, next_header: u8, data: &[u8]) -> bool {
+    let len = u32::try_from(data.len()).unwrap_or(u32::MAX);
+    fold(fold64(u64::from(pseudo_header_sum_v6(src, dst, next_header, len)) + u64::from(sum(data)))) == 0xffff
+}
+
+/// The UDP checksum field value over IPv6 for `datagram` (header and payload,
+/// checksum field reading zero): a computed zero is sent as 0xffff (RFC 768,
+/// RFC 8200 section 8.1).
+#[inline]
+pub fn udp_checksum_v6(src: Ipv6Addr, dst: Ipv6Addr, datagram: &[u8]) -> u16 {
+    match checksum_v6(src, dst, crate::proto::UDP, datagram) {
+        0 => 0xffff,
+        c => c,
+    }
+}
+
+/// Offset of the UDP checksum field, which over IPv6 must not be zero.
+const UDP_CHECKSUM_AT: usize = 6;
+
+/// True when a UDP datagram over IPv6 carries a checksum that verifies. A zero
+/// field means the sender computed none, which RFC 8200 section 8.1 forbids
+/// (the RFC 6935 tunnel exception does not apply to natrix): the receiver must
+/// discard such a datagram, so this returns false for it, as it does for a
+/// datagram shorter than the 8-byte header. `datagram` ends at the UDP length.
+#[inline]
+pub fn udp_v6_checksum_ok(src: Ipv6Addr, dst: Ipv6Addr, datagram: &[u8]) -> bool {
+    match datagram.get(UDP_CHECKSUM_AT..UDP_CHECKSUM_AT + 2) {
+        Some(&[0, 0]) | None => false,
+        Some(_) => datagram.len() >= 8 && verify_v6(src, dst, crate::proto::UDP, datagram),
+    }
+}
+
 /// A precomputed one's-complement difference: adding it to a checksum turns
 /// the checksum of the old words into the checksum of the new ones (RFC 1624 eqn. 3).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,6 +135,22 @@ impl Delta {
     #[inline]
     pub fn from_u16(old: u16, new: u16) -> Self {
         Delta(u32::from(!old) + u32::from(new))
+    }
+
+    /// Difference for replacing an IPv6 address `old` by `new` (eight 16-bit words).
+    #[inline]
+    pub fn from_ipv6(old: Ipv6Addr, new: Ipv6Addr) -> Self {
+        Delta::from_slices(&old.octets(), &new.octets())
+    }
+
+    /// Difference for replacing the bytes `old` by `new`, both starting at the
+    /// same even offset of the checksummed data. Where one is longer, the other
+    /// counts as zeros there: right when those bytes were or became zero, or
+    /// when what else lies there sums the same before and after (a payload
+    /// moved by an even number of bytes, as TCP option insertion does).
+    #[inline]
+    pub fn from_slices(old: &[u8], new: &[u8]) -> Self {
+        Delta(u32::from(!fold(sum(old))) + u32::from(fold(sum(new))))
     }
 
     /// Combines two differences. Unfolded: the few terms of one header
@@ -149,6 +232,80 @@ mod tests {
         assert_eq!(d.apply_udp(0xffff), 0xffff);
         assert_eq!(d.apply_transport(0xffff, true), 0xffff);
         assert_eq!(d.apply_transport(0xffff, false), 0);
+    }
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    const A1: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+    const A2: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
+    // scapy 2.8.0: IPv6(src="2001:db8::1", dst="2001:db8::2", hlim=64)/UDP(sport=5353, dport=53)/b"abcd"
+    const V6_UDP: &str = "60000000000c114020010db800000000000000000000000120010db800000000000000000000000214e90035000cca7c61626364";
+
+    #[test]
+    fn udp_over_ipv6_matches_scapy_and_etherparse() {
+        let b = hex(V6_UDP);
+        let mut d = b[40..].to_vec();
+        assert_eq!(&d[6..8], &[0xca, 0x7c], "scapy's checksum");
+        assert!(verify_v6(A1, A2, 17, &d));
+        assert!(udp_v6_checksum_ok(A1, A2, &d));
+        d[9] ^= 1;
+        assert!(!udp_v6_checksum_ok(A1, A2, &d));
+        d[9] ^= 1;
+        d[6..8].fill(0);
+        assert_eq!(udp_checksum_v6(A1, A2, &d), 0xca7c);
+        assert_eq!(checksum_v6(A1, A2, 17, &d), 0xca7c);
+        let (h, payload) = etherparse::UdpHeader::from_slice(&b[40..]).unwrap();
+        let (ip, _) = etherparse::Ipv6Header::from_slice(&b).unwrap();
+        assert_eq!(h.calc_checksum_ipv6(&ip, payload).unwrap(), 0xca7c);
+        // The pseudo-header by hand: addresses' words, the 32-bit length, the next header.
+        let by_hand: u32 = A1.segments().iter().chain(A2.segments().iter()).map(|&w| u32::from(w)).sum::<u32>() + 12 + 17;
+        assert_eq!(fold(pseudo_header_sum_v6(A1, A2, 17, 12)), fold(by_hand));
+        // A length past 16 bits counts both of its words.
+        assert_eq!(fold(pseudo_header_sum_v6(A1, A2, 17, 0x0001_0002)), fold(by_hand - 12 + 1 + 2));
+    }
+
+    /// RFC 8200 section 8.1: a zero UDP checksum over IPv6 is refused, and a
+    /// computed zero goes out as 0xffff.
+    #[test]
+    fn a_zero_udp_checksum_over_ipv6_is_refused() {
+        let mut d = hex(V6_UDP)[40..].to_vec();
+        d[6..8].fill(0);
+        assert!(!udp_v6_checksum_ok(A1, A2, &d));
+        assert!(!udp_v6_checksum_ok(A1, A2, &d[..7]));
+        assert!(!udp_v6_checksum_ok(A1, A2, &[]));
+        // A payload word raised by the checksum (one's complement addition)
+        // makes the sum all ones, so the computed checksum is zero: 0xffff is
+        // sent instead, and verifies.
+        let c = checksum_v6(A1, A2, 17, &d);
+        let t = u32::from(u16::from_be_bytes([d[8], d[9]])) + u32::from(c);
+        let w = ((t & 0xffff) + (t >> 16)) as u16;
+        d[8..10].copy_from_slice(&w.to_be_bytes());
+        assert_eq!(checksum_v6(A1, A2, 17, &d), 0);
+        assert_eq!(udp_checksum_v6(A1, A2, &d), 0xffff);
+        d[6..8].copy_from_slice(&[0xff, 0xff]);
+        assert!(udp_v6_checksum_ok(A1, A2, &d));
+    }
+
+    #[test]
+    fn ipv6_address_delta_matches_full_recompute() {
+        let b = hex(V6_UDP);
+        let d = b[40..].to_vec();
+        let new = Ipv6Addr::new(0xfd01, 0x203, 0x405, 1, 0, 0, 0, 0x1234);
+        let c = u16::from_be_bytes([d[6], d[7]]);
+        let updated = Delta::from_ipv6(A1, new).apply(c);
+        let mut z = d.clone();
+        z[6..8].fill(0);
+        assert_eq!(updated, checksum_v6(new, A2, 17, &z));
+        // from_slices on data of uneven lengths, extended with zeros.
+        let old = [0x12, 0x34, 0x56];
+        let new = [0xab, 0xcd, 0xef, 0x01, 0x02];
+        let mut data = [0u8; 8];
+        data[2..5].copy_from_slice(&old);
+        let before = checksum(&data);
+        data[2..7].copy_from_slice(&new);
+        assert_eq!(Delta::from_slices(&old, &new).apply(before), checksum(&data));
     }
 
     proptest::proptest! {

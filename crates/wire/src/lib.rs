@@ -2,25 +2,47 @@
 //!
 //! Each protocol has a view `Packet<T: AsRef<[u8]>>` built with `new_checked`,
 //! which validates lengths once so that no getter can panic afterwards, and a
-//! private `field` module of byte ranges. Setters never change lengths.
+//! private `field` module of byte ranges. Setters never change lengths, except
+//! those that say so (`ipv6::Packet::set_payload_len`, `tcp_options::insert`).
+//!
+//! - `ethernet`, `arp`: frames and address resolution for IPv4.
+//! - `ipv4`, `ipv6`: network headers; `ipv6` walks the extension headers
+//!   (bounded) to the upper layer and the fragment header's facts.
+//! - `tcp`, `tcp_options`, `udp`, `sctp`: transport headers; `tcp_options`
+//!   iterates, overwrites with NOPs and inserts options (HOST_ID, MSS clamping);
+//!   `sctp` has the common header, chunks, INIT parameters and the CRC32c.
+//! - `icmp`, `icmpv6`: ICMP for IPv4 and IPv6, with Neighbor Discovery and
+//!   error builders for router mode.
+//! - `pcp`: Port Control Protocol messages.
+//! - `checksum`: the Internet checksum, the IPv4 and IPv6 pseudo-headers, and
+//!   incremental updates.
+//!
+//! Views over untrusted bytes never allocate and never panic once built.
 
 pub mod arp;
 pub mod checksum;
 pub mod error;
 pub mod ethernet;
 pub mod icmp;
+pub mod icmpv6;
 pub mod ipv4;
+pub mod ipv6;
 pub mod pcp;
+pub mod sctp;
 pub mod tcp;
+pub mod tcp_options;
 pub mod udp;
 
-pub use error::{Field, WireError};
+pub use error::{Field, InsertError, WireError};
 
 /// IP protocol numbers natrix cares about.
 pub mod proto {
     pub const ICMP: u8 = 1;
     pub const TCP: u8 = 6;
     pub const UDP: u8 = 17;
+    pub const IPV6: u8 = 41;
+    pub const ICMPV6: u8 = 58;
+    pub const SCTP: u8 = 132;
 }
 
 // One bounds check per access, and always inlined: these sit on the per-packet path.
