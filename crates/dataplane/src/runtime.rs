@@ -65,8 +65,10 @@ pub struct Settings {
 #[derive(Debug)]
 pub enum DataplaneError {
     Io(IoError),
-    Engine(String),
+    Engine(natrix_engine::EngineError),
     Thread(std::io::Error),
+    /// A thread panicked while holding the thread list.
+    Poisoned,
 }
 
 impl std::fmt::Display for DataplaneError {
@@ -75,6 +77,7 @@ impl std::fmt::Display for DataplaneError {
             DataplaneError::Io(e) => write!(f, "{e}"),
             DataplaneError::Engine(e) => write!(f, "{e}"),
             DataplaneError::Thread(e) => write!(f, "starting a thread: {e}"),
+            DataplaneError::Poisoned => write!(f, "a dataplane thread failed while starting"),
         }
     }
 }
@@ -216,7 +219,7 @@ impl Dataplane {
             ports.gateway.announce(&mut |s, f| ports.stage.push_addressed(s, f));
             run_single(&mut worker, &mut ports, &bell, &stop, clock, busy_poll);
         })?;
-        self.threads.get_mut().map_err(|_| DataplaneError::Engine("thread list poisoned".into()))?.push(h);
+        self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
         self.io = Control { commands: commands.clone(), doorbell: doorbell.clone() };
         self.workers.push(Control { commands, doorbell });
         Ok(())
@@ -242,7 +245,7 @@ impl Dataplane {
             let mut worker = EngineWorker::new(engine, rx, event_tx.clone());
             let (stop, wbell, io_bell) = (self.stop.clone(), bell.clone(), io_bell.clone());
             let h = spawn(&format!("natrix-w{i}"), move || run_worker(&mut worker, worker_in, worker_out, &wbell, &io_bell, &stop, clock, busy_poll))?;
-            self.threads.get_mut().map_err(|_| DataplaneError::Engine("thread list poisoned".into()))?.push(h);
+            self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
             self.workers.push(Control { commands, doorbell: bell.clone() });
             lanes.to_workers.push(to_worker);
             lanes.from_workers.push(from_worker);
@@ -259,7 +262,7 @@ impl Dataplane {
             let mut io = IoThread { ports, lanes, steering, pool, commands: rx };
             io.run(&io_bell, &stop, clock, busy_poll);
         })?;
-        self.threads.get_mut().map_err(|_| DataplaneError::Engine("thread list poisoned".into()))?.push(h);
+        self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
         Ok(())
     }
 

@@ -6,7 +6,7 @@ use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion
 use natrix_engine::config::PortSelection;
 use natrix_engine::pool::Pool;
 use natrix_engine::rng::Rng;
-use natrix_engine::table::FlowIndex;
+use natrix_engine::state::index::FlowIndex;
 use natrix_engine::Proto;
 use natrix_wire::checksum::Delta;
 

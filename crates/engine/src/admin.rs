@@ -3,8 +3,8 @@
 //! on the per-packet path; the dataplane calls it between batches.
 
 use crate::config::EngineConfig;
-use crate::engine::{fmt_addr, Engine};
-use crate::session::mapping_flags;
+use crate::nat44::{fmt_addr, Engine};
+use crate::state::sessions::mapping_flags;
 use crate::trackers::TimeoutClass;
 use crate::Proto;
 

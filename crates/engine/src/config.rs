@@ -1,7 +1,7 @@
 //! The engine's typed configuration. Parsing and validation of the operator's
 //! file live in the control plane; this is what it produces.
 
-use crate::shard::Shard;
+use crate::state::shard::Shard;
 use crate::Proto;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,12 +86,26 @@ impl Default for Timeouts {
     }
 }
 
+/// An IPv6 address natrix holds on a link, with the link's prefix length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Addr6 {
+    pub addr: std::net::Ipv6Addr,
+    pub prefix_len: u8,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineConfig {
+    /// `[nat] mode = "off"` clears it: natrix routes between its interfaces
+    /// without translating (a router with the middlebox functions).
+    pub translate: bool,
     pub inside_addr: u32,
     pub inside_prefix_len: u8,
     /// Source of ICMP natrix sends outside; the first pool address when absent.
     pub outside_addr: Option<u32>,
+    /// natrix's IPv6 addresses (`[inside] address6`, `[outside] address6`):
+    /// sources of the ICMPv6 errors it sends on each side.
+    pub inside_addr6: Option<Addr6>,
+    pub outside_addr6: Option<Addr6>,
     /// Every pool address, expanded, sorted and unique.
     pub pool: Vec<u32>,
     pub ports: (u16, u16),
@@ -121,7 +135,7 @@ pub struct EngineConfig {
     pub max_held_syns: u32,
     /// Deterministic NAT (RFC 7422): each subscriber's external address and
     /// port range come from a formula; None in dynamic mode.
-    pub deterministic: Option<crate::deterministic::DeterministicConfig>,
+    pub deterministic: Option<crate::state::deterministic::DeterministicConfig>,
     /// PCP server (RFC 6887) on the inside address, UDP 5351; None: disabled.
     pub pcp: Option<crate::pcp::PcpConfig>,
     /// Emit per-session events as well as per-mapping ones.
@@ -137,9 +151,12 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
+            translate: true,
             inside_addr: u32::from_be_bytes([100, 64, 0, 1]),
             inside_prefix_len: 10,
             outside_addr: None,
+            inside_addr6: None,
+            outside_addr6: None,
             pool: Vec::new(),
             ports: (1024, 65535),
             filtering: Filtering::EndpointIndependent,

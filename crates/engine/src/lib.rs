@@ -14,32 +14,24 @@
 //! (`process_batch`: prefetch across a batch of frames).
 
 pub mod admin;
-pub mod batch;
 pub mod config;
-pub mod deterministic;
 pub mod drop;
-pub mod engine;
-pub mod events;
-mod fast;
-pub mod fragment;
-pub mod generate;
-pub mod hash;
-mod icmp_error;
-mod memory;
+pub mod error;
+pub mod nat44;
 pub mod pcp;
-pub mod pool;
-pub mod rng;
-pub mod session;
-pub mod shard;
-pub mod subscriber;
-pub mod table;
+pub mod pipeline;
+pub mod rewrite;
+pub mod state;
 pub mod trackers;
-pub mod translate;
+
+pub use nat44::batch;
+pub use state::{deterministic, events, pool, rng, shard};
 
 pub use config::EngineConfig;
 pub use drop::DropReason;
-pub use engine::{Engine, Stats, Verdict};
-pub use events::{Event, EventKind};
+pub use error::EngineError;
+pub use nat44::{Engine, Stats, Verdict};
+pub use state::events::{Event, EventKind};
 
 /// The side of the NAT a frame arrives on or leaves by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -166,3 +166,12 @@ fn reload_applies_policy_removes_a_pool_address_with_its_mappings_and_refuses_re
     e.reconfigure(added).expect("pool additions apply live");
     assert!(e.pool().contains(u32_of([203, 0, 113, 9])));
 }
+
+#[test]
+fn the_memory_reserved_up_front_is_what_a_new_engine_holds() {
+    for (max_sessions, max_subscribers, block) in [(1024, 64, 0), (100_000, 5000, 0), (65_536, 1024, 64)] {
+        let cfg = EngineConfig { max_sessions, max_subscribers, port_block_size: block, ..config() };
+        let e = engine(cfg.clone());
+        assert_eq!(natrix_engine::Engine::reserved_bytes(&cfg), e.memory_bytes() as u64, "{max_sessions} sessions, block {block}");
+    }
+}

@@ -18,8 +18,9 @@
 //! line. Each live session has one wheel entry; when it fires, the session is
 //! expired if its idle time has passed, or re-armed for when it will.
 
-use crate::hash;
-use crate::table::{prefetch, FlowIndex, Guess, TableFull};
+use crate::error::EngineError;
+use crate::state::hash;
+use crate::state::index::{prefetch, FlowIndex, Guess, TableFull};
 use crate::trackers::TimeoutClass;
 use crate::Proto;
 
@@ -166,17 +167,20 @@ impl Tables {
     /// Tables for `max_sessions` sessions and as many mappings, plus
     /// `extra_mappings` that may hold no session (static ones), expiring
     /// each timeout class after `timeouts` idle seconds.
-    pub fn new(max_sessions: u32, extra_mappings: usize, seed: u64, timeouts: [u32; TimeoutClass::COUNT]) -> Self {
+    pub fn new(max_sessions: u32, extra_mappings: usize, seed: u64, timeouts: [u32; TimeoutClass::COUNT]) -> Result<Self, EngineError> {
         let n = max_sessions as usize;
         let max_mappings = n + extra_mappings;
-        let records = Vec::with_capacity(max_mappings);
-        crate::memory::advise_huge_pages(&records);
-        Tables {
+        let mut records = Vec::new();
+        records.try_reserve_exact(max_mappings).map_err(|_| EngineError::Memory { table: "session table", bytes: Self::records_bytes(max_mappings) as u64 })?;
+        crate::state::memory::advise_huge_pages(&records);
+        let index_bytes = FlowIndex::bytes_for(2 * max_mappings);
+        let index = FlowIndex::try_with_capacity(2 * max_mappings).map_err(|_| EngineError::Memory { table: "session index", bytes: index_bytes as u64 })?;
+        Ok(Tables {
             records,
             free_record: NIL,
             extras: Vec::new(),
             free_extra: NIL,
-            index: FlowIndex::with_capacity(2 * max_mappings),
+            index,
             wheel: (0..WHEEL_SLOTS).map(|_| Vec::new()).collect(),
             wheel_done: 0,
             timeouts,
@@ -187,7 +191,18 @@ impl Tables {
             max_sessions: n,
             max_mappings,
             seed,
-        }
+        })
+    }
+
+    /// Bytes reserved up front for `max_sessions` sessions and
+    /// `extra_mappings` more mappings: the records and the index.
+    pub fn reserved_bytes(max_sessions: u32, extra_mappings: usize) -> usize {
+        let max_mappings = max_sessions as usize + extra_mappings;
+        Self::records_bytes(max_mappings) + FlowIndex::bytes_for(2 * max_mappings) + WHEEL_SLOTS as usize * core::mem::size_of::<Vec<u32>>()
+    }
+
+    fn records_bytes(max_mappings: usize) -> usize {
+        max_mappings * core::mem::size_of::<Record>()
     }
 
     pub fn session_count(&self) -> usize {
@@ -863,7 +878,7 @@ mod tests {
 
     #[test]
     fn both_directions_find_the_same_session() {
-        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS).unwrap();
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         let s = t.insert_session(m, 0xc633_6435, 53, 0, TimeoutClass::Udp, 1).unwrap();
         assert_eq!(t.find_session_in(Proto::Udp, 0x6440_000a, 4000, 0xc633_6435, 53), Some(s));
@@ -878,7 +893,7 @@ mod tests {
 
     #[test]
     fn a_stale_hint_is_checked_never_trusted() {
-        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS).unwrap();
         let (int, ext, rem) = (0x6440_000a, 0xcb00_7101, 0xc633_6435);
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         t.insert_session(m, rem, 53, 0, TimeoutClass::Udp, 1).unwrap();
@@ -903,7 +918,7 @@ mod tests {
 
     #[test]
     fn extras_are_found_both_ways_and_one_moves_in_when_the_own_session_ends() {
-        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS).unwrap();
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         let a = t.insert_session(m, 1, 1, 0, TimeoutClass::Udp, 1).unwrap();
         let b = t.insert_session(m, 2, 2, 0, TimeoutClass::Udp, 2).unwrap();
@@ -925,7 +940,7 @@ mod tests {
 
     #[test]
     fn sessions_expire_the_second_after_their_timeout_and_refresh_postpones() {
-        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS).unwrap();
         let m1 = t.insert_mapping(mapping(4000, 5000)).unwrap();
         let m2 = t.insert_mapping(mapping(4001, 5001)).unwrap();
         let a = t.insert_session(m1, 1, 1, 0, TimeoutClass::Udp, 10).unwrap();
@@ -940,7 +955,7 @@ mod tests {
 
     #[test]
     fn a_shorter_class_fires_sooner_and_long_timeouts_outlast_the_wheel() {
-        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS).unwrap();
         let m1 = t.insert_mapping(mapping(4000, 5000)).unwrap();
         let m2 = t.insert_mapping(mapping(4001, 5001)).unwrap();
         let a = t.insert_session(m1, 1, 1, 0, TimeoutClass::TcpEstablished, 0).unwrap();
@@ -959,7 +974,7 @@ mod tests {
 
     #[test]
     fn a_clock_jump_expires_everything_due_once() {
-        let mut t = Tables::new(64, 0, 7, TIMEOUTS);
+        let mut t = Tables::new(64, 0, 7, TIMEOUTS).unwrap();
         let mut ids = Vec::new();
         for i in 0..20u16 {
             let m = t.insert_mapping(mapping(4000 + i, 5000 + i)).unwrap();
@@ -974,7 +989,7 @@ mod tests {
 
     #[test]
     fn shorter_timeouts_on_reload_apply_to_live_sessions() {
-        let mut t = Tables::new(16, 0, 7, TIMEOUTS);
+        let mut t = Tables::new(16, 0, 7, TIMEOUTS).unwrap();
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         let a = t.insert_session(m, 1, 1, 0, TimeoutClass::Udp, 0).unwrap();
         t.set_timeouts([30, 7440, 240, 60]);
@@ -984,7 +999,7 @@ mod tests {
 
     #[test]
     fn full_table_refuses() {
-        let mut t = Tables::new(2, 0, 7, TIMEOUTS);
+        let mut t = Tables::new(2, 0, 7, TIMEOUTS).unwrap();
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         t.insert_session(m, 1, 1, 0, TimeoutClass::Udp, 1).unwrap();
         t.insert_session(m, 2, 1, 0, TimeoutClass::Udp, 1).unwrap();
@@ -996,7 +1011,7 @@ mod tests {
         /// exactly the live sessions findable, both ways.
         #[test]
         fn behaves_like_a_set_of_sessions(ops in proptest::collection::vec((0u8..3, 0u16..6, 0u32..5), 1..300)) {
-            let mut t = Tables::new(64, 0, 7, TIMEOUTS);
+            let mut t = Tables::new(64, 0, 7, TIMEOUTS).unwrap();
             let mut model = std::collections::HashSet::new();
             for (op, port, rem) in ops {
                 match op {

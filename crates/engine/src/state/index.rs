@@ -131,11 +131,26 @@ fn tag_of(hash: u64) -> u16 {
 impl FlowIndex {
     /// An index able to hold `capacity` entries at a load of at most 85%.
     pub fn with_capacity(capacity: usize) -> Self {
-        let n = (capacity.max(1) * LOAD_NUM).div_ceil(LOAD_DEN).max(1);
-        let mut table = Vec::with_capacity(n);
-        crate::memory::advise_huge_pages(&table);
+        Self::try_with_capacity(capacity).expect("flow index memory")
+    }
+
+    /// As `with_capacity`, but says so when the memory cannot be had.
+    pub fn try_with_capacity(capacity: usize) -> Result<Self, std::collections::TryReserveError> {
+        let n = Self::buckets_for(capacity);
+        let mut table = Vec::new();
+        table.try_reserve_exact(n)?;
+        crate::state::memory::advise_huge_pages(&table);
         table.resize(n, Bucket::default());
-        FlowIndex { buckets: table, len: 0 }
+        Ok(FlowIndex { buckets: table, len: 0 })
+    }
+
+    fn buckets_for(capacity: usize) -> usize {
+        (capacity.max(1) * LOAD_NUM).div_ceil(LOAD_DEN).max(1)
+    }
+
+    /// Bytes an index for `capacity` entries takes.
+    pub fn bytes_for(capacity: usize) -> usize {
+        Self::buckets_for(capacity) * core::mem::size_of::<Bucket>()
     }
 
     pub fn len(&self) -> usize {

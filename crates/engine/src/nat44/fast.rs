@@ -18,11 +18,11 @@ use core::hint::select_unpredictable;
 
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
 
-use crate::engine::{is_martian, Engine, Flow, Looked, Verdict};
-use crate::session::{Found, NIL};
-use crate::subscriber::NONE;
+use crate::nat44::{is_martian, Engine, Flow, Looked, Verdict};
+use crate::rewrite::{self, Which, L4};
+use crate::state::sessions::{Found, NIL};
+use crate::state::subscribers::NONE;
 use crate::trackers::Direction;
-use crate::translate::{self, Which, L4};
 use crate::{Proto, Side};
 
 const L3: usize = ethernet::HEADER_LEN;
@@ -111,7 +111,7 @@ impl Engine {
             Side::Inside => (Which::Src, ends.ext_addr, ends.ext_port),
             Side::Outside => (Which::Dst, ends.int_addr, ends.int_port),
         };
-        translate::rewrite_forward(frame, c.proto == Proto::Tcp, which, addr, port);
+        rewrite::rewrite_forward(frame, c.proto == Proto::Tcp, which, addr, port);
         Ok(side.other())
     }
 
@@ -169,7 +169,7 @@ impl Engine {
         let session = self.outbound_session(c.src, c.dst, &flow, true, Looked { hash_in: c.hash, found, sub_hint: c.sub });
         let result = self.answer_refusal(frame, L3, session).map(|sid| {
             let ends = self.tables.endpoints(sid);
-            translate::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);
+            rewrite::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);
             Some(Side::Outside)
         });
         self.verdict_of(result)
@@ -203,7 +203,7 @@ fn transport(h: &[u8; VIEW], l4_len: usize) -> Option<(Proto, u8)> {
 /// 2^8 modulo 0xffff, which keeps multiples multiples.
 #[inline(always)]
 fn header_checksum_ok(frame: &[u8; VIEW]) -> bool {
-    let sum: u64 = (0..5).map(|i| u64::from(translate::ne_u32(frame, L3 + 4 * i))).sum();
+    let sum: u64 = (0..5).map(|i| u64::from(rewrite::ne_u32(frame, L3 + 4 * i))).sum();
     sum.is_multiple_of(0xffff)
 }
 

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use crate::config::{EngineConfig, StaticMapping};
-use crate::deterministic::Deterministic;
+use crate::state::deterministic::Deterministic;
 use crate::Proto;
 
 /// Which worker an engine is, out of how many.

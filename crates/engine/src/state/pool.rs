@@ -9,8 +9,8 @@
 use std::collections::VecDeque;
 
 use crate::config::PortSelection;
-use crate::rng::Rng;
-use crate::table::prefetch;
+use crate::state::index::prefetch;
+use crate::state::rng::Rng;
 use crate::Proto;
 
 const WORDS: usize = 65536 / 64;
@@ -414,7 +414,19 @@ impl Pool {
 
     /// Bytes of allocator state.
     pub fn memory_bytes(&self) -> usize {
-        self.spaces.len() * (WORDS * 8 + self.spaces.first().map_or(0, |s| s.block_owner.len() * 6)) + self.holds.capacity() * 12
+        self.spaces.len() * Self::space_bytes(self.spaces.first().map_or(0, |s| s.block_owner.len())) + self.holds.capacity() * 12
+    }
+
+    /// Bytes the port maps of `addresses` pool addresses take, built at start.
+    pub fn reserved_bytes(addresses: usize, (lo, hi): (u16, u16), block_size: u16) -> usize {
+        let blocks = if block_size == 0 { 0 } else { (usize::from(hi - lo) + 1) / usize::from(block_size) };
+        addresses * Proto::COUNT * Self::space_bytes(blocks)
+    }
+
+    /// One address and protocol: the port bitmap and, in block mode, each
+    /// block's owner (4 bytes) and use count (2).
+    fn space_bytes(blocks: usize) -> usize {
+        WORDS * 8 + blocks * 6
     }
 }
 

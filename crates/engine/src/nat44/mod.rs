@@ -3,24 +3,31 @@
 //! an in-place rewrite; misses fall to the slow path, which checks quotas,
 //! allocates a port and creates state.
 
+pub mod batch;
+mod fast;
+pub mod fragments;
+mod icmp_error;
+
 use std::collections::VecDeque;
 
 use natrix_wire::{ethernet, icmp, ipv4, proto, tcp, WireError};
 
 use crate::config::{prefix_contains, EngineConfig, Filtering, UnsolicitedSyn};
-use crate::deterministic::Deterministic;
 use crate::drop::{DropCounters, DropReason};
-use crate::events::{Event, EventKind, EventQueue};
-use crate::fragment::{FragKey, FragRewrite, Fragments};
-use crate::generate::{self, OutFrame, OutQueue};
-use crate::pool::{AllocError, Pool};
-use crate::rng::Rng;
-use crate::session::{mapping_flags, Endpoints, Found, Mapping, Tables, NIL};
-use crate::shard::{self, Owners};
-use crate::subscriber::{Subscribers, NONE};
+use crate::error::EngineError;
+use crate::nat44::fragments::{FragKey, FragRewrite, Fragments};
+use crate::pipeline::emit::{self, OutFrame, OutQueue};
+use crate::rewrite::{self, Which, L4};
+use crate::state::deterministic::Deterministic;
+use crate::state::events::{Event, EventKind, EventQueue};
+use crate::state::hash;
+use crate::state::pool::{AllocError, Pool};
+use crate::state::rng::Rng;
+use crate::state::sessions::{mapping_flags, Endpoints, Found, Mapping, Tables, NIL};
+use crate::state::shard::{self, Owners};
+use crate::state::subscribers::{Subscribers, NONE};
 use crate::trackers::{self, Direction, TimeoutClass};
-use crate::translate::{self, Which, L4};
-use crate::{hash, Proto, Side};
+use crate::{Proto, Side};
 
 const NS: u64 = 1_000_000_000;
 const FRAGMENT_RECORDS: usize = 4096;
@@ -173,9 +180,9 @@ impl DropReason {
 
 impl Engine {
     /// Builds an engine; fails when a static mapping conflicts with another.
-    pub fn new(cfg: EngineConfig) -> Result<Self, String> {
+    pub fn new(cfg: EngineConfig) -> Result<Self, EngineError> {
         let det = match &cfg.deterministic {
-            Some(d) => Some(Deterministic::new(d, &cfg.pool, cfg.ports).map_err(|e| format!("nat.{}: {}", e.key, e.problem))?),
+            Some(d) => Some(Deterministic::new(d, &cfg.pool, cfg.ports).map_err(|e| EngineError::Config { key: format!("nat.{}", e.key), problem: e.problem })?),
             None => None,
         };
         // Deterministic ranges belong whole to their subscriber's worker, so
@@ -185,8 +192,8 @@ impl Engine {
         let owners = Owners::new(cfg.ports, cfg.port_block_size, cfg.shard.count, &cfg.statics).with_deterministic(det.clone());
         let outside_source = cfg.outside_addr.or_else(|| cfg.pool.first().copied()).unwrap_or(0);
         let mut e = Engine {
-            tables: Tables::new(cfg.max_sessions, cfg.statics.len(), cfg.seed, cfg.timeouts.by_class()),
-            subs: Subscribers::new(cfg.max_subscribers, cfg.seed),
+            tables: Tables::new(cfg.max_sessions, cfg.statics.len(), cfg.seed, cfg.timeouts.by_class())?,
+            subs: Subscribers::new(cfg.max_subscribers, cfg.seed)?,
             pool,
             frags: Fragments::new(FRAGMENT_RECORDS, cfg.max_held_fragments as usize, cfg.max_held_fragment_bytes as usize, cfg.timeouts.fragment_ns),
             syn_holds: VecDeque::with_capacity(cfg.max_held_syns as usize),
@@ -210,20 +217,30 @@ impl Engine {
         Ok(e)
     }
 
-    fn install_statics(&mut self) -> Result<(), String> {
+    /// Bytes an engine for `cfg` reserves when it is built, before any
+    /// traffic: the session table and index, the subscriber index and the
+    /// pool's port maps. Subscriber records and timer slots grow with use.
+    pub fn reserved_bytes(cfg: &EngineConfig) -> u64 {
+        (Tables::reserved_bytes(cfg.max_sessions, cfg.statics.len())
+            + Subscribers::reserved_bytes(cfg.max_subscribers)
+            + Pool::reserved_bytes(cfg.pool.len(), cfg.ports, cfg.port_block_size)) as u64
+    }
+
+    fn install_statics(&mut self) -> Result<(), EngineError> {
+        let refuse = |problem: String| EngineError::Config { key: "nat.static".into(), problem };
         for st in self.cfg.statics.clone() {
-            let ext_index = self.pool.index_of(st.ext_addr).ok_or_else(|| format!("static mapping: {} is not a pool address", fmt_addr(st.ext_addr)))?;
+            let ext_index = self.pool.index_of(st.ext_addr).ok_or_else(|| refuse(format!("{} is not a pool address", fmt_addr(st.ext_addr))))?;
             if !self.pool.reserve(ext_index, st.proto, st.ext_port) || self.tables.find_mapping_in(st.proto, st.int_addr, st.int_port).is_some() {
-                return Err(format!("static mapping {}:{} conflicts with another", fmt_addr(st.ext_addr), st.ext_port));
+                return Err(refuse(format!("{}:{} conflicts with another static mapping", fmt_addr(st.ext_addr), st.ext_port)));
             }
             // Every worker keeps the port out of its allocator; only the
             // subscriber's own worker holds the mapping.
             if shard::worker_of_subscriber(st.int_addr, self.cfg.shard.count) != self.cfg.shard.index {
                 continue;
             }
-            let sub = self.subs.find_or_create(st.int_addr).ok_or("static mapping: subscriber table full")?;
+            let sub = self.subs.find_or_create(st.int_addr).ok_or_else(|| refuse("more static subscribers than nat.max_subscribers".into()))?;
             let m = Mapping { int_addr: st.int_addr, ext_addr: st.ext_addr, int_port: st.int_port, ext_port: st.ext_port, proto: st.proto, flags: mapping_flags::STATIC };
-            self.tables.insert_mapping(m).map_err(|_| "static mapping: table full".to_string())?;
+            self.tables.insert_mapping(m).map_err(|_| refuse("the mapping table is full".into()))?;
             let s = self.subs.get_mut(sub);
             s.mappings += 1;
             if s.paired == NONE {
@@ -500,14 +517,14 @@ impl Engine {
             self.frags.record(key, rw, self.now_ns);
             self.release_held_fragments(&key, rw);
         }
-        translate::decrement_ttl(frame, ip.l3);
+        rewrite::decrement_ttl(frame, ip.l3);
     }
 
     fn later_fragment(&mut self, frame: &mut [u8], ip: &Ip, side: Side) -> Result<Option<Side>, DropReason> {
         let key = FragKey { src: ip.src, dst: ip.dst, ident: ip.ident, proto: ip.proto, side };
         if let Some(rw) = self.frags.lookup(&key, self.now_ns) {
             apply_fragment_rewrite(frame, ip.l3, rw);
-            translate::decrement_ttl(frame, ip.l3);
+            rewrite::decrement_ttl(frame, ip.l3);
             return Ok(Some(rw.out));
         }
         if self.frags.hold(key, frame, ip.l3, self.now_ns) {
@@ -521,7 +538,7 @@ impl Engine {
         let Engine { frags, out, stats, now_ns, .. } = self;
         frags.take_held(key, |h| {
             apply_fragment_rewrite(&mut h.frame, h.l3, rw);
-            translate::decrement_ttl(&mut h.frame, h.l3);
+            rewrite::decrement_ttl(&mut h.frame, h.l3);
             let mut buf = out.buffer();
             buf.extend_from_slice(&h.frame);
             out.push(rw.out, *now_ns, buf);
@@ -589,7 +606,7 @@ impl Engine {
         let looked = Looked { hash_in, found, sub_hint: NONE };
         let sid = self.outbound_session(ip.src, ip.dst, flow, may_create, looked)?;
         let s = self.tables.endpoints(sid);
-        translate::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
+        rewrite::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
         if !hairpin || !self.owns_external(flow.proto, ip.dst, flow.dport) {
             // A hairpin to another worker's mapping leaves as if outbound; the
             // dataplane turns it around to that worker as an inbound packet.
@@ -597,7 +614,7 @@ impl Engine {
         }
         let peer = self.inbound_session(frame, ip.l3, flow.proto, ip.dst, flow.dport, s.ext_addr, s.ext_port, flow.tcp_flags, true)?;
         let p = self.tables.endpoints(peer);
-        translate::rewrite(frame, ip.l3, flow.l4, Which::Dst, p.int_addr, p.int_port);
+        rewrite::rewrite(frame, ip.l3, flow.l4, Which::Dst, p.int_addr, p.int_port);
         Ok(Side::Inside)
     }
 
@@ -616,7 +633,7 @@ impl Engine {
         let (port, rport) = flow.in_ports();
         let sid = self.inbound_session(frame, ip.l3, flow.proto, ip.dst, port, ip.src, rport, flow.tcp_flags, false)?;
         let s = self.tables.endpoints(sid);
-        translate::rewrite(frame, ip.l3, flow.l4, Which::Dst, s.int_addr, s.int_port);
+        rewrite::rewrite(frame, ip.l3, flow.l4, Which::Dst, s.int_addr, s.int_port);
         Ok(Side::Inside)
     }
 
@@ -963,7 +980,7 @@ impl Engine {
         self.icmp_sent += 1;
         self.ip_ident = self.ip_ident.wrapping_add(1);
         let mut buf = self.out.buffer();
-        generate::icmp_error(&mut buf, frame, l3, src, generate::IcmpError { msg_type, code, next_hop_mtu }, self.ip_ident);
+        emit::icmp_error(&mut buf, frame, l3, src, emit::IcmpError { msg_type, code, next_hop_mtu }, self.ip_ident);
         self.out.push(side, self.now_ns, buf);
         self.stats.generated[side as usize] += 1;
     }
@@ -987,10 +1004,10 @@ fn apply_fragment_rewrite(frame: &mut [u8], l3: usize, rw: FragRewrite) {
     let Ok(p) = ipv4::Packet::new_lax(&frame[l3..]) else { return };
     let (src, dst) = (p.src_addr(), p.dst_addr());
     if src != rw.src {
-        translate::rewrite(frame, l3, L4::None, Which::Src, rw.src, 0);
+        rewrite::rewrite(frame, l3, L4::None, Which::Src, rw.src, 0);
     }
     if dst != rw.dst {
-        translate::rewrite(frame, l3, L4::None, Which::Dst, rw.dst, 0);
+        rewrite::rewrite(frame, l3, L4::None, Which::Dst, rw.dst, 0);
     }
 }
 

@@ -5,8 +5,8 @@
 use natrix_wire::{icmp, ipv4, proto};
 
 use crate::drop::DropReason;
-use crate::engine::{Engine, Ip};
-use crate::translate::{self, Which, L4};
+use crate::nat44::{Engine, Ip};
+use crate::rewrite::{self, Which, L4};
 use crate::{Proto, Side};
 
 /// Transport bytes RFC 792 guarantees after the quoted IP header.
@@ -59,8 +59,8 @@ impl Engine {
         let (port, rport) = q.inbound_ports();
         let sid = self.tables.find_session_in(q.proto, q.dst, port, q.src, rport).ok_or(DropReason::IcmpErrorNoMapping)?;
         let s = self.tables.session(sid);
-        translate::rewrite(frame, q.l3, q.l4, Which::Dst, s.ext_addr, s.ext_port);
-        translate::rewrite(frame, ip.l3, L4::None, Which::Src, s.ext_addr, 0);
+        rewrite::rewrite(frame, q.l3, q.l4, Which::Dst, s.ext_addr, s.ext_port);
+        rewrite::rewrite(frame, ip.l3, L4::None, Which::Src, s.ext_addr, 0);
         if !self.pool.contains(ip.dst) {
             refill_icmp_checksum(frame, ip);
             return Ok(Side::Outside);
@@ -69,8 +69,8 @@ impl Engine {
         // subscriber's external endpoint; deliver the error to that subscriber.
         let peer = self.tables.find_session_out(q.proto, q.src, q.sport, s.ext_addr, s.ext_port).ok_or(DropReason::IcmpErrorNoMapping)?;
         let p = self.tables.session(peer);
-        translate::rewrite(frame, q.l3, q.l4, Which::Src, p.int_addr, p.int_port);
-        translate::rewrite(frame, ip.l3, L4::None, Which::Dst, p.int_addr, 0);
+        rewrite::rewrite(frame, q.l3, q.l4, Which::Src, p.int_addr, p.int_port);
+        rewrite::rewrite(frame, ip.l3, L4::None, Which::Dst, p.int_addr, 0);
         refill_icmp_checksum(frame, ip);
         Ok(Side::Inside)
     }
@@ -84,8 +84,8 @@ impl Engine {
         let (port, rport) = q.outbound_ports();
         let sid = self.tables.find_session_out(q.proto, q.src, port, q.dst, rport).ok_or(DropReason::IcmpErrorNoMapping)?;
         let s = self.tables.session(sid);
-        translate::rewrite(frame, q.l3, q.l4, Which::Src, s.int_addr, s.int_port);
-        translate::rewrite(frame, ip.l3, L4::None, Which::Dst, s.int_addr, 0);
+        rewrite::rewrite(frame, q.l3, q.l4, Which::Src, s.int_addr, s.int_port);
+        rewrite::rewrite(frame, ip.l3, L4::None, Which::Dst, s.int_addr, 0);
         refill_icmp_checksum(frame, ip);
         Ok(Side::Inside)
     }
@@ -125,7 +125,7 @@ fn validate(frame: &[u8], ip: &Ip) -> Result<Quoted, DropReason> {
             }
         }
     };
-    let l4 = translate::l4_for(qip.protocol(), q_l4, present, true);
+    let l4 = rewrite::l4_for(qip.protocol(), q_l4, present, true);
     Ok(Quoted { l3: q_l3, proto, src: qip.src_addr(), dst: qip.dst_addr(), sport, dport, l4 })
 }
 

@@ -2,8 +2,9 @@
 //! counts against quotas, the new-mapping rate window and, in block mode, the
 //! blocks the subscriber owns.
 
-use crate::hash;
-use crate::table::FlowIndex;
+use crate::error::EngineError;
+use crate::state::hash;
+use crate::state::index::FlowIndex;
 use crate::Proto;
 
 pub const NONE: u32 = u32::MAX;
@@ -54,8 +55,15 @@ pub struct Subscribers {
 }
 
 impl Subscribers {
-    pub fn new(capacity: u32, seed: u64) -> Self {
-        Subscribers { slab: Vec::new(), free: Vec::new(), index: FlowIndex::with_capacity(capacity as usize), seed, capacity }
+    pub fn new(capacity: u32, seed: u64) -> Result<Self, EngineError> {
+        let index = FlowIndex::try_with_capacity(capacity as usize).map_err(|_| EngineError::Memory { table: "subscriber index", bytes: Self::reserved_bytes(capacity) as u64 })?;
+        Ok(Subscribers { slab: Vec::new(), free: Vec::new(), index, seed, capacity })
+    }
+
+    /// Bytes reserved up front for `capacity` subscribers (their records
+    /// grow with use).
+    pub fn reserved_bytes(capacity: u32) -> usize {
+        FlowIndex::bytes_for(capacity as usize)
     }
 
     pub fn find(&self, addr: u32) -> Option<u32> {
@@ -137,7 +145,7 @@ mod tests {
 
     #[test]
     fn a_hint_is_taken_only_while_it_belongs_to_the_address() {
-        let mut subs = Subscribers::new(4, 7);
+        let mut subs = Subscribers::new(4, 7).unwrap();
         let a = subs.find_or_create(0x6440_0001).unwrap();
         assert_eq!(subs.find_or_create_hinted(0x6440_0001, a), Some(a));
         assert_eq!(subs.find_or_create_hinted(0x6440_0001, NONE), Some(a), "no hint: the index answers");

@@ -214,8 +214,8 @@ impl Deterministic {
 mod tests {
     use super::*;
     use crate::config::EngineConfig;
-    use crate::events::EventKind;
-    use crate::shard::{worker_of_subscriber, Owners};
+    use crate::state::events::EventKind;
+    use crate::state::shard::{worker_of_subscriber, Owners};
     use crate::{DropReason, Engine, Proto, Side, Verdict};
 
     const fn ip(a: [u8; 4]) -> u32 {
@@ -306,7 +306,7 @@ mod tests {
         let cfg = EngineConfig {
             pool: POOL.to_vec(),
             deterministic: Some(det_cfg(&[(ip([100, 64, 0, 0]), 24)], 504)),
-            shard: crate::shard::Shard { index, count },
+            shard: crate::state::shard::Shard { index, count },
             max_sessions: 1024,
             max_subscribers: 1024,
             ..EngineConfig::default()

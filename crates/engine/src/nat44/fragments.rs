@@ -8,8 +8,8 @@
 
 use std::collections::VecDeque;
 
-use crate::hash;
-use crate::table::FlowIndex;
+use crate::state::hash;
+use crate::state::index::FlowIndex;
 use crate::Side;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

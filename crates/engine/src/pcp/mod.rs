@@ -32,9 +32,9 @@ use natrix_wire::{checksum, ethernet, ipv4, proto, set_u16_at, udp};
 
 use crate::config::{prefix_contains, PortSelection};
 use crate::drop::DropReason;
-use crate::engine::{Engine, Ip};
-use crate::events::{Event, EventKind};
-use crate::session::mapping_flags;
+use crate::nat44::{Engine, Ip};
+use crate::state::events::{Event, EventKind};
+use crate::state::sessions::mapping_flags;
 use crate::trackers::{tcp, Direction, TimeoutClass};
 use crate::{Proto, Side};
 

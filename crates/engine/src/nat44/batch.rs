@@ -15,11 +15,11 @@
 //! only hints: each is checked before use, so a wrong guess costs a wasted
 //! load, never a wrong answer.
 
-use crate::engine::{Engine, Verdict};
-use crate::fast::Candidate;
-use crate::session::NIL;
-use crate::subscriber::NONE;
-use crate::table::Guess;
+use crate::nat44::fast::Candidate;
+use crate::nat44::{Engine, Verdict};
+use crate::state::index::Guess;
+use crate::state::sessions::NIL;
+use crate::state::subscribers::NONE;
 use crate::Side;
 
 /// Frames prefetched together at most; longer batches are taken in chunks.

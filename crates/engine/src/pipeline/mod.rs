@@ -1,0 +1,3 @@
+//! The per-frame pipeline around the translators.
+
+pub mod emit;
