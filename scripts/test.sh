@@ -10,8 +10,11 @@ FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 step() { printf '\n=== %s\n' "$*"; }
 
 step "python test dependencies"
-python3 -c 'import scapy, pytest' 2>/dev/null || python3 -m pip install --quiet scapy pytest \
-    || python3 -m pip install --quiet --break-system-packages scapy pytest
+python3 -c 'import scapy, pytest, prometheus_client' 2>/dev/null || python3 -m pip install --quiet scapy pytest prometheus-client \
+    || python3 -m pip install --quiet --break-system-packages scapy pytest prometheus-client
+
+step "formatting (cargo fmt --check)"
+cargo fmt --all --check
 
 step "cargo build and unit/property tests"
 cargo build --workspace --all-targets
@@ -38,6 +41,9 @@ python3 tools/verify_checksums.py out/test-example.pcapng
 
 step "seed 004's design rebuilt (the benchmark baseline): builds, round-trips, compares at a small size"
 NATRIX_BIN="$PWD/target/debug/natrix" ./scripts/bench-vs-seed004.sh --flows 4096 --runs 1
+
+step "Debian package: build, dpkg -i, checks, dpkg --purge (root; skipped otherwise)"
+./scripts/test-package.sh
 
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
     step "fuzzing Engine::process for ${FUZZ_SECONDS}s"

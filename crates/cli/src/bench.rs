@@ -239,7 +239,7 @@ fn run_worker(worker: u32, workers: u32, flows: u64, order: Order, sync: &Barrie
         Err(e) => {
             sync.wait();
             sync.wait();
-            return Err(Failure::Other(e));
+            return Err(Failure::Other(e.to_string()));
         }
     };
     let first_sub = u64::from(worker) * flows.div_ceil(FLOWS_PER_SUBSCRIBER);

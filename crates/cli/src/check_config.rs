@@ -1,11 +1,52 @@
-//! `natrix check-config FILE`.
+//! `natrix check-config [--live] FILE`: the preflight. Without `--live` it
+//! checks what `replay` needs and warns about what `run` would still need;
+//! with `--live` it requires everything `run` needs on this host: the keys,
+//! the interfaces, writable log files and a free management address.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use crate::{load_engine, Failure};
+use natrix_control::Config;
+use natrix_engine::error::human_bytes;
+use natrix_engine::Engine;
 
-pub fn run(path: &Path) -> Result<(), Failure> {
-    let (cfg, _) = load_engine(path)?;
+use crate::Failure;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The TOML configuration file.
+    file: PathBuf,
+    /// Also require everything `natrix run` needs here: interfaces that
+    /// exist, the outside address, writable log paths, a free management address.
+    #[arg(long)]
+    live: bool,
+}
+
+pub fn run(args: &Args) -> Result<(), Failure> {
+    let path = args.file.as_path();
+    let cfg = natrix_control::Config::load(path).map_err(|e| Failure::Config(format!("{}: {e}", path.display())))?;
+    for w in &cfg.warnings {
+        eprintln!("natrix: warning: {}: {w}", path.display());
+    }
+    let in_file = |problem: String| Failure::Config(format!("{}: {problem}", path.display()));
+    let workers = cfg.live.workers;
+    let reserved = Engine::reserved_bytes(&cfg.engine) * u64::from(workers);
+    if args.live {
+        // A CGN without a way off its outside link is not a live setup.
+        if let Some(missing) = cfg.missing_for_run().into_iter().next() {
+            return Err(in_file(missing.to_string()));
+        }
+        if let Some(advice) = cfg.advice_for_run().into_iter().next() {
+            return Err(in_file(advice));
+        }
+        check_host(&cfg).map_err(in_file)?;
+    } else {
+        for missing in cfg.missing_for_run() {
+            eprintln!("natrix: warning: {}: {missing}; replay works without it (check-config --live checks for run)", path.display());
+        }
+        for advice in cfg.advice_for_run() {
+            eprintln!("natrix: warning: {}: {advice}", path.display());
+        }
+    }
     let e = &cfg.engine;
     println!(
         "{}: valid ({} pool addresses, ports {}-{}, {} filtering, up to {} ports per subscriber)",
@@ -16,5 +57,57 @@ pub fn run(path: &Path) -> Result<(), Failure> {
         e.filtering.name(),
         e.max_ports_per_subscriber
     );
+    println!(
+        "  memory reserved up front: {} ({} sessions{})",
+        human_bytes(reserved),
+        e.max_sessions,
+        if workers > 1 { format!(" in each of {workers} workers") } else { String::new() }
+    );
+    if let Some(total) = physical_memory() {
+        if reserved > total {
+            eprintln!("natrix: warning: {}: the configuration reserves {} but this host has {}: lower nat.max_sessions", path.display(), human_bytes(reserved), human_bytes(total));
+        }
+    }
     Ok(())
+}
+
+/// What `run` needs from this host beyond the file: its interfaces, log
+/// files it can write and a management address it can bind.
+fn check_host(cfg: &Config) -> Result<(), String> {
+    for (key, name) in [("inside.interface", &cfg.live.inside_interface), ("outside.interface", &cfg.live.outside_interface)] {
+        if let Some(name) = name {
+            natrix_io::iface::Interface::lookup(name).map_err(|e| format!("{key}: {e}"))?;
+        }
+    }
+    if let Some(p) = &cfg.logging.json {
+        writable(p).map_err(|e| format!("logging.json: {}: {e}", p.display()))?;
+    }
+    if let Some(listen) = &cfg.live.management_listen {
+        std::net::TcpListener::bind(listen).map_err(|e| format!("management.listen: {listen}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Whether natrix could append to `p`, creating it if need be, without
+/// creating it now.
+fn writable(p: &Path) -> std::io::Result<()> {
+    if p.exists() {
+        return std::fs::OpenOptions::new().append(true).open(p).map(drop);
+    }
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    // Creating a file is the one sure test that this user may write in the
+    // folder, whatever its mode bits and mount options say.
+    let probe = dir.join(format!(".natrix-check-{}", std::process::id()));
+    std::fs::OpenOptions::new().write(true).create_new(true).open(&probe)?;
+    std::fs::remove_file(probe)
+}
+
+/// The host's physical memory, from /proc/meminfo.
+fn physical_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
 }

@@ -3,10 +3,11 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
 mod check_config;
+mod generate;
 mod lab;
 mod pcp;
 mod replay;
@@ -14,8 +15,12 @@ mod run;
 mod show;
 mod whois;
 
+/// `natrix --version`: the crate version and the commit it was built from
+/// (build.rs; "unknown" outside a git checkout).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("NATRIX_COMMIT"), ")");
+
 #[derive(Parser)]
-#[command(name = "natrix", version, about = "natrix: a software carrier-grade NAT (NAPT44)")]
+#[command(name = "natrix", version = VERSION, about = "natrix: a software carrier-grade NAT (NAPT44)")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -24,10 +29,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Validate a configuration file: exit 0 if valid, else name the key and the problem.
-    CheckConfig {
-        /// The TOML configuration file.
-        file: PathBuf,
-    },
+    CheckConfig(check_config::Args),
     /// Run the engine over a capture (pcap or pcapng) and write the translated frames as pcapng.
     Replay(replay::Args),
     /// Measure the engine's speed and memory on generated 64-byte frames (new and established flows).
@@ -44,13 +46,23 @@ enum Command {
     Whois(whois::Args),
     /// A PCP (RFC 6887) client: ask a PCP server for a MAP or PEER mapping, or for an ANNOUNCE.
     Pcp(pcp::Args),
+    /// Write the manual pages: natrix.1 to stdout, or natrix.1 and one page per command into --out DIR.
+    #[command(hide = true)]
+    Man {
+        /// The directory to write the pages into.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Print the completion script for a shell (bash, zsh, fish, elvish, powershell).
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
 }
 
 fn main() -> ExitCode {
     restore_default_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::CheckConfig { file } => check_config::run(&file),
+        Command::CheckConfig(args) => check_config::run(&args),
         Command::Replay(args) => replay::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Lab(args) => lab::run(&args),
@@ -59,6 +71,8 @@ fn main() -> ExitCode {
         Command::Clear(args) => show::clear(&args),
         Command::Whois(args) => whois::run(&args),
         Command::Pcp(args) => pcp::run(&args),
+        Command::Man { out } => generate::man(Cli::command(), out.as_deref()),
+        Command::Completions { shell } => generate::completions(Cli::command(), shell),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -83,6 +97,9 @@ fn restore_default_sigpipe() {
 pub enum Failure {
     /// The configuration was refused (exit 2).
     Config(String),
+    /// The command was used wrongly or its input cannot be used: a bad
+    /// argument, a missing file, an output that would overwrite an input (exit 2).
+    Usage(String),
     /// Anything else: unreadable input, unwritable output (exit 1).
     Other(String),
 }
@@ -90,7 +107,7 @@ pub enum Failure {
 impl Failure {
     fn exit_code(&self) -> u8 {
         match self {
-            Failure::Config(_) => 2,
+            Failure::Config(_) | Failure::Usage(_) => 2,
             Failure::Other(_) => 1,
         }
     }
@@ -99,7 +116,7 @@ impl Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::Config(m) | Failure::Other(m) => f.write_str(m),
+            Failure::Config(m) | Failure::Usage(m) | Failure::Other(m) => f.write_str(m),
         }
     }
 }
@@ -111,6 +128,15 @@ pub fn load_engine(path: &std::path::Path) -> Result<(natrix_control::Config, na
     for w in &cfg.warnings {
         eprintln!("natrix: warning: {}: {w}", path.display());
     }
-    let engine = natrix_engine::Engine::new(cfg.engine.clone()).map_err(|e| Failure::Config(format!("{}: nat.static: {e}", path.display())))?;
+    let engine = natrix_engine::Engine::new(cfg.engine.clone()).map_err(|e| engine_failure(path, &e))?;
     Ok((cfg, engine))
+}
+
+/// An engine that cannot be built: a configuration that cannot be put in
+/// force (exit 2) or memory the host cannot give (exit 1).
+pub fn engine_failure(path: &std::path::Path, e: &natrix_engine::EngineError) -> Failure {
+    match e {
+        natrix_engine::EngineError::Config { .. } => Failure::Config(format!("{}: {e}", path.display())),
+        natrix_engine::EngineError::Memory { .. } => Failure::Other(format!("{}: {e}", path.display())),
+    }
 }

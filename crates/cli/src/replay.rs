@@ -1,16 +1,17 @@
 //! `natrix replay`: the engine over a capture file, time taken from the
 //! capture, so the same input and config give the same output byte for byte.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use natrix_control::eventlog::EventLog;
 use natrix_control::ipfix::{Clock, IpfixExporter, LossCounter, SinkStats};
-use natrix_control::report::{Report, ReportBuilder};
+use natrix_control::report::{Report, ReportBuilder, SinkUse, Truncation};
 use natrix_control::syslog::SyslogSender;
 use natrix_engine::{Engine, Verdict};
-use natrix_io::{CaptureReader, CaptureWriter};
+use natrix_io::{same_file, CaptureError, CaptureReader, CaptureWriter, PendingFile};
 
 use crate::{load_engine, Failure};
 
@@ -39,7 +40,8 @@ const PROGRESS_EVERY: u64 = 4096;
 /// Everything that consumes the engine's output.
 struct Sinks {
     writer: CaptureWriter,
-    log: Option<EventLog>,
+    /// The JSON event log, written beside its final name like the capture.
+    log: Option<(EventLog, PendingFile)>,
     /// IPFIX and syslog as live, on the capture's clock; what they drop is counted, not fatal.
     ipfix: Option<IpfixExporter>,
     syslog: Option<SyslogSender>,
@@ -47,6 +49,27 @@ struct Sinks {
 }
 
 impl Sinks {
+    fn open(cfg: &natrix_control::Config, out: &Path) -> Result<Sinks, Failure> {
+        let writer = CaptureWriter::create(out).map_err(|e| Failure::Other(e.to_string()))?;
+        let log = match &cfg.logging.json {
+            Some(p) => {
+                let (pending, file) = PendingFile::create(p).map_err(|e| Failure::Other(format!("logging.json {}: {e}", p.display())))?;
+                Some((EventLog::to_file(file, cfg.logging.unit), pending))
+            }
+            None => None,
+        };
+        let lost = LossCounter::default();
+        let ipfix = match cfg.logging.ipfix {
+            Some(addr) => Some(IpfixExporter::connect(addr, cfg.logging.unit, Clock::Events, lost.clone()).map_err(|e| Failure::Other(format!("logging.ipfix {addr}: {e}")))?),
+            None => None,
+        };
+        let syslog = match &cfg.logging.syslog {
+            Some(t) => Some(SyslogSender::open(t, cfg.logging.unit, lost.clone()).map_err(|e| Failure::Other(format!("logging.syslog {t}: {e}")))?),
+            None => None,
+        };
+        Ok(Sinks { writer, log, ipfix, syslog, report: ReportBuilder::for_config(&cfg.engine) })
+    }
+
     fn drain(&mut self, engine: &mut Engine) -> Result<(), Failure> {
         let mut result = Ok(());
         engine.drain_output(|f| {
@@ -59,7 +82,7 @@ impl Sinks {
         let Sinks { log, ipfix, syslog, report, .. } = self;
         engine.drain_events(|e| {
             report.on_event(&e);
-            if let Some(l) = log.as_mut() {
+            if let Some((l, _)) = log.as_mut() {
                 if let Err(err) = l.write(&e) {
                     log_err.get_or_insert(err);
                 }
@@ -73,31 +96,79 @@ impl Sinks {
         });
         log_err.map_or(Ok(()), |e| Err(Failure::Other(format!("event log: {e}"))))
     }
+
+    /// Gives the capture and the event log their final names and says what
+    /// each log sink took and lost.
+    fn finish(self) -> Result<(ReportBuilder, Exported), Failure> {
+        let Sinks { writer, log, mut ipfix, syslog, report } = self;
+        writer.finish().map_err(|e| Failure::Other(e.to_string()))?;
+        let mut exported = Exported::default();
+        if let Some((log, pending)) = log {
+            exported.json = Some(log.volume());
+            let dest = pending.dest().to_path_buf();
+            let failed = |e: std::io::Error| Failure::Other(format!("event log {}: {e}", dest.display()));
+            log.finish().and_then(|f| f.sync_all()).map_err(failed)?;
+            pending.commit().map_err(failed)?;
+        }
+        exported.ipfix = ipfix.as_mut().map(|x| {
+            x.flush();
+            x.stats()
+        });
+        exported.syslog = syslog.as_ref().map(SyslogSender::stats);
+        Ok((report, exported))
+    }
+}
+
+/// What the log sinks took: the JSON log's records and bytes, and what the
+/// IPFIX and syslog exporters handed over and dropped.
+#[derive(Default)]
+struct Exported {
+    json: Option<(u64, u64)>,
+    ipfix: Option<SinkStats>,
+    syslog: Option<SinkStats>,
+}
+
+impl Exported {
+    /// The report's per-sink view: records sent and lost.
+    fn by_sink(&self) -> BTreeMap<&'static str, SinkUse> {
+        let mut sinks = BTreeMap::new();
+        if let Some((records, _)) = self.json {
+            sinks.insert("json", SinkUse { sent: records, lost: 0 });
+        }
+        for (name, stats) in [("ipfix", self.ipfix), ("syslog", self.syslog)] {
+            if let Some(s) = stats {
+                sinks.insert(name, SinkUse { sent: s.records, lost: s.lost });
+            }
+        }
+        sinks
+    }
 }
 
 pub fn run(args: &Args) -> Result<(), Failure> {
     let (cfg, mut engine) = load_engine(&args.config)?;
+    refuse_clashing_paths(args, &cfg)?;
     let mut reader = CaptureReader::open(&args.input).map_err(|e| Failure::Other(e.to_string()))?;
-    let writer = CaptureWriter::create(&args.out).map_err(|e| Failure::Other(e.to_string()))?;
-    let log = match &cfg.logging.json {
-        Some(p) => Some(EventLog::create(p, cfg.logging.unit).map_err(|e| Failure::Other(format!("logging.json {}: {e}", p.display())))?),
+    // Opened now, so an unwritable report path fails before the replay, not after it.
+    let report_file = match &args.report {
+        Some(p) => Some(PendingFile::create(p).map_err(|e| Failure::Other(format!("--report {}: {e}", p.display())))?),
         None => None,
     };
-    let lost = LossCounter::default();
-    let ipfix = match cfg.logging.ipfix {
-        Some(addr) => Some(IpfixExporter::connect(addr, cfg.logging.unit, Clock::Events, lost.clone()).map_err(|e| Failure::Other(format!("logging.ipfix {addr}: {e}")))?),
-        None => None,
-    };
-    let syslog = match &cfg.logging.syslog {
-        Some(t) => Some(SyslogSender::open(t, cfg.logging.unit, lost.clone()).map_err(|e| Failure::Other(format!("logging.syslog {t}: {e}")))?),
-        None => None,
-    };
-    let mut sinks = Sinks { writer, log, ipfix, syslog, report: ReportBuilder::for_config(&cfg.engine) };
+    let mut sinks = Sinks::open(&cfg, &args.out)?;
     let bar = progress_bar(args.quiet, reader.progress().1);
     let started = Instant::now();
     let mut frame = Vec::with_capacity(65_536);
     let mut count = 0u64;
-    while let Some(f) = reader.next_into(&mut frame).map_err(|e| Failure::Other(e.to_string()))? {
+    let mut truncated = None;
+    loop {
+        let f = match reader.next_into(&mut frame) {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(CaptureError::Truncated { frames, offset, .. }) => {
+                truncated = Some(Truncation { after_frame: frames, byte_offset: offset });
+                break;
+            }
+            Err(e) => return Err(Failure::Other(e.to_string())),
+        };
         // Time-driven output (answers to held SYNs) precedes this frame.
         engine.advance(f.time_ns);
         sinks.drain(&mut engine)?;
@@ -113,32 +184,68 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     engine.finish();
     sinks.drain(&mut engine)?;
     bar.finish_and_clear();
-    let Sinks { writer, log, mut ipfix, syslog, report } = sinks;
-    let exporters = ExportVolume {
-        ipfix: ipfix.as_mut().map(|x| {
-            x.flush();
-            x.stats()
-        }),
-        syslog: syslog.as_ref().map(SyslogSender::stats),
-    };
-    writer.finish().map_err(|e| Failure::Other(e.to_string()))?;
-    let log_volume = match log {
-        Some(l) => {
-            let v = l.volume();
-            l.finish().map_err(|e| Failure::Other(format!("event log: {e}")))?;
-            Some(v)
-        }
-        None => None,
-    };
-    let report = report.build(&engine);
-    if let Some(path) = &args.report {
-        let json = serde_json::to_string_pretty(&report).expect("report serializes");
-        std::fs::write(path, json + "\n").map_err(|e| Failure::Other(format!("{}: {e}", path.display())))?;
+    let (report, exported) = sinks.finish()?;
+    let mut report = report.build(&engine);
+    report.log_export = exported.by_sink();
+    report.input_truncated = truncated;
+    if let (Some((pending, file)), Some(path)) = (report_file, &args.report) {
+        write_report(&report, pending, file).map_err(|e| Failure::Other(format!("--report {}: {e}", path.display())))?;
     }
     if !args.quiet {
-        print_summary(&report, started.elapsed().as_secs_f64(), log_volume, &exporters);
+        print_summary(&report, started.elapsed().as_secs_f64(), &exported);
+    }
+    warn(&report, &args.input);
+    Ok(())
+}
+
+/// An output that is the input, or two outputs that are one file, would
+/// destroy data: refused before anything is opened for writing.
+fn refuse_clashing_paths(args: &Args, cfg: &natrix_control::Config) -> Result<(), Failure> {
+    let mut outputs: Vec<(&str, &Path)> = vec![("--out", &args.out)];
+    if let Some(p) = &args.report {
+        outputs.push(("--report", p));
+    }
+    if let Some(p) = &cfg.logging.json {
+        outputs.push(("logging.json", p));
+    }
+    let inputs = [("--in", args.input.as_path()), ("--config", args.config.as_path())];
+    for (i, &(name, path)) in outputs.iter().enumerate() {
+        let earlier = inputs.iter().chain(&outputs[..i]);
+        if let Some((other, _)) = earlier.into_iter().find(|(_, p)| same_file(path, p)) {
+            return Err(Failure::Usage(format!("{name} {} is the same file as {other}: refusing to overwrite it", path.display())));
+        }
     }
     Ok(())
+}
+
+fn write_report(report: &Report, pending: PendingFile, mut file: std::fs::File) -> std::io::Result<()> {
+    use std::io::Write;
+    let json = serde_json::to_string_pretty(report).expect("report serializes");
+    file.write_all(json.as_bytes())?;
+    file.write_all(b"\n")?;
+    file.sync_all()?;
+    pending.commit()
+}
+
+/// What an operator must see even with `--quiet`: a capture cut short and
+/// log records the exporters lost.
+fn warn(r: &Report, input: &Path) {
+    if let Some(t) = r.input_truncated {
+        eprintln!(
+            "natrix: warning: {}: truncated after frame {} (byte offset {}): the incomplete last record was skipped; every frame before it was replayed",
+            input.display(),
+            t.after_frame,
+            t.byte_offset
+        );
+    }
+    for (sink, u) in &r.log_export {
+        if u.lost > 0 {
+            eprintln!("natrix: warning: logging.{sink}: {} of {} log records lost (collector or syslog unreachable, or too slow)", u.lost, u.sent + u.lost);
+        }
+    }
+    if r.events_lost > 0 {
+        eprintln!("natrix: warning: {} NAT events lost (event queue full)", r.events_lost);
+    }
 }
 
 fn progress_bar(quiet: bool, total_bytes: u64) -> ProgressBar {
@@ -150,13 +257,7 @@ fn progress_bar(quiet: bool, total_bytes: u64) -> ProgressBar {
     bar
 }
 
-/// What the IPFIX and syslog sinks handed over and dropped.
-struct ExportVolume {
-    ipfix: Option<SinkStats>,
-    syslog: Option<SinkStats>,
-}
-
-fn print_summary(r: &Report, secs: f64, log_volume: Option<(u64, u64)>, exporters: &ExportVolume) {
+fn print_summary(r: &Report, secs: f64, exported: &Exported) {
     let p = &r.packets;
     println!("replayed {} frames in {secs:.2}s ({} inside, {} outside)", p.input, p.in_inside, p.in_outside);
     println!("  out      {:>10}  ({} inside, {} outside, {} generated by natrix)", p.out, p.out_inside, p.out_outside, p.generated);
@@ -168,16 +269,16 @@ fn print_summary(r: &Report, secs: f64, log_volume: Option<(u64, u64)>, exporter
     let pp = &r.ports_per_subscriber;
     println!("  subscribers {}, external ports per subscriber p50 {} p99 {} max {}", r.subscribers, pp.p50, pp.p99, pp.max);
     println!("  pool: {} addresses, peak {} of {} ports in use ({:.4}%)", r.pool.addresses, r.pool.peak_ports_used, r.pool.ports, r.pool.peak_utilisation * 100.0);
-    if let Some((records, bytes)) = log_volume {
+    if let Some((records, bytes)) = exported.json {
         println!("  event log: {records} records, {bytes} bytes");
     }
-    if let Some(s) = exporters.ipfix {
+    if let Some(s) = exported.ipfix {
         println!("  ipfix: {} records in {} messages, {} bytes, {} lost", s.records, s.messages, s.bytes, s.lost);
     }
-    if let Some(s) = exporters.syslog {
+    if let Some(s) = exported.syslog {
         println!("  syslog: {} records, {} bytes, {} lost", s.records, s.bytes, s.lost);
     }
-    let export_lost = exporters.ipfix.map_or(0, |s| s.lost) + exporters.syslog.map_or(0, |s| s.lost);
+    let export_lost = exported.ipfix.map_or(0, |s| s.lost) + exported.syslog.map_or(0, |s| s.lost);
     if export_lost > 0 {
         println!("  WARNING: {export_lost} log records lost by the exporters (collector or syslog unreachable, or too slow)");
     }

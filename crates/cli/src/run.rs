@@ -1,8 +1,11 @@
 //! `natrix run`: the live NAT in the foreground. Prints a line with `ready`
-//! once it forwards; SIGTERM or SIGINT stop it (exit 0); SIGHUP reloads the
-//! configuration without losing state, or refuses a bad one and keeps the
-//! running one.
+//! on stdout once it forwards; SIGTERM or SIGINT stop it (exit 0); SIGHUP
+//! reloads the configuration without losing state, or refuses a bad one and
+//! keeps the running one. Its own messages go to stderr through `tracing`:
+//! one plain line each, coloured only on a terminal, without the time stamp
+//! when stderr is the systemd journal (which stamps lines itself).
 
+use std::io::IsTerminal;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -14,6 +17,10 @@ use natrix_control::eventlog::EventLog;
 use natrix_control::{api, Config, IoBackend, LoggingConfig};
 use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings};
 use natrix_engine::Event;
+use natrix_io::{InterfaceLock, LOCK_DIR};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use tracing::{error, info, warn};
 
 use crate::Failure;
 
@@ -27,20 +34,25 @@ pub struct Args {
 const EVENT_BUFFER: usize = 1 << 16;
 
 pub fn run(args: &Args) -> Result<(), Failure> {
-    // Blocked before any thread starts, so every thread inherits the mask
-    // and the signals wait for this thread's sigtimedwait.
-    let signals = Signals::block();
+    init_tracing();
+    // Handlers first, so a signal during start-up is held for the loop below
+    // instead of killing the process; then masked while the other threads
+    // start, so they inherit the mask and only this thread ever takes them.
+    let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| Failure::Other(format!("installing signal handlers: {e}")))?;
+    let masked = SignalMask::block(&[SIGTERM, SIGINT, SIGHUP]);
     let cfg = load(&args.config)?;
     let settings = settings(&cfg, &args.config)?;
+    let _locks = lock_interfaces(&settings)?;
     let dp = Arc::new(Dataplane::start(settings).map_err(|e| Failure::Other(format!("starting the dataplane: {e}")))?);
     for note in dp.notes() {
-        eprintln!("natrix: {note}");
+        info!("{note}");
     }
     let logger = Logger::start(dp.take_events(), &cfg.logging).map_err(Failure::Other)?;
     if let Some(listen) = &cfg.live.management_listen {
         let addr = api::serve(listen, dp.clone(), logger.counters()).map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
-        eprintln!("natrix: management API and metrics on http://{addr}/");
+        info!("management API and metrics on http://{addr}/");
     }
+    drop(masked);
     println!(
         "natrix: ready: forwarding between {} and {} ({}, {} worker{})",
         cfg.live.inside_interface.as_deref().unwrap_or_default(),
@@ -50,33 +62,91 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         if dp.workers() == 1 { "" } else { "s" }
     );
     let mut running = cfg;
-    loop {
-        match signals.wait() {
-            libc::SIGHUP => {
+    for signal in signals.forever() {
+        match signal {
+            SIGHUP => {
                 if let Some(new) = reload(&args.config, &running, &dp, &logger) {
                     running = new;
                 }
             }
-            libc::SIGTERM | libc::SIGINT => break,
+            SIGTERM | SIGINT => break,
             _ => {}
         }
     }
     dp.stop();
     logger.stop();
-    eprintln!("natrix: stopped");
+    info!("stopped");
     Ok(())
+}
+
+/// natrix's own messages: one plain line each on stderr. On a terminal,
+/// `TIME LEVEL message` in colour (unless NO_COLOR is set); elsewhere the
+/// same without colour; and when stderr is the systemd journal (systemd
+/// says so in JOURNAL_STREAM), `<PRIORITY>message`, the sd-daemon prefix
+/// from which journald takes each line's priority, without the time it
+/// stamps itself.
+fn init_tracing() {
+    let stderr = std::io::stderr();
+    let ansi = stderr.is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(tracing::Level::INFO).with_target(false).with_ansi(ansi);
+    // A subscriber already set is kept.
+    let _ = if stderr_is_journal() { builder.event_format(JournalFormat).try_init() } else { builder.try_init() };
+}
+
+/// Whether stderr is the stream systemd connected to the journal: its
+/// device and inode are those JOURNAL_STREAM names (`DEV:INODE`).
+fn stderr_is_journal() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else { return false };
+    let Ok(meta) = std::fs::metadata("/proc/self/fd/2") else { return false };
+    stream.to_str().and_then(|s| s.split_once(':')).is_some_and(|(dev, ino)| dev.parse() == Ok(meta.dev()) && ino.parse() == Ok(meta.ino()))
+}
+
+/// `<N>message`: N is the syslog priority (3 error, 4 warning, 6 info, 7 debug).
+struct JournalFormat;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for JournalFormat
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let priority = match *event.metadata().level() {
+            tracing::Level::ERROR => 3,
+            tracing::Level::WARN => 4,
+            tracing::Level::INFO => 6,
+            _ => 7,
+        };
+        write!(writer, "<{priority}>")?;
+        ctx.field_format().format_fields(writer.by_ref(), event)?;
+        writeln!(writer)
+    }
 }
 
 fn load(path: &Path) -> Result<Config, Failure> {
     let cfg = Config::load(path).map_err(|e| Failure::Config(format!("{}: {e}", path.display())))?;
     for w in &cfg.warnings {
-        eprintln!("natrix: warning: {}: {w}", path.display());
+        warn!("{}: {w}", path.display());
     }
     Ok(cfg)
 }
 
+/// One natrix per interface: held until natrix exits, however it exits.
+fn lock_interfaces(settings: &Settings) -> Result<[InterfaceLock; 2], Failure> {
+    let lock = |name: &str| InterfaceLock::acquire(Path::new(LOCK_DIR), name).map_err(|e| Failure::Other(e.to_string()));
+    Ok([lock(&settings.inside.interface)?, lock(&settings.outside.interface)?])
+}
+
 fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
-    let missing = |key: &str| Failure::Config(format!("{}: {key}: missing: natrix run needs it", path.display()));
+    if let Some(missing) = cfg.missing_for_run().into_iter().next() {
+        return Err(Failure::Config(format!("{}: {missing}", path.display())));
+    }
+    let missing = |key: &str| Failure::Config(format!("{}: {key}: missing", path.display()));
     let live = &cfg.live;
     let inside = live.inside_interface.clone().ok_or_else(|| missing("inside.interface"))?;
     let outside = live.outside_interface.clone().ok_or_else(|| missing("outside.interface"))?;
@@ -101,7 +171,7 @@ fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
 /// the running configuration.
 fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Option<Config> {
     let refuse = |why: String| {
-        eprintln!("natrix: reload refused: {why}; still running the previous configuration");
+        error!("reload refused: {why}; still running the previous configuration");
         None
     };
     let new = match Config::load(path) {
@@ -116,9 +186,9 @@ fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Opt
     }
     logger.reconfigure(&new.logging);
     for w in &new.warnings {
-        eprintln!("natrix: warning: {}: {w}", path.display());
+        warn!("{}: {w}", path.display());
     }
-    eprintln!("natrix: configuration reloaded from {}", path.display());
+    info!("configuration reloaded from {}", path.display());
     Some(new)
 }
 
@@ -138,28 +208,35 @@ fn restart_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
     .find_map(|(changed, key)| changed.then_some(key))
 }
 
-/// SIGTERM, SIGINT and SIGHUP, taken synchronously by the main thread.
-struct Signals(libc::sigset_t);
+/// Signals blocked in this thread while it lives, so the threads started
+/// meanwhile (dataplane, logger, API) inherit the mask and never take them:
+/// their system calls are not interrupted, and the handlers of
+/// `signal_hook` run on this thread once the mask is dropped (a signal that
+/// came meanwhile is delivered then).
+struct SignalMask(libc::sigset_t);
 
-impl Signals {
-    fn block() -> Signals {
-        // SAFETY: sigset manipulation on a local set, then masking this
-        // thread before any other exists.
+impl SignalMask {
+    fn block(signals: &[libc::c_int]) -> SignalMask {
+        // SAFETY: sigset manipulation on a local set; pthread_sigmask only
+        // changes this thread's mask.
         unsafe {
             let mut set: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut set);
-            for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            for &s in signals {
                 libc::sigaddset(&mut set, s);
             }
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-            Signals(set)
+            SignalMask(set)
         }
     }
+}
 
-    fn wait(&self) -> i32 {
-        let timeout = libc::timespec { tv_sec: 1, tv_nsec: 0 };
-        // SAFETY: waits on our own blocked set; no siginfo wanted.
-        unsafe { libc::sigtimedwait(&self.0, std::ptr::null_mut(), &timeout) }
+impl Drop for SignalMask {
+    fn drop(&mut self) {
+        // SAFETY: unblocks, in this thread only, the set blocked above.
+        unsafe {
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &self.0, std::ptr::null_mut());
+        }
     }
 }
 
@@ -224,7 +301,7 @@ impl Logger {
                             let lost = sinks.lost.clone();
                             let (new, errors) = LogSinks::open(&cfg, &lost, Some(sinks));
                             for e in errors {
-                                eprintln!("natrix: {e}; its records are counted as lost until a reload fixes it");
+                                error!("{e}; its records are counted as lost until a reload fixes it");
                             }
                             sinks = new;
                         }
@@ -258,7 +335,7 @@ impl Logger {
         let _ = self.thread.join();
         let lost = self.lost.load(std::sync::atomic::Ordering::Relaxed);
         if lost > 0 {
-            eprintln!("natrix: {lost} log records lost by the exporters (collector or syslog unreachable, or the log file failing)");
+            warn!("{lost} log records lost by the exporters (collector or syslog unreachable, or the log file failing)");
         }
     }
 }
@@ -303,7 +380,7 @@ impl LogSinks {
     fn write(&mut self, e: &Event) -> bool {
         if let Some(l) = &mut self.json {
             if let Err(err) = l.write(e) {
-                eprintln!("natrix: writing the event log: {err}; its records are counted as lost until a reload reopens it");
+                error!("writing the event log: {err}; its records are counted as lost until a reload reopens it");
                 self.json = None;
                 // Counted below with this record.
                 self.failed += 1;
@@ -325,7 +402,7 @@ impl LogSinks {
     fn flush(&mut self) {
         if let Some(l) = &mut self.json {
             if let Err(err) = l.flush() {
-                eprintln!("natrix: writing the event log: {err}; its records are counted as lost until a reload reopens it");
+                error!("writing the event log: {err}; its records are counted as lost until a reload reopens it");
                 self.json = None;
                 self.failed += 1;
             }

@@ -80,10 +80,10 @@ struct Output<'a> {
 }
 
 pub fn run(args: &Args) -> Result<(), Failure> {
-    let (addr, port) = parse_endpoint(&args.endpoint).map_err(Failure::Other)?;
+    let (addr, port) = parse_endpoint(&args.endpoint).map_err(Failure::Usage)?;
     let proto = args.proto.as_deref().map(|p| Proto::ALL.into_iter().find(|x| x.name() == p).expect("clap checked"));
     let at_ns = match &args.at {
-        Some(t) => parse_time(t).map_err(|e| Failure::Other(format!("--at: {e}")))?,
+        Some(t) => parse_time(t).map_err(|e| Failure::Usage(format!("--at: {e}")))?,
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as i64),
     };
     let answers = if let Some(path) = &args.log {
@@ -293,55 +293,81 @@ fn record_of(v: &Value, addr: Ipv4Addr, port: u16) -> Option<Record> {
 
 /// Every holding of `addr:port` in the log, in log order: a create opens
 /// one, the matching delete (same protocol, ports and subscriber) closes it.
+/// Lines that are not JSON events (a torn last line after a crash or a full
+/// disk) are skipped and counted in a warning.
 fn holdings(path: &std::path::Path, addr: Ipv4Addr, port: u16) -> Result<Vec<Held>, Failure> {
-    let file = File::open(path).map_err(|e| Failure::Other(format!("{}: {e}", path.display())))?;
+    let unreadable = |e: std::io::Error| Failure::Usage(format!("{}: {e}", path.display()));
+    let mut reader = BufReader::new(File::open(path).map_err(unreadable)?);
     let mut done: Vec<Held> = Vec::new();
     let mut open: Vec<Held> = Vec::new();
-    for (n, line) in BufReader::new(file).lines().enumerate() {
-        let line = line.map_err(|e| Failure::Other(format!("{}: {e}", path.display())))?;
-        if line.trim().is_empty() {
+    let mut skipped = Skipped::default();
+    let mut line = Vec::new();
+    for n in 1.. {
+        line.clear();
+        if reader.read_until(b'\n', &mut line).map_err(unreadable)? == 0 {
+            break;
+        }
+        if line.trim_ascii().is_empty() {
             continue;
         }
-        let v: Value = serde_json::from_str(&line).map_err(|e| Failure::Other(format!("{}:{}: not a JSON event: {e}", path.display(), n + 1)))?;
-        let Some(r) = record_of(&v, addr, port) else { continue };
-        let same = |h: &Held| h.proto == r.proto && h.block == r.block && (h.first, h.last) == (r.first, r.last);
-        if r.create {
-            // A create over an open holding (a restart lost the delete) ends it.
-            if let Some(i) = open.iter().position(same) {
-                let mut h = open.swap_remove(i);
-                h.until_ns = Some(r.time_ns);
-                done.push(h);
-            }
-            open.push(Held {
-                proto: r.proto,
-                subscriber: r.subscriber,
-                subscriber_port: r.subscriber_port,
-                first: r.first,
-                last: r.last,
-                from_ns: Some(r.time_ns),
-                until_ns: None,
-                block: r.block,
-            });
-        } else if let Some(i) = open.iter().position(|h| same(h) && h.subscriber == r.subscriber) {
+        let Ok(v) = serde_json::from_slice::<Value>(&line) else {
+            skipped.note(n);
+            continue;
+        };
+        if let Some(r) = record_of(&v, addr, port) {
+            follow(&mut open, &mut done, r);
+        }
+    }
+    skipped.warn(path);
+    done.extend(open);
+    Ok(done)
+}
+
+/// Lines of the log that could not be read.
+#[derive(Default)]
+struct Skipped {
+    count: u64,
+    first: u64,
+}
+
+impl Skipped {
+    fn note(&mut self, line: u64) {
+        if self.count == 0 {
+            self.first = line;
+        }
+        self.count += 1;
+    }
+
+    fn warn(&self, path: &std::path::Path) {
+        match self.count {
+            0 => {}
+            1 => eprintln!("natrix: warning: {}: skipped 1 unreadable line (line {}); answering from the rest", path.display(), self.first),
+            n => eprintln!("natrix: warning: {}: skipped {n} unreadable lines (the first is line {}); answering from the rest", path.display(), self.first),
+        }
+    }
+}
+
+/// Applies one create or delete record to the open and finished holdings.
+fn follow(open: &mut Vec<Held>, done: &mut Vec<Held>, r: Record) {
+    let same = |h: &Held| h.proto == r.proto && h.block == r.block && (h.first, h.last) == (r.first, r.last);
+    let held =
+        |from_ns, until_ns| Held { proto: r.proto, subscriber: r.subscriber, subscriber_port: r.subscriber_port, first: r.first, last: r.last, from_ns, until_ns, block: r.block };
+    if r.create {
+        // A create over an open holding (a restart lost the delete) ends it.
+        if let Some(i) = open.iter().position(same) {
             let mut h = open.swap_remove(i);
             h.until_ns = Some(r.time_ns);
             done.push(h);
-        } else {
-            // Created before the log begins.
-            done.push(Held {
-                proto: r.proto,
-                subscriber: r.subscriber,
-                subscriber_port: r.subscriber_port,
-                first: r.first,
-                last: r.last,
-                from_ns: None,
-                until_ns: Some(r.time_ns),
-                block: r.block,
-            });
         }
+        open.push(held(Some(r.time_ns), None));
+    } else if let Some(i) = open.iter().position(|h| same(h) && h.subscriber == r.subscriber) {
+        let mut h = open.swap_remove(i);
+        h.until_ns = Some(r.time_ns);
+        done.push(h);
+    } else {
+        // Created before the log begins.
+        done.push(held(None, Some(r.time_ns)));
     }
-    done.extend(open);
-    Ok(done)
 }
 
 fn from_log(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto>, at: i64) -> Result<Vec<Answer>, Failure> {

@@ -1,30 +1,65 @@
 //! The management endpoint: Prometheus metrics at `/metrics` and a JSON API
-//! under `/api/` that `natrix show` and `natrix clear` use. A small HTTP/1.1
-//! server on its own threads; it reaches the dataplane only through the
-//! dataplane's command channels.
+//! under `/api/` that `natrix show` and `natrix clear` use. HTTP/1.1 by
+//! hyper on a single-threaded tokio runtime on its own thread; requests are
+//! answered by a small fixed pool of handler threads, which reach the
+//! dataplane only through its command channels.
 //!
 //! - `GET /metrics`
 //! - `GET /api/stats`
 //! - `GET /api/sessions[?subscriber=ADDR]`, `GET /api/mappings[?subscriber=ADDR]`
 //! - `POST /api/clear?subscriber=ADDR`
+//!
+//! Limits, so that no client (idle, slow or hostile) keeps the others from
+//! being answered: at most [`MAX_CONNECTIONS`] connections are open; when a
+//! new one arrives at the limit, the oldest connection whose request is not
+//! being answered is closed to make room (a client that connected and sent
+//! nothing yet, or is slow to send or read), and only if every connection
+//! is being answered is the newcomer closed. A request head (request line
+//! and headers) must arrive within [`HEADER_TIMEOUT`] and fit in
+//! [`MAX_HEADER_BYTES`] (else 431); a connection lives at most
+//! [`CONNECTION_TIMEOUT`]; one request per connection; request bodies are
+//! never read.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, ACCEPT, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use natrix_dataplane::Dataplane;
 use natrix_engine::admin::{MappingView, SessionView};
 use natrix_engine::DropReason;
 use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::task::AbortHandle;
 
 use crate::ipfix::LossCounter;
-use crate::metrics;
+use crate::metrics::{self, Format};
 
-const MAX_REQUEST_BYTES: u64 = 16 * 1024;
+/// Connections open at once; past it the oldest idle one is closed.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Request line and headers together; a larger head is answered 431.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Time for a client to send its request head, counted from its connection.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a connection lives, answer included.
+pub const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
+/// Threads that run handlers (dataplane queries), so a slow query never
+/// holds up accepting or reading other requests.
+const HANDLER_THREADS: usize = 4;
+/// Connections the kernel queues before natrix accepts them.
+const BACKLOG: u32 = 1024;
+/// hyper's read buffer, which must hold a request head.
+const READ_BUFFER: usize = 64 * 1024;
 
-/// Starts serving on `listen`; the listener thread lives as long as the process.
 /// The logger's counters, shared with the API.
 #[derive(Clone, Default)]
 pub struct LogCounters {
@@ -35,16 +70,112 @@ pub struct LogCounters {
     pub lost: LossCounter,
 }
 
-pub fn serve(listen: &str, dataplane: Arc<Dataplane>, log: LogCounters) -> std::io::Result<std::net::SocketAddr> {
-    let listener = TcpListener::bind(listen)?;
-    let addr = listener.local_addr()?;
-    std::thread::Builder::new().name("natrix-api".into()).spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let (dp, log) = (dataplane.clone(), log.clone());
-            let _ = std::thread::Builder::new().name("natrix-api-conn".into()).spawn(move || handle(stream, &dp, &log));
-        }
+struct Context {
+    dp: Arc<Dataplane>,
+    log: LogCounters,
+}
+
+/// Starts serving on `listen` (`ADDRESS:PORT`); the server thread lives as
+/// long as the process. Returns the address bound.
+pub fn serve(listen: &str, dataplane: Arc<Dataplane>, log: LogCounters) -> std::io::Result<SocketAddr> {
+    let addr = listen.to_socket_addrs()?.next().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "resolves to no address"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().max_blocking_threads(HANDLER_THREADS).thread_name("natrix-api-handler").build()?;
+    let listener = runtime.block_on(async {
+        let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(BACKLOG)
     })?;
-    Ok(addr)
+    let bound = listener.local_addr()?;
+    let ctx = Arc::new(Context { dp: dataplane, log });
+    std::thread::Builder::new().name("natrix-api".into()).spawn(move || runtime.block_on(accept_loop(listener, ctx)))?;
+    Ok(bound)
+}
+
+/// The open connections, oldest first.
+#[derive(Default)]
+struct Connections {
+    next_id: u64,
+    open: BTreeMap<u64, Connection>,
+}
+
+struct Connection {
+    /// A handler is answering its request.
+    busy: Arc<AtomicBool>,
+    task: AbortHandle,
+}
+
+impl Connections {
+    /// Closes the oldest connection whose request is not being answered;
+    /// false if there is none.
+    fn close_oldest_idle(&mut self) -> bool {
+        let Some(id) = self.open.iter().find(|(_, c)| !c.busy.load(Ordering::Relaxed)).map(|(&id, _)| id) else {
+            return false;
+        };
+        if let Some(c) = self.open.remove(&id) {
+            c.task.abort();
+        }
+        true
+    }
+}
+
+async fn accept_loop(listener: TcpListener, ctx: Arc<Context>) {
+    let connections = Arc::new(Mutex::new(Connections::default()));
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(HEADER_TIMEOUT).max_header_size(MAX_HEADER_BYTES).max_buf_size(READ_BUFFER).keep_alive(false);
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(_) => {
+                // Out of file descriptors or memory (or a connection reset
+                // before it was accepted): make room, and pause rather than
+                // spin on an error that repeats.
+                connections.lock().expect("connections lock").close_oldest_idle();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let busy = Arc::new(AtomicBool::new(false));
+        let id = {
+            let mut c = connections.lock().expect("connections lock");
+            if c.open.len() >= MAX_CONNECTIONS && !c.close_oldest_idle() {
+                // Every connection is being answered: this one waits its turn
+                // by reconnecting.
+                continue;
+            }
+            c.next_id += 1;
+            c.next_id
+        };
+        let task = tokio::spawn(connection(http.clone(), stream, ctx.clone(), busy.clone(), id, connections.clone()));
+        // The task cannot have run yet: this thread is the runtime's only one
+        // and has not yielded since spawning it.
+        connections.lock().expect("connections lock").open.insert(id, Connection { busy, task: task.abort_handle() });
+    }
+}
+
+async fn connection(http: http1::Builder, stream: TcpStream, ctx: Arc<Context>, busy: Arc<AtomicBool>, id: u64, connections: Arc<Mutex<Connections>>) {
+    let service = service_fn(move |req| handle(req, ctx.clone(), busy.clone()));
+    let _ = tokio::time::timeout(CONNECTION_TIMEOUT, http.serve_connection(TokioIo::new(stream), service)).await;
+    connections.lock().expect("connections lock").open.remove(&id);
+}
+
+async fn handle(req: Request<Incoming>, ctx: Arc<Context>, busy: Arc<AtomicBool>) -> Result<hyper::Response<Full<Bytes>>, Infallible> {
+    let method = req.method().as_str().to_owned();
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    let format = Format::from_accept(req.headers().get(ACCEPT).and_then(|v| v.to_str().ok()));
+    busy.store(true, Ordering::Relaxed);
+    let answer = tokio::task::spawn_blocking(move || {
+        let log = (ctx.log.recorded.load(Ordering::Relaxed), ctx.log.lost.load(Ordering::Relaxed));
+        route(&method, &path, &query, &ctx.dp, log, format)
+    })
+    .await
+    .unwrap_or_else(|_| Response::error(500, "internal error"));
+    busy.store(false, Ordering::Relaxed);
+    let mut resp = hyper::Response::new(Full::new(Bytes::from(answer.body)));
+    *resp.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(answer.content_type));
+    Ok(resp)
 }
 
 struct Response {
@@ -63,42 +194,14 @@ impl Response {
     }
 }
 
-fn handle(stream: TcpStream, dp: &Dataplane, log: &LogCounters) {
-    let log = (log.recorded.load(Ordering::Relaxed), log.lost.load(Ordering::Relaxed));
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    // A request is a line and a few headers: cap what one client may send.
-    let mut reader = BufReader::new((&stream).take(MAX_REQUEST_BYTES));
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).is_err() {
-        return;
-    }
-    let mut header = String::new();
-    while reader.read_line(&mut header).is_ok_and(|n| n > 2) {
-        header.clear();
-    }
-    let mut parts = request_line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let resp = route(method, target, dp, log);
-    let reason = match resp.status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        _ => "Service Unavailable",
-    };
-    let mut w = &stream;
-    let _ = write!(w, "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}", resp.status, resp.content_type, resp.body.len(), resp.body);
-}
-
 /// `log`: records the logger recorded and its sinks lost.
-fn route(method: &str, target: &str, dp: &Dataplane, log: (u64, u64)) -> Response {
-    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+fn route(method: &str, path: &str, query: &str, dp: &Dataplane, log: (u64, u64), format: Format) -> Response {
     let subscriber = match subscriber_param(query) {
         Ok(s) => s,
         Err(e) => return Response::error(400, &e),
     };
     let result = match (method, path) {
-        ("GET", "/metrics") => return metrics_response(dp, log),
+        ("GET", "/metrics") => return metrics_response(dp, log, format),
         ("GET", "/api/stats") => stats(dp, log),
         ("GET", "/api/sessions") => dp.sessions(subscriber).map(|v| json!(v.iter().map(session_json).collect::<Vec<_>>())),
         ("GET", "/api/mappings") => dp.mappings(subscriber).map(|v| json!(v.iter().map(mapping_json).collect::<Vec<_>>())),
@@ -126,9 +229,9 @@ fn subscriber_param(query: &str) -> Result<Option<u32>, String> {
     Ok(subscriber)
 }
 
-fn metrics_response(dp: &Dataplane, log: (u64, u64)) -> Response {
+fn metrics_response(dp: &Dataplane, log: (u64, u64), format: Format) -> Response {
     match dp.worker_snapshots().and_then(|w| dp.io_snapshot().map(|io| (w, io))) {
-        Ok((w, io)) => Response { status: 200, content_type: "text/plain; version=0.0.4", body: metrics::render(&w, &io, log) },
+        Ok((w, io)) => Response { status: 200, content_type: format.content_type(), body: metrics::render(&w, &io, log, format) },
         Err(e) => Response::error(503, &e),
     }
 }
@@ -194,5 +297,28 @@ mod tests {
         assert_eq!(subscriber_param("subscriber=100.64.0.2"), Ok(Some(0x6440_0002)));
         assert!(subscriber_param("subscriber=banana").unwrap_err().contains("banana"));
         assert!(subscriber_param("colour=red").unwrap_err().contains("colour"));
+    }
+
+    #[test]
+    fn the_oldest_idle_connection_makes_room_and_busy_ones_are_kept() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        rt.block_on(async {
+            let mut c = Connections::default();
+            let mut tasks = Vec::new();
+            for id in 1..=3 {
+                let task = tokio::spawn(std::future::pending::<()>());
+                c.open.insert(id, Connection { busy: Arc::new(AtomicBool::new(id == 1)), task: task.abort_handle() });
+                tasks.push(task);
+            }
+            // 1 is being answered: 2 is the oldest idle one.
+            assert!(c.close_oldest_idle());
+            assert_eq!(c.open.keys().copied().collect::<Vec<_>>(), [1, 3]);
+            assert!(tasks.remove(1).await.unwrap_err().is_cancelled());
+            assert!(c.close_oldest_idle());
+            assert_eq!(c.open.keys().copied().collect::<Vec<_>>(), [1]);
+            // Only a busy one left: nothing is closed.
+            assert!(!c.close_oldest_idle());
+            assert_eq!(c.open.len(), 1);
+        });
     }
 }

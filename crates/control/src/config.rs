@@ -159,9 +159,75 @@ impl Config {
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
         root.finish()?;
         check_consistency(&engine)?;
+        check_addressing(&engine, &live)?;
         check_worker_slices(&engine, live.workers)?;
         Ok(Config { engine, live, logging, warnings })
     }
+
+    /// Keys `natrix run` needs that this configuration lacks, each with
+    /// why; `replay` needs none of them.
+    pub fn missing_for_run(&self) -> Vec<ConfigError> {
+        let mut missing = Vec::new();
+        let mut need = |key: &str, why: &str| missing.push(ConfigError { key: key.into(), problem: format!("missing: natrix run needs it ({why})") });
+        if self.live.inside_interface.is_none() {
+            need("inside.interface", "the interface towards the subscribers");
+        }
+        if self.live.outside_interface.is_none() {
+            need("outside.interface", "the interface towards the internet");
+        }
+        if self.engine.outside_addr.is_none() {
+            need("outside.address", "natrix's address and prefix on the outside link, to answer ARP and find next hops");
+        }
+        missing
+    }
+
+    /// Keys `natrix run` works without but an operator most likely wants.
+    pub fn advice_for_run(&self) -> Vec<String> {
+        let mut advice = Vec::new();
+        if self.live.gateway.is_none() {
+            advice.push("outside.gateway: not set: natrix run will reach only hosts inside the outside prefix".to_owned());
+        }
+        advice
+    }
+}
+
+/// The NAT's own prefixes and addresses must not collide: a pool inside the
+/// subscribers' prefix, natrix's own address in the pool, overlapping links
+/// or one interface on both sides would each make a NAT that cannot work.
+fn check_addressing(e: &EngineConfig, live: &LiveConfig) -> Result<(), ConfigError> {
+    let inside = (e.inside_addr, e.inside_prefix_len);
+    let outside = e.outside_addr.map(|a| (a, live.outside_prefix_len));
+    let show = |(a, len): (u32, u8)| format!("{}/{len}", Ipv4Addr::from(a));
+    if let Some(a) = e.pool.iter().find(|&&a| natrix_engine::config::prefix_contains(inside.0, inside.1, a)) {
+        return err("nat.pool", format!("{} is inside the subscribers' prefix {} (inside.address): the pool must be outside it", Ipv4Addr::from(*a), show(inside)));
+    }
+    if let Some((addr, _)) = outside {
+        if e.pool.binary_search(&addr).is_ok() {
+            return err("nat.pool", format!("contains natrix's own outside.address {}: take it out of the pool", Ipv4Addr::from(addr)));
+        }
+    }
+    if let Some(o) = outside {
+        let len = o.1.min(inside.1);
+        if natrix_engine::config::prefix_contains(inside.0, len, o.0) {
+            return err("outside.address", format!("{} overlaps the inside prefix {} (inside.address): the two links need separate prefixes", show(o), show(inside)));
+        }
+    }
+    if let (Some(i), Some(o)) = (&live.inside_interface, &live.outside_interface) {
+        if i == o {
+            return err("outside.interface", format!("\"{o}\" is also inside.interface: natrix needs one interface per side"));
+        }
+    }
+    if let Some(gw) = live.gateway.map(u32::from) {
+        match outside {
+            Some(o) if !natrix_engine::config::prefix_contains(o.0, o.1, gw) => {
+                return err("outside.gateway", format!("{} is not in the outside prefix {} (outside.address): a next hop must be on the link", Ipv4Addr::from(gw), show(o)));
+            }
+            None => return err("outside.gateway", "needs outside.address: natrix reaches the gateway through its outside address"),
+            Some(_) if e.pool.binary_search(&gw).is_ok() => return err("outside.gateway", "is a pool address (nat.pool)"),
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
@@ -321,6 +387,9 @@ fn parse_statics(s: &mut Section) -> Result<Vec<StaticMapping>, ConfigError> {
         let m = StaticMapping { proto, int_addr, int_port, ext_addr, ext_port };
         if out.iter().any(|o| o.proto == proto && (o.ext_addr, o.ext_port) == (ext_addr, ext_port)) {
             return err(format!("{key}.outside"), "the same external endpoint is mapped twice");
+        }
+        if out.iter().any(|o| o.proto == proto && (o.int_addr, o.int_port) == (int_addr, int_port)) {
+            return err(format!("{key}.inside"), "the same internal endpoint is mapped twice (endpoint-independent mapping gives it one external endpoint)");
         }
         out.push(m);
     }
@@ -587,13 +656,98 @@ impl<'a> Section<'a> {
         }
     }
 
-    /// Refuses keys nobody read.
+    /// Refuses keys nobody read, with the likely intended key when there is one.
     fn finish(self) -> Result<(), ConfigError> {
         match self.table.keys().find(|k| !self.used.contains(&k.as_str())) {
             None => Ok(()),
-            Some(k) => err(self.path(k), "unknown key"),
+            Some(k) => err(self.path(k), unknown_key_problem(&self.name, k)),
         }
     }
+}
+
+/// Every key the parser reads, by section ("" is the top level); a test
+/// holds this list to the parser. Used only to explain unknown keys.
+const KNOWN_KEYS: &[(&str, &[&str])] = &[
+    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll"]),
+    ("inside", &["interface", "address"]),
+    ("outside", &["interface", "address", "gateway"]),
+    (
+        "nat",
+        &[
+            "mode",
+            "pool",
+            "ports",
+            "filtering",
+            "max_ports_per_subscriber",
+            "max_ports_per_protocol",
+            "max_new_mappings_per_second",
+            "max_sessions_per_subscriber",
+            "max_sessions",
+            "max_subscribers",
+            "port_block_size",
+            "hold_down",
+            "port_selection",
+            "port_parity",
+            "inbound_refresh",
+            "unsolicited_syn",
+            "exhaustion_icmp",
+            "icmp_errors_per_second",
+            "exempt",
+            "static",
+            "seed",
+            "subscribers",
+            "ports_per_subscriber",
+        ],
+    ),
+    ("nat.max_ports_per_protocol", &["tcp", "udp", "icmp"]),
+    ("nat.static", &["proto", "inside", "outside"]),
+    ("timeouts", &["udp", "tcp_established", "tcp_transitory", "icmp", "fragment", "syn_hold"]),
+    ("fragments", &["max_held", "max_held_bytes"]),
+    ("logging", &["unit", "json", "ipfix", "syslog"]),
+    ("pcp", &["enabled", "max_lifetime"]),
+    ("management", &["listen"]),
+];
+
+/// "unknown key", and what the operator most likely meant: the key's home
+/// when it belongs in another section, else a known key a typo away.
+fn unknown_key_problem(section: &str, key: &str) -> String {
+    // "nat.static[2]" is one of the "nat.static" entries.
+    let section: String = section.split('.').map(|part| part.split('[').next().unwrap_or(part)).collect::<Vec<_>>().join(".");
+    let here = KNOWN_KEYS.iter().find(|(s, _)| *s == section).map_or(&[][..], |(_, keys)| *keys);
+    if let Some(near) = here.iter().filter(|k| edit_distance(k, key) <= 2.min(k.len() / 3)).min_by_key(|k| edit_distance(k, key)) {
+        return format!("unknown key; did you mean `{near}`?");
+    }
+    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management"];
+    if let Some((home, _)) = KNOWN_KEYS.iter().find(|(s, keys)| *s != section && top_level.contains(s) && keys.contains(&key)) {
+        return match *home {
+            "" => format!("unknown key here: `{key}` is a top-level key (put it above the first [section])"),
+            home => format!("unknown key here: `{key}` belongs in [{home}]"),
+        };
+    }
+    "unknown key".to_owned()
+}
+
+/// Optimal string alignment distance: insertions, deletions, substitutions
+/// and swaps of neighbours each cost one.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1).min(d[i][j - 1] + 1).min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
 }
 
 #[cfg(test)]
@@ -642,6 +796,70 @@ mod tests {
             "nat.static[0].outside"
         );
         assert_eq!(key_of("[nat]\npool = [\"203.0.113.0/28\"]\n[unknown]\n"), "unknown");
+    }
+
+    /// A value of the wrong type for a key the parser reads is refused as a
+    /// wrong value, never as an unknown key: so every key in KNOWN_KEYS is
+    /// one the parser knows.
+    #[test]
+    fn every_known_key_is_read_by_the_parser() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        for (section, keys) in KNOWN_KEYS {
+            for key in *keys {
+                let text = match *section {
+                    "" if *key == "nat" => "nat = [[1]]\n".to_owned(),
+                    "" => format!("{key} = [[1]]\n{base}"),
+                    "nat" if *key == "pool" => "[nat]\npool = 7\n".to_owned(),
+                    "nat" => format!("{base}{key} = [[1]]\n"),
+                    "nat.max_ports_per_protocol" => format!("{base}max_ports_per_protocol = {{ {key} = [[1]] }}\n"),
+                    "nat.static" => format!("{base}static = [{{ {key} = [[1]] }}]\n"),
+                    s => format!("{base}[{s}]\n{key} = [[1]]\n"),
+                };
+                let e = parse(&text).unwrap_err();
+                assert!(!e.problem.starts_with("unknown key"), "{section}.{key}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_keys_say_what_was_meant() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        let problem = |extra: &str| parse(&format!("{base}{extra}")).unwrap_err().to_string();
+        assert_eq!(problem("max_session = 5\n"), "nat.max_session: unknown key; did you mean `max_sessions`?");
+        assert_eq!(problem("filterin = \"endpoint-independent\"\n"), "nat.filterin: unknown key; did you mean `filtering`?");
+        assert_eq!(problem("workers = 2\n"), "nat.workers: unknown key here: `workers` is a top-level key (put it above the first [section])");
+        assert_eq!(problem("gateway = \"198.51.100.254\"\n"), "nat.gateway: unknown key here: `gateway` belongs in [outside]");
+        assert_eq!(problem("[timeouts]\nupd = \"5m\"\n"), "timeouts.upd: unknown key; did you mean `udp`?");
+        assert_eq!(problem("static = [{ proto = \"tcp\", insde = \"100.64.0.5:22\", outside = \"203.0.113.1:22\" }]\n"), "nat.static[0].insde: unknown key; did you mean `inside`?");
+        assert_eq!(problem("banana = 1\n"), "nat.banana: unknown key");
+    }
+
+    #[test]
+    fn addresses_that_collide_are_refused_naming_both_keys() {
+        let problem = |text: &str| parse(text).unwrap_err().to_string();
+        let p = problem("[inside]\naddress = \"100.64.0.1/10\"\n[nat]\npool = [\"100.64.5.0/28\"]\n");
+        assert!(p.starts_with("nat.pool:") && p.contains("inside.address"), "{p}");
+        let p = problem("[outside]\naddress = \"203.0.113.1/24\"\n[nat]\npool = [\"203.0.113.0/28\"]\n");
+        assert!(p.starts_with("nat.pool:") && p.contains("outside.address"), "{p}");
+        let p = problem("[inside]\naddress = \"10.0.0.1/16\"\n[outside]\naddress = \"10.0.5.1/24\"\n[nat]\npool = [\"203.0.113.0/28\"]\n");
+        assert!(p.starts_with("outside.address:") && p.contains("inside.address"), "{p}");
+        let p = problem("[inside]\ninterface = \"eth1\"\n[outside]\ninterface = \"eth1\"\n[nat]\npool = [\"203.0.113.0/28\"]\n");
+        assert!(p.starts_with("outside.interface:") && p.contains("inside.interface"), "{p}");
+        let p = problem("[outside]\naddress = \"198.51.100.1/24\"\ngateway = \"192.0.2.1\"\n[nat]\npool = [\"203.0.113.0/28\"]\n");
+        assert!(p.starts_with("outside.gateway:") && p.contains("outside.address"), "{p}");
+        // The lab's plan is sound: an on-link pool address in the outside prefix is fine.
+        parse("[outside]\naddress = \"198.51.100.1/24\"\ngateway = \"198.51.100.11\"\n[nat]\npool = [\"203.0.113.0/28\", \"198.51.100.10/32\"]\n").unwrap();
+    }
+
+    #[test]
+    fn run_needs_interfaces_and_the_outside_address() {
+        let c = parse("[nat]\npool = [\"203.0.113.0/28\"]\n").unwrap();
+        let keys: Vec<String> = c.missing_for_run().into_iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["inside.interface", "outside.interface", "outside.address"]);
+        assert_eq!(c.advice_for_run().len(), 1);
+        let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/natrix.toml")).unwrap();
+        let c = parse(&text).unwrap();
+        assert!(c.missing_for_run().is_empty() && c.advice_for_run().is_empty());
     }
 
     #[test]

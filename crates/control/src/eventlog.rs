@@ -41,8 +41,10 @@ pub struct EventLog {
 }
 
 impl EventLog {
-    pub fn create(path: &Path, unit: LogUnit) -> io::Result<Self> {
-        Ok(EventLog { out: BufWriter::new(File::create(path)?), unit, written: 0, bytes: 0 })
+    /// Writes to a file the caller opened (replay writes a new log beside
+    /// the old one and renames it into place when the replay succeeds).
+    pub fn to_file(file: File, unit: LogUnit) -> Self {
+        EventLog { out: BufWriter::new(file), unit, written: 0, bytes: 0 }
     }
 
     /// Opens for appending: a live natrix never truncates its own records.
@@ -73,8 +75,9 @@ impl EventLog {
         (self.written, self.bytes)
     }
 
-    pub fn finish(mut self) -> io::Result<()> {
-        self.out.flush()
+    /// Flushes what is buffered and hands the file back.
+    pub fn finish(self) -> io::Result<File> {
+        self.out.into_inner().map_err(|e| e.into_error())
     }
 }
 

@@ -23,6 +23,25 @@ pub struct Report {
     pub events_lost: u64,
     /// What each logging scheme would write for this traffic.
     pub log_volume: LogVolume,
+    /// Records each configured log sink took and lost, by sink (`json`,
+    /// `ipfix`, `syslog`).
+    pub log_export: BTreeMap<&'static str, SinkUse>,
+    /// Where the input capture ended inside a record, if it did.
+    pub input_truncated: Option<Truncation>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct SinkUse {
+    pub sent: u64,
+    pub lost: u64,
+}
+
+/// A capture cut short: `after_frame` whole frames were read, and the
+/// incomplete record starts at `byte_offset`.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Truncation {
+    pub after_frame: u64,
+    pub byte_offset: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
@@ -123,6 +142,8 @@ impl ReportBuilder {
             },
             events_lost: engine.events_lost(),
             log_volume: self.volume.build(st.sessions_created, engine.tables().session_count() as u64),
+            log_export: BTreeMap::new(),
+            input_truncated: None,
         }
     }
 }

@@ -1,12 +1,20 @@
 //! Packet I/O for natrix: capture files (pcap and pcapng in, pcapng out) for
 //! `natrix replay`, and live backends (AF_XDP, AF_PACKET) that hand the
-//! dataplane batches of frames through one trait, `PacketPort`.
+//! dataplane batches of frames through one trait, `PacketPort`, and an
+//! in-memory port (`memory`) whose other end a test drives, so the
+//! dataplane runs whole without root or interfaces.
 
 pub mod af_packet;
 pub mod af_xdp;
 pub mod capture;
 pub mod iface;
+pub mod lock;
+pub mod memory;
+pub mod output;
 pub mod port;
 
 pub use capture::{CaptureError, CaptureReader, CaptureWriter, ReadFrame};
+pub use lock::{InterfaceLock, LockError, LOCK_DIR};
+pub use memory::{MemoryPeer, MemoryPort};
+pub use output::{same_file, PendingFile};
 pub use port::{IoError, PacketPort, MAX_FRAME};
