@@ -38,10 +38,10 @@ def test_malformed_frames_dropped_and_counted(replay):
         t[0] += 0.01
 
     add("inside", bytes(Ether(src=h.mac_for(SUB_A), dst=h.NAT_IN_MAC))[:10])            # eth_truncated
-    # not_ipv4: an IPv6 frame (an ARP request for natrix's own address is avoided
-    # on purpose: answering ARP is allowed, live natrix does it)
-    add("inside", Ether(src=h.mac_for(SUB_A), dst=h.NAT_IN_MAC, type=0x86DD)
-        / IPv6(src="2001:db8::1", dst="2001:db8::2") / UDP(sport=40000, dport=53))
+    # not_ipv4: neither IPv4 nor IPv6 (LLDP's ethertype). An ARP request for
+    # natrix's own address is avoided on purpose: answering ARP is allowed, and
+    # IPv6 is routed (CONTRACTS.md, "Wave 2: shared rules").
+    add("inside", Ether(src=h.mac_for(SUB_A), dst=h.NAT_IN_MAC, type=0x88CC) / Raw(b"\x02\x07\x04" + b"\x00" * 40))
     add("inside", raw_in(SUB_A, _good_ip()[:12]))                                        # ipv4_truncated
     b = _good_ip(); b[0] = 0x65; add("inside", raw_in(SUB_A, _fix_ck(b)))                # ipv4_bad_version
     b = _good_ip(); b[0] = 0x44; add("inside", raw_in(SUB_A, _fix_ck(b)))                # ipv4_bad_header_length

@@ -3,7 +3,7 @@
 //! on the per-packet path; the dataplane calls it between batches.
 
 use crate::config::EngineConfig;
-use crate::nat44::{fmt_addr, Engine};
+use crate::nat44::{fmt_addr, Nat44};
 use crate::state::sessions::mapping_flags;
 use crate::trackers::TimeoutClass;
 use crate::Proto;
@@ -44,7 +44,7 @@ pub struct Cleared {
     pub mappings: u64,
 }
 
-impl Engine {
+impl Nat44 {
     /// Live sessions, optionally of one subscriber.
     pub fn session_views(&self, subscriber: Option<u32>) -> Vec<SessionView> {
         let now = self.now_s;

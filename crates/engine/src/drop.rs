@@ -26,12 +26,14 @@ macro_rules! drop_reasons {
 
 drop_reasons! {
     EthTruncated => "eth_truncated", "frame shorter than its Ethernet header or VLAN tags";
-    NotIpv4 => "not_ipv4", "ethertype is not IPv4 (ARP, IPv6, ...)";
+    NotIpv4 => "not_ipv4", "ethertype is neither IPv4 nor IPv6 (ARP, LLDP, ...)";
     Ipv4Truncated => "ipv4_truncated", "frame shorter than the IPv4 header or its total length";
     Ipv4BadVersion => "ipv4_bad_version", "IP version field is not 4";
     Ipv4BadHeaderLength => "ipv4_bad_header_length", "IHL below 5";
     Ipv4BadTotalLength => "ipv4_bad_total_length", "total length smaller than the header";
     Ipv4BadChecksum => "ipv4_bad_checksum", "IPv4 header checksum does not verify";
+    Ipv6Truncated => "ipv6_truncated", "frame shorter than the IPv6 header or its payload length";
+    Ipv6BadHeader => "ipv6_bad_header", "IPv6 version field is not 6, or extension headers that cannot be walked";
     Martian => "martian", "source or destination address that is never routed (0/8, 127/8, multicast, broadcast)";
     L4Truncated => "l4_truncated", "TCP, UDP or ICMP header truncated or malformed";
     IcmpBadChecksum => "icmp_bad_checksum", "ICMP error whose checksum does not verify (RFC 5508 REQ-3)";
@@ -58,6 +60,16 @@ drop_reasons! {
     FragmentTimeout => "fragment_timeout", "fragment whose first fragment never arrived";
     FragmentBufferFull => "fragment_buffer_full", "out-of-order fragment buffer at its cap";
     FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports";
+}
+
+impl DropReason {
+    /// Refusals for lack of resources or quota: answered with ICMP (RFC 6888 REQ-8).
+    pub fn is_resource(self) -> bool {
+        matches!(
+            self,
+            DropReason::PortQuota | DropReason::SessionQuota | DropReason::RateLimited | DropReason::PoolExhausted | DropReason::SessionTableFull | DropReason::SubscriberTableFull
+        )
+    }
 }
 
 /// One counter per drop reason.

@@ -30,7 +30,7 @@ pub use state::{deterministic, events, pool, rng, shard};
 pub use config::EngineConfig;
 pub use drop::DropReason;
 pub use error::EngineError;
-pub use nat44::{Engine, Stats, Verdict};
+pub use pipeline::{Engine, Stats, Verdict};
 pub use state::events::{Event, EventKind};
 
 /// The side of the NAT a frame arrives on or leaves by.
@@ -60,7 +60,7 @@ impl Side {
 }
 
 /// The transport protocols natrix keeps mappings for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
 pub enum Proto {
     Tcp = 0,

@@ -18,14 +18,17 @@ use core::hint::select_unpredictable;
 
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
 
-use crate::nat44::{is_martian, Engine, Flow, Looked, Verdict};
+use crate::drop::DropReason;
+use crate::nat44::{Flow, Looked, Nat44};
+use crate::pipeline::frame::is_martian;
 use crate::rewrite::{self, Which, L4};
 use crate::state::sessions::{Found, NIL};
 use crate::state::subscribers::NONE;
 use crate::trackers::Direction;
 use crate::{Proto, Side};
 
-const L3: usize = ethernet::HEADER_LEN;
+/// Where a candidate's IPv4 header starts: right after an untagged Ethernet header.
+pub(crate) const L3: usize = ethernet::HEADER_LEN;
 const IP_HEADER: usize = 20;
 /// Without IP options the transport header always starts here.
 const AT: usize = L3 + IP_HEADER;
@@ -62,9 +65,18 @@ impl Candidate {
     pub(crate) fn hash(&self) -> u64 {
         self.hash
     }
+
+    /// The IP protocol and TCP flags, for the middlebox functions' interest.
+    pub(crate) fn ip_proto(&self) -> u8 {
+        self.proto.ip_number()
+    }
+
+    pub(crate) fn tcp_flags(&self) -> u8 {
+        self.tcp_flags
+    }
 }
 
-impl Engine {
+impl Nat44 {
     /// The checks the full path would make, in a form that only accepts:
     /// each one failing sends the frame there. Reads the frame, changes nothing.
     #[inline]
@@ -118,16 +130,13 @@ impl Engine {
     /// Decides a candidate `frame`: translated here if its session exists;
     /// an outbound one without a session opens it through the full path's
     /// handling, past the parse, checks and lookup `candidate` and `forward`
-    /// have made; an inbound one takes the full path.
+    /// have made; None: an inbound one without a session, for the full path.
     #[inline]
-    pub(crate) fn decide(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Verdict {
+    pub(crate) fn decide(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Option<Result<Side, DropReason>> {
         match (self.forward(frame, side, c), side) {
-            (Ok(out), _) => {
-                self.stats.forwarded[out as usize] += 1;
-                Verdict::Forward(out)
-            }
-            (Err(found), Side::Inside) => self.open(frame, c, found),
-            (Err(_), Side::Outside) => self.full_path(frame, side),
+            (Ok(out), _) => Some(Ok(out)),
+            (Err(found), Side::Inside) => Some(self.open(frame, c, found)),
+            (Err(_), Side::Outside) => None,
         }
     }
 
@@ -155,24 +164,18 @@ impl Engine {
     /// what `forward`'s lookup found: the full path's policy from there on.
     /// Out of line, so the established path it branches from stays compact.
     #[inline(never)]
-    fn open(&mut self, frame: &mut [u8], c: &Candidate, found: Option<Found>) -> Verdict {
-        let l4 = match c.proto {
-            Proto::Tcp => L4::Tcp { at: AT, len: usize::from(c.l4_len) },
-            Proto::Udp => L4::Udp { at: AT },
-            // Never a candidate; decided by the full path should that change.
-            Proto::Icmp => return self.full_path(frame, Side::Inside),
-        };
+    fn open(&mut self, frame: &mut [u8], c: &Candidate, found: Option<Found>) -> Result<Side, DropReason> {
+        // A candidate is TCP or UDP (`transport`).
+        debug_assert!(c.proto != Proto::Icmp);
+        let l4 = if c.proto == Proto::Tcp { L4::Tcp { at: AT, len: usize::from(c.l4_len) } } else { L4::Udp { at: AT } };
         let flow = Flow { proto: c.proto, sport: c.sport, dport: c.dport, tcp_flags: c.tcp_flags, l4, icmp_class: None };
         // The full path's policy (quotas, allocation, logging, held SYNs)
         // from here on. A candidate is neither a hairpin nor ICMP, so the
         // session's external endpoint is the whole rewrite.
-        let session = self.outbound_session(c.src, c.dst, &flow, true, Looked { hash_in: c.hash, found, sub_hint: c.sub });
-        let result = self.answer_refusal(frame, L3, session).map(|sid| {
-            let ends = self.tables.endpoints(sid);
-            rewrite::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);
-            Some(Side::Outside)
-        });
-        self.verdict_of(result)
+        let sid = self.outbound_session(c.src, c.dst, &flow, true, Looked { hash_in: c.hash, found, sub_hint: c.sub })?;
+        let ends = self.tables.endpoints(sid);
+        rewrite::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);
+        Ok(Side::Outside)
     }
 }
 

@@ -8,6 +8,13 @@
 
 use std::collections::VecDeque;
 
+use natrix_wire::ipv4;
+
+use crate::drop::DropReason;
+use crate::nat44::Nat44;
+use crate::pipeline::frame::Ip;
+use crate::pipeline::router::Router;
+use crate::rewrite::{self, Which, L4};
 use crate::state::hash;
 use crate::state::index::FlowIndex;
 use crate::Side;
@@ -22,8 +29,8 @@ pub struct FragKey {
 }
 
 impl FragKey {
-    fn hash(&self) -> u64 {
-        hash::five_tuple(0x5eed, self.proto, self.src, self.ident, self.dst, self.side as u16)
+    fn hash(&self, seed: u64) -> u64 {
+        hash::five_tuple(seed, self.proto, self.src, self.ident, self.dst, self.side as u16)
     }
 }
 
@@ -61,10 +68,12 @@ pub struct Fragments {
     max_held_bytes: usize,
     spare: Vec<Vec<u8>>,
     timeout_ns: u64,
+    /// Seeds the index's hash, like every other table's.
+    seed: u64,
 }
 
 impl Fragments {
-    pub fn new(max_records: usize, max_held: usize, max_held_bytes: usize, timeout_ns: u64) -> Self {
+    pub fn new(max_records: usize, max_held: usize, max_held_bytes: usize, timeout_ns: u64, seed: u64) -> Self {
         Fragments {
             records: Vec::with_capacity(max_records),
             index: FlowIndex::with_capacity(max_records),
@@ -76,6 +85,7 @@ impl Fragments {
             max_held_bytes,
             spare: Vec::new(),
             timeout_ns,
+            seed,
         }
     }
 
@@ -85,14 +95,14 @@ impl Fragments {
 
     pub fn lookup(&self, key: &FragKey, now_ns: u64) -> Option<FragRewrite> {
         let r = &self.records;
-        self.index.find(key.hash(), |i| r[i as usize].key == *key && r[i as usize].expires_ns > now_ns).map(|i| r[i as usize].rewrite)
+        self.index.find(key.hash(self.seed), |i| r[i as usize].key == *key && r[i as usize].expires_ns > now_ns).map(|i| r[i as usize].rewrite)
     }
 
     /// Remembers the first fragment's rewrite.
     pub fn record(&mut self, key: FragKey, rewrite: FragRewrite, now_ns: u64) {
         let rec = Record { key, rewrite, expires_ns: now_ns + self.timeout_ns };
         let r = &self.records;
-        if let Some(i) = self.index.find(key.hash(), |i| r[i as usize].key == key) {
+        if let Some(i) = self.index.find(key.hash(self.seed), |i| r[i as usize].key == key) {
             self.records[i as usize] = rec;
             return;
         }
@@ -102,11 +112,11 @@ impl Fragments {
         } else {
             let Some(old) = self.order.pop_front() else { return };
             let old_key = self.records[old as usize].key;
-            self.index.remove(old_key.hash(), old);
+            self.index.remove(old_key.hash(self.seed), old);
             self.records[old as usize] = rec;
             old
         };
-        if self.index.insert(key.hash(), id).is_ok() {
+        if self.index.insert(key.hash(self.seed), id).is_ok() {
             self.order.push_back(id);
         }
     }
@@ -171,5 +181,47 @@ impl Fragments {
 
     pub fn held_count(&self) -> usize {
         self.held.len()
+    }
+}
+
+impl Nat44 {
+    /// A later fragment leaves as its first fragment did; before its first
+    /// one is seen it waits (None), or is dropped when the buffer is full.
+    pub(super) fn later_fragment(&mut self, frame: &mut [u8], ip: &Ip, side: Side) -> Result<Option<Side>, DropReason> {
+        let key = FragKey { src: ip.src, dst: ip.dst, ident: ip.ident, proto: ip.proto, side };
+        if let Some(rw) = self.frags.lookup(&key, self.now_ns) {
+            apply_fragment_rewrite(frame, ip.l3, rw);
+            return Ok(Some(rw.out));
+        }
+        if self.frags.hold(key, frame, ip.l3, self.now_ns) {
+            Ok(None)
+        } else {
+            Err(DropReason::FragmentBufferFull)
+        }
+    }
+
+    /// Remembers how a translated first fragment left, and releases the
+    /// later fragments that waited for it, rewritten the same way.
+    pub(super) fn record_first_fragment(&mut self, frame: &[u8], ip: &Ip, arrived: Side, out: Side, router: &mut Router) {
+        let now = ipv4::Packet::new_lax(&frame[ip.l3..]).map(|p| (p.src_addr(), p.dst_addr())).unwrap_or((ip.src, ip.dst));
+        let key = FragKey { src: ip.src, dst: ip.dst, ident: ip.ident, proto: ip.proto, side: arrived };
+        let rw = FragRewrite { src: now.0, dst: now.1, out };
+        self.frags.record(key, rw, self.now_ns);
+        self.frags.take_held(&key, |h| {
+            apply_fragment_rewrite(&mut h.frame, h.l3, rw);
+            rewrite::decrement_ttl(&mut h.frame, h.l3);
+            router.release(rw.out, &h.frame);
+        });
+    }
+}
+
+fn apply_fragment_rewrite(frame: &mut [u8], l3: usize, rw: FragRewrite) {
+    let Ok(p) = ipv4::Packet::new_lax(&frame[l3..]) else { return };
+    let (src, dst) = (p.src_addr(), p.dst_addr());
+    if src != rw.src {
+        rewrite::rewrite(frame, l3, L4::None, Which::Src, rw.src, 0);
+    }
+    if dst != rw.dst {
+        rewrite::rewrite(frame, l3, L4::None, Which::Dst, rw.dst, 0);
     }
 }

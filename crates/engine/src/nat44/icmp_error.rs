@@ -5,7 +5,8 @@
 use natrix_wire::{icmp, ipv4, proto};
 
 use crate::drop::DropReason;
-use crate::nat44::{Engine, Ip};
+use crate::nat44::Nat44;
+use crate::pipeline::frame::Ip;
 use crate::rewrite::{self, Which, L4};
 use crate::{Proto, Side};
 
@@ -47,7 +48,7 @@ impl Quoted {
     }
 }
 
-impl Engine {
+impl Nat44 {
     pub(crate) fn is_icmp_error(&self, frame: &[u8], ip: &Ip) -> bool {
         ip.proto == proto::ICMP && ip.l4_len >= 1 && icmp::classify(frame[ip.l4]) == icmp::Class::Error
     }

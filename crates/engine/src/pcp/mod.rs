@@ -30,12 +30,11 @@ use std::collections::{BTreeMap, BinaryHeap};
 use natrix_wire::pcp::{self as wire, opcode, option, result};
 use natrix_wire::{checksum, ethernet, ipv4, proto, set_u16_at, udp};
 
-use crate::config::{prefix_contains, PortSelection};
 use crate::drop::DropReason;
-use crate::nat44::{Engine, Ip};
-use crate::state::events::{Event, EventKind};
+use crate::nat44::pcp_ops::{FilterRule, NatOps};
+use crate::pipeline::frame::Ip;
+use crate::pipeline::router::Router;
 use crate::state::sessions::mapping_flags;
-use crate::trackers::{tcp, Direction, TimeoutClass};
 use crate::{Proto, Side};
 
 /// `[pcp]` settings.
@@ -119,21 +118,6 @@ impl Key {
     }
 }
 
-/// A remote peer a MAP mapping accepts (FILTER option, section 13.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FilterRule {
-    addr: u32,
-    prefix_len: u8,
-    /// 0: any port.
-    port: u16,
-}
-
-impl FilterRule {
-    fn matches(&self, addr: u32, port: u16) -> bool {
-        prefix_contains(self.addr, self.prefix_len, addr) && (self.port == 0 || self.port == port)
-    }
-}
-
 struct Hold {
     nonce: [u8; wire::NONCE_LEN],
     /// Engine second at which the PCP lifetime ends.
@@ -144,9 +128,10 @@ struct Hold {
     filters: Vec<FilterRule>,
 }
 
-/// The server's state inside one engine.
-#[derive(Default)]
-pub struct PcpState {
+/// The PCP server of one engine.
+pub(crate) struct PcpServer {
+    cfg: Option<PcpConfig>,
+    inside_addr: u32,
     holds: BTreeMap<Key, Hold>,
     due: BinaryHeap<Reverse<(u32, Key)>>,
     /// Engine second the epoch counts from (section 8.5).
@@ -180,20 +165,32 @@ struct MapRequest {
 /// opcode data to send.
 type Outcome = Result<(u32, Vec<u8>), u8>;
 
-impl Engine {
+impl PcpServer {
+    pub(crate) fn new(cfg: Option<PcpConfig>, inside_addr: u32) -> PcpServer {
+        PcpServer { cfg, inside_addr, holds: BTreeMap::new(), due: BinaryHeap::new(), started_s: None, window_s: 0, in_window: 0, undone: false, stats: PcpStats::default() }
+    }
+
+    pub(crate) fn is_enabled(&self) -> bool {
+        self.cfg.is_some()
+    }
+
+    pub(crate) fn reconfigure(&mut self, cfg: Option<PcpConfig>, inside_addr: u32) {
+        self.cfg = cfg;
+        self.inside_addr = inside_addr;
+    }
+
     /// Counters of the PCP server.
-    pub fn pcp_stats(&self) -> PcpStats {
-        self.pcp.stats.clone()
+    pub(crate) fn stats(&self) -> PcpStats {
+        self.stats.clone()
     }
 
     /// Every live PCP hold (MAP mappings and PEER sessions), in key order.
-    pub fn pcp_holds(&self) -> Vec<PcpHoldView> {
-        self.pcp
-            .holds
+    pub(crate) fn holds(&self, nat: &impl NatOps) -> Vec<PcpHoldView> {
+        self.holds
             .iter()
             .filter_map(|(k, h)| {
-                let sid = self.tables.find_session_in(k.proto(), k.int_addr, k.int_port, k.rem_addr, k.rem_port)?;
-                let s = self.tables.session(sid);
+                let sid = nat.find_session(k.proto(), k.int_addr, k.int_port, k.rem_addr, k.rem_port)?;
+                let s = nat.session(sid);
                 Some(PcpHoldView {
                     proto: k.proto(),
                     int_addr: k.int_addr,
@@ -202,7 +199,7 @@ impl Engine {
                     ext_port: s.ext_port,
                     rem_addr: k.rem_addr,
                     rem_port: k.rem_port,
-                    remaining_s: h.expires_s.saturating_sub(self.now_s),
+                    remaining_s: h.expires_s.saturating_sub(nat.now_s()),
                     filters: h.filters.len(),
                 })
             })
@@ -213,87 +210,70 @@ impl Engine {
     /// port 5350 on the inside (RFC 6887 section 14.1.3), as a whole frame
     /// from `src_mac`, or None when PCP is disabled. The caller sends it as
     /// is (it needs no next hop).
-    pub fn pcp_announcement(&mut self, src_mac: [u8; 6]) -> Option<Vec<u8>> {
-        self.cfg.pcp?;
+    pub(crate) fn announcement(&mut self, src_mac: [u8; 6], now_s: u32, router: &mut Router) -> Option<Vec<u8>> {
+        self.cfg?;
         let mut msg = [0u8; wire::HEADER_LEN];
-        wire::emit_response_header(&mut msg, wire::VERSION, opcode::ANNOUNCE, result::SUCCESS, 0, self.pcp_epoch());
+        wire::emit_response_header(&mut msg, wire::VERSION, opcode::ANNOUNCE, result::SUCCESS, 0, self.epoch(now_s));
         let mut f = Vec::with_capacity(14 + 28 + msg.len());
         f.extend_from_slice(&ALL_HOSTS_MAC);
         f.extend_from_slice(&src_mac);
         f.extend_from_slice(&ethernet::ETHERTYPE_IPV4.to_be_bytes());
-        let ident = self.pcp_next_ident();
-        append_udp(&mut f, self.cfg.inside_addr, ALL_HOSTS, wire::CLIENT_PORT, &msg, 1, ident);
+        append_udp(&mut f, self.inside_addr, ALL_HOSTS, wire::CLIENT_PORT, &msg, 1, router.next_ident());
         Some(f)
     }
 
-    fn pcp_epoch(&mut self) -> u32 {
-        let now = self.now_s;
-        now - *self.pcp.started_s.get_or_insert(now)
-    }
-
-    /// Whether a PCP hold with FILTER options decides who may use mapping
-    /// `mid`: Some(verdict) for a mapping PCP holds, None otherwise.
-    pub(crate) fn pcp_filter(&self, mid: u32, rem: u32, rport: u16) -> Option<bool> {
-        if self.pcp.holds.is_empty() {
-            return None;
-        }
-        let m = self.tables.mapping(mid);
-        let key = Key { proto: m.proto as u8, int_addr: m.int_addr, int_port: m.int_port, rem_addr: 0, rem_port: 0 };
-        let h = self.pcp.holds.get(&key)?;
-        self.tables.find_session_in(m.proto, m.int_addr, m.int_port, 0, 0)?;
-        Some(h.filters.is_empty() || h.filters.iter().any(|f| f.matches(rem, rport)))
+    fn epoch(&mut self, now: u32) -> u32 {
+        now - *self.started_s.get_or_insert(now)
     }
 
     /// Once a second, before sessions expire: touch the holds that are due
     /// and release those whose lifetime has ended.
-    pub(crate) fn pcp_tick(&mut self) {
-        let now = self.now_s;
-        if self.cfg.pcp.is_some() && self.pcp.started_s.is_none() {
-            self.pcp.started_s = Some(now);
+    pub(crate) fn tick(&mut self, nat: &mut impl NatOps) {
+        let now = nat.now_s();
+        if self.cfg.is_some() && self.started_s.is_none() {
+            self.started_s = Some(now);
         }
-        while let Some(&Reverse((due, key))) = self.pcp.due.peek() {
+        while let Some(&Reverse((due, key))) = self.due.peek() {
             if due > now {
                 break;
             }
-            self.pcp.due.pop();
-            let Some(h) = self.pcp.holds.get(&key) else { continue };
+            self.due.pop();
+            let Some(h) = self.holds.get(&key) else { continue };
             if h.due_s != due {
                 continue; // superseded by a refresh
             }
             let expires = h.expires_s;
-            let Some(sid) = self.tables.find_session_in(key.proto(), key.int_addr, key.int_port, key.rem_addr, key.rem_port) else {
-                self.pcp.holds.remove(&key);
+            let Some(sid) = nat.find_session(key.proto(), key.int_addr, key.int_port, key.rem_addr, key.rem_port) else {
+                self.forget(nat, &key);
                 continue;
             };
             if expires <= now {
-                self.pcp.holds.remove(&key);
+                self.forget(nat, &key);
                 if key.is_map() {
-                    self.pcp_release_keepalive(sid);
+                    nat.release_keepalive(sid);
                 }
                 continue;
             }
-            let class = self.tables.session(sid).class;
-            self.tables.touch(sid, now, class);
-            self.pcp_schedule(key, expires);
+            nat.touch(sid);
+            self.schedule(nat, key, expires);
         }
     }
 
     /// Sets when a hold is next looked at: well before any session could
     /// idle out (half the shortest timeout, at most a minute), and when its
     /// lifetime ends.
-    fn pcp_schedule(&mut self, key: Key, expires_s: u32) {
-        let now = self.now_s;
-        let shortest = TimeoutClass::ALL.into_iter().map(|c| self.timeout_of(c)).min().unwrap_or(1);
-        let interval = (shortest / 2).clamp(1, MAX_TOUCH_INTERVAL_S);
+    fn schedule(&mut self, nat: &impl NatOps, key: Key, expires_s: u32) {
+        let now = nat.now_s();
+        let interval = (nat.shortest_timeout() / 2).clamp(1, MAX_TOUCH_INTERVAL_S);
         let due = now.saturating_add(interval).min(expires_s).max(now.saturating_add(1));
-        if let Some(h) = self.pcp.holds.get_mut(&key) {
+        if let Some(h) = self.holds.get_mut(&key) {
             h.due_s = due;
-            self.pcp.due.push(Reverse((due, key)));
+            self.due.push(Reverse((due, key)));
         }
     }
 
     /// A UDP datagram to the inside address: answer it if it is PCP.
-    pub(crate) fn pcp_request(&mut self, frame: &[u8], ip: &Ip) {
+    pub(crate) fn request(&mut self, frame: &[u8], ip: &Ip, nat: &mut impl NatOps, router: &mut Router) {
         if ip.proto != proto::UDP || ip.first_frag || ip.later_frag {
             return;
         }
@@ -302,29 +282,30 @@ impl Engine {
         if u.dst_port() != wire::SERVER_PORT {
             return;
         }
-        self.pcp.stats.requests += 1;
+        self.stats.requests += 1;
         let dgram = &l4[..usize::from(u.length())];
         if u.checksum() != 0 && !udp_checksum_ok(ip.src, ip.dst, dgram) {
-            self.pcp.stats.ignored += 1;
+            self.stats.ignored += 1;
             return;
         }
-        if self.pcp.window_s != self.now_s {
-            self.pcp.window_s = self.now_s;
-            self.pcp.in_window = 0;
+        let now = nat.now_s();
+        if self.window_s != now {
+            self.window_s = now;
+            self.in_window = 0;
         }
-        if self.pcp.in_window >= REQUESTS_PER_SECOND {
-            self.pcp.stats.ignored += 1;
+        if self.in_window >= REQUESTS_PER_SECOND {
+            self.stats.ignored += 1;
             return;
         }
-        self.pcp.in_window += 1;
-        let Some(answer) = self.pcp_answer(ip, &dgram[udp::HEADER_LEN..]) else {
-            self.pcp.stats.ignored += 1;
+        self.in_window += 1;
+        let Some(answer) = self.answer(ip, &dgram[udp::HEADER_LEN..], nat) else {
+            self.stats.ignored += 1;
             return;
         };
-        self.pcp.stats.results[usize::from(answer[3] & 0x0f)] += 1;
-        let (inside, client, cport) = (self.cfg.inside_addr, ip.src, u.src_port());
+        self.stats.results[usize::from(answer[3] & 0x0f)] += 1;
+        let (inside, client, cport) = (self.inside_addr, ip.src, u.src_port());
         let l3 = ip.l3;
-        self.pcp_emit(Side::Inside, |buf, ident| {
+        router.emit(Side::Inside, |buf, ident| {
             buf.extend_from_slice(&frame[..l3]);
             ethernet::swap_addresses(buf);
             append_udp(buf, inside, client, cport, &answer, 64, ident);
@@ -333,54 +314,52 @@ impl Engine {
 
     /// Section 8.3: the answer to a request, or None when it is to be
     /// dropped silently.
-    fn pcp_answer(&mut self, ip: &Ip, msg: &[u8]) -> Option<Vec<u8>> {
+    fn answer(&mut self, ip: &Ip, msg: &[u8], nat: &mut impl NatOps) -> Option<Vec<u8>> {
         if msg.len() < 2 || msg[1] & wire::RESPONSE_BIT != 0 {
             return None;
         }
+        let now = nat.now_s();
         let op = msg[1] & !wire::RESPONSE_BIT;
         if msg[0] != wire::VERSION {
-            return Some(self.pcp_error(msg, op, result::UNSUPP_VERSION));
+            return Some(self.error(msg, op, result::UNSUPP_VERSION, now));
         }
         let req = wire::Request::new_checked(msg).ok()?;
         if msg.len() > wire::MAX_LEN || !msg.len().is_multiple_of(4) {
-            return Some(self.pcp_error(msg, op, result::MALFORMED_REQUEST));
+            return Some(self.error(msg, op, result::MALFORMED_REQUEST, now));
         }
         let data_len = match op {
             opcode::ANNOUNCE => 0,
             opcode::MAP => wire::MAP_LEN,
             opcode::PEER => wire::PEER_LEN,
-            _ => return Some(self.pcp_error(msg, op, result::UNSUPP_OPCODE)),
+            _ => return Some(self.error(msg, op, result::UNSUPP_OPCODE, now)),
         };
         let body = req.body();
         if body.len() < data_len {
-            return Some(self.pcp_error(msg, op, result::MALFORMED_REQUEST));
+            return Some(self.error(msg, op, result::MALFORMED_REQUEST, now));
         }
         if wire::v4_of(&req.client_addr()) != Some(ip.src) {
-            return Some(self.pcp_error(msg, op, result::ADDRESS_MISMATCH));
+            return Some(self.error(msg, op, result::ADDRESS_MISMATCH, now));
         }
-        // The events this request causes are set aside, so that a mapping
-        // it makes and then undoes (a failed request changes nothing,
-        // section 7.3) leaves no record.
-        let earlier: Vec<Event> = self.events_mut().drain().collect();
-        self.pcp.undone = false;
+        // A mapping this request makes and then undoes (a failed request
+        // changes nothing, section 7.3) leaves no record.
+        let mark = nat.events_mark();
+        self.undone = false;
         let outcome = match op {
             opcode::ANNOUNCE => check_options(op, &body[data_len..]).map(|_| (0, Vec::new())),
             _ => match parse_map(op, body) {
                 Err(code) => Err(code),
-                Ok(m) if op == opcode::MAP => self.pcp_map(ip, req.lifetime(), m),
-                Ok(m) => self.pcp_peer(ip, req.lifetime(), m),
+                Ok(m) if op == opcode::MAP => self.map(ip, req.lifetime(), m, nat),
+                Ok(m) => self.peer(ip, req.lifetime(), m, nat),
             },
         };
-        let ours: Vec<Event> = self.events_mut().drain().collect();
-        let undone = std::mem::take(&mut self.pcp.undone);
-        let q = self.events_mut();
-        earlier.into_iter().for_each(|e| q.push(e));
-        ours.into_iter().filter(|e| !(undone && is_mapping_record(e.kind))).for_each(|e| q.push(e));
+        if std::mem::take(&mut self.undone) {
+            nat.discard_mapping_events_since(mark);
+        }
         Some(match outcome {
-            Err(code) => self.pcp_error(msg, op, code),
+            Err(code) => self.error(msg, op, code, now),
             Ok((lifetime, data)) => {
                 let mut out = vec![0u8; wire::HEADER_LEN];
-                let epoch = self.pcp_epoch();
+                let epoch = self.epoch(now);
                 wire::emit_response_header(&mut out, wire::VERSION, op, result::SUCCESS, lifetime, epoch);
                 out.extend_from_slice(&data);
                 out
@@ -390,28 +369,28 @@ impl Engine {
 
     /// An error response: the request copied (up to 1100 octets, padded to
     /// a multiple of 4), under a response header (section 8.3).
-    fn pcp_error(&mut self, msg: &[u8], op: u8, code: u8) -> Vec<u8> {
+    fn error(&mut self, msg: &[u8], op: u8, code: u8, now: u32) -> Vec<u8> {
         let mut out = msg[..msg.len().min(wire::MAX_LEN)].to_vec();
         out.resize(out.len().max(wire::HEADER_LEN).div_ceil(4) * 4, 0);
         let lifetime = if result::is_short_lifetime(code) { SHORT_ERROR_LIFETIME_S } else { LONG_ERROR_LIFETIME_S };
-        let epoch = self.pcp_epoch();
+        let epoch = self.epoch(now);
         wire::emit_response_header(&mut out, wire::VERSION, op, code, lifetime, epoch);
         out
     }
 
-    fn pcp_grant(&self, requested: u32) -> u32 {
-        let max = self.cfg.pcp.map_or(0, |p| p.max_lifetime_s).max(1);
+    fn grant(&self, requested: u32) -> u32 {
+        let max = self.cfg.map_or(0, |p| p.max_lifetime_s).max(1);
         requested.clamp(MIN_LIFETIME_S.min(max), max)
     }
 
     /// Section 11: MAP.
-    fn pcp_map(&mut self, ip: &Ip, lifetime: u32, m: MapRequest) -> Outcome {
+    fn map(&mut self, ip: &Ip, lifetime: u32, m: MapRequest, nat: &mut impl NatOps) -> Outcome {
         let int = ip.src;
         if m.prefer_failure && m.ext_port == 0 && m.ext_addr.is_none() && !m.foreign_addr {
             return Err(result::MALFORMED_OPTION);
         }
         if lifetime == 0 {
-            return self.pcp_map_delete(int, &m).map(|_| (0, map_data(&m, m.ext_addr.map_or([0; 16], wire::v4_mapped), m.ext_port, &m.echoed)));
+            return self.map_delete(int, &m, nat).map(|_| (0, map_data(&m, m.ext_addr.map_or([0; 16], wire::v4_mapped), m.ext_port, &m.echoed)));
         }
         let proto = match m.protocol {
             proto::TCP => Proto::Tcp,
@@ -421,26 +400,26 @@ impl Engine {
         if m.int_port == 0 {
             return Err(result::MALFORMED_REQUEST);
         }
-        let granted = self.pcp_grant(lifetime);
+        let granted = self.grant(lifetime);
         let key = Key { proto: proto as u8, int_addr: int, int_port: m.int_port, rem_addr: 0, rem_port: 0 };
         // A refresh of a mapping PCP already holds.
-        if let Some(h) = self.pcp.holds.get(&key) {
-            if let Some(sid) = self.tables.find_session_in(proto, int, m.int_port, 0, 0) {
+        if let Some(h) = self.holds.get(&key) {
+            if let Some(sid) = nat.find_session(proto, int, m.int_port, 0, 0) {
                 if h.nonce != m.nonce {
                     return Err(result::NOT_AUTHORIZED);
                 }
-                let s = self.tables.session(sid);
+                let s = nat.session(sid);
                 if m.prefer_failure && !honours(&m, s.ext_addr, s.ext_port) {
                     return Err(result::CANNOT_PROVIDE_EXTERNAL);
                 }
-                self.pcp_hold(key, m.nonce, granted, m.filters.clone());
+                self.hold(nat, key, m.nonce, granted, m.filters.clone());
                 return Ok((granted, map_data(&m, wire::v4_mapped(s.ext_addr), s.ext_port, &m.echoed)));
             }
-            self.pcp.holds.remove(&key);
+            self.forget(nat, &key);
         }
         // A mapping traffic (or the operator) made: PCP takes it over.
-        if let Some(mid) = self.tables.find_mapping_in(proto, int, m.int_port) {
-            let mp = self.tables.mapping(mid);
+        if let Some(mid) = nat.find_mapping(proto, int, m.int_port) {
+            let mp = nat.mapping(mid);
             if m.prefer_failure && !honours(&m, mp.ext_addr, mp.ext_port) {
                 return Err(result::CANNOT_PROVIDE_EXTERNAL);
             }
@@ -449,34 +428,33 @@ impl Engine {
                 let echoed = echo_without_filters(&m.echoed);
                 return Ok((granted, map_data(&m, wire::v4_mapped(mp.ext_addr), mp.ext_port, &echoed)));
             }
-            self.pcp_keepalive(mid).map_err(result_of)?;
-            self.pcp_hold(key, m.nonce, granted, m.filters.clone());
+            nat.keepalive(mid).map_err(result_of)?;
+            self.hold(nat, key, m.nonce, granted, m.filters.clone());
             return Ok((granted, map_data(&m, wire::v4_mapped(mp.ext_addr), mp.ext_port, &m.echoed)));
         }
-        let mid = self.pcp_new_mapping(proto, int, &m)?;
-        if let Err(r) = self.pcp_keepalive(mid) {
-            self.pcp_undo_mapping(mid);
+        let mid = self.new_mapping(proto, int, &m, nat)?;
+        if let Err(r) = nat.keepalive(mid) {
+            self.undo(nat, mid);
             return Err(result_of(r));
         }
-        self.pcp_hold(key, m.nonce, granted, m.filters.clone());
-        let mp = self.tables.mapping(mid);
+        self.hold(nat, key, m.nonce, granted, m.filters.clone());
+        let mp = nat.mapping(mid);
         Ok((granted, map_data(&m, wire::v4_mapped(mp.ext_addr), mp.ext_port, &m.echoed)))
     }
 
     /// MAP with lifetime 0: delete what PCP holds (one mapping, or with
     /// internal port 0 every one of the client's for the protocol, or for
     /// every protocol with protocol 0).
-    fn pcp_map_delete(&mut self, int: u32, m: &MapRequest) -> Result<(), u8> {
+    fn map_delete(&mut self, int: u32, m: &MapRequest, nat: &mut impl NatOps) -> Result<(), u8> {
         if m.int_port == 0 {
             let keys: Vec<Key> = self
-                .pcp
                 .holds
                 .iter()
                 .filter(|(k, h)| k.int_addr == int && k.is_map() && (m.protocol == 0 || k.proto().ip_number() == m.protocol) && h.nonce == m.nonce)
                 .map(|(k, _)| *k)
                 .collect();
             for k in keys {
-                self.pcp_unhold(k);
+                self.unhold(nat, k);
             }
             return Ok(());
         }
@@ -487,22 +465,22 @@ impl Engine {
             _ => return Err(result::UNSUPP_PROTOCOL),
         };
         let key = Key { proto: proto as u8, int_addr: int, int_port: m.int_port, rem_addr: 0, rem_port: 0 };
-        if let Some(h) = self.pcp.holds.get(&key) {
-            if self.tables.find_session_in(proto, int, m.int_port, 0, 0).is_some() && h.nonce != m.nonce {
+        if let Some(h) = self.holds.get(&key) {
+            if nat.find_session(proto, int, m.int_port, 0, 0).is_some() && h.nonce != m.nonce {
                 return Err(result::NOT_AUTHORIZED);
             }
-            self.pcp_unhold(key);
+            self.unhold(nat, key);
             return Ok(());
         }
-        match self.tables.find_mapping_in(proto, int, m.int_port) {
-            Some(mid) if self.tables.mapping(mid).flags & mapping_flags::STATIC != 0 => Err(result::NOT_AUTHORIZED),
+        match nat.find_mapping(proto, int, m.int_port) {
+            Some(mid) if nat.mapping(mid).flags & mapping_flags::STATIC != 0 => Err(result::NOT_AUTHORIZED),
             // A mapping PCP does not hold lives on as its traffic decides.
             _ => Ok(()),
         }
     }
 
     /// Section 12: PEER.
-    fn pcp_peer(&mut self, ip: &Ip, lifetime: u32, m: MapRequest) -> Outcome {
+    fn peer(&mut self, ip: &Ip, lifetime: u32, m: MapRequest, nat: &mut impl NatOps) -> Outcome {
         let int = ip.src;
         let proto = match m.protocol {
             proto::TCP => Proto::Tcp,
@@ -511,175 +489,108 @@ impl Engine {
             _ => return Err(result::UNSUPP_PROTOCOL),
         };
         let Some((rem, rport)) = m.remote else { return Err(result::MALFORMED_REQUEST) };
-        if m.int_port == 0 || rport == 0 || rem == 0 || is_martian(rem) {
+        if m.int_port == 0 || rport == 0 || rem == 0 || crate::pipeline::frame::is_martian(rem) {
             return Err(result::MALFORMED_REQUEST);
         }
         let key = Key { proto: proto as u8, int_addr: int, int_port: m.int_port, rem_addr: rem, rem_port: rport };
-        let existing = self.tables.find_session_in(proto, int, m.int_port, rem, rport);
-        if let Some(h) = self.pcp.holds.get(&key) {
+        let existing = nat.find_session(proto, int, m.int_port, rem, rport);
+        if let Some(h) = self.holds.get(&key) {
             if existing.is_some() && h.nonce != m.nonce {
                 return Err(result::NOT_AUTHORIZED);
             }
         }
         if lifetime == 0 {
             // The session goes back to its idle timeout.
-            self.pcp.holds.remove(&key);
+            self.forget(nat, &key);
             let (a, p) = existing.map_or((m.ext_addr.unwrap_or(0), m.ext_port), |s| {
-                let s = self.tables.session(s);
+                let s = nat.session(s);
                 (s.ext_addr, s.ext_port)
             });
             return Ok((0, peer_data(&m, a, p)));
         }
-        let granted = self.pcp_grant(lifetime);
+        let granted = self.grant(lifetime);
         let sid = match existing {
             Some(s) => s,
             None => {
-                let (mid, new) = match self.tables.find_mapping_in(proto, int, m.int_port) {
+                let (mid, new) = match nat.find_mapping(proto, int, m.int_port) {
                     Some(mid) => (mid, false),
-                    None => (self.pcp_new_mapping(proto, int, &m)?, true),
+                    None => (self.new_mapping(proto, int, &m, nat)?, true),
                 };
-                match self.pcp_create_session(mid, rem, rport, Direction::Out, 0) {
+                match nat.create_session(mid, rem, rport) {
                     Ok(s) => s,
                     Err(r) => {
                         if new {
-                            self.pcp_undo_mapping(mid);
+                            self.undo(nat, mid);
                         }
                         return Err(result_of(r));
                     }
                 }
             }
         };
-        let class = self.tables.session(sid).class;
-        self.tables.touch(sid, self.now_s, class);
-        self.pcp_hold(key, m.nonce, granted, Vec::new());
-        let s = self.tables.session(sid);
+        nat.touch(sid);
+        self.hold(nat, key, m.nonce, granted, Vec::new());
+        let s = nat.session(sid);
         Ok((granted, peer_data(&m, s.ext_addr, s.ext_port)))
     }
 
     /// A new mapping for a PCP request, honouring the suggested external
     /// address and port when it can. With PREFER_FAILURE, a mapping that
     /// cannot be what was suggested is undone without a trace.
-    fn pcp_new_mapping(&mut self, proto: Proto, int: u32, m: &MapRequest) -> Result<u32, u8> {
-        let deterministic = self.deterministic().is_some();
-        if let Some(a) = m.ext_addr {
+    fn new_mapping(&mut self, proto: Proto, int: u32, m: &MapRequest, nat: &mut impl NatOps) -> Result<u32, u8> {
+        if let Some(a) = m.ext_addr.filter(|_| !nat.is_deterministic()) {
             // Paired pooling: a subscriber holding nothing yet may start on the suggested address.
-            if let (false, Some(idx)) = (deterministic, self.pool.index_of(a)) {
-                if let Some(sub) = self.subs.find_or_create(int) {
-                    let s = self.subs.get_mut(sub);
-                    if s.mappings == 0 && s.blocks.is_empty() {
-                        s.paired = idx;
-                    }
-                }
-            }
+            nat.suggest_address(int, a);
         }
         let hint = Some(m.ext_port).filter(|&p| p != 0 && p != m.int_port);
         let mid = match hint {
-            None => self.pcp_create_mapping(proto, int, m.int_port).map_err(result_of)?,
-            Some(want) => self.pcp_create_mapping_at(proto, int, m.int_port, want)?,
-        };
-        let mp = self.tables.mapping(mid);
+            None => nat.create_mapping(proto, int, m.int_port),
+            Some(want) => nat.create_mapping_at(proto, int, m.int_port, want),
+        }
+        .map_err(result_of)?;
+        let mp = nat.mapping(mid);
         if m.prefer_failure && !honours(m, mp.ext_addr, mp.ext_port) {
-            self.pcp_undo_mapping(mid);
+            self.undo(nat, mid);
             return Err(result::CANNOT_PROVIDE_EXTERNAL);
         }
         Ok(mid)
     }
 
-    /// Creates the mapping of (`int`, `iport`) asking the allocator for
-    /// external port `want`. The allocator's hint is the internal port, so
-    /// the mapping is made as if for internal port `want`, with the
-    /// allocator in port-preserving mode, and then re-keyed to `iport`; the
-    /// events it logged are corrected to match.
-    fn pcp_create_mapping_at(&mut self, proto: Proto, int: u32, iport: u16, want: u16) -> Result<u32, u8> {
-        let before: Vec<Event> = self.events_mut().drain().collect();
-        let (sel, parity, hold) = (self.cfg.port_selection, self.cfg.port_parity, self.cfg.hold_down_s);
-        if sel != PortSelection::Preserve {
-            self.pool.set_policy(PortSelection::Preserve, parity, hold);
-        }
-        let made = self.pcp_create_mapping(proto, int, want);
-        if sel != PortSelection::Preserve {
-            self.pool.set_policy(sel, parity, hold);
-        }
-        let mut during: Vec<Event> = self.events_mut().drain().collect();
-        for e in during.iter_mut().filter(|e| e.int_addr == int && e.int_port == want && e.proto == proto) {
-            e.int_port = iport;
-        }
-        let q = self.events_mut();
-        before.into_iter().chain(during).for_each(|e| q.push(e));
-        let mid = made.map_err(result_of)?;
-        let mut mp = self.tables.mapping(mid);
-        self.tables.remove_mapping(mid);
-        mp.int_port = iport;
-        // Cannot fail: the slot was just freed in both indices.
-        self.tables.insert_mapping(mp).map_err(|_| result::NO_RESOURCES)
+    /// Removes a mapping this request just made, as if it never was (and,
+    /// see `answer`, not logged).
+    fn undo(&mut self, nat: &mut impl NatOps, mid: u32) {
+        nat.undo_mapping(mid);
+        self.undone = true;
     }
 
-    /// Removes a mapping this request just made, as if it never was: no
-    /// hold-down, not counted, and (see `pcp_answer`) not logged.
-    fn pcp_undo_mapping(&mut self, mid: u32) {
-        self.pcp_delete_mapping(mid, true);
-        self.stats.mappings_created = self.stats.mappings_created.saturating_sub(1);
-        self.pcp.undone = true;
-    }
-
-    /// The keep-alive session of a MAP hold (remote 0.0.0.0:0).
-    fn pcp_keepalive(&mut self, mid: u32) -> Result<u32, DropReason> {
-        let m = self.tables.mapping(mid);
-        if let Some(sid) = self.tables.find_session_in(m.proto, m.int_addr, m.int_port, 0, 0) {
-            return Ok(sid);
-        }
-        let sub = self.subscriber_of(m.int_addr).ok_or(DropReason::SubscriberTableFull)?;
-        if self.subs.get(sub).sessions >= self.cfg.max_sessions_per_subscriber {
-            return Err(DropReason::SessionQuota);
-        }
-        // A TCP hold is an established connection to the tracker, so its
-        // class is the one its state gives, as for every other session.
-        let (state, class) = match m.proto {
-            Proto::Tcp => (tcp::SYN_OUT | tcp::SYN_IN, TimeoutClass::TcpEstablished),
-            _ => (0, TimeoutClass::Udp),
-        };
-        let sid = self.tables.insert_session(mid, 0, 0, state, class, self.now_s).map_err(|_| DropReason::SessionTableFull)?;
-        self.subs.get_mut(sub).sessions += 1;
-        Ok(sid)
-    }
-
-    /// Ends a MAP hold: its mapping goes too unless traffic sessions remain.
-    fn pcp_release_keepalive(&mut self, sid: u32) {
-        let s = self.tables.remove_session(sid);
-        let sub = self.subscriber_of(s.int_addr);
-        if let Some(sub) = sub {
-            self.subs.get_mut(sub).sessions -= 1;
-        }
-        if !self.tables.has_sessions(s.mapping) && self.tables.mapping(s.mapping).flags & mapping_flags::STATIC == 0 {
-            self.pcp_delete_mapping(s.mapping, false);
-        } else if let Some(sub) = sub {
-            self.subs.release_if_idle(sub);
-        }
-    }
-
-    fn pcp_unhold(&mut self, key: Key) {
-        self.pcp.holds.remove(&key);
+    fn unhold(&mut self, nat: &mut impl NatOps, key: Key) {
+        self.forget(nat, &key);
         if key.is_map() {
-            if let Some(sid) = self.tables.find_session_in(key.proto(), key.int_addr, key.int_port, 0, 0) {
-                self.pcp_release_keepalive(sid);
+            if let Some(sid) = nat.find_session(key.proto(), key.int_addr, key.int_port, 0, 0) {
+                nat.release_keepalive(sid);
             }
         }
     }
 
-    fn pcp_hold(&mut self, key: Key, nonce: [u8; wire::NONCE_LEN], lifetime: u32, filters: Vec<FilterRule>) {
-        let expires_s = self.now_s.saturating_add(lifetime);
-        self.pcp.holds.insert(key, Hold { nonce, expires_s, due_s: 0, filters });
-        self.pcp_schedule(key, expires_s);
+    fn hold(&mut self, nat: &mut impl NatOps, key: Key, nonce: [u8; wire::NONCE_LEN], lifetime: u32, filters: Vec<FilterRule>) {
+        let expires_s = nat.now_s().saturating_add(lifetime);
+        if key.is_map() {
+            nat.set_filters(key.proto(), key.int_addr, key.int_port, Some(filters.clone()));
+        }
+        self.holds.insert(key, Hold { nonce, expires_s, due_s: 0, filters });
+        self.schedule(nat, key, expires_s);
+    }
+
+    /// Drops a hold's record, and with a MAP hold the mapping's filters.
+    fn forget(&mut self, nat: &mut impl NatOps, key: &Key) {
+        if self.holds.remove(key).is_some() && key.is_map() {
+            nat.set_filters(key.proto(), key.int_addr, key.int_port, None);
+        }
     }
 }
 
 /// Whether an external endpoint is what the request suggested.
 fn honours(m: &MapRequest, addr: u32, port: u16) -> bool {
     !m.foreign_addr && (m.ext_port == 0 || m.ext_port == port) && m.ext_addr.is_none_or(|a| a == addr)
-}
-
-fn is_mapping_record(k: EventKind) -> bool {
-    matches!(k, EventKind::MappingCreated | EventKind::MappingDeleted | EventKind::BlockAllocated | EventKind::BlockReleased)
 }
 
 fn result_of(r: DropReason) -> u8 {
@@ -689,11 +600,6 @@ fn result_of(r: DropReason) -> u8 {
         r if r.name() == "not_subscriber" => result::NOT_AUTHORIZED,
         _ => result::NO_RESOURCES,
     }
-}
-
-fn is_martian(addr: u32) -> bool {
-    let first = addr >> 24;
-    first == 0 || first == 127 || first >= 224
 }
 
 /// Options of a request: every option is checked (section 7.3), the result

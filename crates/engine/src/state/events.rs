@@ -75,6 +75,30 @@ impl EventQueue {
         self.buf.drain(..)
     }
 
+    /// Events queued now; a mark for `since_mut` and `retain_since`.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The events queued after `mark`, to correct.
+    pub fn since_mut(&mut self, mark: usize) -> std::slice::IterMut<'_, Event> {
+        let from = mark.min(self.buf.len());
+        self.buf[from..].iter_mut()
+    }
+
+    /// Keeps only the events queued after `mark` that `keep` accepts.
+    pub fn retain_since(&mut self, mark: usize, mut keep: impl FnMut(&Event) -> bool) {
+        let mut i = 0;
+        self.buf.retain(|e| {
+            i += 1;
+            i <= mark || keep(e)
+        });
+    }
+
     pub fn lost(&self) -> u64 {
         self.lost
     }
