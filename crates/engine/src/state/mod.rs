@@ -13,3 +13,4 @@ pub mod rng;
 pub mod sessions;
 pub mod shard;
 pub mod subscribers;
+pub mod timers;

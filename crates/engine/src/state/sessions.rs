@@ -21,6 +21,7 @@
 use crate::error::EngineError;
 use crate::state::hash;
 use crate::state::index::{prefetch, FlowIndex, Guess, TableFull};
+use crate::state::timers::Wheel;
 use crate::trackers::TimeoutClass;
 use crate::Proto;
 
@@ -43,7 +44,6 @@ const EXTRA: u32 = 1 << 31;
 /// One-second slots; a timer further away waits in the last slot and is
 /// re-armed when that fires.
 const WHEEL_SLOTS: u32 = 4096;
-const WHEEL_MASK: u32 = WHEEL_SLOTS - 1;
 
 /// A mapping as callers see it.
 #[derive(Debug, Clone, Copy)]
@@ -150,9 +150,7 @@ pub struct Tables {
     extras: Vec<Extra>,
     free_extra: u32,
     index: FlowIndex,
-    wheel: Vec<Vec<u32>>,
-    /// The last second whose wheel slot has been run.
-    wheel_done: u32,
+    timers: Wheel,
     timeouts: [u32; TimeoutClass::COUNT],
     sessions: usize,
     mappings: usize,
@@ -181,8 +179,7 @@ impl Tables {
             extras: Vec::new(),
             free_extra: NIL,
             index,
-            wheel: (0..WHEEL_SLOTS).map(|_| Vec::new()).collect(),
-            wheel_done: 0,
+            timers: Wheel::new(WHEEL_SLOTS),
             timeouts,
             sessions: 0,
             mappings: 0,
@@ -198,7 +195,7 @@ impl Tables {
     /// `extra_mappings` more mappings: the records and the index.
     pub fn reserved_bytes(max_sessions: u32, extra_mappings: usize) -> usize {
         let max_mappings = max_sessions as usize + extra_mappings;
-        Self::records_bytes(max_mappings) + FlowIndex::bytes_for(2 * max_mappings) + WHEEL_SLOTS as usize * core::mem::size_of::<Vec<u32>>()
+        Self::records_bytes(max_mappings) + FlowIndex::bytes_for(2 * max_mappings) + Wheel::bytes_for(WHEEL_SLOTS)
     }
 
     fn records_bytes(max_mappings: usize) -> usize {
@@ -718,18 +715,11 @@ impl Tables {
         last_used.saturating_add(self.timeouts[class as usize]).saturating_add(1)
     }
 
-    /// The full second a live session's wheel entry fires at: it always lies
-    /// within the wheel's span after the last second run.
-    fn armed_second(&self, id: u32) -> u32 {
-        let ahead = self.armed_of(id).wrapping_sub(self.wheel_done as u16);
-        self.wheel_done + u32::from(ahead)
-    }
-
     /// A shorter timeout than the one armed for: fire sooner.
     fn rearm_if_sooner(&mut self, id: u32) {
         let (last_used, class) = self.timer_of(id);
         let due = self.deadline(last_used, class);
-        if due < self.armed_second(id) {
+        if due < self.timers.armed_second(self.armed_of(id)) {
             self.arm(id, due);
         }
     }
@@ -738,54 +728,43 @@ impl Tables {
     /// wheel reaches.
     #[inline(always)]
     fn arm(&mut self, id: u32, due: u32) {
-        let at = due.clamp(self.wheel_done + 1, self.wheel_done + WHEEL_SLOTS);
+        let at = self.timers.arm(id, due);
+        self.set_armed(id, at);
+    }
+
+    #[inline(always)]
+    fn set_armed(&mut self, id: u32, at: u32) {
         if id & EXTRA == 0 {
             self.records[id as usize].armed = at as u16;
         } else {
             self.extras[(id & !EXTRA) as usize].armed = at as u16;
         }
-        self.wheel[(at & WHEEL_MASK) as usize].push(id);
     }
 
     /// Runs the wheel up to `now_s` and appends to `expired` every session
     /// idle past its timeout, each once, extras before own sessions (so an
     /// own session's end promotes only an extra that is staying).
     pub fn expire(&mut self, now_s: u32, expired: &mut Vec<u32>) {
-        if now_s <= self.wheel_done {
-            return;
-        }
         let start = expired.len();
-        // After a jump past the whole wheel every slot is due once, each
-        // holding entries armed for some second before now.
-        let jump = now_s - self.wheel_done > WHEEL_SLOTS;
-        let first = if jump { now_s - WHEEL_SLOTS + 1 } else { self.wheel_done + 1 };
-        for t in first..=now_s {
-            let slot = (t & WHEEL_MASK) as usize;
-            let mut ids = std::mem::take(&mut self.wheel[slot]);
-            for &id in &ids {
-                // Stale: the session ended, or was armed again for another
-                // second (a copy left by a re-arm, or by a same-slot duplicate
-                // that the first copy already re-armed).
-                let armed = self.armed_of(id);
-                let current = if jump { u32::from(armed) & WHEEL_MASK == slot as u32 } else { armed == t as u16 };
-                if !self.is_live(id) || !current {
-                    continue;
-                }
-                let (last_used, class) = self.timer_of(id);
-                let due = self.deadline(last_used, class);
-                if due <= now_s {
-                    expired.push(id);
-                } else {
-                    self.wheel_done = now_s;
-                    self.arm(id, due);
-                }
+        let mut timers = std::mem::take(&mut self.timers);
+        let mask = timers.mask();
+        timers.run(now_s, |id, firing| {
+            // Stale: the session ended, or was armed again for another
+            // second (a copy left by a re-arm, or by a same-slot duplicate
+            // that the first copy already re-armed).
+            if !self.is_live(id) || !firing.is_current(self.armed_of(id), mask) {
+                return None;
             }
-            // Keep the slot's allocation for its next turn.
-            ids.clear();
-            ids.append(&mut self.wheel[slot]);
-            self.wheel[slot] = ids;
-        }
-        self.wheel_done = now_s;
+            let (last_used, class) = self.timer_of(id);
+            let due = self.deadline(last_used, class);
+            if due <= now_s {
+                expired.push(id);
+                return None;
+            }
+            self.set_armed(id, firing.rearm_second(due));
+            Some(due)
+        });
+        self.timers = timers;
         let mut found = expired.split_off(start);
         found.sort_unstable_by(|a, b| b.cmp(a));
         found.dedup();
@@ -826,8 +805,7 @@ impl Tables {
         self.records.capacity() * core::mem::size_of::<Record>()
             + self.extras.capacity() * core::mem::size_of::<Extra>()
             + self.index.memory_bytes()
-            + self.wheel.iter().map(|s| s.capacity() * 4).sum::<usize>()
-            + self.wheel.capacity() * core::mem::size_of::<Vec<u32>>()
+            + self.timers.memory_bytes()
     }
 }
 
