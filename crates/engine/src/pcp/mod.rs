@@ -24,8 +24,7 @@
 //! (`natrix clear`, a pool address removed on reload) only leaves a stale
 //! hold that is dropped when next seen.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BTreeMap;
 
 use natrix_wire::pcp::{self as wire, opcode, option, result};
 use natrix_wire::{checksum, ethernet, ipv4, proto, set_u16_at, udp};
@@ -35,6 +34,7 @@ use crate::nat44::pcp_ops::{FilterRule, NatOps};
 use crate::pipeline::frame::Ip;
 use crate::pipeline::router::Router;
 use crate::state::sessions::mapping_flags;
+use crate::state::timers::Wheel;
 use crate::{Proto, Side};
 
 /// `[pcp]` settings.
@@ -64,6 +64,9 @@ const MAX_FILTERS: usize = 16;
 /// Holds are touched at least this often, so a shortened idle timeout
 /// (a reload) cannot expire a held session early.
 const MAX_TOUCH_INTERVAL_S: u32 = 60;
+/// A hold is looked at within a minute or when its lifetime ends, so a
+/// further look waits in the wheel's last slot.
+const WHEEL_SLOTS: u32 = 128;
 /// Where an unsolicited ANNOUNCE goes (section 14.1.3): all hosts.
 const ALL_HOSTS: u32 = 0xe000_0001;
 const ALL_HOSTS_MAC: [u8; 6] = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x01];
@@ -122,7 +125,7 @@ struct Hold {
     nonce: [u8; wire::NONCE_LEN],
     /// Engine second at which the PCP lifetime ends.
     expires_s: u32,
-    /// When the hold is next looked at (its entry in the due heap).
+    /// When the hold is next looked at (its timer's second).
     due_s: u32,
     /// Empty: endpoint-independent filtering.
     filters: Vec<FilterRule>,
@@ -133,7 +136,10 @@ pub(crate) struct PcpServer {
     cfg: Option<PcpConfig>,
     inside_addr: u32,
     holds: BTreeMap<Key, Hold>,
-    due: BinaryHeap<Reverse<(u32, Key)>>,
+    /// Each hold's next look, on the timer wheel: entries index `timers`.
+    wheel: Wheel,
+    timers: Vec<(u32, Key)>,
+    free_timers: Vec<u32>,
     /// Engine second the epoch counts from (section 8.5).
     started_s: Option<u32>,
     window_s: u32,
@@ -167,7 +173,19 @@ type Outcome = Result<(u32, Vec<u8>), u8>;
 
 impl PcpServer {
     pub(crate) fn new(cfg: Option<PcpConfig>, inside_addr: u32) -> PcpServer {
-        PcpServer { cfg, inside_addr, holds: BTreeMap::new(), due: BinaryHeap::new(), started_s: None, window_s: 0, in_window: 0, undone: false, stats: PcpStats::default() }
+        PcpServer {
+            cfg,
+            inside_addr,
+            holds: BTreeMap::new(),
+            wheel: Wheel::new(WHEEL_SLOTS),
+            timers: Vec::new(),
+            free_timers: Vec::new(),
+            started_s: None,
+            window_s: 0,
+            in_window: 0,
+            undone: false,
+            stats: PcpStats::default(),
+        }
     }
 
     pub(crate) fn is_enabled(&self) -> bool {
@@ -233,11 +251,7 @@ impl PcpServer {
         if self.cfg.is_some() && self.started_s.is_none() {
             self.started_s = Some(now);
         }
-        while let Some(&Reverse((due, key))) = self.due.peek() {
-            if due > now {
-                break;
-            }
-            self.due.pop();
+        for (due, key) in self.due_timers(now) {
             let Some(h) = self.holds.get(&key) else { continue };
             if h.due_s != due {
                 continue; // superseded by a refresh
@@ -268,8 +282,26 @@ impl PcpServer {
         let due = now.saturating_add(interval).min(expires_s).max(now.saturating_add(1));
         if let Some(h) = self.holds.get_mut(&key) {
             h.due_s = due;
-            self.due.push(Reverse((due, key)));
+            let id = self.free_timers.pop().unwrap_or_else(|| {
+                self.timers.push((0, key));
+                (self.timers.len() - 1) as u32
+            });
+            self.timers[id as usize] = (due, key);
+            self.wheel.arm(id, due);
         }
+    }
+
+    /// The timers due by `now`, in (second, key) order.
+    fn due_timers(&mut self, now: u32) -> Vec<(u32, Key)> {
+        let mut due = Vec::new();
+        let (timers, free) = (&self.timers, &mut self.free_timers);
+        self.wheel.run(now, |id, _| {
+            due.push(timers[id as usize]);
+            free.push(id);
+            None
+        });
+        due.sort_unstable();
+        due
     }
 
     /// A UDP datagram to the inside address: answer it if it is PCP.
