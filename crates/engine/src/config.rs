@@ -80,9 +80,26 @@ impl Timeouts {
     }
 }
 
+impl Timeouts {
+    /// The idle timeout of `class`, to set.
+    pub fn of_class_mut(&mut self, class: crate::trackers::TimeoutClass) -> &mut u32 {
+        use crate::trackers::TimeoutClass::*;
+        match class {
+            Udp => &mut self.udp_s,
+            TcpEstablished => &mut self.tcp_established_s,
+            TcpTransitory => &mut self.tcp_transitory_s,
+            Icmp => &mut self.icmp_s,
+        }
+    }
+}
+
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { udp_s: 300, tcp_established_s: 2 * 3600 + 4 * 60, tcp_transitory_s: 240, icmp_s: 60, syn_hold_ns: 6_000_000_000, fragment_ns: 5_000_000_000 }
+        let mut t = Timeouts { udp_s: 0, tcp_established_s: 0, tcp_transitory_s: 0, icmp_s: 0, syn_hold_ns: 6_000_000_000, fragment_ns: 5_000_000_000 };
+        for spec in crate::trackers::TIMEOUTS {
+            *t.of_class_mut(spec.class) = spec.default_s;
+        }
+        t
     }
 }
 

@@ -43,23 +43,7 @@ impl Nat44 {
     /// refreshes it; returns its endpoints for the rewrite.
     #[inline]
     pub(crate) fn track(&mut self, id: u32, dir: Direction, tcp_flags: u8, refresh: bool) -> Endpoints {
-        self.tables.on_packet(id, self.now_s, refresh, |proto, state, class| {
-            // Most packets change nothing: UDP and ICMP ones (no flags) and
-            // TCP segments without SYN, FIN or RST, which leave the state and
-            // so the class it gives. Testing that first spares a branch on
-            // the protocol, which live traffic mixes unpredictably.
-            if !trackers::tcp::acts_on(tcp_flags) {
-                debug_assert!(proto != Proto::Tcp || class == trackers::tcp::timeout_class(*state), "a TCP session's class follows its state");
-                return class;
-            }
-            match proto {
-                Proto::Tcp => {
-                    trackers::tcp::on_segment(state, dir, tcp_flags);
-                    trackers::tcp::timeout_class(*state)
-                }
-                _ => class,
-            }
-        })
+        self.tables.on_packet(id, self.now_s, refresh, |proto, state, class| trackers::on_packet(proto, state, class, dir, tcp_flags))
     }
 
     /// Makes a mapping for an internal endpoint, whose hash is `hash_in` and
@@ -168,15 +152,7 @@ impl Nat44 {
         if self.subs.get(sub).sessions >= self.cfg.max_sessions_per_subscriber {
             return Err(DropReason::SessionQuota);
         }
-        let mut state = 0;
-        let class = match m.proto {
-            Proto::Tcp => {
-                trackers::tcp::on_segment(&mut state, dir, tcp_flags);
-                trackers::tcp::timeout_class(state)
-            }
-            Proto::Udp => trackers::udp::timeout_class(),
-            Proto::Icmp => trackers::icmp::timeout_class(),
-        };
+        let (state, class) = trackers::open(m.proto, dir, tcp_flags);
         let sid = self.tables.insert_session(mid, rem, rport, state, class, self.now_s).map_err(|_| DropReason::SessionTableFull)?;
         self.subs.get_mut(sub).sessions += 1;
         self.counters.sessions_created += 1;

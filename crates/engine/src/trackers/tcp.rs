@@ -16,8 +16,13 @@
 //!   CLOSED --SYN--> restarts as SYN_OUT/SYN_IN <-----------------------------'
 //! ```
 
-use super::{Direction, TimeoutClass};
+use super::{Direction, TimeoutClass, TimeoutSpec};
 use natrix_wire::tcp::flags;
+
+/// RFC 5382 REQ-5: established connections idle out after at least 2 hours
+/// 4 minutes; partially open or closing ones after at least 4 minutes.
+pub const ESTABLISHED: TimeoutSpec = TimeoutSpec { class: TimeoutClass::TcpEstablished, key: "tcp_established", default_s: 7440, min_s: 7440, source: "RFC 5382 REQ-5" };
+pub const TRANSITORY: TimeoutSpec = TimeoutSpec { class: TimeoutClass::TcpTransitory, key: "tcp_transitory", default_s: 240, min_s: 240, source: "RFC 5382 REQ-5" };
 
 pub const SYN_OUT: u8 = 0x01;
 pub const SYN_IN: u8 = 0x02;
@@ -32,8 +37,20 @@ pub fn acts_on(tcp_flags: u8) -> bool {
     tcp_flags & (flags::SYN | flags::FIN | flags::RST) != 0
 }
 
-/// Applies one segment's flags to the session state.
-pub fn on_segment(state: &mut u8, dir: Direction, tcp_flags: u8) {
+/// A session opened by a segment going `dir`.
+pub fn open(dir: Direction, tcp_flags: u8) -> (u8, TimeoutClass) {
+    let mut state = 0;
+    let class = on_segment(&mut state, dir, tcp_flags);
+    (state, class)
+}
+
+/// Applies one segment's flags to the session state; returns the class it gives.
+pub fn on_segment(state: &mut u8, dir: Direction, tcp_flags: u8) -> TimeoutClass {
+    apply(state, dir, tcp_flags);
+    timeout_class(*state)
+}
+
+fn apply(state: &mut u8, dir: Direction, tcp_flags: u8) {
     if tcp_flags & flags::SYN != 0 && tcp_flags & flags::ACK == 0 && is_closed(*state) {
         *state = 0;
     }
