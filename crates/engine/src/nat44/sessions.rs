@@ -234,3 +234,29 @@ impl Nat44 {
         self.subs.release_if_idle(sub);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EngineConfig;
+    use crate::nat44::pcp_ops::NatOps;
+
+    /// DS-Lite's ground: hosts behind two B4s with one private address get
+    /// mappings of their own, and quotas hold per B4.
+    #[test]
+    fn softwire_endpoints_are_told_apart_and_share_their_b4s_quota() {
+        let cfg = EngineConfig { pool: vec![0xcb00_7101], max_ports_per_subscriber: 2, max_sessions: 64, ..EngineConfig::default() };
+        let mut nat = Nat44::new(cfg).unwrap();
+        let b4 = |n| std::net::Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, n);
+        let mut endpoint = |n, inner| nat.subs.identities_mut().intern_softwire(b4(n), inner).unwrap();
+        let (a, b, c) = (endpoint(1, 0xc000_0002), endpoint(2, 0xc000_0002), endpoint(1, 0xc000_0003));
+        let ma = NatOps::create_mapping(&mut nat, Proto::Udp, a, 5000).unwrap();
+        let mb = NatOps::create_mapping(&mut nat, Proto::Udp, b, 5000).unwrap();
+        assert_ne!(ma, mb);
+        assert_ne!(nat.tables.mapping(ma).ext_port, nat.tables.mapping(mb).ext_port, "one external endpoint each");
+        NatOps::create_mapping(&mut nat, Proto::Udp, c, 6000).unwrap();
+        assert_eq!(NatOps::create_mapping(&mut nat, Proto::Udp, a, 7000), Err(DropReason::PortQuota), "B4 1 holds its two ports");
+        assert!(NatOps::create_mapping(&mut nat, Proto::Udp, b, 7000).is_ok(), "B4 2 has one left");
+        assert_eq!(nat.subs.len(), 2);
+    }
+}

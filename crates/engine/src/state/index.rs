@@ -157,6 +157,11 @@ impl FlowIndex {
         self.len
     }
 
+    /// Entries the index was sized for (its load stays under 85% up to there).
+    pub fn capacity(&self) -> usize {
+        self.buckets.len() * LOAD_DEN / LOAD_NUM
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -6,6 +6,7 @@
 pub mod deterministic;
 pub mod events;
 pub mod hash;
+pub mod identity;
 pub mod index;
 pub(crate) mod memory;
 pub mod pool;

@@ -802,10 +802,7 @@ impl Tables {
 
     /// Bytes of slabs, index and wheel as allocated.
     pub fn memory_bytes(&self) -> usize {
-        self.records.capacity() * core::mem::size_of::<Record>()
-            + self.extras.capacity() * core::mem::size_of::<Extra>()
-            + self.index.memory_bytes()
-            + self.timers.memory_bytes()
+        self.records.capacity() * core::mem::size_of::<Record>() + self.extras.capacity() * core::mem::size_of::<Extra>() + self.index.memory_bytes() + self.timers.memory_bytes()
     }
 }
 

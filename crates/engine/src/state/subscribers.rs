@@ -1,9 +1,12 @@
 //! Per-subscriber state: the paired external address, port and session
 //! counts against quotas, the new-mapping rate window and, in block mode, the
-//! blocks the subscriber owns.
+//! blocks the subscriber owns. Subscribers are found by the internal address
+//! of a mapping; `Identities` says whose that is (an IPv4 subscriber's own
+//! address, or a softwire endpoint of a DS-Lite B4).
 
 use crate::error::EngineError;
 use crate::state::hash;
+use crate::state::identity::Identities;
 use crate::state::index::FlowIndex;
 use crate::Proto;
 
@@ -11,6 +14,7 @@ pub const NONE: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Default)]
 pub struct Subscriber {
+    /// The subscriber's key: its IPv4 address, or its B4's stand-in.
     pub addr: u32,
     /// Pool address index every mapping of this subscriber uses (RFC 4787 REQ-2).
     pub paired: u32,
@@ -50,6 +54,7 @@ pub struct Subscribers {
     slab: Vec<Subscriber>,
     free: Vec<u32>,
     index: FlowIndex,
+    ids: Identities,
     seed: u64,
     capacity: u32,
 }
@@ -57,7 +62,7 @@ pub struct Subscribers {
 impl Subscribers {
     pub fn new(capacity: u32, seed: u64) -> Result<Self, EngineError> {
         let index = FlowIndex::try_with_capacity(capacity as usize).map_err(|_| EngineError::Memory { table: "subscriber index", bytes: Self::reserved_bytes(capacity) as u64 })?;
-        Ok(Subscribers { slab: Vec::new(), free: Vec::new(), index, seed, capacity })
+        Ok(Subscribers { slab: Vec::new(), free: Vec::new(), index, ids: Identities::new(seed), seed, capacity })
     }
 
     /// Bytes reserved up front for `capacity` subscribers (their records
@@ -66,9 +71,20 @@ impl Subscribers {
         FlowIndex::bytes_for(capacity as usize)
     }
 
-    pub fn find(&self, addr: u32) -> Option<u32> {
+    /// The subscriber holding internal address `int_addr`.
+    pub fn find(&self, int_addr: u32) -> Option<u32> {
+        let key = self.ids.subscriber_key(int_addr);
         let slab = &self.slab;
-        self.index.find(hash::address(self.seed, addr), |id| slab[id as usize].addr == addr)
+        self.index.find(hash::address(self.seed, key), |id| slab[id as usize].addr == key)
+    }
+
+    /// Who the internal addresses of mappings are.
+    pub fn identities(&self) -> &Identities {
+        &self.ids
+    }
+
+    pub fn identities_mut(&mut self) -> &mut Identities {
+        &mut self.ids
     }
 
     /// Returns the subscriber's id, creating it; None when the table is full.
@@ -79,11 +95,12 @@ impl Subscribers {
     /// `find_or_create` given `hint`, an id a caller found earlier (NONE:
     /// none): taken without a lookup if it still belongs to `addr`.
     #[inline(always)]
-    pub fn find_or_create_hinted(&mut self, addr: u32, hint: u32) -> Option<u32> {
+    pub fn find_or_create_hinted(&mut self, int_addr: u32, hint: u32) -> Option<u32> {
+        let addr = self.ids.subscriber_key(int_addr);
         if self.slab.get(hint as usize).is_some_and(|s| s.in_use && s.addr == addr) {
             return Some(hint);
         }
-        if let Some(id) = self.find(addr) {
+        if let Some(id) = self.find(int_addr) {
             return Some(id);
         }
         if self.index.len() >= self.capacity as usize {
@@ -136,6 +153,28 @@ impl Subscribers {
 
     pub fn memory_bytes(&self) -> usize {
         self.slab.capacity() * core::mem::size_of::<Subscriber>() + self.index.memory_bytes()
+    }
+}
+
+#[cfg(test)]
+mod softwire_tests {
+    use super::*;
+
+    #[test]
+    fn a_b4s_hosts_share_one_subscriber_and_two_b4s_are_two() {
+        let mut subs = Subscribers::new(8, 3).unwrap();
+        let b4 = |n| std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, n);
+        let one = subs.identities_mut().intern_softwire(b4(1), 0xc000_0002).unwrap();
+        let two = subs.identities_mut().intern_softwire(b4(1), 0xc000_0003).unwrap();
+        let other = subs.identities_mut().intern_softwire(b4(2), 0xc000_0002).unwrap();
+        let a = subs.find_or_create(one).unwrap();
+        assert_eq!(subs.find_or_create(two), Some(a), "two hosts behind one B4 are one subscriber");
+        assert_eq!(subs.find(two), Some(a));
+        let b = subs.find_or_create(other).unwrap();
+        assert_ne!(a, b);
+        let plain = subs.find_or_create(0xc000_0002).unwrap();
+        assert!(plain != a && plain != b, "a plain IPv4 subscriber with the same address is a third");
+        assert_eq!(subs.len(), 3);
     }
 }
 
