@@ -3,7 +3,9 @@
 //! on the per-packet path; the dataplane calls it between batches.
 
 use crate::config::EngineConfig;
-use crate::nat44::{fmt_addr, Nat44};
+use std::net::Ipv4Addr;
+
+use crate::nat44::Nat44;
 use crate::state::sessions::mapping_flags;
 use crate::trackers::TimeoutClass;
 use crate::Proto;
@@ -151,7 +153,7 @@ impl Nat44 {
     fn delete_mappings_on(&mut self, ext_addr: u32) {
         if let Some(st) = self.cfg.statics.iter().find(|st| st.ext_addr == ext_addr) {
             // Validation keeps statics on pool addresses; this is a safety net.
-            debug_assert!(false, "static mapping on removed pool address {}", fmt_addr(st.ext_addr));
+            debug_assert!(false, "static mapping on removed pool address {}", Ipv4Addr::from(st.ext_addr));
         }
         let mut ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).ext_addr == ext_addr).collect();
         self.delete_sessions(&mut ids);

@@ -104,8 +104,9 @@ fn observe(e: &mut Engine) -> (String, usize, usize, Vec<Vec<u8>>) {
 /// kept when free); 1 two ports per subscriber, so that some new flows are
 /// refused (with ICMP, RFC 6888 REQ-8); 2 port blocks of four, at most two
 /// per subscriber; 3 random ports (RFC 6056); 4 deterministic NAT (RFC
-/// 7422), each subscriber its formula's 16 ports.
-const MODES: u8 = 5;
+/// 7422), each subscriber its formula's 16 ports; 5 the remote's ports below
+/// 512 exempt from translation (RFC 6888 REQ-4), the rest translated.
+const MODES: u8 = 6;
 
 fn config_for(mode: u8) -> natrix_engine::EngineConfig {
     use natrix_engine::config::PortSelection;
@@ -119,6 +120,7 @@ fn config_for(mode: u8) -> natrix_engine::EngineConfig {
         }
         3 => cfg.port_selection = PortSelection::Random,
         4 => cfg.deterministic = Some(DeterministicConfig { subscribers: vec![(u32::from_be_bytes([100, 64, 0, 0]), 29)], ports_per_subscriber: 16 }),
+        5 => cfg.exempt = vec![natrix_engine::config::Exemption { network: u32::from_be_bytes(REMOTE), prefix_len: 32, ports: (1, 511) }],
         _ => {}
     }
     cfg

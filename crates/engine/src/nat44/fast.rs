@@ -95,13 +95,13 @@ impl Nat44 {
         let (proto, tcp_flags) = transport(h, l4_len)?;
         let (src, dst) = (get_u32_at(h, L3 + 12), get_u32_at(h, L3 + 16));
         let mtu = self.cfg.egress_mtu[side.other() as usize];
-        if is_martian(src) || is_martian(dst) || (mtu != 0 && total > usize::from(mtu)) || !self.cfg.exempt.is_empty() || !header_checksum_ok(h) {
+        if is_martian(src) || is_martian(dst) || (mtu != 0 && total > usize::from(mtu)) || !header_checksum_ok(h) {
             return None;
         }
         let (sport, dport) = (get_u16_at(h, AT), get_u16_at(h, AT + 2));
         let hash = match side {
-            // Hairpins and the NAT's own address take the full path.
-            Side::Inside if dst != self.cfg.inside_addr && !self.pool.contains(dst) => self.tables.hash_in(proto, src, sport),
+            // Hairpins, the NAT's own address and exempt destinations take the full path.
+            Side::Inside if dst != self.cfg.inside_addr && !self.pool.contains(dst) && !self.is_exempt_destination(dst, dport) => self.tables.hash_in(proto, src, sport),
             Side::Outside if self.pool.contains(dst) => self.tables.hash_out(proto, dst, dport),
             _ => return None,
         };

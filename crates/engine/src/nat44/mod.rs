@@ -322,11 +322,13 @@ impl Nat44 {
 
     /// RFC 6888 REQ-4: destinations that pass untranslated.
     fn is_exempt_out(&self, frame: &[u8], ip: &Ip) -> bool {
-        if self.cfg.exempt.is_empty() {
-            return false;
-        }
         let (_, dport) = self.ports_of(frame, ip);
-        self.cfg.exempt.iter().any(|e| e.matches(ip.dst, dport))
+        self.is_exempt_destination(ip.dst, dport)
+    }
+
+    #[inline]
+    fn is_exempt_destination(&self, dst: u32, dport: u16) -> bool {
+        !self.cfg.exempt.is_empty() && self.cfg.exempt.iter().any(|e| e.matches(dst, dport))
     }
 
     /// Replies from an exempt destination to a subscriber's own address.
@@ -360,8 +362,4 @@ fn table_sizes(cfg: &EngineConfig) -> (u32, u32) {
     } else {
         (0, 0)
     }
-}
-
-pub fn fmt_addr(a: u32) -> String {
-    std::net::Ipv4Addr::from(a).to_string()
 }

@@ -2,6 +2,8 @@
 //! allocation (paired pooling, parity, port blocks, deterministic ranges),
 //! the tracker run on every packet, and the NAT events each step logs.
 
+use std::net::Ipv4Addr;
+
 use crate::drop::DropReason;
 use crate::error::EngineError;
 use crate::nat44::Nat44;
@@ -18,9 +20,9 @@ impl Nat44 {
     pub(super) fn install_statics(&mut self) -> Result<(), EngineError> {
         let refuse = |problem: String| EngineError::Config { key: "nat.static".into(), problem };
         for st in self.cfg.statics.clone() {
-            let ext_index = self.pool.index_of(st.ext_addr).ok_or_else(|| refuse(format!("{} is not a pool address", super::fmt_addr(st.ext_addr))))?;
+            let ext_index = self.pool.index_of(st.ext_addr).ok_or_else(|| refuse(format!("{} is not a pool address", Ipv4Addr::from(st.ext_addr))))?;
             if !self.pool.reserve(ext_index, st.proto, st.ext_port) || self.tables.find_mapping_in(st.proto, st.int_addr, st.int_port).is_some() {
-                return Err(refuse(format!("{}:{} conflicts with another static mapping", super::fmt_addr(st.ext_addr), st.ext_port)));
+                return Err(refuse(format!("{}:{} conflicts with another static mapping", Ipv4Addr::from(st.ext_addr), st.ext_port)));
             }
             // Every worker keeps the port out of its allocator; only the
             // subscriber's own worker holds the mapping.

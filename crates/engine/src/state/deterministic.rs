@@ -81,10 +81,6 @@ pub struct Deterministic {
     subscribers: u64,
 }
 
-fn fmt_addr(a: u32) -> String {
-    std::net::Ipv4Addr::from(a).to_string()
-}
-
 fn last_of(network: u32, len: u8) -> u32 {
     network | if len == 0 { u32::MAX } else { ((1u64 << (32 - u32::from(len))) - 1) as u32 }
 }
@@ -121,7 +117,7 @@ impl Deterministic {
         for (i, p) in prefixes.iter().enumerate() {
             let last = last_of(p.network, p.len);
             if let Some(a) = pool.iter().find(|&&a| a >= p.network && a <= last) {
-                return fail(&format!("subscribers[{i}]"), format!("contains pool address {}", fmt_addr(*a)));
+                return fail(&format!("subscribers[{i}]"), format!("contains pool address {}", std::net::Ipv4Addr::from(*a)));
             }
         }
         let per_address = range / n;
