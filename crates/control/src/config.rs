@@ -1,13 +1,15 @@
 //! The operator's configuration file. Every key is optional except
-//! `[nat] pool`; an unknown key, a wrong type or a value out of range is
-//! refused with an error naming the key. Values the RFCs advise against
+//! `[nat] pool`, which `[nat] mode = "off"` (natrix routes without
+//! translating) does without; an unknown key, a wrong type or a value out
+//! of range is refused with an error naming the key, and so is, with mode
+//! "off", a key that only translation uses. Values the RFCs advise against
 //! (timeouts below their minima) are accepted with a warning.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
-use natrix_engine::config::{Exemption, Filtering, PortSelection, StaticMapping, UnsolicitedSyn};
+use natrix_engine::config::{Addr6, Exemption, Filtering, PortSelection, StaticMapping, UnsolicitedSyn};
 use natrix_engine::deterministic::{Deterministic, DeterministicConfig};
 use natrix_engine::{EngineConfig, Proto};
 use toml::{Table, Value};
@@ -53,6 +55,8 @@ pub struct LiveConfig {
     pub inside_interface: Option<String>,
     pub outside_interface: Option<String>,
     pub gateway: Option<Ipv4Addr>,
+    /// The IPv6 next hop for destinations off the outside `address6` prefix.
+    pub gateway6: Option<Ipv6Addr>,
     pub workers: u32,
     pub io: IoBackend,
     /// Poll without sleeping: lowest latency, but a whole core per thread.
@@ -107,6 +111,7 @@ impl Config {
             inside_interface: None,
             outside_interface: None,
             gateway: None,
+            gateway6: None,
             workers: 1,
             io: IoBackend::Auto,
             busy_poll: false,
@@ -120,6 +125,7 @@ impl Config {
                 engine.inside_addr = addr;
                 engine.inside_prefix_len = len;
             }
+            engine.inside_addr6 = s.parsed("address6", parse_interface_address6)?;
             s.finish()?;
         }
         if let Some(mut s) = root.section("outside")? {
@@ -129,18 +135,22 @@ impl Config {
                 live.outside_prefix_len = len;
             }
             live.gateway = s.parsed("gateway", |t| t.parse::<Ipv4Addr>().map_err(|_| format!("\"{t}\" is not an IPv4 address")))?;
+            engine.outside_addr6 = s.parsed("address6", parse_interface_address6)?;
+            live.gateway6 = s.parsed("gateway6", parse_ipv6)?;
             s.finish()?;
         }
         let Some(mut nat) = root.section("nat")? else {
-            return err("nat.pool", "missing: the [nat] section with a pool of external addresses is required");
+            return err("nat.pool", "missing: the [nat] section with a pool of external addresses is required (or mode = \"off\" to route without translating)");
         };
         parse_nat(&mut nat, &mut engine, &mut warnings)?;
         nat.finish()?;
         if let Some(mut s) = root.section("timeouts")? {
+            refuse_without_translation(&s, &engine)?;
             parse_timeouts(&mut s, &mut engine, &mut warnings)?;
             s.finish()?;
         }
         if let Some(mut s) = root.section("fragments")? {
+            refuse_without_translation(&s, &engine)?;
             engine.max_held_fragments = s.integer("max_held", 0, 1 << 20)?.unwrap_or(engine.max_held_fragments);
             engine.max_held_fragment_bytes = s.integer("max_held_bytes", 0, 1 << 30)?.unwrap_or(engine.max_held_fragment_bytes);
             s.finish()?;
@@ -148,6 +158,9 @@ impl Config {
         let logging = parse_logging(&mut root, &mut engine, &mut warnings)?;
         if let Some(mut s) = root.section("pcp")? {
             engine.pcp = parse_pcp(&mut s)?;
+            if engine.pcp.is_some() && !engine.translate {
+                return err("pcp.enabled", NEEDS_TRANSLATION);
+            }
             s.finish()?;
         }
         if let Some(mut s) = root.section("management")? {
@@ -186,6 +199,9 @@ impl Config {
         let mut advice = Vec::new();
         if self.live.gateway.is_none() {
             advice.push("outside.gateway: not set: natrix run will reach only hosts inside the outside prefix".to_owned());
+        }
+        if self.engine.outside_addr6.is_some() && self.live.gateway6.is_none() {
+            advice.push("outside.gateway6: not set: natrix run will reach only IPv6 hosts inside the outside address6 prefix".to_owned());
         }
         advice
     }
@@ -227,11 +243,107 @@ fn check_addressing(e: &EngineConfig, live: &LiveConfig) -> Result<(), ConfigErr
             Some(_) => {}
         }
     }
+    check_addressing6(e, live)
+}
+
+/// The IPv6 side of `check_addressing`: the two links' `address6`
+/// prefixes must not overlap, and `gateway6` must be on the outside link.
+fn check_addressing6(e: &EngineConfig, live: &LiveConfig) -> Result<(), ConfigError> {
+    let show = |a: Addr6| format!("{}/{}", a.addr, a.prefix_len);
+    if let (Some(i), Some(o)) = (e.inside_addr6, e.outside_addr6) {
+        if prefix6_contains(i.addr, i.prefix_len.min(o.prefix_len), o.addr) {
+            return err("outside.address6", format!("{} overlaps the inside prefix {} (inside.address6): the two links need separate prefixes", show(o), show(i)));
+        }
+    }
+    if let Some(gw) = live.gateway6 {
+        match e.outside_addr6 {
+            None => return err("outside.gateway6", "needs outside.address6: natrix reaches the IPv6 gateway through its outside IPv6 address"),
+            Some(o) if gw == o.addr => return err("outside.gateway6", format!("{gw} is natrix's own outside.address6")),
+            Some(o) if !prefix6_contains(o.addr, o.prefix_len, gw) => {
+                return err("outside.gateway6", format!("{gw} is not in the outside prefix {} (outside.address6): a next hop must be on the link", show(o)));
+            }
+            Some(_) => {}
+        }
+    }
     Ok(())
 }
 
+fn prefix6_contains(network: Ipv6Addr, len: u8, addr: Ipv6Addr) -> bool {
+    let len = u32::from(len.min(128));
+    len == 0 || (u128::from(network) ^ u128::from(addr)) >> (128 - len) == 0
+}
+
+/// The problem of a key that `[nat] mode = "off"` has no use for.
+const NEEDS_TRANSLATION: &str = "only used when natrix translates, and [nat] mode = \"off\" routes without translating: remove it";
+
+/// Keys, by section, that only translation uses: with `[nat] mode = "off"`
+/// each is refused by name (so is `[pcp] enabled = true`). The other keys
+/// of these sections (`nat.mode`, `nat.seed`, `nat.icmp_errors_per_second`,
+/// `logging.json`, ...) serve the router as well.
+const TRANSLATION_ONLY: &[(&str, &[&str])] = &[
+    (
+        "nat",
+        &[
+            "pool",
+            "ports",
+            "filtering",
+            "max_ports_per_subscriber",
+            "max_ports_per_protocol",
+            "max_new_mappings_per_second",
+            "max_sessions_per_subscriber",
+            "max_sessions",
+            "max_subscribers",
+            "port_block_size",
+            "hold_down",
+            "port_selection",
+            "port_parity",
+            "inbound_refresh",
+            "unsolicited_syn",
+            "exhaustion_icmp",
+            "exempt",
+            "static",
+            "subscribers",
+            "ports_per_subscriber",
+        ],
+    ),
+    // Mappings, sessions and the SYNs held for them; fragments held until
+    // their first fragment names the ports.
+    ("timeouts", &["udp", "tcp_established", "tcp_transitory", "icmp", "syn_hold", "fragment"]),
+    ("fragments", &["max_held", "max_held_bytes"]),
+    // Which NAT records to log: mappings, sessions or port blocks.
+    ("logging", &["unit"]),
+];
+
+/// With translation off, refuses the first key of `s` that only translation uses.
+fn refuse_without_translation(s: &Section, e: &EngineConfig) -> Result<(), ConfigError> {
+    if e.translate {
+        return Ok(());
+    }
+    let keys = TRANSLATION_ONLY.iter().find(|(name, _)| *name == s.name).map_or(&[][..], |(_, keys)| *keys);
+    match keys.iter().find(|k| s.has(k)) {
+        Some(k) => err(s.path(k), NEEDS_TRANSLATION),
+        None => Ok(()),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NatMode {
+    Dynamic,
+    Deterministic,
+    /// Route without translating.
+    Off,
+}
+
 fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
-    let deterministic = s.choice("mode", &[("dynamic", false), ("deterministic", true)])? == Some(true);
+    let mode = s.choice("mode", &[("dynamic", NatMode::Dynamic), ("deterministic", NatMode::Deterministic), ("off", NatMode::Off)])?.unwrap_or(NatMode::Dynamic);
+    if mode == NatMode::Off {
+        e.translate = false;
+        refuse_without_translation(s, e)?;
+        e.icmp_errors_per_second = s.integer("icmp_errors_per_second", 0, u32::MAX)?.unwrap_or(e.icmp_errors_per_second);
+        e.seed = s.integer_u64("seed")?.unwrap_or(e.seed);
+        return Ok(());
+    }
+    let deterministic = mode == NatMode::Deterministic;
     if !deterministic {
         for key in ["subscribers", "ports_per_subscriber"] {
             if s.has(key) {
@@ -331,7 +443,7 @@ const REFUSAL_CODES: [(&str, Option<u8>); 3] = [("host-unreachable", Some(1)), (
 
 fn parse_pool(s: &mut Section) -> Result<Vec<u32>, ConfigError> {
     let Some(list) = s.array("pool")? else {
-        return err("nat.pool", "missing: list the external addresses, e.g. pool = [\"203.0.113.0/28\"]");
+        return err("nat.pool", "missing: list the external addresses, e.g. pool = [\"203.0.113.0/28\"] (or set mode = \"off\" to route without translating)");
     };
     let mut addrs = Vec::new();
     for (i, v) in list.iter().enumerate() {
@@ -432,6 +544,7 @@ fn parse_logging(root: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<St
     let default_unit = if e.port_block_size > 0 { LogUnit::Block } else { LogUnit::Mapping };
     let mut logging = LoggingConfig { unit: default_unit, json: None, ipfix: None, syslog: None };
     let Some(mut s) = root.section("logging")? else { return Ok(logging) };
+    refuse_without_translation(&s, e)?;
     logging.unit = s.choice("unit", &[("mapping", LogUnit::Mapping), ("session", LogUnit::Session), ("block", LogUnit::Block)])?.unwrap_or(default_unit);
     e.log_sessions = logging.unit == LogUnit::Session;
     if logging.unit == LogUnit::Block && e.port_block_size == 0 {
@@ -536,6 +649,22 @@ fn parse_prefix(t: &str) -> Result<(u32, u8), String> {
         return Err(format!("\"{t}\" has host bits set; did you mean {}/{len}?", Ipv4Addr::from(addr & !host_mask)));
     }
     Ok((addr, len))
+}
+
+fn parse_ipv6(t: &str) -> Result<Ipv6Addr, String> {
+    t.parse::<Ipv6Addr>().map_err(|_| format!("\"{t}\" is not an IPv6 address"))
+}
+
+/// natrix's IPv6 address on a link and the link's prefix length
+/// (`address6`): a unicast address, host bits and all.
+fn parse_interface_address6(t: &str) -> Result<Addr6, String> {
+    let (a, len) = t.split_once('/').ok_or_else(|| format!("\"{t}\": expected ADDRESS/PREFIX, e.g. \"2001:db8::1/64\""))?;
+    let prefix_len = len.parse::<u8>().ok().filter(|&l| (1..=128).contains(&l)).ok_or_else(|| format!("\"{t}\": prefix length must be 1-128"))?;
+    let addr = parse_ipv6(a)?;
+    if addr.is_multicast() || addr.is_unspecified() || addr.is_loopback() {
+        return Err(format!("\"{a}\" cannot be an interface's address (multicast, unspecified or loopback)"));
+    }
+    Ok(Addr6 { addr, prefix_len })
 }
 
 /// The NAT's own address on a link and the link's prefix length.
@@ -669,8 +798,8 @@ impl<'a> Section<'a> {
 /// holds this list to the parser. Used only to explain unknown keys.
 const KNOWN_KEYS: &[(&str, &[&str])] = &[
     ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll"]),
-    ("inside", &["interface", "address"]),
-    ("outside", &["interface", "address", "gateway"]),
+    ("inside", &["interface", "address", "address6"]),
+    ("outside", &["interface", "address", "gateway", "address6", "gateway6"]),
     (
         "nat",
         &[
@@ -830,7 +959,10 @@ mod tests {
         assert_eq!(problem("workers = 2\n"), "nat.workers: unknown key here: `workers` is a top-level key (put it above the first [section])");
         assert_eq!(problem("gateway = \"198.51.100.254\"\n"), "nat.gateway: unknown key here: `gateway` belongs in [outside]");
         assert_eq!(problem("[timeouts]\nupd = \"5m\"\n"), "timeouts.upd: unknown key; did you mean `udp`?");
-        assert_eq!(problem("static = [{ proto = \"tcp\", insde = \"100.64.0.5:22\", outside = \"203.0.113.1:22\" }]\n"), "nat.static[0].insde: unknown key; did you mean `inside`?");
+        assert_eq!(
+            problem("static = [{ proto = \"tcp\", insde = \"100.64.0.5:22\", outside = \"203.0.113.1:22\" }]\n"),
+            "nat.static[0].insde: unknown key; did you mean `inside`?"
+        );
         assert_eq!(problem("banana = 1\n"), "nat.banana: unknown key");
     }
 
@@ -919,5 +1051,100 @@ mod tests {
         assert_eq!(c.engine.exempt[1].ports, (53, 53));
         assert_eq!(c.engine.exempt[2].ports, (8000, 8080));
         assert_eq!(c.engine.statics[0].ext_port, 5353);
+    }
+
+    #[test]
+    fn address6_and_gateway6_parse_into_the_engine_and_live_config() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        let c = parse(&format!(
+            "[inside]\naddress6 = \"2001:db8:1::1/64\"\n[outside]\naddress = \"198.51.100.1/24\"\naddress6 = \"2001:db8:2::1/64\"\ngateway6 = \"2001:db8:2::fe\"\n{base}"
+        ))
+        .unwrap();
+        assert_eq!(c.engine.inside_addr6, Some(Addr6 { addr: "2001:db8:1::1".parse().unwrap(), prefix_len: 64 }));
+        assert_eq!(c.engine.outside_addr6, Some(Addr6 { addr: "2001:db8:2::1".parse().unwrap(), prefix_len: 64 }));
+        assert_eq!(c.live.gateway6, Some("2001:db8:2::fe".parse().unwrap()));
+        assert!(!c.advice_for_run().iter().any(|a| a.starts_with("outside.gateway6")));
+        // address6 alone is fine; run is advised to have gateway6 beside it.
+        let c = parse(&format!("[outside]\naddress6 = \"2001:db8:2::1/64\"\n{base}")).unwrap();
+        assert_eq!(c.live.gateway6, None);
+        assert!(c.advice_for_run().iter().any(|a| a.starts_with("outside.gateway6")), "{:?}", c.advice_for_run());
+        assert_eq!(parse(base).unwrap().engine.inside_addr6, None);
+    }
+
+    #[test]
+    fn malformed_ipv6_addresses_are_refused_naming_the_key() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        for bad in ["\"2001:db8::1\"", "\"2001:db8::1/0\"", "\"2001:db8::1/129\"", "\"ff02::1/64\"", "\"::/64\"", "\"::1/128\"", "\"100.64.0.1/10\"", "\"2001:db8::g/64\"", "64"] {
+            assert_eq!(key_of(&format!("[inside]\naddress6 = {bad}\n{base}")), "inside.address6", "{bad}");
+            assert_eq!(key_of(&format!("[outside]\naddress6 = {bad}\n{base}")), "outside.address6", "{bad}");
+        }
+        for bad in ["\"198.51.100.254\"", "\"2001:db8::1/64\"", "\"fe80::zz\""] {
+            assert_eq!(key_of(&format!("[outside]\naddress6 = \"2001:db8:2::1/64\"\ngateway6 = {bad}\n{base}")), "outside.gateway6", "{bad}");
+        }
+    }
+
+    #[test]
+    fn ipv6_addresses_that_collide_are_refused_naming_both_keys() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        let problem = |links: &str| parse(&format!("{links}{base}")).unwrap_err().to_string();
+        let p = problem("[inside]\naddress6 = \"2001:db8::1/32\"\n[outside]\naddress6 = \"2001:db8:5::1/64\"\n");
+        assert!(p.starts_with("outside.address6:") && p.contains("inside.address6"), "{p}");
+        let p = problem("[inside]\naddress6 = \"2001:db8:5::1/64\"\n[outside]\naddress6 = \"2001:db8::1/32\"\n");
+        assert!(p.starts_with("outside.address6:") && p.contains("inside.address6"), "{p}");
+        let p = problem("[outside]\naddress6 = \"2001:db8:2::1/64\"\ngateway6 = \"2001:db8:3::1\"\n");
+        assert!(p.starts_with("outside.gateway6:") && p.contains("outside.address6"), "{p}");
+        let p = problem("[outside]\ngateway6 = \"2001:db8:2::fe\"\n");
+        assert!(p.starts_with("outside.gateway6:") && p.contains("needs outside.address6"), "{p}");
+        let p = problem("[outside]\naddress6 = \"2001:db8:2::1/64\"\ngateway6 = \"2001:db8:2::1\"\n");
+        assert!(p.starts_with("outside.gateway6:") && p.contains("own"), "{p}");
+        // Neighbouring prefixes are fine.
+        parse(&format!("[inside]\naddress6 = \"2001:db8:1::1/64\"\n[outside]\naddress6 = \"2001:db8:2::1/64\"\ngateway6 = \"2001:db8:2::fe\"\n{base}")).unwrap();
+    }
+
+    #[test]
+    fn mode_off_routes_without_a_pool() {
+        let c = parse("[nat]\nmode = \"off\"\n").unwrap();
+        assert!(!c.engine.translate);
+        assert!(c.engine.pool.is_empty());
+        assert!(parse("[nat]\npool = [\"203.0.113.0/28\"]\n").unwrap().engine.translate);
+        // The keys a router uses still work beside it.
+        let c = parse(
+            "workers = 2\n[inside]\naddress = \"100.64.0.1/10\"\naddress6 = \"2001:db8:1::1/64\"\n[outside]\ninterface = \"eth2\"\naddress = \"198.51.100.1/24\"\n\
+             gateway = \"198.51.100.254\"\naddress6 = \"2001:db8:2::1/64\"\ngateway6 = \"2001:db8:2::fe\"\n\
+             [nat]\nmode = \"off\"\nseed = 7\nicmp_errors_per_second = 10\n[logging]\njson = \"/tmp/natrix-events.json\"\n[pcp]\nenabled = false\n",
+        )
+        .unwrap();
+        assert_eq!((c.engine.seed, c.engine.icmp_errors_per_second, c.live.workers), (7, 10, 2));
+        assert_eq!(key_of("[nat]\nmode = \"off\"\nbanana = 1\n"), "nat.banana");
+        assert_eq!(key_of("[nat]\nmode = \"of\"\n"), "nat.mode");
+    }
+
+    /// Every key that only translation uses is refused by name with mode
+    /// "off", and every key of those sections is either such a key or one
+    /// the router uses too, so a new key cannot slip past unclassified.
+    #[test]
+    fn mode_off_refuses_each_key_that_needs_translation_by_name() {
+        let off = "[nat]\nmode = \"off\"\n";
+        for (section, keys) in TRANSLATION_ONLY {
+            for key in *keys {
+                let text = match *section {
+                    "nat" => format!("{off}{key} = 1\n"),
+                    s => format!("{off}[{s}]\n{key} = 1\n"),
+                };
+                let e = parse(&text).unwrap_err();
+                assert_eq!((e.key.as_str(), e.problem.as_str()), (format!("{section}.{key}").as_str(), NEEDS_TRANSLATION), "{text}");
+            }
+        }
+        let e = parse(&format!("{off}[pcp]\nenabled = true\n")).unwrap_err();
+        assert_eq!((e.key.as_str(), e.problem.as_str()), ("pcp.enabled", NEEDS_TRANSLATION));
+        let router_keys: &[(&str, &[&str])] =
+            &[("nat", &["mode", "seed", "icmp_errors_per_second"]), ("timeouts", &[]), ("fragments", &[]), ("logging", &["json", "ipfix", "syslog"])];
+        for (section, allowed) in router_keys {
+            let refused = TRANSLATION_ONLY.iter().find(|(s, _)| s == section).map_or(&[][..], |(_, k)| *k);
+            let known = KNOWN_KEYS.iter().find(|(s, _)| s == section).unwrap().1;
+            for key in known {
+                assert!(refused.contains(key) != allowed.contains(key), "{section}.{key}: classify it as translation-only or not");
+            }
+        }
     }
 }

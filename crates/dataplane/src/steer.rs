@@ -4,21 +4,36 @@
 //! header; for echo replies, the identifier). Non-first fragments carry no
 //! port: they follow the worker their first fragment went to, remembered
 //! here by (source, destination, identification, protocol).
+//!
+//! Without translation (`[nat] mode = "off"`) and for IPv6, natrix routes
+//! and owns no per-port state: a frame goes to the worker of the inside
+//! host's address, its source outbound and its destination inbound, so
+//! both directions of a flow meet on one worker.
+
+use std::net::Ipv6Addr;
 
 use natrix_engine::shard::{worker_of_subscriber, Owners};
 use natrix_engine::{Proto, Side};
-use natrix_wire::{ethernet, get_u16_at, get_u32_at, icmp, proto};
+use natrix_wire::{ethernet, icmp, ipv4, ipv6, proto, udp};
 
 const FRAGMENT_SLOTS: usize = 4096;
 
 pub struct Steering {
     owners: Owners,
+    /// False in router mode: IPv4 is steered like IPv6, by address.
+    translate: bool,
     fragments: Box<[(u64, u16)]>,
 }
 
+/// A frame's network header, as far as steering reads it.
+enum Network<'a> {
+    V4(ipv4::Packet<&'a [u8]>),
+    V6(ipv6::Packet<&'a [u8]>),
+}
+
 impl Steering {
-    pub fn new(owners: Owners) -> Steering {
-        Steering { owners, fragments: vec![(u64::MAX, 0); FRAGMENT_SLOTS].into_boxed_slice() }
+    pub fn new(owners: Owners, translate: bool) -> Steering {
+        Steering { owners, translate, fragments: vec![(u64::MAX, 0); FRAGMENT_SLOTS].into_boxed_slice() }
     }
 
     pub fn workers(&self) -> u16 {
@@ -26,100 +41,93 @@ impl Steering {
     }
 
     pub fn worker_for(&mut self, side: Side, frame: &[u8]) -> u16 {
-        let Some(ip) = Ip::parse(frame) else { return 0 };
-        match side {
-            Side::Inside => worker_of_subscriber(ip.src, self.owners.count()),
-            Side::Outside => self.inbound_owner(frame, &ip),
+        let count = self.owners.count();
+        match (network(frame), side) {
+            (Some(Network::V4(ip)), Side::Inside) => worker_of_subscriber(ip.src_addr(), count),
+            (Some(Network::V4(ip)), Side::Outside) if !self.translate => worker_of_subscriber(ip.dst_addr(), count),
+            (Some(Network::V4(ip)), Side::Outside) => self.inbound_owner(&ip),
+            (Some(Network::V6(ip)), Side::Inside) => worker_of_host6(ip.src_addr(), count),
+            (Some(Network::V6(ip)), Side::Outside) => worker_of_host6(ip.dst_addr(), count),
+            (None, _) => 0,
         }
     }
 
     /// The owner of a frame leaving outside for a pool address: a hairpin
     /// the sending worker could not finish, which goes back in as inbound.
     pub fn hairpin_owner(&mut self, frame: &[u8]) -> Option<u16> {
-        let ip = Ip::parse(frame)?;
-        Some(self.inbound_owner(frame, &ip))
+        match network(frame)? {
+            Network::V4(ip) => Some(self.inbound_owner(&ip)),
+            Network::V6(_) => None,
+        }
     }
 
-    fn inbound_owner(&mut self, frame: &[u8], ip: &Ip) -> u16 {
+    fn inbound_owner(&mut self, ip: &ipv4::Packet<&[u8]>) -> u16 {
         let key = fragment_key(ip);
         let slot = (key % FRAGMENT_SLOTS as u64) as usize;
-        if ip.frag_offset != 0 {
+        if ip.frag_offset() != 0 {
             let (k, w) = self.fragments[slot];
             return if k == key { w } else { (key % u64::from(self.owners.count())) as u16 };
         }
-        let w = self.owner_of_transport(frame, ip);
-        if ip.more_frags {
+        let w = self.owner_of_transport(ip.protocol(), ip.dst_addr(), ip.payload());
+        if ip.more_frags() {
             self.fragments[slot] = (key, w);
         }
         w
     }
 
-    fn owner_of_transport(&self, frame: &[u8], ip: &Ip) -> u16 {
-        let l4 = ip.l4;
-        if frame.len() < l4 + 8 {
-            return 0;
-        }
-        match ip.proto {
-            proto::TCP => self.owners.of_external(Proto::Tcp, ip.dst, get_u16_at(frame, l4 + 2)),
-            proto::UDP => self.owners.of_external(Proto::Udp, ip.dst, get_u16_at(frame, l4 + 2)),
-            proto::ICMP if icmp::classify(frame[l4]) == icmp::Class::Error => self.owner_of_quoted(frame, l4 + 8),
-            proto::ICMP => self.owners.of_external(Proto::Icmp, ip.dst, get_u16_at(frame, l4 + 4)),
+    /// The owner of the external address `dst` and the port (or ICMP
+    /// identifier) in `l4`. TCP, UDP and SCTP all begin with the two ports,
+    /// which the lax 8-byte view reads.
+    fn owner_of_transport(&self, protocol: u8, dst: u32, l4: &[u8]) -> u16 {
+        match protocol {
+            proto::TCP | proto::UDP => match (udp::Packet::new_lax(l4), Proto::from_ip(protocol)) {
+                (Ok(ports), Some(p)) => self.owners.of_external(p, dst, ports.dst_port()),
+                _ => 0,
+            },
+            proto::ICMP => match icmp::Packet::new_checked(l4) {
+                Ok(m) if icmp::classify(m.msg_type()) == icmp::Class::Error => self.owner_of_quoted(m.quoted()),
+                Ok(m) => self.owners.of_external(Proto::Icmp, dst, m.ident()),
+                Err(_) => 0,
+            },
             _ => 0,
         }
     }
 
     /// An ICMP error quotes the packet natrix sent: its source is the
     /// external address and port.
-    fn owner_of_quoted(&self, frame: &[u8], at: usize) -> u16 {
-        if frame.len() < at + 20 {
-            return 0;
-        }
-        let ihl = usize::from(frame[at] & 0x0f) * 4;
-        let (q_proto, q_src) = (frame[at + 9], get_u32_at(frame, at + 12));
-        let l4 = at + ihl;
-        if frame.len() < l4 + 8 {
-            return 0;
-        }
-        match Proto::from_ip(q_proto) {
-            Some(Proto::Icmp) => self.owners.of_external(Proto::Icmp, q_src, get_u16_at(frame, l4 + 4)),
-            Some(p) => self.owners.of_external(p, q_src, get_u16_at(frame, l4)),
+    fn owner_of_quoted(&self, quoted: &[u8]) -> u16 {
+        let Ok(q) = ipv4::Packet::new_lax(quoted) else { return 0 };
+        let l4 = &quoted[q.header_len()..];
+        match Proto::from_ip(q.protocol()) {
+            Some(Proto::Icmp) => icmp::Packet::new_checked(l4).map_or(0, |m| self.owners.of_external(Proto::Icmp, q.src_addr(), m.ident())),
+            Some(p) => udp::Packet::new_lax(l4).map_or(0, |ports| self.owners.of_external(p, q.src_addr(), ports.src_port())),
             None => 0,
         }
     }
 }
 
-struct Ip {
-    l4: usize,
-    proto: u8,
-    src: u32,
-    dst: u32,
-    ident: u16,
-    frag_offset: u16,
-    more_frags: bool,
-}
-
-impl Ip {
-    fn parse(frame: &[u8]) -> Option<Ip> {
-        let eth = ethernet::Frame::new_checked(frame).ok()?;
-        let l3 = eth.payload_offset();
-        if eth.ethertype() != ethernet::ETHERTYPE_IPV4 || frame.len() < l3 + 20 {
-            return None;
-        }
-        let flags = get_u16_at(frame, l3 + 6);
-        Some(Ip {
-            l4: l3 + usize::from(frame[l3] & 0x0f) * 4,
-            proto: frame[l3 + 9],
-            src: get_u32_at(frame, l3 + 12),
-            dst: get_u32_at(frame, l3 + 16),
-            ident: get_u16_at(frame, l3 + 4),
-            frag_offset: flags & 0x1fff,
-            more_frags: flags & 0x2000 != 0,
-        })
+/// The network header of an untagged or tagged Ethernet frame.
+fn network(frame: &[u8]) -> Option<Network<'_>> {
+    let eth = ethernet::Frame::new_checked(frame).ok()?;
+    let l3 = &frame[eth.payload_offset()..];
+    match eth.ethertype() {
+        ethernet::ETHERTYPE_IPV4 => ipv4::Packet::new_lax(l3).ok().map(Network::V4),
+        ethernet::ETHERTYPE_IPV6 => ipv6::Packet::new_lax(l3).ok().map(Network::V6),
+        _ => None,
     }
 }
 
-fn fragment_key(ip: &Ip) -> u64 {
-    let k = (u64::from(ip.src) << 32 | u64::from(ip.dst)) ^ (u64::from(ip.ident) << 8 | u64::from(ip.proto)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+/// The worker of an IPv6 host: its address folded to 32 bits, then
+/// spread as subscribers' addresses are.
+pub fn worker_of_host6(addr: Ipv6Addr, count: u16) -> u16 {
+    let a = u128::from(addr);
+    let folded = (a ^ (a >> 32) ^ (a >> 64) ^ (a >> 96)) as u32;
+    worker_of_subscriber(folded, count)
+}
+
+fn fragment_key(ip: &ipv4::Packet<&[u8]>) -> u64 {
+    let (src, dst) = (u64::from(ip.src_addr()), u64::from(ip.dst_addr()));
+    let k = (src << 32 | dst) ^ (u64::from(ip.ident()) << 8 | u64::from(ip.protocol())).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     k.wrapping_mul(0xff51_afd7_ed55_8ccd) >> 1
 }
 
@@ -132,6 +140,7 @@ mod tests {
         let mut f = vec![0u8; 14 + 20 + 8];
         f[12..14].copy_from_slice(&[8, 0]);
         f[14] = 0x45;
+        f[16..18].copy_from_slice(&28u16.to_be_bytes());
         f[18..20].copy_from_slice(&ident.to_be_bytes());
         f[20..22].copy_from_slice(&flags.to_be_bytes());
         f[23] = proto::UDP;
@@ -144,7 +153,7 @@ mod tests {
 
     #[test]
     fn inbound_goes_to_the_worker_whose_slice_holds_the_port_and_fragments_follow() {
-        let mut s = Steering::new(Owners::new((1024, 65535), 2, 3, &[]));
+        let mut s = Steering::new(Owners::new((1024, 65535), 2, 3, &[]), true);
         for index in 0..3u16 {
             let (lo, _) = port_slice((1024, 65535), 2, Shard { index, count: 3 });
             let first = udp_frame(1, 2, 53, lo + 1, 0x2000, 77 + index);
@@ -156,10 +165,61 @@ mod tests {
 
     #[test]
     fn outbound_goes_to_the_subscribers_worker() {
-        let mut s = Steering::new(Owners::new((1024, 65535), 2, 4, &[]));
+        let mut s = Steering::new(Owners::new((1024, 65535), 2, 4, &[]), true);
         for a in 0..50u32 {
             let sub = 0x6440_0000 + a;
             assert_eq!(s.worker_for(Side::Inside, &udp_frame(sub, 9, 1000 + a as u16, 53, 0, 1)), worker_of_subscriber(sub, 4));
+        }
+    }
+
+    fn ipv6_frame(src: Ipv6Addr, dst: Ipv6Addr) -> Vec<u8> {
+        let mut f = vec![0u8; 14 + 40];
+        f[12..14].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
+        ipv6::emit_header(&mut f[14..], src, dst, ipv6::next_header::NO_NEXT_HEADER, 0, 64).unwrap();
+        f
+    }
+
+    #[test]
+    fn ipv6_goes_to_the_inside_hosts_worker_both_ways_and_spreads() {
+        let mut s = Steering::new(Owners::new((1024, 65535), 2, 4, &[]), true);
+        let server: Ipv6Addr = "2001:db8:99::1".parse().unwrap();
+        let mut used = [false; 4];
+        for i in 0..64u16 {
+            let host = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, i);
+            let out = s.worker_for(Side::Inside, &ipv6_frame(host, server));
+            assert_eq!(s.worker_for(Side::Outside, &ipv6_frame(server, host)), out, "{host}");
+            assert_eq!(out, worker_of_host6(host, 4));
+            used[usize::from(out)] = true;
+        }
+        assert_eq!(used, [true; 4], "64 hosts use every worker");
+        assert_eq!(s.hairpin_owner(&ipv6_frame(server, server)), None);
+    }
+
+    #[test]
+    fn without_translation_ipv4_goes_to_the_inside_hosts_worker_both_ways() {
+        let mut s = Steering::new(Owners::new((1024, 65535), 2, 4, &[]), false);
+        for a in 0..50u32 {
+            let host = 0x6440_0000 + a;
+            let out = s.worker_for(Side::Inside, &udp_frame(host, 9, 1000 + a as u16, 53, 0, 1));
+            assert_eq!(s.worker_for(Side::Outside, &udp_frame(9, host, 53, 1000 + a as u16, 0, 1)), out);
+        }
+    }
+
+    #[test]
+    fn icmp_errors_go_to_the_owner_of_the_quoted_source_port() {
+        let mut s = Steering::new(Owners::new((1024, 65535), 2, 3, &[]), true);
+        for index in 0..3u16 {
+            let (lo, _) = port_slice((1024, 65535), 2, Shard { index, count: 3 });
+            // What natrix sent: from the pool address and a port of worker `index`.
+            let sent = udp_frame(0xcb00_7101, 0x0808_0808, lo + 7, 53, 0, 1);
+            let mut f = vec![0u8; 14 + 20 + 8];
+            f[12..14].copy_from_slice(&[8, 0]);
+            f[14] = 0x45;
+            f[16..18].copy_from_slice(&((20 + 8 + 28) as u16).to_be_bytes());
+            f[23] = proto::ICMP;
+            f[34] = icmp::kind::DEST_UNREACHABLE;
+            f.extend_from_slice(&sent[14..]);
+            assert_eq!(s.worker_for(Side::Outside, &f), index);
         }
     }
 }

@@ -1,5 +1,6 @@
 //! What every live packet backend offers the dataplane: batched receive,
-//! queued transmit, and a file descriptor to sleep on.
+//! queued transmit, and a file descriptor to sleep on. AF_XDP, AF_PACKET
+//! and the in-memory port of the tests (`memory`) implement it.
 
 use std::os::fd::RawFd;
 
@@ -51,7 +52,7 @@ pub trait PacketPort: Send {
     /// Readable when frames are waiting; for poll().
     fn fd(&self) -> RawFd;
 
-    /// "af_xdp" or "af_packet", for logs and metrics.
+    /// "af_xdp", "af_packet" or "memory" (tests), for logs and metrics.
     fn backend(&self) -> &'static str;
 
     /// Frames the backend refused on receive, such as ones a sender left

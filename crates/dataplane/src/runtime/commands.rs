@@ -1,0 +1,46 @@
+//! What operators ask of the dataplane threads, and the handle that asks:
+//! each thread checks its channel between batches and answers on the
+//! sender that came with the request.
+
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use natrix_engine::admin::{Cleared, MappingView, SessionView};
+use natrix_engine::EngineConfig;
+
+use super::{IoSnapshot, WorkerSnapshot};
+use crate::ring::Doorbell;
+
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub(super) enum Command {
+    Worker(Sender<WorkerSnapshot>),
+    Io(Sender<IoSnapshot>),
+    Sessions(Option<u32>, Sender<Vec<SessionView>>),
+    Mappings(Option<u32>, Sender<Vec<MappingView>>),
+    Clear(u32, Sender<Cleared>),
+    Reload(Box<EngineConfig>, Sender<Result<(), String>>),
+    /// The outside addresses natrix answers ARP for, and the sorted pool.
+    ReloadLinks(Vec<u32>, Vec<u32>, Sender<()>),
+}
+
+/// One thread's command channel and the doorbell that wakes it.
+pub(super) struct Control {
+    pub(super) commands: Sender<Command>,
+    pub(super) doorbell: Arc<Doorbell>,
+}
+
+impl Control {
+    pub(super) fn new(commands: Sender<Command>, doorbell: Arc<Doorbell>) -> Control {
+        Control { commands, doorbell }
+    }
+
+    /// Sends a request and waits for the answer.
+    pub(super) fn ask<T>(&self, make: impl FnOnce(Sender<T>) -> Command) -> Result<T, String> {
+        let (tx, rx) = mpsc::channel();
+        self.commands.send(make(tx)).map_err(|_| "a dataplane thread has stopped".to_string())?;
+        self.doorbell.ring_always();
+        rx.recv_timeout(COMMAND_TIMEOUT).map_err(|_| "a dataplane thread did not answer".to_string())
+    }
+}

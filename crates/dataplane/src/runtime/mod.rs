@@ -1,0 +1,405 @@
+//! The threads of a running natrix and the handle that controls them.
+//!
+//! With one worker, one thread does everything for a frame: receive, ARP,
+//! translate, next hop, transmit. With N workers, an I/O thread owns both
+//! interfaces and the ARP state, steers each IP frame to the worker that
+//! owns its state over a lock-free ring, and transmits what the workers hand
+//! back; each worker owns one engine and never takes a lock per packet.
+//! Operators reach the threads through command channels that are checked
+//! between batches, so the packet path has no shared state.
+//!
+//! The parts: this file starts the threads and is the handle (`Dataplane`);
+//! `links` holds both interfaces with the router state around them, `stage`
+//! the frames of one round, `worker` the engines' threads, `io_thread` the
+//! thread that steers between workers, `commands` the operators' requests,
+//! and `clock` time and idling.
+
+mod clock;
+mod commands;
+mod io_thread;
+mod links;
+mod stage;
+mod worker;
+
+use std::net::Ipv6Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use natrix_engine::admin::{Cleared, MappingView, SessionView};
+use natrix_engine::config::prefix_contains;
+use natrix_engine::shard::{Owners, Shard};
+use natrix_engine::{Engine, EngineConfig, Event, Side, Stats};
+use natrix_io::af_packet::AfPacketPort;
+use natrix_io::af_xdp::AfXdpPort;
+use natrix_io::iface::Interface;
+use natrix_io::{IoError, PacketPort};
+
+use crate::gateway::{Gateway, GatewayCounters, Link};
+use crate::ring::{self, Doorbell};
+use crate::steer::Steering;
+use clock::Clock;
+use commands::{Command, Control};
+use io_thread::{IoThread, Lanes};
+use links::Links;
+use worker::{run_single, run_worker, EngineWorker};
+
+/// Frames received from one interface per round.
+const BATCH: usize = 64;
+const RING_FRAMES: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoChoice {
+    Auto,
+    AfXdp,
+    AfPacket,
+}
+
+#[derive(Debug, Clone)]
+pub struct LinkSettings {
+    pub interface: String,
+    pub addr: u32,
+    pub prefix_len: u8,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The engines' configuration; its `inside_addr6` and `outside_addr6`
+    /// are natrix's IPv6 addresses on the links (NDP, IPv6 next hops).
+    pub engine: EngineConfig,
+    pub inside: LinkSettings,
+    pub outside: LinkSettings,
+    pub gateway: Option<u32>,
+    pub workers: u16,
+    pub io: IoChoice,
+    pub busy_poll: bool,
+    /// Events waiting for the logger; past this they are counted as lost.
+    pub event_buffer: usize,
+}
+
+/// A port the caller opened for one side, with what natrix would otherwise
+/// read from the interface: tests hand the dataplane `MemoryPort`s this way.
+pub struct SuppliedPort {
+    pub port: Box<dyn PacketPort>,
+    pub mac: [u8; 6],
+    /// The link's MTU, for the engine's egress checks (0: no limit).
+    pub mtu: u16,
+}
+
+/// What `start_with` takes beyond `Settings`.
+#[derive(Default)]
+pub struct StartOptions {
+    /// `[outside] gateway6`: the IPv6 next hop for destinations off the
+    /// outside `address6` prefix.
+    pub gateway6: Option<Ipv6Addr>,
+    /// Ports for the inside and the outside; None opens the interfaces
+    /// `Settings` names with the backend it chooses.
+    pub ports: Option<[SuppliedPort; 2]>,
+}
+
+#[derive(Debug)]
+pub enum DataplaneError {
+    Io(IoError),
+    Engine(natrix_engine::EngineError),
+    Thread(std::io::Error),
+    /// A thread panicked while holding the thread list.
+    Poisoned,
+}
+
+impl std::fmt::Display for DataplaneError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataplaneError::Io(e) => write!(f, "{e}"),
+            DataplaneError::Engine(e) => write!(f, "{e}"),
+            DataplaneError::Thread(e) => write!(f, "starting a thread: {e}"),
+            DataplaneError::Poisoned => write!(f, "a dataplane thread failed while starting"),
+        }
+    }
+}
+
+impl std::error::Error for DataplaneError {}
+
+impl From<IoError> for DataplaneError {
+    fn from(e: IoError) -> Self {
+        DataplaneError::Io(e)
+    }
+}
+
+/// One worker's state as the management API reports it.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerSnapshot {
+    pub stats: Stats,
+    pub sessions_by_proto: [u32; 3],
+    pub mappings_by_proto: [u32; 3],
+    pub subscribers: u64,
+    pub ports_in_use: u64,
+    pub total_ports: u64,
+    pub memory_bytes: u64,
+    pub events_lost: u64,
+    pub busy_ns: u64,
+    pub handoff_dropped: u64,
+    /// Subscribers whose port use reached 50, 80, 90 and 100% of their limit.
+    pub port_use_over: [u64; 4],
+    pub pcp: natrix_engine::pcp::PcpStats,
+}
+
+/// The interfaces' state.
+#[derive(Debug, Clone, Default)]
+pub struct IoSnapshot {
+    pub rx_frames: [u64; 2],
+    pub rx_bytes: [u64; 2],
+    pub tx_frames: [u64; 2],
+    pub tx_bytes: [u64; 2],
+    pub rx_refused: [u64; 2],
+    pub rx_kernel_dropped: [u64; 2],
+    pub tx_dropped: [u64; 2],
+    pub handoff_dropped: u64,
+    pub gateway: GatewayCounters,
+}
+
+pub const PORT_USE_THRESHOLDS: [f64; 4] = [0.5, 0.8, 0.9, 1.0];
+
+/// A running dataplane.
+pub struct Dataplane {
+    stop: Arc<AtomicBool>,
+    threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
+    workers: Vec<Control>,
+    /// The thread that owns the interfaces (worker 0 when there is one worker).
+    io: Control,
+    backend: &'static str,
+    notes: Vec<String>,
+    events: std::sync::Mutex<Option<Receiver<Event>>>,
+    outside_prefix: (u32, u8),
+}
+
+impl Dataplane {
+    /// Opens the interfaces `settings` names and starts the threads.
+    pub fn start(settings: Settings) -> Result<Dataplane, DataplaneError> {
+        Dataplane::start_with(settings, StartOptions::default())
+    }
+
+    /// Starts the threads, on the ports `options` supplies or else on the
+    /// interfaces `settings` names.
+    pub fn start_with(settings: Settings, options: StartOptions) -> Result<Dataplane, DataplaneError> {
+        let mut notes = Vec::new();
+        let [inside, outside] = match options.ports {
+            Some(ports) => ports,
+            None => open_interfaces(&settings, &mut notes)?,
+        };
+        let backend = inside.port.backend();
+        let mut engine_cfg = settings.engine.clone();
+        engine_cfg.egress_mtu = [inside.mtu, outside.mtu];
+        let gateway = Gateway::new(
+            Link { mac: inside.mac, addr: settings.inside.addr, prefix_len: settings.inside.prefix_len, answers_for: vec![settings.inside.addr], addr6: engine_cfg.inside_addr6 },
+            Link {
+                mac: outside.mac,
+                addr: settings.outside.addr,
+                prefix_len: settings.outside.prefix_len,
+                answers_for: outside_answers(&settings.outside, &engine_cfg.pool),
+                addr6: engine_cfg.outside_addr6,
+            },
+            settings.gateway,
+            options.gateway6,
+        );
+        let mut links = Links::new([inside.port, outside.port], gateway);
+        let (event_tx, event_rx) = mpsc::sync_channel(settings.event_buffer.max(1));
+        let count = settings.workers.max(1);
+        let mut engines = (0..count)
+            .map(|index| Engine::new(EngineConfig { shard: Shard { index, count }, ..engine_cfg.clone() }))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(DataplaneError::Engine)?;
+        if let Some(announce) = engines[0].pcp_announcement(inside.mac) {
+            // RFC 6887 section 14.1.3: tell clients natrix (re)started, so they renew.
+            links.stage.push_addressed(Side::Inside, &announce);
+        }
+        let clock = Clock::new();
+        let mut dp = Dataplane {
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Default::default(),
+            workers: Vec::new(),
+            io: Control::new(mpsc::channel().0, Arc::new(Doorbell::new().map_err(DataplaneError::Thread)?)),
+            backend,
+            notes,
+            events: std::sync::Mutex::new(Some(event_rx)),
+            outside_prefix: (settings.outside.addr, settings.outside.prefix_len),
+        };
+        if count == 1 {
+            dp.start_single(engines, links, event_tx, clock, settings.busy_poll)?;
+        } else {
+            dp.start_sharded(engines, links, &engine_cfg, event_tx, clock, settings.busy_poll)?;
+        }
+        Ok(dp)
+    }
+
+    fn start_single(&mut self, mut engines: Vec<Engine>, mut links: Links, event_tx: SyncSender<Event>, clock: Clock, busy_poll: bool) -> Result<(), DataplaneError> {
+        let (commands, rx) = mpsc::channel();
+        let doorbell = self.io.doorbell.clone();
+        let engine = engines.remove(0);
+        let stop = self.stop.clone();
+        let mut worker = EngineWorker::new(engine, rx, event_tx);
+        let bell = doorbell.clone();
+        let h = spawn("natrix-w0", move || {
+            links.announce();
+            run_single(&mut worker, &mut links, &bell, &stop, clock, busy_poll);
+        })?;
+        self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
+        self.io = Control::new(commands.clone(), doorbell.clone());
+        self.workers.push(Control::new(commands, doorbell));
+        Ok(())
+    }
+
+    fn start_sharded(
+        &mut self,
+        engines: Vec<Engine>,
+        mut links: Links,
+        cfg: &EngineConfig,
+        event_tx: SyncSender<Event>,
+        clock: Clock,
+        busy_poll: bool,
+    ) -> Result<(), DataplaneError> {
+        let count = engines.len() as u16;
+        let io_bell = self.io.doorbell.clone();
+        let mut lanes = Lanes::default();
+        for (i, engine) in engines.into_iter().enumerate() {
+            let (to_worker, worker_in) = ring::ring(RING_FRAMES);
+            let (worker_out, from_worker) = ring::ring(RING_FRAMES);
+            let (commands, rx) = mpsc::channel();
+            let bell = Arc::new(Doorbell::new().map_err(DataplaneError::Thread)?);
+            let mut worker = EngineWorker::new(engine, rx, event_tx.clone());
+            let (stop, wbell, io_bell) = (self.stop.clone(), bell.clone(), io_bell.clone());
+            let h = spawn(&format!("natrix-w{i}"), move || run_worker(&mut worker, worker_in, worker_out, &wbell, &io_bell, &stop, clock, busy_poll))?;
+            self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
+            self.workers.push(Control::new(commands, bell.clone()));
+            lanes.to_workers.push(to_worker);
+            lanes.from_workers.push(from_worker);
+            lanes.doorbells.push(bell);
+        }
+        let (commands, rx) = mpsc::channel();
+        self.io.commands = commands;
+        let steering = Steering::new(Owners::for_config(cfg, count), cfg.translate);
+        let mut pool = cfg.pool.clone();
+        pool.sort_unstable();
+        let stop = self.stop.clone();
+        let h = spawn("natrix-io", move || {
+            links.announce();
+            let mut io = IoThread { links, lanes, steering, pool, commands: rx };
+            io.run(&io_bell, &stop, clock, busy_poll);
+        })?;
+        self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
+        Ok(())
+    }
+
+    /// "af_xdp", "af_packet", or the backend of the ports supplied.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Why a backend other than the one asked for is in use, and the like.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// The NAT events (mappings created and deleted, ...), for the logger;
+    /// there is one receiver and this hands it over once.
+    pub fn take_events(&self) -> Option<Receiver<Event>> {
+        self.events.lock().ok()?.take()
+    }
+
+    pub fn worker_snapshots(&self) -> Result<Vec<WorkerSnapshot>, String> {
+        self.workers.iter().map(|w| w.ask(Command::Worker)).collect()
+    }
+
+    pub fn io_snapshot(&self) -> Result<IoSnapshot, String> {
+        self.io.ask(Command::Io)
+    }
+
+    pub fn sessions(&self, subscriber: Option<u32>) -> Result<Vec<SessionView>, String> {
+        Ok(self.workers.iter().map(|w| w.ask(|tx| Command::Sessions(subscriber, tx))).collect::<Result<Vec<_>, _>>()?.concat())
+    }
+
+    pub fn mappings(&self, subscriber: Option<u32>) -> Result<Vec<MappingView>, String> {
+        Ok(self.workers.iter().map(|w| w.ask(|tx| Command::Mappings(subscriber, tx))).collect::<Result<Vec<_>, _>>()?.concat())
+    }
+
+    pub fn clear_subscriber(&self, addr: u32) -> Result<Cleared, String> {
+        let mut total = Cleared::default();
+        for w in &self.workers {
+            let c = w.ask(|tx| Command::Clear(addr, tx))?;
+            total.sessions += c.sessions;
+            total.mappings += c.mappings;
+        }
+        Ok(total)
+    }
+
+    /// Applies a reloaded engine configuration to every worker. Every worker
+    /// holds the same configuration, so they all accept or all refuse; the
+    /// first refusal is returned and nothing changes.
+    pub fn reload(&self, cfg: &EngineConfig) -> Result<(), String> {
+        for w in &self.workers {
+            w.ask(|tx| Command::Reload(Box::new(cfg.clone()), tx))??;
+        }
+        let outside = LinkSettings { interface: String::new(), addr: self.outside_prefix.0, prefix_len: self.outside_prefix.1 };
+        let mut pool = cfg.pool.clone();
+        pool.sort_unstable();
+        self.io.ask(|tx| Command::ReloadLinks(outside_answers(&outside, &cfg.pool), pool, tx))
+    }
+
+    /// Stops every thread and waits for them; later calls do nothing.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for w in self.workers.iter().chain(std::iter::once(&self.io)) {
+            w.doorbell.ring_always();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for h in threads {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Dataplane {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// natrix answers ARP on the outside for its own address and for pool
+/// addresses inside the outside prefix (routed pool addresses need no ARP).
+fn outside_answers(outside: &LinkSettings, pool: &[u32]) -> Vec<u32> {
+    let mut v = vec![outside.addr];
+    v.extend(pool.iter().copied().filter(|&a| prefix_contains(outside.addr, outside.prefix_len, a)));
+    v
+}
+
+/// Opens both interfaces with the backend `settings` asks for; both are
+/// looked up before either is opened.
+fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<[SuppliedPort; 2], DataplaneError> {
+    let inside = Interface::lookup(&settings.inside.interface)?;
+    let outside = Interface::lookup(&settings.outside.interface)?;
+    let inside_port = open_port(&inside, settings.io, notes)?;
+    let outside_port = open_port(&outside, settings.io, notes)?;
+    Ok([SuppliedPort { port: inside_port, mac: inside.mac, mtu: inside.mtu }, SuppliedPort { port: outside_port, mac: outside.mac, mtu: outside.mtu }])
+}
+
+fn open_port(iface: &Interface, choice: IoChoice, notes: &mut Vec<String>) -> Result<Box<dyn PacketPort>, DataplaneError> {
+    match choice {
+        IoChoice::AfPacket => Ok(Box::new(AfPacketPort::open(iface)?)),
+        IoChoice::AfXdp => Ok(Box::new(AfXdpPort::open(&iface.name)?)),
+        IoChoice::Auto => match AfXdpPort::open(&iface.name) {
+            Ok(p) => Ok(Box::new(p)),
+            Err(e) => {
+                notes.push(format!("AF_XDP unavailable ({e}); using AF_PACKET on {}", iface.name));
+                Ok(Box::new(AfPacketPort::open(iface)?))
+            }
+        },
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, DataplaneError> {
+    std::thread::Builder::new().name(name.to_owned()).spawn(f).map_err(DataplaneError::Thread)
+}

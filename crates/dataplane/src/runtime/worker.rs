@@ -1,0 +1,206 @@
+//! The engines' threads: a worker owns one engine; with one worker it also
+//! owns the interfaces (`run_single`), with several it takes frames from
+//! the I/O thread's ring and hands them back (`run_worker`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::time::Instant;
+
+use natrix_engine::{Engine, Event, Side, Verdict};
+
+use super::clock::{Clock, Idle, SLEEP_MS};
+use super::commands::Command;
+use super::links::Links;
+use super::{WorkerSnapshot, PORT_USE_THRESHOLDS};
+use crate::ring::{wait_readable, Consumer, Doorbell, Producer, MAX_POP};
+
+/// A worker's engine and its links to the control plane.
+pub(super) struct EngineWorker {
+    engine: Engine,
+    pub(super) commands: Receiver<Command>,
+    events: SyncSender<Event>,
+    events_lost: u64,
+    pub(super) busy_ns: u64,
+    pub(super) handoff_dropped: u64,
+}
+
+impl EngineWorker {
+    pub(super) fn new(engine: Engine, commands: Receiver<Command>, events: SyncSender<Event>) -> EngineWorker {
+        EngineWorker { engine, commands, events, events_lost: 0, busy_ns: 0, handoff_dropped: 0 }
+    }
+
+    /// Translates a batch of frames, `sides[i]` the side `frames[i]` arrived
+    /// on, through the engine's batch path (prefetch across the batch), a
+    /// run of frames from one side at a time so their order holds;
+    /// `verdicts[i]` says what became of `frames[i]`.
+    pub(super) fn translate_batch(&mut self, sides: &[Side], frames: &mut [&mut [u8]], now: u64, verdicts: &mut [Verdict]) {
+        let mut start = 0;
+        while start < frames.len() {
+            let side = sides[start];
+            let end = start + sides[start..].iter().take_while(|&&s| s == side).count();
+            self.engine.process_batch(&mut frames[start..end], side, now, &mut verdicts[start..end]);
+            start = end;
+        }
+    }
+
+    /// Work done between batches: timers, generated frames, events.
+    pub(super) fn housekeeping(&mut self, now: u64, out: &mut impl FnMut(Side, &[u8])) {
+        self.engine.advance(now);
+        self.engine.drain_output(|o| out(o.side, &o.data));
+        let (events, lost) = (&self.events, &mut self.events_lost);
+        self.engine.drain_events(|e| {
+            // Disconnected means no log is configured: nothing is lost.
+            if let Err(TrySendError::Full(_)) = events.try_send(e) {
+                *lost += 1;
+            }
+        });
+    }
+
+    pub(super) fn command(&mut self, cmd: Command, io: Option<&mut Links>) {
+        match cmd {
+            Command::Worker(tx) => {
+                let _ = tx.send(self.snapshot());
+            }
+            Command::Sessions(sub, tx) => {
+                let _ = tx.send(self.engine.session_views(sub));
+            }
+            Command::Mappings(sub, tx) => {
+                let _ = tx.send(self.engine.mapping_views(sub));
+            }
+            Command::Clear(addr, tx) => {
+                let _ = tx.send(self.engine.clear_subscriber(addr));
+            }
+            Command::Reload(cfg, tx) => {
+                let mut cfg = *cfg;
+                cfg.egress_mtu = self.engine.config().egress_mtu;
+                let _ = tx.send(self.engine.reconfigure(cfg));
+            }
+            Command::Io(tx) => {
+                let _ = tx.send(io.map(|p| p.snapshot()).unwrap_or_default());
+            }
+            Command::ReloadLinks(answers, _, tx) => {
+                if let Some(p) = io {
+                    p.gateway.set_answers_for(Side::Outside, answers);
+                }
+                let _ = tx.send(());
+            }
+        }
+    }
+
+    /// At a clean stop: end every mapping and hand the logger every deletion,
+    /// waiting for it this once (the packet path has stopped).
+    pub(super) fn finish(&mut self) {
+        self.engine.release_all();
+        let events = &self.events;
+        self.engine.drain_events(|e| {
+            let _ = events.send(e);
+        });
+    }
+
+    fn snapshot(&self) -> WorkerSnapshot {
+        let e = &self.engine;
+        let limit = f64::from(e.config().max_ports_per_subscriber.max(1));
+        let mut over = [0u64; 4];
+        for (_, s) in e.subscribers().iter() {
+            let used = f64::from(s.ports_total()) / limit;
+            for (o, &t) in over.iter_mut().zip(&PORT_USE_THRESHOLDS) {
+                *o += u64::from(used >= t);
+            }
+        }
+        WorkerSnapshot {
+            stats: e.stats().clone(),
+            sessions_by_proto: e.tables().sessions_by_proto(),
+            mappings_by_proto: e.tables().mappings_by_proto(),
+            subscribers: e.subscribers().len() as u64,
+            ports_in_use: e.pool().ports_in_use(),
+            total_ports: e.pool().total_ports(),
+            memory_bytes: e.memory_bytes() as u64,
+            events_lost: self.events_lost + e.events_lost(),
+            busy_ns: self.busy_ns,
+            handoff_dropped: self.handoff_dropped,
+            port_use_over: over,
+            pcp: e.pcp_stats(),
+        }
+    }
+}
+
+pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Doorbell, stop: &AtomicBool, clock: Clock, busy_poll: bool) {
+    let mut idle = Idle::new(busy_poll);
+    while !stop.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        let now = clock.now_ns();
+        let mut n = 0;
+        for side in [Side::Inside, Side::Outside] {
+            n += links.receive(side, now, &mut |frame, stage| stage.hold(side, frame));
+        }
+        links.stage.translate_held(|sides, frames, verdicts| worker.translate_batch(sides, frames, now, verdicts));
+        worker.housekeeping(now, &mut |to, f| links.stage.push(to, f));
+        while let Ok(cmd) = worker.commands.try_recv() {
+            worker.command(cmd, Some(links));
+        }
+        links.flush(now);
+        if n > 0 {
+            worker.busy_ns += t0.elapsed().as_nanos() as u64;
+        }
+        if idle.should_sleep(n > 0) {
+            bell.going_to_sleep();
+            let [a, b] = links.fds();
+            wait_readable(&[a, b, bell.fd()], SLEEP_MS);
+            bell.woke();
+        }
+    }
+    worker.finish();
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_worker(
+    worker: &mut EngineWorker,
+    mut input: Consumer,
+    mut output: Producer,
+    bell: &Doorbell,
+    io_bell: &Doorbell,
+    stop: &AtomicBool,
+    clock: Clock,
+    busy_poll: bool,
+) {
+    let mut idle = Idle::new(busy_poll);
+    while !stop.load(Ordering::Relaxed) {
+        let t0 = Instant::now();
+        let now = clock.now_ns();
+        let mut dropped = 0;
+        let n = input.pop_batch(|sides, frames| {
+            let mut verdicts = [Verdict::Held; MAX_POP];
+            let verdicts = &mut verdicts[..frames.len()];
+            worker.translate_batch(sides, frames, now, verdicts);
+            for (frame, v) in frames.iter().zip(verdicts.iter()) {
+                if let Verdict::Forward(to) = *v {
+                    dropped += u64::from(!output.push(to, frame));
+                }
+            }
+        });
+        let mut pushed = n > 0;
+        worker.housekeeping(now, &mut |to, f| {
+            pushed = true;
+            dropped += u64::from(!output.push(to, f));
+        });
+        worker.handoff_dropped += dropped;
+        while let Ok(cmd) = worker.commands.try_recv() {
+            worker.command(cmd, None);
+        }
+        if pushed {
+            // Frames from timers (held SYN answers) count too.
+            io_bell.ring();
+        }
+        if n > 0 {
+            worker.busy_ns += t0.elapsed().as_nanos() as u64;
+        }
+        if idle.should_sleep(n > 0) {
+            bell.going_to_sleep();
+            if input.is_empty() {
+                wait_readable(&[bell.fd()], SLEEP_MS);
+            }
+            bell.woke();
+        }
+    }
+    worker.finish();
+}

@@ -1,0 +1,235 @@
+//! Tests of the whole port over a veth pair (root only: they skip
+//! otherwise, saying why).
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// The local experimental ethertype: no kernel protocol answers it.
+const TEST_ETHERTYPE: u16 = 0x88b5;
+const PORT_IF: &str = "xsk0";
+const PEER_IF: &str = "peer0";
+
+#[test]
+fn missing_interface_is_named_in_the_error() {
+    let err = AfXdpPort::open("nx-no-such0").err().expect("no such interface").to_string();
+    assert!(err.contains("nx-no-such0"), "{err}");
+}
+
+/// Frames cross in both directions, in rounds that together pass more
+/// frames than the UMEM has of either kind, so every frame is recycled;
+/// each round's burst needs several 32-frame kicks.
+#[test]
+fn frames_cross_a_veth_pair_both_ways() {
+    const ROUNDS: u32 = 12;
+    const BURST: u32 = 200;
+    let Some(ns) = Netns::with_veth_pair("both") else {
+        return;
+    };
+    ns.run(|| {
+        let mut port = AfXdpPort::open(PORT_IF).expect("AF_XDP opens on veth");
+        assert_eq!(port.backend(), "af_xdp");
+        let peer = RawSocket::open(PEER_IF);
+        let port_mac = Interface::lookup(PORT_IF).unwrap().mac;
+        let peer_mac = Interface::lookup(PEER_IF).unwrap().mac;
+        for round in 0..ROUNDS {
+            let seqs = round * BURST..(round + 1) * BURST;
+            let inbound: Vec<Vec<u8>> = seqs.clone().map(|seq| test_frame(port_mac, peer_mac, seq)).collect();
+            for frame in &inbound {
+                peer.send(frame);
+            }
+            assert!(receive_on_port(&mut port, inbound.len()) == inbound, "round {round}: frames into the port differ");
+
+            let outbound: Vec<Vec<u8>> = seqs.map(|seq| test_frame(peer_mac, port_mac, seq)).collect();
+            for frame in &outbound {
+                assert!(port.send(frame), "round {round}: TX ring full");
+            }
+            port.flush().expect("flush");
+            assert!(peer.receive(outbound.len()) == outbound, "round {round}: frames out of the port differ");
+        }
+    });
+}
+
+#[test]
+fn one_port_per_queue_and_drop_detaches_the_program() {
+    let Some(ns) = Netns::with_veth_pair("drop") else {
+        return;
+    };
+    ns.run(|| {
+        let port = AfXdpPort::open(PORT_IF).expect("AF_XDP opens on veth");
+        assert!(ns.ip(&["link", "show", PORT_IF]).contains("prog/xdp"));
+        match AfXdpPort::open(PORT_IF) {
+            Err(IoError::Unsupported { interface, .. }) => assert_eq!(interface, PORT_IF),
+            other => panic!("a second socket on queue 0: {:?}", other.map(|_| ())),
+        }
+        drop(port);
+        assert!(!ns.ip(&["link", "show", PORT_IF]).contains("prog/xdp"));
+        AfXdpPort::open(PORT_IF).expect("reopens after drop");
+    });
+}
+
+#[test]
+fn interfaces_with_several_receive_queues_are_refused() {
+    let Some(ns) = Netns::with_veth_pair("queues") else {
+        return;
+    };
+    ns.ethtool(&["-L", PORT_IF, "rx", "2"]);
+    ns.run(|| match AfXdpPort::open(PORT_IF) {
+        Err(IoError::Unsupported { reason, .. }) => {
+            assert!(reason.contains("ethtool -L"), "{reason}")
+        }
+        other => panic!("two receive queues: {:?}", other.map(|_| ())),
+    });
+}
+
+/// 60 to 1514 bytes: addresses, the test ethertype, the sequence number
+/// and a pattern that differs per frame.
+fn test_frame(dst: [u8; 6], src: [u8; 6], seq: u32) -> Vec<u8> {
+    let len = 60 + (seq as usize * 151) % 1455;
+    let mut frame = Vec::with_capacity(len);
+    frame.extend_from_slice(&dst);
+    frame.extend_from_slice(&src);
+    frame.extend_from_slice(&TEST_ETHERTYPE.to_be_bytes());
+    frame.extend_from_slice(&seq.to_be_bytes());
+    frame.extend((frame.len()..len).map(|i| (i as u32 ^ seq) as u8));
+    frame
+}
+
+/// Collects `count` test frames from the port, skipping the kernel's own
+/// traffic (IPv6 neighbour discovery from the peer).
+fn receive_on_port(port: &mut AfXdpPort, count: usize) -> Vec<Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut frames = Vec::new();
+    while frames.len() < count && Instant::now() < deadline {
+        let mut pfd = libc::pollfd { fd: port.fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, 100) };
+        port.recv_batch(64, &mut |frame| {
+            if frame.get(12..14) == Some(&TEST_ETHERTYPE.to_be_bytes()[..]) {
+                frames.push(frame.to_vec());
+            }
+        })
+        .expect("recv_batch");
+    }
+    frames
+}
+
+/// An AF_PACKET socket on the peer interface that sees only test frames.
+struct RawSocket(OwnedFd);
+
+impl RawSocket {
+    fn open(interface: &str) -> RawSocket {
+        let protocol = TEST_ETHERTYPE.to_be();
+        // SAFETY: plain socket creation.
+        let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(protocol)) }).expect("AF_PACKET socket");
+        // SAFETY: fd was just created and nothing else owns it.
+        let socket = RawSocket(unsafe { OwnedFd::from_raw_fd(fd) });
+        // Room for a whole burst of full-size frames.
+        set_option(&socket.0, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &(8 << 20)).expect("SO_RCVBUFFORCE");
+        let timeout = libc::timeval { tv_sec: 5, tv_usec: 0 };
+        set_option(&socket.0, libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout).expect("SO_RCVTIMEO");
+        // SAFETY: sockaddr_ll is plain data; all zeroes is valid.
+        let mut addr: libc::sockaddr_ll = unsafe { zeroed() };
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_protocol = protocol;
+        addr.sll_ifindex = Interface::lookup(interface).unwrap().index as i32;
+        let len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        // SAFETY: addr is a valid sockaddr_ll of that length.
+        check(unsafe { libc::bind(fd, (&addr as *const libc::sockaddr_ll).cast(), len) }).expect("bind AF_PACKET");
+        socket
+    }
+
+    fn send(&self, frame: &[u8]) {
+        // SAFETY: frame is readable for its length; the bound interface
+        // is the destination.
+        let sent = unsafe { libc::send(self.0.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+        assert_eq!(sent, frame.len() as isize, "AF_PACKET send: {}", io::Error::last_os_error());
+    }
+
+    fn receive(&self, count: usize) -> Vec<Vec<u8>> {
+        let mut frames = Vec::new();
+        let mut buf = [0u8; MAX_FRAME];
+        while frames.len() < count {
+            // SAFETY: buf is writable for its length.
+            let got = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if got < 0 {
+                break; // the receive timeout: report what arrived
+            }
+            frames.push(buf[..got as usize].to_vec());
+        }
+        frames
+    }
+}
+
+/// A network namespace of our own holding a veth pair, deleted (with the
+/// pair) on drop, also when a test fails.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// None, after saying why, where the test cannot run here.
+    fn with_veth_pair(tag: &str) -> Option<Netns> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: AF_XDP tests need root");
+            return None;
+        }
+        let name = format!("nxtest-xdp-{}-{tag}", std::process::id());
+        match Command::new("ip").args(["netns", "add", &name]).status() {
+            Ok(status) if status.success() => {}
+            other => {
+                eprintln!("skipped: cannot create a network namespace: {other:?}");
+                return None;
+            }
+        }
+        let ns = Netns { name };
+        ns.ip(&["link", "add", PORT_IF, "type", "veth", "peer", "name", PEER_IF]);
+        for interface in [PORT_IF, PEER_IF] {
+            // Offloads would leave kernel-built frames with partial
+            // checksums or merged by GRO.
+            ns.ethtool(&["-K", interface, "rx", "off", "tx", "off", "tso", "off", "gso", "off", "gro", "off"]);
+            ns.ip(&["link", "set", interface, "up"]);
+        }
+        Some(ns)
+    }
+
+    fn ip(&self, args: &[&str]) -> String {
+        run_command(&[&["ip", "-n", &self.name], args].concat())
+    }
+
+    fn ethtool(&self, args: &[&str]) {
+        run_command(&[&["ip", "netns", "exec", &self.name, "ethtool"], args].concat());
+    }
+
+    /// Runs `f` on a thread that has entered the namespace; setns moves
+    /// only the calling thread, so the test's own thread stays put.
+    fn run(&self, f: impl FnOnce() + Send) {
+        let path = std::ffi::CString::new(format!("/run/netns/{}", self.name)).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: path is a valid C string.
+                let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) }).expect("open the namespace");
+                // SAFETY: fd was just opened and nothing else owns it.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                // SAFETY: fd refers to a network namespace.
+                check(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) }).expect("setns");
+                f();
+            });
+        });
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
+    }
+}
+
+/// Runs a command line, panicking with its stderr when it fails.
+fn run_command(argv: &[&str]) -> String {
+    let out = Command::new(argv[0]).args(&argv[1..]).output().unwrap_or_else(|e| panic!("{}: {e}", argv[0]));
+    assert!(out.status.success(), "{argv:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
