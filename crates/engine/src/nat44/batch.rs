@@ -42,7 +42,7 @@ impl Nat44 {
     /// Before frame `i` of a batch is decided: a subscriber an earlier frame
     /// of the batch opened could not be found in stage two, so a likely-new
     /// flow a few frames ahead is looked at again.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn prefetch_ahead(&self, candidates: &mut [Option<Candidate>; MAX_BATCH], i: usize, side: Side) {
         if side != Side::Inside {
             return;

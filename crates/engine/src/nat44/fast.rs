@@ -131,7 +131,7 @@ impl Nat44 {
     /// an outbound one without a session opens it through the full path's
     /// handling, past the parse, checks and lookup `candidate` and `forward`
     /// have made; None: an inbound one without a session, for the full path.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn decide(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Option<Result<Side, DropReason>> {
         match (self.forward(frame, side, c), side) {
             (Ok(out), _) => Some(Ok(out)),

@@ -35,7 +35,7 @@ struct HeldSyn {
 pub(super) struct HeldSyns {
     slots: Vec<Option<HeldSyn>>,
     free: Vec<u32>,
-    timers: Wheel,
+    timers: Wheel<WHEEL_SLOTS>,
     /// Holds whose second has begun, in deadline order.
     ripe: VecDeque<u32>,
     held: usize,
@@ -44,7 +44,7 @@ pub(super) struct HeldSyns {
 
 impl HeldSyns {
     pub fn new(max: usize) -> HeldSyns {
-        HeldSyns { slots: Vec::new(), free: Vec::new(), timers: Wheel::new(WHEEL_SLOTS), ripe: VecDeque::new(), held: 0, max }
+        HeldSyns { slots: Vec::new(), free: Vec::new(), timers: Wheel::new(), ripe: VecDeque::new(), held: 0, max }
     }
 
     pub fn is_empty(&self) -> bool {

@@ -137,7 +137,7 @@ pub(crate) struct PcpServer {
     inside_addr: u32,
     holds: BTreeMap<Key, Hold>,
     /// Each hold's next look, on the timer wheel: entries index `timers`.
-    wheel: Wheel,
+    wheel: Wheel<WHEEL_SLOTS>,
     timers: Vec<(u32, Key)>,
     free_timers: Vec<u32>,
     /// Engine second the epoch counts from (section 8.5).
@@ -177,7 +177,7 @@ impl PcpServer {
             cfg,
             inside_addr,
             holds: BTreeMap::new(),
-            wheel: Wheel::new(WHEEL_SLOTS),
+            wheel: Wheel::new(),
             timers: Vec::new(),
             free_timers: Vec::new(),
             started_s: None,

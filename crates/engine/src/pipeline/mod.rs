@@ -250,10 +250,14 @@ impl Engine {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn decide(&mut self, frame: &mut [u8], side: Side, c: &nat44::Candidate) -> Verdict {
         match self.nat.decide(frame, side, c) {
-            Some(result) => self.settle(frame, nat44::fast::L3, side, result.map(Some)),
+            Some(Ok(out)) => {
+                self.counters.forwarded[out as usize] += 1;
+                Verdict::Forward(out)
+            }
+            Some(Err(r)) => self.settle(frame, nat44::fast::L3, side, Err(r)),
             None => self.full_path(frame, side),
         }
     }

@@ -150,7 +150,7 @@ pub struct Tables {
     extras: Vec<Extra>,
     free_extra: u32,
     index: FlowIndex,
-    timers: Wheel,
+    timers: Wheel<WHEEL_SLOTS>,
     timeouts: [u32; TimeoutClass::COUNT],
     sessions: usize,
     mappings: usize,
@@ -179,7 +179,7 @@ impl Tables {
             extras: Vec::new(),
             free_extra: NIL,
             index,
-            timers: Wheel::new(WHEEL_SLOTS),
+            timers: Wheel::new(),
             timeouts,
             sessions: 0,
             mappings: 0,
@@ -195,7 +195,7 @@ impl Tables {
     /// `extra_mappings` more mappings: the records and the index.
     pub fn reserved_bytes(max_sessions: u32, extra_mappings: usize) -> usize {
         let max_mappings = max_sessions as usize + extra_mappings;
-        Self::records_bytes(max_mappings) + FlowIndex::bytes_for(2 * max_mappings) + Wheel::bytes_for(WHEEL_SLOTS)
+        Self::records_bytes(max_mappings) + FlowIndex::bytes_for(2 * max_mappings) + Wheel::<WHEEL_SLOTS>::bytes()
     }
 
     fn records_bytes(max_mappings: usize) -> usize {

@@ -36,28 +36,29 @@ impl Firing {
     }
 }
 
-/// The default wheel has no slots: only a placeholder while its owner runs it.
+/// A wheel of `SLOTS` one-second slots (a power of two, fixed so the slot
+/// arithmetic folds to constants): an entry due further away waits in the
+/// last slot and is re-armed when that fires. The default wheel has no
+/// slots: only a placeholder while its owner runs it.
 #[derive(Default)]
-pub struct Wheel {
+pub struct Wheel<const SLOTS: u32> {
     slots: Vec<Vec<u32>>,
     /// The last second whose slot has been run.
     done: u32,
 }
 
-impl Wheel {
-    /// A wheel of `slots` one-second slots (a power of two): an entry due
-    /// further away waits in the last slot and is re-armed when that fires.
-    pub fn new(slots: u32) -> Wheel {
-        debug_assert!(slots.is_power_of_two());
-        Wheel { slots: (0..slots).map(|_| Vec::new()).collect(), done: 0 }
-    }
+impl<const SLOTS: u32> Wheel<SLOTS> {
+    const MASK: u32 = {
+        assert!(SLOTS.is_power_of_two());
+        SLOTS - 1
+    };
 
-    pub fn span(&self) -> u32 {
-        self.slots.len() as u32
+    pub fn new() -> Self {
+        Wheel { slots: (0..SLOTS).map(|_| Vec::new()).collect(), done: 0 }
     }
 
     pub fn mask(&self) -> u32 {
-        self.span() - 1
+        Self::MASK
     }
 
     /// The last second run.
@@ -76,9 +77,8 @@ impl Wheel {
     /// reaches; returns the second it will fire at.
     #[inline(always)]
     pub fn arm(&mut self, entry: u32, due: u32) -> u32 {
-        let at = due.clamp(self.done + 1, self.done + self.span());
-        let mask = self.mask();
-        self.slots[(at & mask) as usize].push(entry);
+        let at = due.clamp(self.done + 1, self.done + SLOTS);
+        self.slots[(at & Self::MASK) as usize].push(entry);
         at
     }
 
@@ -89,8 +89,7 @@ impl Wheel {
         if now_s <= self.done {
             return;
         }
-        let span = self.span();
-        let mask = self.mask();
+        let (span, mask) = (SLOTS, Self::MASK);
         let jump = now_s - self.done > span;
         let first = if jump { now_s - span + 1 } else { self.done + 1 };
         for t in first..=now_s {
@@ -116,9 +115,9 @@ impl Wheel {
         self.slots.iter().map(|s| s.capacity() * 4).sum::<usize>() + self.slots.capacity() * core::mem::size_of::<Vec<u32>>()
     }
 
-    /// Bytes a new wheel of `slots` slots takes.
-    pub fn bytes_for(slots: u32) -> usize {
-        slots as usize * core::mem::size_of::<Vec<u32>>()
+    /// Bytes a new wheel takes.
+    pub fn bytes() -> usize {
+        SLOTS as usize * core::mem::size_of::<Vec<u32>>()
     }
 }
 
@@ -127,7 +126,7 @@ mod tests {
     use super::*;
 
     /// Arms entries and records when each fires; re-arms none.
-    fn fired_at(wheel: &mut Wheel, until: u32) -> Vec<(u32, u32)> {
+    fn fired_at(wheel: &mut Wheel<8>, until: u32) -> Vec<(u32, u32)> {
         let mut fired = Vec::new();
         for now in wheel.done() + 1..=until {
             wheel.run(now, |e, f| {
@@ -140,7 +139,7 @@ mod tests {
 
     #[test]
     fn entries_fire_in_their_second_and_far_ones_wait_in_the_last_slot() {
-        let mut w = Wheel::new(8);
+        let mut w = Wheel::<8>::new();
         assert_eq!(w.arm(1, 3), 3);
         assert_eq!(w.arm(2, 0), 1, "a due time already past fires next second");
         assert_eq!(w.arm(3, 100), 8, "beyond the span: the last slot");
@@ -149,7 +148,7 @@ mod tests {
 
     #[test]
     fn a_reamed_entry_fires_again_where_it_was_sent() {
-        let mut w = Wheel::new(8);
+        let mut w = Wheel::<8>::new();
         w.arm(7, 2);
         let mut seen = Vec::new();
         for now in 1..=12 {
@@ -163,7 +162,7 @@ mod tests {
 
     #[test]
     fn a_jump_past_the_wheel_runs_every_slot_once() {
-        let mut w = Wheel::new(8);
+        let mut w = Wheel::<8>::new();
         for e in 0..8 {
             w.arm(e, e + 1);
         }
@@ -180,7 +179,7 @@ mod tests {
 
     #[test]
     fn armed_seconds_read_back_within_the_span() {
-        let mut w = Wheel::new(4096);
+        let mut w = Wheel::<4096>::new();
         w.run(70_000, |_, _| None);
         let at = w.arm(0, 70_500);
         assert_eq!(w.armed_second(at as u16), 70_500);
