@@ -178,7 +178,7 @@ fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Opt
         Ok(c) => c,
         Err(e) => return refuse(format!("{}: {e}", path.display())),
     };
-    if let Some(key) = restart_key_changed(running, &new) {
+    if let Some(key) = running.restart_key_changed(&new) {
         return refuse(format!("{key} changed: that needs a restart"));
     }
     if let Err(e) = dp.reload(&new.engine) {
@@ -190,22 +190,6 @@ fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Opt
     }
     info!("configuration reloaded from {}", path.display());
     Some(new)
-}
-
-fn restart_key_changed(old: &Config, new: &Config) -> Option<&'static str> {
-    let (a, b) = (&old.live, &new.live);
-    [
-        (a.inside_interface != b.inside_interface, "inside.interface"),
-        (a.outside_interface != b.outside_interface, "outside.interface"),
-        (old.engine.outside_addr != new.engine.outside_addr || a.outside_prefix_len != b.outside_prefix_len, "outside.address"),
-        (a.gateway != b.gateway, "outside.gateway"),
-        (a.workers != b.workers, "workers"),
-        (a.io != b.io, "io"),
-        (a.busy_poll != b.busy_poll, "busy_poll"),
-        (a.management_listen != b.management_listen, "management.listen"),
-    ]
-    .into_iter()
-    .find_map(|(changed, key)| changed.then_some(key))
 }
 
 /// Signals blocked in this thread while it lives, so the threads started

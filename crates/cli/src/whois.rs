@@ -11,8 +11,8 @@ use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
+use natrix_control::config::parse_endpoint;
 use natrix_control::eventlog::rfc3339;
-use natrix_engine::deterministic::Deterministic;
 use natrix_engine::Proto;
 use serde::Serialize;
 use serde_json::Value;
@@ -133,13 +133,6 @@ fn describe(a: &Answer, at: &str) -> String {
     };
     let at = if a.always { String::new() } else { format!(" at {at}") };
     format!("{}:{} {}{at}: {who}, {when} ({source})", a.external, a.external_port, a.proto)
-}
-
-fn parse_endpoint(t: &str) -> Result<(u32, u16), String> {
-    let (a, p) = t.rsplit_once(':').ok_or_else(|| format!("\"{t}\": expected ADDRESS:PORT, e.g. 203.0.113.1:40000"))?;
-    let addr = a.parse::<Ipv4Addr>().map_err(|_| format!("\"{a}\" is not an IPv4 address"))?;
-    let port = p.parse::<u16>().map_err(|_| format!("\"{p}\" is not a port (0-65535)"))?;
-    Ok((u32::from(addr), port))
 }
 
 fn fmt_time(ns: i64) -> String {
@@ -396,10 +389,7 @@ fn from_log(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto>, 
 fn from_config(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto>) -> Result<Vec<Answer>, Failure> {
     let cfg = natrix_control::Config::load(path).map_err(|e| Failure::Config(format!("{}: {e}", path.display())))?;
     let e = &cfg.engine;
-    let det = match &e.deterministic {
-        Some(d) => Some(Deterministic::new(d, &e.pool, e.ports).map_err(|x| Failure::Config(format!("{}: nat.{}: {}", path.display(), x.key, x.problem)))?),
-        None => None,
-    };
+    let det = e.deterministic.as_ref();
     let external = Ipv4Addr::from(addr);
     let mut answers = Vec::new();
     for p in Proto::ALL.into_iter().filter(|p| proto.is_none_or(|q| q == *p)) {

@@ -194,6 +194,30 @@ impl Config {
         missing
     }
 
+    /// The first key whose change a reload cannot apply (the running
+    /// interfaces, links, threads, and what sizes or partitions NAT state),
+    /// if `new` changes one.
+    pub fn restart_key_changed(&self, new: &Config) -> Option<&'static str> {
+        let (a, b) = (&self.live, &new.live);
+        let (old_e, new_e) = (&self.engine, &new.engine);
+        [
+            (a.inside_interface != b.inside_interface, "inside.interface"),
+            (a.outside_interface != b.outside_interface, "outside.interface"),
+            (old_e.outside_addr != new_e.outside_addr || a.outside_prefix_len != b.outside_prefix_len, "outside.address"),
+            (old_e.inside_addr6 != new_e.inside_addr6, "inside.address6"),
+            (old_e.outside_addr6 != new_e.outside_addr6, "outside.address6"),
+            (a.gateway != b.gateway, "outside.gateway"),
+            (a.gateway6 != b.gateway6, "outside.gateway6"),
+            (a.workers != b.workers, "workers"),
+            (a.io != b.io, "io"),
+            (a.busy_poll != b.busy_poll, "busy_poll"),
+            (a.management_listen != b.management_listen, "management.listen"),
+        ]
+        .into_iter()
+        .find_map(|(changed, key)| changed.then_some(key))
+        .or_else(|| natrix_engine::config::restart_key_changed(old_e, new_e))
+    }
+
     /// Keys `natrix run` works without but an operator most likely wants.
     pub fn advice_for_run(&self) -> Vec<String> {
         let mut advice = Vec::new();
@@ -363,12 +387,13 @@ fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) 
     }
     let range = u32::from(e.ports.1 - e.ports.0) + 1;
     if deterministic {
-        e.deterministic = Some(parse_deterministic(s, e, range, warnings)?);
+        let formula = parse_deterministic(s, e, range, warnings)?;
+        e.deterministic = Some(Deterministic::new(&formula, &e.pool, e.ports).or_else(|x| err(format!("nat.{}", x.key), x.problem))?);
     }
     e.filtering = s.choice("filtering", &Filtering::ALL.map(|f| (f.name(), f)))?.unwrap_or(e.filtering);
     // In deterministic mode the range is the allowance: by default a
     // subscriber may fill its range for each protocol.
-    let default_ports = e.deterministic.as_ref().map_or(e.max_ports_per_subscriber, |d| 3 * u32::from(d.ports_per_subscriber));
+    let default_ports = e.deterministic.as_ref().map_or(e.max_ports_per_subscriber, |d| 3 * u32::from(d.ports_per_subscriber()));
     e.max_ports_per_subscriber = s.integer("max_ports_per_subscriber", 1, 3 * range)?.unwrap_or(default_ports);
     if let Some(mut per) = s.section("max_ports_per_protocol")? {
         for p in Proto::ALL {
@@ -496,37 +521,23 @@ fn parse_statics(s: &mut Section) -> Result<Vec<StaticMapping>, ConfigError> {
         let (Some(proto), Some((int_addr, int_port)), Some((ext_addr, ext_port))) = (proto, inside, outside) else {
             return err(key, "needs proto, inside and outside");
         };
-        let m = StaticMapping { proto, int_addr, int_port, ext_addr, ext_port };
-        if out.iter().any(|o| o.proto == proto && (o.ext_addr, o.ext_port) == (ext_addr, ext_port)) {
-            return err(format!("{key}.outside"), "the same external endpoint is mapped twice");
-        }
-        if out.iter().any(|o| o.proto == proto && (o.int_addr, o.int_port) == (int_addr, int_port)) {
-            return err(format!("{key}.inside"), "the same internal endpoint is mapped twice (endpoint-independent mapping gives it one external endpoint)");
-        }
-        out.push(m);
+        out.push(StaticMapping { proto, int_addr, int_port, ext_addr, ext_port });
     }
     Ok(out)
 }
 
 fn parse_timeouts(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
-    let t = &mut e.timeouts;
-    // (key, field, RFC minimum in seconds, where the minimum comes from)
-    let keys: [(&str, &mut u32, u32, &str); 4] = [
-        ("udp", &mut t.udp_s, 120, "RFC 4787 REQ-5"),
-        ("tcp_established", &mut t.tcp_established_s, 7440, "RFC 5382 REQ-5"),
-        ("tcp_transitory", &mut t.tcp_transitory_s, 240, "RFC 5382 REQ-5"),
-        ("icmp", &mut t.icmp_s, 60, "RFC 5508 REQ-1"),
-    ];
-    for (key, field, min, rfc) in keys {
-        let Some(ms) = s.parsed(key, duration::parse_ms)? else { continue };
-        let secs = seconds(&s.path(key), ms)?;
+    // Each protocol's tracker says which timeouts it has and what its RFC requires.
+    for spec in natrix_engine::trackers::TIMEOUTS {
+        let Some(ms) = s.parsed(spec.key, duration::parse_ms)? else { continue };
+        let secs = seconds(&s.path(spec.key), ms)?;
         if secs == 0 {
-            return err(s.path(key), "must be at least 1s");
+            return err(s.path(spec.key), "must be at least 1s");
         }
-        if secs < min {
-            warnings.push(format!("timeouts.{key}: {secs}s is below the {min}s minimum of {rfc}"));
+        if secs < spec.min_s {
+            warnings.push(format!("timeouts.{}: {secs}s is below the {}s minimum of {}", spec.key, spec.min_s, spec.source));
         }
-        *field = secs;
+        *e.timeouts.of_class_mut(spec.class) = secs;
     }
     if let Some(ms) = s.parsed("fragment", duration::parse_ms)? {
         if ms == 0 {
@@ -576,15 +587,8 @@ fn parse_collector(t: &str) -> Result<std::net::SocketAddr, String> {
 }
 
 fn check_consistency(e: &EngineConfig) -> Result<(), ConfigError> {
+    natrix_engine::config::check_statics(&e.statics, &e.pool, e.ports).or_else(|p| err(format!("nat.static[{}].{}", p.index, p.endpoint), p.problem))?;
     check_deterministic(e)?;
-    for (i, st) in e.statics.iter().enumerate() {
-        if e.pool.binary_search(&st.ext_addr).is_err() {
-            return err(format!("nat.static[{i}].outside"), "address is not in nat.pool");
-        }
-        if st.proto != Proto::Icmp && !(e.ports.0..=e.ports.1).contains(&st.ext_port) {
-            return err(format!("nat.static[{i}].outside"), format!("port is outside nat.ports {}-{}", e.ports.0, e.ports.1));
-        }
-    }
     if e.pool.binary_search(&e.inside_addr).is_ok() {
         return err("inside.address", "is also a pool address");
     }
@@ -613,8 +617,7 @@ fn check_worker_slices(e: &EngineConfig, workers: u32) -> Result<(), ConfigError
 /// every subscriber gets its range (otherwise say how many fit), and no other
 /// mechanism may hand out ports of a subscriber's range.
 fn check_deterministic(e: &EngineConfig) -> Result<(), ConfigError> {
-    let Some(cfg) = &e.deterministic else { return Ok(()) };
-    let d = Deterministic::new(cfg, &e.pool, e.ports).or_else(|x| err(format!("nat.{}", x.key), x.problem))?;
+    let Some(d) = &e.deterministic else { return Ok(()) };
     if e.port_block_size > 0 {
         return err("nat.port_block_size", "not used with mode = \"deterministic\": each subscriber's range is its block; remove it");
     }
@@ -686,9 +689,11 @@ fn parse_port_range(t: &str) -> Result<(u16, u16), String> {
     Ok((lo, hi))
 }
 
-fn parse_endpoint(t: &str) -> Result<(u32, u16), String> {
-    let (a, p) = t.rsplit_once(':').ok_or_else(|| format!("\"{t}\": expected ADDRESS:PORT"))?;
-    Ok((parse_ipv4(a)?, p.parse::<u16>().map_err(|_| format!("\"{p}\" is not a port"))?))
+/// "ADDRESS:PORT", as operators write an IPv4 endpoint (config keys, `whois`).
+pub fn parse_endpoint(t: &str) -> Result<(u32, u16), String> {
+    let (a, p) = t.rsplit_once(':').ok_or_else(|| format!("\"{t}\": expected ADDRESS:PORT, e.g. 203.0.113.1:40000"))?;
+    let port = p.parse::<u16>().map_err(|_| format!("\"{p}\" is not a port (0-65535)"))?;
+    Ok((parse_ipv4(a)?, port))
 }
 
 /// A TOML table being read; remembers which keys were used so that any
@@ -992,6 +997,18 @@ mod tests {
         let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/natrix.toml")).unwrap();
         let c = parse(&text).unwrap();
         assert!(c.missing_for_run().is_empty() && c.advice_for_run().is_empty());
+    }
+
+    #[test]
+    fn a_reload_that_changes_a_restart_key_names_it() {
+        let base = "[inside]\ninterface = \"in\"\naddress = \"100.64.0.1/10\"\n[outside]\ninterface = \"out\"\naddress = \"198.51.100.1/24\"\n";
+        let with = |extra: &str| parse(&format!("{base}{extra}[nat]\npool = [\"203.0.113.0/28\"]\n")).unwrap();
+        let running = with("");
+        assert_eq!(running.restart_key_changed(&with("address6 = \"2001:db8:2::1/64\"\n")), Some("outside.address6"));
+        let policy = parse(&format!("{base}[nat]\npool = [\"203.0.113.0/28\"]\nfiltering = \"address-dependent\"\n[timeouts]\nudp = \"10m\"\n")).unwrap();
+        assert_eq!(running.restart_key_changed(&policy), None, "policy applies live");
+        let ports = parse(&format!("{base}[nat]\npool = [\"203.0.113.0/28\"]\nports = \"2000-60000\"\n")).unwrap();
+        assert_eq!(running.restart_key_changed(&ports), Some("nat.ports"), "the engine's keys are in the one list");
     }
 
     #[test]

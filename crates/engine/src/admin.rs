@@ -115,7 +115,9 @@ impl Nat44 {
     pub fn reconfigure(&mut self, mut new: EngineConfig) -> Result<(), String> {
         new.shard = self.cfg.shard;
         new.seed = self.cfg.seed;
-        self.refuse_restart_keys(&new)?;
+        if let Some(key) = crate::config::restart_key_changed(&self.cfg, &new) {
+            return Err(format!("{key} changed: that needs a restart"));
+        }
         let removed: Vec<u32> = self.cfg.pool.iter().copied().filter(|a| !new.pool.contains(a)).collect();
         for &addr in &removed {
             self.delete_mappings_on(addr);
@@ -128,26 +130,6 @@ impl Nat44 {
         self.tables.set_timeouts(new.timeouts.by_class());
         self.cfg = new;
         Ok(())
-    }
-
-    fn refuse_restart_keys(&self, new: &EngineConfig) -> Result<(), String> {
-        let old = &self.cfg;
-        let checks = [
-            (old.inside_addr != new.inside_addr || old.inside_prefix_len != new.inside_prefix_len, "[inside] address"),
-            (old.ports != new.ports, "[nat] ports"),
-            (old.port_block_size != new.port_block_size, "[nat] port_block_size"),
-            (old.statics != new.statics, "[nat] static"),
-            (old.deterministic != new.deterministic, "[nat] mode, subscribers or ports_per_subscriber (deterministic mode)"),
-            (old.deterministic.is_some() && old.pool != new.pool, "[nat] pool (in deterministic mode the formula depends on it)"),
-            (old.max_sessions != new.max_sessions, "[nat] max_sessions"),
-            (old.timeouts.fragment_ns != new.timeouts.fragment_ns, "[timeouts] fragment"),
-            (old.max_held_fragments != new.max_held_fragments || old.max_held_fragment_bytes != new.max_held_fragment_bytes, "[fragments]"),
-            (old.max_subscribers != new.max_subscribers, "[nat] max_subscribers"),
-        ];
-        match checks.iter().find(|(changed, _)| *changed) {
-            Some((_, key)) => Err(format!("{key} changed: that needs a restart")),
-            None => Ok(()),
-        }
     }
 
     fn delete_mappings_on(&mut self, ext_addr: u32) {

@@ -151,8 +151,9 @@ pub struct EngineConfig {
     pub max_held_fragment_bytes: u32,
     pub max_held_syns: u32,
     /// Deterministic NAT (RFC 7422): each subscriber's external address and
-    /// port range come from a formula; None in dynamic mode.
-    pub deterministic: Option<crate::state::deterministic::DeterministicConfig>,
+    /// port range come from this formula, validated against the pool and
+    /// ports when it was built; None in dynamic mode.
+    pub deterministic: Option<crate::state::deterministic::Deterministic>,
     /// PCP server (RFC 6887) on the inside address, UDP 5351; None: disabled.
     pub pcp: Option<crate::pcp::PcpConfig>,
     /// Emit per-session events as well as per-mapping ones.
@@ -210,4 +211,58 @@ impl Default for EngineConfig {
 
 pub fn prefix_contains(network: u32, len: u8, addr: u32) -> bool {
     len == 0 || (addr ^ network) >> (32 - u32::from(len)) == 0
+}
+
+/// The engine keys a reload cannot change (they size or partition state),
+/// as operators write them: the first one that differs, if any. The control
+/// plane adds the live keys (interfaces, links, threads) to this one list.
+pub fn restart_key_changed(old: &EngineConfig, new: &EngineConfig) -> Option<&'static str> {
+    [
+        (old.translate != new.translate, "nat.mode"),
+        (old.inside_addr != new.inside_addr || old.inside_prefix_len != new.inside_prefix_len, "inside.address"),
+        (old.ports != new.ports, "nat.ports"),
+        (old.port_block_size != new.port_block_size, "nat.port_block_size"),
+        (old.statics != new.statics, "nat.static"),
+        (old.deterministic != new.deterministic, "nat.mode, nat.subscribers or nat.ports_per_subscriber (deterministic mode)"),
+        (old.deterministic.is_some() && old.pool != new.pool, "nat.pool (in deterministic mode the formula depends on it)"),
+        (old.max_sessions != new.max_sessions, "nat.max_sessions"),
+        (old.timeouts.fragment_ns != new.timeouts.fragment_ns, "timeouts.fragment"),
+        (old.max_held_fragments != new.max_held_fragments || old.max_held_fragment_bytes != new.max_held_fragment_bytes, "fragments"),
+        (old.max_subscribers != new.max_subscribers, "nat.max_subscribers"),
+    ]
+    .into_iter()
+    .find_map(|(changed, key)| changed.then_some(key))
+}
+
+/// Why a static mapping cannot be installed: which mapping (its index in
+/// `statics`), which of its endpoints, and the problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaticProblem {
+    pub index: usize,
+    /// "inside" or "outside".
+    pub endpoint: &'static str,
+    pub problem: String,
+}
+
+/// The one check of static mappings, for the control plane's messages and
+/// the engine's own refusal: each external endpoint on a pool address and
+/// in the port range, and no endpoint mapped twice.
+pub fn check_statics(statics: &[StaticMapping], pool: &[u32], ports: (u16, u16)) -> Result<(), StaticProblem> {
+    let problem = |index, endpoint, problem: String| Err(StaticProblem { index, endpoint, problem });
+    for (i, st) in statics.iter().enumerate() {
+        if pool.binary_search(&st.ext_addr).is_err() {
+            return problem(i, "outside", "address is not in nat.pool".into());
+        }
+        if st.proto != Proto::Icmp && !(ports.0..=ports.1).contains(&st.ext_port) {
+            return problem(i, "outside", format!("port is outside nat.ports {}-{}", ports.0, ports.1));
+        }
+        let earlier = &statics[..i];
+        if earlier.iter().any(|o| o.proto == st.proto && (o.ext_addr, o.ext_port) == (st.ext_addr, st.ext_port)) {
+            return problem(i, "outside", "the same external endpoint is mapped twice".into());
+        }
+        if earlier.iter().any(|o| o.proto == st.proto && (o.int_addr, o.int_port) == (st.int_addr, st.int_port)) {
+            return problem(i, "inside", "the same internal endpoint is mapped twice (endpoint-independent mapping gives it one external endpoint)".into());
+        }
+    }
+    Ok(())
 }

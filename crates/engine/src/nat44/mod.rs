@@ -132,10 +132,7 @@ pub struct Nat44 {
 
 impl Nat44 {
     pub fn new(cfg: EngineConfig) -> Result<Self, EngineError> {
-        let det = match &cfg.deterministic {
-            Some(d) => Some(Deterministic::new(d, &cfg.pool, cfg.ports).map_err(|e| EngineError::Config { key: format!("nat.{}", e.key), problem: e.problem })?),
-            None => None,
-        };
+        let det = cfg.deterministic.clone();
         // Deterministic ranges belong whole to their subscriber's worker, so
         // every worker's allocator spans the whole range.
         let slice = if det.is_some() { cfg.ports } else { shard::port_slice(cfg.ports, cfg.port_block_size, cfg.shard) };

@@ -2,8 +2,7 @@
 //! allocation (paired pooling, parity, port blocks, deterministic ranges),
 //! the tracker run on every packet, and the NAT events each step logs.
 
-use std::net::Ipv4Addr;
-
+use crate::config::check_statics;
 use crate::drop::DropReason;
 use crate::error::EngineError;
 use crate::nat44::Nat44;
@@ -18,12 +17,14 @@ use crate::Proto;
 
 impl Nat44 {
     pub(super) fn install_statics(&mut self) -> Result<(), EngineError> {
+        check_statics(&self.cfg.statics, &self.cfg.pool, self.cfg.ports)
+            .map_err(|p| EngineError::Config { key: format!("nat.static[{}].{}", p.index, p.endpoint), problem: p.problem })?;
         let refuse = |problem: String| EngineError::Config { key: "nat.static".into(), problem };
         for st in self.cfg.statics.clone() {
-            let ext_index = self.pool.index_of(st.ext_addr).ok_or_else(|| refuse(format!("{} is not a pool address", Ipv4Addr::from(st.ext_addr))))?;
-            if !self.pool.reserve(ext_index, st.proto, st.ext_port) || self.tables.find_mapping_in(st.proto, st.int_addr, st.int_port).is_some() {
-                return Err(refuse(format!("{}:{} conflicts with another static mapping", Ipv4Addr::from(st.ext_addr), st.ext_port)));
-            }
+            // `check_statics` holds each to a pool address and a free port.
+            let Some(ext_index) = self.pool.index_of(st.ext_addr) else { continue };
+            let reserved = self.pool.reserve(ext_index, st.proto, st.ext_port);
+            debug_assert!(reserved, "a checked static mapping's port is free");
             // Every worker keeps the port out of its allocator; only the
             // subscriber's own worker holds the mapping.
             if shard::worker_of_subscriber(st.int_addr, self.cfg.shard.count) != self.cfg.shard.index {

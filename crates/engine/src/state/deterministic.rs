@@ -301,7 +301,7 @@ mod tests {
     fn engine(count: u16, index: u16) -> Engine {
         let cfg = EngineConfig {
             pool: POOL.to_vec(),
-            deterministic: Some(det_cfg(&[(ip([100, 64, 0, 0]), 24)], 504)),
+            deterministic: Some(Deterministic::new(&det_cfg(&[(ip([100, 64, 0, 0]), 24)], 504), &POOL, (1024, 65535)).unwrap()),
             shard: crate::state::shard::Shard { index, count },
             max_sessions: 1024,
             max_subscribers: 1024,
@@ -349,7 +349,12 @@ mod tests {
 
     #[test]
     fn a_full_range_is_the_subscribers_quota_and_parity_gives_way() {
-        let cfg = EngineConfig { pool: POOL.to_vec(), deterministic: Some(det_cfg(&[(ip([100, 64, 0, 0]), 24)], 4)), max_sessions: 1024, ..EngineConfig::default() };
+        let cfg = EngineConfig {
+            pool: POOL.to_vec(),
+            deterministic: Some(Deterministic::new(&det_cfg(&[(ip([100, 64, 0, 0]), 24)], 4), &POOL, (1024, 65535)).unwrap()),
+            max_sessions: 1024,
+            ..EngineConfig::default()
+        };
         let mut e = Engine::new(cfg).unwrap();
         let sub = ip([100, 64, 0, 9]);
         let a = e.deterministic().unwrap().assignment(sub).unwrap();

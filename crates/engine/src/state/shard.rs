@@ -10,8 +10,6 @@
 //! The dataplane steers with these functions and each engine checks
 //! ownership with the same ones, so the two cannot disagree.
 
-use std::collections::HashMap;
-
 use crate::config::{EngineConfig, StaticMapping};
 use crate::state::deterministic::Deterministic;
 use crate::Proto;
@@ -64,13 +62,16 @@ pub struct Owners {
     ports: (u16, u16),
     align: u16,
     count: u16,
-    statics: HashMap<(Proto, u32, u16), u16>,
+    /// Static mappings' external endpoints and their owners, sorted: looked
+    /// up by binary search for every inbound frame while steering.
+    statics: Vec<((Proto, u32, u16), u16)>,
     deterministic: Option<Deterministic>,
 }
 
 impl Owners {
     pub fn new(ports: (u16, u16), align: u16, count: u16, statics: &[StaticMapping]) -> Owners {
-        let statics = statics.iter().map(|s| ((s.proto, s.ext_addr, s.ext_port), worker_of_subscriber(s.int_addr, count))).collect();
+        let mut statics: Vec<_> = statics.iter().map(|s| ((s.proto, s.ext_addr, s.ext_port), worker_of_subscriber(s.int_addr, count))).collect();
+        statics.sort_unstable();
         Owners { ports, align, count, statics, deterministic: None }
     }
 
@@ -83,8 +84,7 @@ impl Owners {
     /// The owners of everything `cfg` maps, for `count` workers: port
     /// slices, static mappings and deterministic ranges.
     pub fn for_config(cfg: &EngineConfig, count: u16) -> Owners {
-        let d = cfg.deterministic.as_ref().and_then(|d| Deterministic::new(d, &cfg.pool, cfg.ports).ok());
-        Owners::new(cfg.ports, cfg.port_block_size, count, &cfg.statics).with_deterministic(d)
+        Owners::new(cfg.ports, cfg.port_block_size, count, &cfg.statics).with_deterministic(cfg.deterministic.clone())
     }
 
     pub fn count(&self) -> u16 {
@@ -95,8 +95,8 @@ impl Owners {
         if self.count <= 1 {
             return 0;
         }
-        if let Some(&w) = self.statics.get(&(proto, addr, port)) {
-            return w;
+        if let Ok(i) = self.statics.binary_search_by_key(&(proto, addr, port), |&(k, _)| k) {
+            return self.statics[i].1;
         }
         if let Some(a) = self.deterministic.as_ref().and_then(|d| d.owner(addr, port)) {
             return worker_of_subscriber(a.subscriber, self.count);
