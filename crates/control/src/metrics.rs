@@ -203,10 +203,12 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     let g = &io.gateway;
     o.counter("arp_replies_sent_total", "ARP replies natrix sent for its addresses.", g.arp_replies_sent);
     o.counter("arp_requests_sent_total", "ARP requests natrix sent to find next hops.", g.arp_requests_sent);
-    o.counter("next_hop_unresolved_total", "Frames dropped because their next hop did not answer ARP.", g.unresolved);
-    o.counter("no_route_total", "Frames with no next hop (off-link inside, or no outside gateway).", g.no_route);
+    o.counter("nd_adverts_sent_total", "Neighbor Advertisements natrix sent for its IPv6 addresses (RFC 4861).", g.nd_adverts_sent);
+    o.counter("nd_solicits_sent_total", "Neighbor Solicitations natrix sent to find IPv6 next hops.", g.nd_solicits_sent);
+    o.counter("next_hop_unresolved_total", "Frames dropped because their next hop did not answer ARP or Neighbor Discovery.", g.unresolved);
+    o.counter("no_route_total", "Frames with no next hop (off-link inside, no outside gateway of the frame's family, or IPv6 on a side without address6).", g.no_route);
     o.counter("not_for_us_total", "Unicast frames for another host's MAC address.", g.not_for_us);
-    o.counter("not_ipv4_total", "Frames that are neither IPv4 nor ARP.", g.not_ipv4);
+    o.counter("not_ipv4_total", "Frames natrix does not route: neither IP nor ARP (LLDP, VLAN-tagged), IP to a group MAC, malformed ARP or Neighbor Discovery.", g.not_ipv4);
     o
 }
 
@@ -342,6 +344,8 @@ mod tests {
             "handoff_dropped_total",
             "arp_replies_sent_total",
             "arp_requests_sent_total",
+            "nd_adverts_sent_total",
+            "nd_solicits_sent_total",
             "next_hop_unresolved_total",
             "no_route_total",
             "not_for_us_total",
