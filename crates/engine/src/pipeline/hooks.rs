@@ -124,7 +124,9 @@ impl Hooks {
         if !self.interest.wants(ip.proto, ip.tcp_flags) {
             return HookVerdict::Continue;
         }
-        let info = FrameInfo { l3: ip.l3, l4: ip.l4, l4_len: ip.l4_len, proto: ip.proto, src: ip.src, dst: ip.dst, tcp_flags: ip.tcp_flags, side };
+        // Read from the frame, not the parse: after translation they are the rewritten ones.
+        let (src, dst) = natrix_wire::ipv4::Packet::new_lax(&frame[ip.l3..]).map_or((ip.src, ip.dst), |p| (p.src_addr(), p.dst_addr()));
+        let info = FrameInfo { l3: ip.l3, l4: ip.l4, l4_len: ip.l4_len, proto: ip.proto, src, dst, tcp_flags: ip.tcp_flags, side };
         for f in self.functions.iter_mut().filter(|f| f.point() == at && f.interest().wants(ip.proto, ip.tcp_flags)) {
             if let HookVerdict::Drop(r) = f.on_frame(frame, &info) {
                 return HookVerdict::Drop(r);
