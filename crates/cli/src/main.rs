@@ -136,7 +136,7 @@ pub fn load_engine(path: &std::path::Path) -> Result<(natrix_control::Config, na
 /// force (exit 2) or memory the host cannot give (exit 1).
 pub fn engine_failure(path: &std::path::Path, e: &natrix_engine::EngineError) -> Failure {
     match e {
-        natrix_engine::EngineError::Config { .. } => Failure::Config(format!("{}: {e}", path.display())),
+        natrix_engine::EngineError::Config { .. } | natrix_engine::EngineError::NeedsRestart { .. } => Failure::Config(format!("{}: {e}", path.display())),
         natrix_engine::EngineError::Memory { .. } => Failure::Other(format!("{}: {e}", path.display())),
     }
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use natrix_control::api::LogCounters;
 use natrix_control::eventlog::EventLog;
 use natrix_control::{api, Config, IoBackend, LoggingConfig};
-use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings};
+use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings, StartOptions};
 use natrix_engine::Event;
 use natrix_io::{InterfaceLock, LOCK_DIR};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -43,7 +43,8 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let cfg = load(&args.config)?;
     let settings = settings(&cfg, &args.config)?;
     let _locks = lock_interfaces(&settings)?;
-    let dp = Arc::new(Dataplane::start(settings).map_err(|e| Failure::Other(format!("starting the dataplane: {e}")))?);
+    let dp =
+        Arc::new(Dataplane::start_with(settings, StartOptions { gateway6: cfg.live.gateway6, ports: None }).map_err(|e| Failure::Other(format!("starting the dataplane: {e}")))?);
     for note in dp.notes() {
         info!("{note}");
     }
@@ -182,7 +183,7 @@ fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Opt
         return refuse(format!("{key} changed: that needs a restart"));
     }
     if let Err(e) = dp.reload(&new.engine) {
-        return refuse(e);
+        return refuse(e.to_string());
     }
     logger.reconfigure(&new.logging);
     for w in &new.warnings {

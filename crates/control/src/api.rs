@@ -34,7 +34,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use natrix_dataplane::Dataplane;
+use natrix_dataplane::{ControlError, Dataplane};
 use natrix_engine::admin::{MappingView, SessionView};
 use natrix_engine::DropReason;
 use serde_json::{json, Value};
@@ -214,7 +214,7 @@ fn route(method: &str, path: &str, query: &str, dp: &Dataplane, log: (u64, u64),
     };
     match result {
         Ok(v) => Response::json(v),
-        Err(e) => Response::error(503, &e),
+        Err(e) => Response::error(503, &e.to_string()),
     }
 }
 
@@ -232,11 +232,11 @@ fn subscriber_param(query: &str) -> Result<Option<u32>, String> {
 fn metrics_response(dp: &Dataplane, log: (u64, u64), format: Format) -> Response {
     match dp.worker_snapshots().and_then(|w| dp.io_snapshot().map(|io| (w, io))) {
         Ok((w, io)) => Response { status: 200, content_type: format.content_type(), body: metrics::render(&w, &io, log, format) },
-        Err(e) => Response::error(503, &e),
+        Err(e) => Response::error(503, &e.to_string()),
     }
 }
 
-fn stats(dp: &Dataplane, (log_recorded, log_lost): (u64, u64)) -> Result<Value, String> {
+fn stats(dp: &Dataplane, (log_recorded, log_lost): (u64, u64)) -> Result<Value, ControlError> {
     let workers = dp.worker_snapshots()?;
     let io = dp.io_snapshot()?;
     let total = |f: &dyn Fn(&natrix_dataplane::WorkerSnapshot) -> u64| -> u64 { workers.iter().map(f).sum() };

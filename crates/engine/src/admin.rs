@@ -5,6 +5,7 @@
 use crate::config::EngineConfig;
 use std::net::Ipv4Addr;
 
+use crate::error::EngineError;
 use crate::nat44::Nat44;
 use crate::state::sessions::mapping_flags;
 use crate::trackers::TimeoutClass;
@@ -112,11 +113,11 @@ impl Nat44 {
     /// used from now on, and those removed lose their mappings (logged).
     /// Keys that size or partition state need a restart and are refused,
     /// leaving the engine as it was.
-    pub fn reconfigure(&mut self, mut new: EngineConfig) -> Result<(), String> {
+    pub fn reconfigure(&mut self, mut new: EngineConfig) -> Result<(), EngineError> {
         new.shard = self.cfg.shard;
         new.seed = self.cfg.seed;
         if let Some(key) = crate::config::restart_key_changed(&self.cfg, &new) {
-            return Err(format!("{key} changed: that needs a restart"));
+            return Err(EngineError::NeedsRestart { key });
         }
         let removed: Vec<u32> = self.cfg.pool.iter().copied().filter(|a| !new.pool.contains(a)).collect();
         for &addr in &removed {

@@ -8,6 +8,8 @@ pub enum EngineError {
     Memory { table: &'static str, bytes: u64 },
     /// The configuration cannot be put in force; `key` names the config key.
     Config { key: String, problem: String },
+    /// A reload changed a key that sizes or partitions state.
+    NeedsRestart { key: &'static str },
 }
 
 impl fmt::Display for EngineError {
@@ -19,6 +21,7 @@ impl fmt::Display for EngineError {
                 human_bytes(*bytes)
             ),
             EngineError::Config { key, problem } => write!(f, "{key}: {problem}"),
+            EngineError::NeedsRestart { key } => write!(f, "{key} changed: that needs a restart"),
         }
     }
 }

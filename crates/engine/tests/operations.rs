@@ -158,7 +158,7 @@ fn reload_applies_policy_removes_a_pool_address_with_its_mappings_and_refuses_re
 
     let mut grown = fewer.clone();
     grown.ports = (2000, 3000);
-    let err = e.reconfigure(grown).unwrap_err();
+    let err = e.reconfigure(grown).unwrap_err().to_string();
     assert!(err.contains("ports") && err.contains("restart"), "{err}");
     let mut added = fewer;
     added.pool.push(u32_of([203, 0, 113, 9]));

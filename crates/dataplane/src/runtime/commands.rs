@@ -20,7 +20,7 @@ pub(super) enum Command {
     Sessions(Option<u32>, Sender<Vec<SessionView>>),
     Mappings(Option<u32>, Sender<Vec<MappingView>>),
     Clear(u32, Sender<Cleared>),
-    Reload(Box<EngineConfig>, Sender<Result<(), String>>),
+    Reload(Box<EngineConfig>, Sender<Result<(), natrix_engine::EngineError>>),
     /// The outside addresses natrix answers ARP for, and the sorted pool.
     ReloadLinks(Vec<u32>, Vec<u32>, Sender<()>),
 }
@@ -37,10 +37,33 @@ impl Control {
     }
 
     /// Sends a request and waits for the answer.
-    pub(super) fn ask<T>(&self, make: impl FnOnce(Sender<T>) -> Command) -> Result<T, String> {
+    pub(super) fn ask<T>(&self, make: impl FnOnce(Sender<T>) -> Command) -> Result<T, ControlError> {
         let (tx, rx) = mpsc::channel();
-        self.commands.send(make(tx)).map_err(|_| "a dataplane thread has stopped".to_string())?;
+        self.commands.send(make(tx)).map_err(|_| ControlError::Stopped)?;
         self.doorbell.ring_always();
-        rx.recv_timeout(COMMAND_TIMEOUT).map_err(|_| "a dataplane thread did not answer".to_string())
+        rx.recv_timeout(COMMAND_TIMEOUT).map_err(|_| ControlError::NoAnswer)
     }
 }
+
+/// Why an operator's request to a running dataplane failed.
+#[derive(Debug)]
+pub enum ControlError {
+    /// The thread that owns the state has stopped.
+    Stopped,
+    /// It did not answer in time.
+    NoAnswer,
+    /// It refused a reloaded configuration.
+    Refused(natrix_engine::EngineError),
+}
+
+impl std::fmt::Display for ControlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ControlError::Stopped => f.write_str("a dataplane thread has stopped"),
+            ControlError::NoAnswer => f.write_str("a dataplane thread did not answer"),
+            ControlError::Refused(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {}

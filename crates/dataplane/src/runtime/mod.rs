@@ -40,6 +40,7 @@ use crate::gateway::{Gateway, GatewayCounters, Link};
 use crate::ring::{self, Doorbell};
 use crate::steer::Steering;
 use clock::Clock;
+pub use commands::ControlError;
 use commands::{Command, Control};
 use io_thread::{IoThread, Lanes};
 use links::Links;
@@ -310,23 +311,23 @@ impl Dataplane {
         self.events.lock().ok()?.take()
     }
 
-    pub fn worker_snapshots(&self) -> Result<Vec<WorkerSnapshot>, String> {
+    pub fn worker_snapshots(&self) -> Result<Vec<WorkerSnapshot>, ControlError> {
         self.workers.iter().map(|w| w.ask(Command::Worker)).collect()
     }
 
-    pub fn io_snapshot(&self) -> Result<IoSnapshot, String> {
+    pub fn io_snapshot(&self) -> Result<IoSnapshot, ControlError> {
         self.io.ask(Command::Io)
     }
 
-    pub fn sessions(&self, subscriber: Option<u32>) -> Result<Vec<SessionView>, String> {
+    pub fn sessions(&self, subscriber: Option<u32>) -> Result<Vec<SessionView>, ControlError> {
         Ok(self.workers.iter().map(|w| w.ask(|tx| Command::Sessions(subscriber, tx))).collect::<Result<Vec<_>, _>>()?.concat())
     }
 
-    pub fn mappings(&self, subscriber: Option<u32>) -> Result<Vec<MappingView>, String> {
+    pub fn mappings(&self, subscriber: Option<u32>) -> Result<Vec<MappingView>, ControlError> {
         Ok(self.workers.iter().map(|w| w.ask(|tx| Command::Mappings(subscriber, tx))).collect::<Result<Vec<_>, _>>()?.concat())
     }
 
-    pub fn clear_subscriber(&self, addr: u32) -> Result<Cleared, String> {
+    pub fn clear_subscriber(&self, addr: u32) -> Result<Cleared, ControlError> {
         let mut total = Cleared::default();
         for w in &self.workers {
             let c = w.ask(|tx| Command::Clear(addr, tx))?;
@@ -339,9 +340,9 @@ impl Dataplane {
     /// Applies a reloaded engine configuration to every worker. Every worker
     /// holds the same configuration, so they all accept or all refuse; the
     /// first refusal is returned and nothing changes.
-    pub fn reload(&self, cfg: &EngineConfig) -> Result<(), String> {
+    pub fn reload(&self, cfg: &EngineConfig) -> Result<(), ControlError> {
         for w in &self.workers {
-            w.ask(|tx| Command::Reload(Box::new(cfg.clone()), tx))??;
+            w.ask(|tx| Command::Reload(Box::new(cfg.clone()), tx))?.map_err(ControlError::Refused)?;
         }
         let outside = LinkSettings { interface: String::new(), addr: self.outside_prefix.0, prefix_len: self.outside_prefix.1 };
         let mut pool = cfg.pool.clone();

@@ -381,7 +381,7 @@ impl Engine {
     }
 
     /// Applies a reloaded configuration (see `Nat44::reconfigure`).
-    pub fn reconfigure(&mut self, new: EngineConfig) -> Result<(), String> {
+    pub fn reconfigure(&mut self, new: EngineConfig) -> Result<(), EngineError> {
         self.nat.reconfigure(new)?;
         self.router.reconfigure(self.nat.config());
         self.pcp.reconfigure(self.nat.config().pcp, self.nat.config().inside_addr);
