@@ -300,51 +300,32 @@ fn prefix6_contains(network: Ipv6Addr, len: u8, addr: Ipv6Addr) -> bool {
 /// The problem of a key that `[nat] mode = "off"` has no use for.
 const NEEDS_TRANSLATION: &str = "only used when natrix translates, and [nat] mode = \"off\" routes without translating: remove it";
 
-/// Keys, by section, that only translation uses: with `[nat] mode = "off"`
-/// each is refused by name (so is `[pcp] enabled = true`). The other keys
-/// of these sections (`nat.mode`, `nat.seed`, `nat.icmp_errors_per_second`,
-/// `logging.json`, ...) serve the router as well.
-const TRANSLATION_ONLY: &[(&str, &[&str])] = &[
-    (
-        "nat",
-        &[
-            "pool",
-            "ports",
-            "filtering",
-            "max_ports_per_subscriber",
-            "max_ports_per_protocol",
-            "max_new_mappings_per_second",
-            "max_sessions_per_subscriber",
-            "max_sessions",
-            "max_subscribers",
-            "port_block_size",
-            "hold_down",
-            "port_selection",
-            "port_parity",
-            "inbound_refresh",
-            "unsolicited_syn",
-            "exhaustion_icmp",
-            "exempt",
-            "static",
-            "subscribers",
-            "ports_per_subscriber",
-        ],
-    ),
+/// In the sections translation configures, the keys that serve the router
+/// as well; with `[nat] mode = "off"` every other key of these sections
+/// (the pool, ports, quotas, NAT timeouts, fragments, the log unit) is
+/// refused by name (so is `[pcp] enabled = true`).
+const ROUTER_KEYS: &[(&str, &[&str])] = &[
+    ("nat", &["mode", "seed", "icmp_errors_per_second"]),
     // Mappings, sessions and the SYNs held for them; fragments held until
-    // their first fragment names the ports.
-    ("timeouts", &["udp", "tcp_established", "tcp_transitory", "icmp", "syn_hold", "fragment"]),
-    ("fragments", &["max_held", "max_held_bytes"]),
-    // Which NAT records to log: mappings, sessions or port blocks.
-    ("logging", &["unit"]),
+    // their first fragment names the ports: all translation's.
+    ("timeouts", &[]),
+    ("fragments", &[]),
+    // Which NAT records to log (`unit`) is translation's; where to, not.
+    ("logging", &["json", "ipfix", "syslog"]),
 ];
+
+/// Whether `[nat] mode = "off"` refuses key `key` of `section`.
+fn needs_translation(section: &str, key: &str) -> bool {
+    let known = KNOWN_KEYS.iter().any(|(s, keys)| *s == section && keys.contains(&key));
+    known && ROUTER_KEYS.iter().find(|(s, _)| *s == section).is_some_and(|(_, keys)| !keys.contains(&key))
+}
 
 /// With translation off, refuses the first key of `s` that only translation uses.
 fn refuse_without_translation(s: &Section, e: &EngineConfig) -> Result<(), ConfigError> {
     if e.translate {
         return Ok(());
     }
-    let keys = TRANSLATION_ONLY.iter().find(|(name, _)| *name == s.name).map_or(&[][..], |(_, keys)| *keys);
-    match keys.iter().find(|k| s.has(k)) {
+    match s.table.keys().find(|k| needs_translation(&s.name, k)) {
         Some(k) => err(s.path(k), NEEDS_TRANSLATION),
         None => Ok(()),
     }
@@ -1136,14 +1117,14 @@ mod tests {
         assert_eq!(key_of("[nat]\nmode = \"of\"\n"), "nat.mode");
     }
 
-    /// Every key that only translation uses is refused by name with mode
-    /// "off", and every key of those sections is either such a key or one
-    /// the router uses too, so a new key cannot slip past unclassified.
+    /// Every key of the sections translation configures, except those
+    /// that serve the router too, is refused by name with mode "off".
     #[test]
     fn mode_off_refuses_each_key_that_needs_translation_by_name() {
         let off = "[nat]\nmode = \"off\"\n";
-        for (section, keys) in TRANSLATION_ONLY {
-            for key in *keys {
+        for (section, _) in ROUTER_KEYS {
+            let known = KNOWN_KEYS.iter().find(|(s, _)| s == section).unwrap().1;
+            for key in known.iter().filter(|k| needs_translation(section, k)) {
                 let text = match *section {
                     "nat" => format!("{off}{key} = 1\n"),
                     s => format!("{off}[{s}]\n{key} = 1\n"),
@@ -1152,16 +1133,11 @@ mod tests {
                 assert_eq!((e.key.as_str(), e.problem.as_str()), (format!("{section}.{key}").as_str(), NEEDS_TRANSLATION), "{text}");
             }
         }
+        assert!(needs_translation("nat", "pool") && needs_translation("timeouts", "udp") && needs_translation("logging", "unit"));
+        assert!(!needs_translation("nat", "seed") && !needs_translation("logging", "json") && !needs_translation("outside", "address"));
+        let e = parse(&format!("{off}banana = 1\n")).unwrap_err();
+        assert_eq!((e.key.as_str(), e.problem.as_str()), ("nat.banana", "unknown key"), "an unknown key is unknown, not translation's");
         let e = parse(&format!("{off}[pcp]\nenabled = true\n")).unwrap_err();
         assert_eq!((e.key.as_str(), e.problem.as_str()), ("pcp.enabled", NEEDS_TRANSLATION));
-        let router_keys: &[(&str, &[&str])] =
-            &[("nat", &["mode", "seed", "icmp_errors_per_second"]), ("timeouts", &[]), ("fragments", &[]), ("logging", &["json", "ipfix", "syslog"])];
-        for (section, allowed) in router_keys {
-            let refused = TRANSLATION_ONLY.iter().find(|(s, _)| s == section).map_or(&[][..], |(_, k)| *k);
-            let known = KNOWN_KEYS.iter().find(|(s, _)| s == section).unwrap().1;
-            for key in known {
-                assert!(refused.contains(key) != allowed.contains(key), "{section}.{key}: classify it as translation-only or not");
-            }
-        }
     }
 }
