@@ -7,6 +7,12 @@
 //! name starts with `nx-`, which is how `down` finds what to remove, also
 //! after a crash. The names and addresses are fixed: the side-by-side
 //! script and tests rely on them.
+//!
+//! IPv6 runs beside IPv4: subscribers in 2001:db8:1::/64 and servers in
+//! 2001:db8:2::/64, natrix being ::1 in each (`address6`). The kernel in
+//! nx-nat keeps IPv6 off (natrix answers NDP itself); the hosts have it on,
+//! without router advertisements or duplicate address detection, so they
+//! send nothing IPv6 until asked to.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -60,6 +66,18 @@ struct NatrixArgs {
     /// `io` in the generated configuration.
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = ["auto", "af_xdp", "af_packet"])]
     io: String,
+    /// `[nat] mode`: "dynamic" translates (NAPT44 with the lab's pool); "off" routes
+    /// without translating, and the servers route 100.64.0.0/10 to the NAT (with --kernel:
+    /// no masquerade).
+    #[arg(long, value_name = "MODE", default_value = "dynamic", value_parser = ["dynamic", "off"])]
+    mode: String,
+}
+
+impl NatrixArgs {
+    /// `--mode off`: route without translating.
+    fn router(&self) -> bool {
+        self.mode == "off"
+    }
 }
 
 const SWITCH: &str = "nx-sw";
@@ -69,6 +87,13 @@ const BRIDGES: [&str; 2] = ["br-in", "br-out"];
 const NAT_LINKS: [(&str, &str, &str); 2] = [("inside", "nx-nat-in", "br-in"), ("outside", "nx-nat-out", "br-out")];
 /// The routed pool; servers reach it through the NAT's outside address.
 const ROUTED_POOL: &str = "203.0.113.0/28";
+/// The subscribers' prefix; servers route it to the NAT in router mode.
+const SUBSCRIBERS: &str = "100.64.0.0/10";
+/// The subscribers' IPv6 prefix; servers always route it to the NAT.
+const SUBSCRIBERS6: &str = "2001:db8:1::/64";
+const NAT_OUTSIDE: &str = "198.51.100.1";
+const NAT_INSIDE6: &str = "2001:db8:1::1";
+const NAT_OUTSIDE6: &str = "2001:db8:2::1";
 
 /// A subscriber or server: one namespace with `eth0` on a bridge. Its peer
 /// in nx-sw is named after the namespace.
@@ -78,18 +103,28 @@ struct Host {
     bridge: &'static str,
     route: &'static str,
     via: &'static str,
+    addr6: &'static str,
+    route6: &'static str,
+    via6: &'static str,
+}
+
+impl Host {
+    fn is_server(&self) -> bool {
+        self.bridge == "br-out"
+    }
 }
 
 const HOSTS: [Host; 5] = [
-    Host { ns: "nx-sub1", addr: "100.64.0.2/10", bridge: "br-in", route: "default", via: "100.64.0.1" },
-    Host { ns: "nx-sub2", addr: "100.64.0.3/10", bridge: "br-in", route: "default", via: "100.64.0.1" },
-    Host { ns: "nx-srv1", addr: "198.51.100.11/24", bridge: "br-out", route: ROUTED_POOL, via: "198.51.100.1" },
-    Host { ns: "nx-srv2", addr: "198.51.100.12/24", bridge: "br-out", route: ROUTED_POOL, via: "198.51.100.1" },
-    Host { ns: "nx-srv3", addr: "198.51.100.13/24", bridge: "br-out", route: ROUTED_POOL, via: "198.51.100.1" },
+    Host { ns: "nx-sub1", addr: "100.64.0.2/10", bridge: "br-in", route: "default", via: "100.64.0.1", addr6: "2001:db8:1::2/64", route6: "default", via6: NAT_INSIDE6 },
+    Host { ns: "nx-sub2", addr: "100.64.0.3/10", bridge: "br-in", route: "default", via: "100.64.0.1", addr6: "2001:db8:1::3/64", route6: "default", via6: NAT_INSIDE6 },
+    Host { ns: "nx-srv1", addr: "198.51.100.11/24", bridge: "br-out", route: ROUTED_POOL, via: NAT_OUTSIDE, addr6: "2001:db8:2::11/64", route6: SUBSCRIBERS6, via6: NAT_OUTSIDE6 },
+    Host { ns: "nx-srv2", addr: "198.51.100.12/24", bridge: "br-out", route: ROUTED_POOL, via: NAT_OUTSIDE, addr6: "2001:db8:2::12/64", route6: SUBSCRIBERS6, via6: NAT_OUTSIDE6 },
+    Host { ns: "nx-srv3", addr: "198.51.100.13/24", bridge: "br-out", route: ROUTED_POOL, via: NAT_OUTSIDE, addr6: "2001:db8:2::13/64", route6: SUBSCRIBERS6, via6: NAT_OUTSIDE6 },
 ];
 
 /// Kernel mode: the NAT namespace's addresses, the on-link pool address included.
 const KERNEL_ADDRS: [(&str, &str); 3] = [("100.64.0.1/10", "inside"), ("198.51.100.1/24", "outside"), ("198.51.100.10/32", "outside")];
+const KERNEL_ADDRS6: [(&str, &str); 2] = [("2001:db8:1::1/64", "inside"), ("2001:db8:2::1/64", "outside")];
 const KERNEL_NAT: &str = "add table ip natrix_lab; \
     add chain ip natrix_lab postrouting { type nat hook postrouting priority srcnat; policy accept; }; \
     add rule ip natrix_lab postrouting oifname \"outside\" masquerade";
@@ -132,9 +167,13 @@ fn up(kernel: bool, natrix: &NatrixArgs) -> Result<(), Failure> {
         return Err(Failure::Other(format!("namespace {ns} already exists: run `natrix lab down` first")));
     }
     // A half-built lab is worse than none: undo everything on any failure.
-    if let Err(e) = build(kernel) {
+    if let Err(e) = build(kernel, natrix.router()) {
         let _ = down();
         return Err(e);
+    }
+    if kernel && natrix.router() {
+        println!("lab up: nx-nat is a Linux router (IPv4 and IPv6 forwarding, no masquerade)");
+        return Ok(());
     }
     if kernel {
         println!("lab up: nx-nat is a Linux router with nftables masquerade (table ip natrix_lab)");
@@ -153,7 +192,7 @@ fn require_program(program: &str, package: &str) -> Result<(), Failure> {
     }
 }
 
-fn build(kernel: bool) -> Result<(), Failure> {
+fn build(kernel: bool, router: bool) -> Result<(), Failure> {
     let namespaces = [SWITCH, NAT].into_iter().chain(HOSTS.iter().map(|h| h.ns));
     for ns in namespaces {
         add_namespace(ns)?;
@@ -169,9 +208,16 @@ fn build(kernel: bool) -> Result<(), Failure> {
         cable(h.ns, "eth0", h.ns, h.bridge)?;
         ip(&["-n", h.ns, "addr", "add", h.addr, "dev", "eth0"])?;
         ip(&["-n", h.ns, "route", "add", h.route, "via", h.via])?;
+        if router && h.is_server() {
+            // Replies go to the subscribers' own addresses: nothing translates them.
+            ip(&["-n", h.ns, "route", "add", SUBSCRIBERS, "via", NAT_OUTSIDE])?;
+        }
+        ipv6_on(h.ns, &["eth0"])?;
+        ip(&["-n", h.ns, "-6", "addr", "add", h.addr6, "dev", "eth0", "nodad"])?;
+        ip(&["-n", h.ns, "-6", "route", "add", h.route6, "via", h.via6])?;
     }
     if kernel {
-        kernel_router()
+        kernel_router(router)
     } else {
         // natrix owns these interfaces: with no addresses and no forwarding,
         // the kernel neither answers ARP nor sends RSTs or ICMP for natrix.
@@ -186,6 +232,26 @@ fn add_namespace(ns: &str) -> Result<(), Failure> {
     ip(&["-n", ns, "link", "set", "lo", "up"])?;
     // -e: a kernel built without IPv6 has no such keys, and that is fine.
     in_ns(ns, "sysctl", &["-qwe", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]).map(drop).map_err(Failure::Other)
+}
+
+/// Turns IPv6 on for `devs` in `ns`, without router advertisements or
+/// duplicate address detection (the lab's addresses are known unique), so
+/// the kernel sends no router solicitations and no DAD probes. Without the
+/// random start delay, the link-local address is usable at once: a kernel
+/// router (`--kernel`) sends no Neighbor Solicitation for a forwarded
+/// packet while it is still tentative. Every interface is set up before
+/// `all.disable_ipv6` turns IPv6 on for all of them.
+fn ipv6_on(ns: &str, devs: &[&str]) -> Result<(), Failure> {
+    let scopes: Vec<&str> = ["all", "default"].into_iter().chain(devs.iter().copied()).collect();
+    let mut settings = Vec::new();
+    for key in ["accept_ra=0", "accept_dad=0", "router_solicitation_delay=0", "disable_ipv6=0"] {
+        for scope in &scopes {
+            settings.push(format!("net.ipv6.conf.{scope}.{key}"));
+        }
+    }
+    let mut args = vec!["-qw"];
+    args.extend(settings.iter().map(String::as_str));
+    in_ns(ns, "sysctl", &args).map(drop).map_err(Failure::Other)
 }
 
 /// A veth pair from `bridge` in nx-sw to interface `name` in `ns`, both ends
@@ -205,11 +271,21 @@ fn offloads_off(ns: &str, dev: &str) {
     let _ = exec("ip", &["netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "rx", "off", "tso", "off", "gso", "off", "gro", "off"]);
 }
 
-fn kernel_router() -> Result<(), Failure> {
+/// nx-nat as a Linux router: natrix's addresses on its interfaces, IPv4
+/// and IPv6 forwarding, and unless `router`, nftables masquerade for IPv4.
+fn kernel_router(router: bool) -> Result<(), Failure> {
     for (addr, dev) in KERNEL_ADDRS {
         ip(&["-n", NAT, "addr", "add", addr, "dev", dev])?;
     }
+    ipv6_on(NAT, &NAT_LINKS.map(|(dev, _, _)| dev))?;
+    for (addr, dev) in KERNEL_ADDRS6 {
+        ip(&["-n", NAT, "-6", "addr", "add", addr, "dev", dev, "nodad"])?;
+    }
     sysctl(NAT, "net.ipv4.ip_forward=1")?;
+    sysctl(NAT, "net.ipv6.conf.all.forwarding=1")?;
+    if router {
+        return Ok(());
+    }
     in_ns(NAT, "nft", &[KERNEL_NAT]).map(drop).map_err(Failure::Other)
 }
 
@@ -218,6 +294,17 @@ fn sysctl(ns: &str, setting: &str) -> Result<(), Failure> {
 }
 
 fn natrix_config(natrix: &NatrixArgs) -> String {
+    let nat = if natrix.router() {
+        "# Router mode: forwards IPv4 and IPv6 without translating.\nmode = \"off\"\n".to_owned()
+    } else {
+        format!(
+            r#"pool = ["{ROUTED_POOL}", "198.51.100.10/32"]
+ports = "1024-65535"
+filtering = "endpoint-independent"
+max_ports_per_subscriber = 2000
+"#
+        )
+    };
     format!(
         r#"# natrix's configuration for `natrix lab` (generated; `natrix lab up` rewrites it).
 workers = {workers}
@@ -226,18 +313,17 @@ io = "{io}"
 [inside]
 interface = "inside"
 address = "100.64.0.1/10"
+address6 = "{NAT_INSIDE6}/64"
 
 [outside]
 interface = "outside"
-address = "198.51.100.1/24"
+address = "{NAT_OUTSIDE}/24"
 gateway = "198.51.100.11"
+address6 = "{NAT_OUTSIDE6}/64"
+gateway6 = "2001:db8:2::11"
 
 [nat]
-pool = ["{ROUTED_POOL}", "198.51.100.10/32"]
-ports = "1024-65535"
-filtering = "endpoint-independent"
-max_ports_per_subscriber = 2000
-
+{nat}
 [management]
 listen = "127.0.0.1:9300"
 "#,
@@ -659,4 +745,31 @@ fn in_ns(ns: &str, program: &str, args: &[&str]) -> Result<String, String> {
 
 fn ip(args: &[&str]) -> Result<(), Failure> {
     run_cmd("ip", args).map(drop).map_err(Failure::Other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(mode: &str) -> NatrixArgs {
+        NatrixArgs { config_out: PathBuf::from("unused"), workers: 2, io: "af_packet".into(), mode: mode.into() }
+    }
+
+    #[test]
+    fn napt_config_loads_with_ipv6() {
+        let cfg = natrix_control::Config::parse(&natrix_config(&args("dynamic"))).expect("the lab's NAPT44 configuration loads");
+        assert!(cfg.engine.translate);
+        assert_eq!(cfg.live.gateway6, Some("2001:db8:2::11".parse().unwrap()));
+        assert!(cfg.engine.inside_addr6.is_some() && cfg.engine.outside_addr6.is_some());
+        assert!(cfg.warnings.is_empty(), "{:?}", cfg.warnings);
+    }
+
+    #[test]
+    fn router_config_loads_without_translation_keys() {
+        let text = natrix_config(&args("off"));
+        let cfg = natrix_control::Config::parse(&text).expect("the lab's router configuration loads");
+        assert!(!cfg.engine.translate);
+        assert_eq!(cfg.live.gateway6, Some("2001:db8:2::11".parse().unwrap()));
+        assert!(!text.contains("pool"), "{text}");
+    }
 }
