@@ -48,6 +48,10 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         }
     }
     let e = &cfg.engine;
+    if !e.translate {
+        println!("{}: valid (router mode: IPv4 and IPv6 routed without translation)", path.display());
+        return Ok(());
+    }
     println!(
         "{}: valid ({} pool addresses, ports {}-{}, {} filtering, up to {} ports per subscriber)",
         path.display(),
