@@ -2,12 +2,8 @@
 //! validated the headers; offsets are absolute positions in the frame.
 
 use natrix_wire::checksum::Delta;
+use natrix_wire::ipv4::{CHECKSUM_OFFSET as IP_CHECKSUM, DST_OFFSET as IP_DST, SRC_OFFSET as IP_SRC, TTL_OFFSET as IP_TTL};
 use natrix_wire::{get_u16_at, get_u32_at, proto, set_u16_at};
-
-const IP_TTL: usize = 8;
-const IP_CHECKSUM: usize = 10;
-const IP_SRC: usize = 12;
-const IP_DST: usize = 16;
 
 /// Where the transport checksum and the rewritten port or identifier live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +46,7 @@ pub fn rewrite(frame: &mut [u8], l3: usize, l4: L4, which: Which, addr: u32, por
 }
 
 /// Where the transport header of a frame without IP options starts.
-const SIMPLE_L4: usize = natrix_wire::ethernet::HEADER_LEN + 20;
+const SIMPLE_L4: usize = natrix_wire::ethernet::HEADER_LEN + natrix_wire::ipv4::MIN_HEADER_LEN;
 
 /// `rewrite` and the TTL decrement of forwarding in one, for the fast path's
 /// frames (Ethernet, IPv4 without options, TCP or UDP, lengths checked):
@@ -71,7 +67,7 @@ pub fn rewrite_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, por
 #[inline(always)]
 fn patch_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) -> Option<()> {
     const L3: usize = natrix_wire::ethernet::HEADER_LEN;
-    let f = frame.first_chunk_mut::<{ SIMPLE_L4 + 20 }>()?;
+    let f = frame.first_chunk_mut::<{ SIMPLE_L4 + natrix_wire::tcp::MIN_HEADER_LEN }>()?;
     let (a, p) = match which {
         Which::Src => (L3 + IP_SRC, SIMPLE_L4),
         Which::Dst => (L3 + IP_DST, SIMPLE_L4 + 2),

@@ -18,6 +18,13 @@ mod field {
     pub const DST: usize = 16;
 }
 
+/// Field offsets for code that patches a header in place with incremental
+/// checksum updates (RFC 1624) rather than through a view.
+pub const TTL_OFFSET: usize = field::TTL;
+pub const CHECKSUM_OFFSET: usize = field::CHECKSUM;
+pub const SRC_OFFSET: usize = field::SRC;
+pub const DST_OFFSET: usize = field::DST;
+
 const FLAG_DF: u16 = 0x4000;
 const FLAG_MF: u16 = 0x2000;
 const FRAG_OFFSET_MASK: u16 = 0x1fff;

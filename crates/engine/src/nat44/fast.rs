@@ -29,11 +29,11 @@ use crate::{Proto, Side};
 
 /// Where a candidate's IPv4 header starts: right after an untagged Ethernet header.
 pub(crate) const L3: usize = ethernet::HEADER_LEN;
-const IP_HEADER: usize = 20;
+const IP_HEADER: usize = natrix_wire::ipv4::MIN_HEADER_LEN;
 /// Without IP options the transport header always starts here.
 const AT: usize = L3 + IP_HEADER;
-const TCP_HEADER: usize = 20;
-const UDP_HEADER: usize = 8;
+const TCP_HEADER: usize = natrix_wire::tcp::MIN_HEADER_LEN;
+const UDP_HEADER: usize = natrix_wire::udp::HEADER_LEN;
 /// The shortest frame the fast path takes: room for a TCP header. A UDP
 /// frame is shorter only with under 12 bytes of payload where nothing padded
 /// it to Ethernet's 60-byte minimum; the full path takes it.
