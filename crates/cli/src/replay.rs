@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use natrix_control::eventlog::EventLog;
-use natrix_control::ipfix::{Clock, IpfixExporter, LossCounter, SinkStats};
+use natrix_control::ipfix::{Clock, LossCounter, SinkStats};
 use natrix_control::report::{Report, ReportBuilder, SinkUse, Truncation};
-use natrix_control::syslog::SyslogSender;
+use natrix_control::sinks::{JsonTarget, LogSinks};
 use natrix_engine::{Engine, Verdict};
 use natrix_io::{same_file, CaptureError, CaptureReader, CaptureWriter, PendingFile};
 
@@ -40,34 +39,28 @@ const PROGRESS_EVERY: u64 = 4096;
 /// Everything that consumes the engine's output.
 struct Sinks {
     writer: CaptureWriter,
-    /// The JSON event log, written beside its final name like the capture.
-    log: Option<(EventLog, PendingFile)>,
-    /// IPFIX and syslog as live, on the capture's clock; what they drop is counted, not fatal.
-    ipfix: Option<IpfixExporter>,
-    syslog: Option<SyslogSender>,
+    /// JSON lines, IPFIX and syslog as live; IPFIX on the capture's clock.
+    logs: LogSinks,
+    /// Where the JSON log is written, beside its final name like the capture.
+    json_file: Option<PendingFile>,
     report: ReportBuilder,
 }
 
 impl Sinks {
     fn open(cfg: &natrix_control::Config, out: &Path) -> Result<Sinks, Failure> {
         let writer = CaptureWriter::create(out).map_err(|e| Failure::Other(e.to_string()))?;
-        let log = match &cfg.logging.json {
+        let (json_file, json) = match &cfg.logging.json {
             Some(p) => {
                 let (pending, file) = PendingFile::create(p).map_err(|e| Failure::Other(format!("logging.json {}: {e}", p.display())))?;
-                Some((EventLog::to_file(file, cfg.logging.unit), pending))
+                (Some(pending), JsonTarget::File(file))
             }
-            None => None,
+            None => (None, JsonTarget::Append),
         };
-        let lost = LossCounter::default();
-        let ipfix = match cfg.logging.ipfix {
-            Some(addr) => Some(IpfixExporter::connect(addr, cfg.logging.unit, Clock::Events, lost.clone()).map_err(|e| Failure::Other(format!("logging.ipfix {addr}: {e}")))?),
-            None => None,
-        };
-        let syslog = match &cfg.logging.syslog {
-            Some(t) => Some(SyslogSender::open(t, cfg.logging.unit, lost.clone()).map_err(|e| Failure::Other(format!("logging.syslog {t}: {e}")))?),
-            None => None,
-        };
-        Ok(Sinks { writer, log, ipfix, syslog, report: ReportBuilder::for_config(&cfg.engine) })
+        let (logs, errors) = LogSinks::open(&cfg.logging, json, Clock::Events, &LossCounter::default(), None);
+        if let Some(e) = errors.into_iter().next() {
+            return Err(Failure::Other(e));
+        }
+        Ok(Sinks { writer, logs, json_file, report: ReportBuilder::for_config(&cfg.engine) })
     }
 
     fn drain(&mut self, engine: &mut Engine) -> Result<(), Failure> {
@@ -78,50 +71,35 @@ impl Sinks {
             }
         });
         result.map_err(|e| Failure::Other(e.to_string()))?;
-        let mut log_err = None;
-        let Sinks { log, ipfix, syslog, report, .. } = self;
+        let Sinks { logs, report, .. } = self;
         engine.drain_events(|e| {
             report.on_event(&e);
-            if let Some((l, _)) = log.as_mut() {
-                if let Err(err) = l.write(&e) {
-                    log_err.get_or_insert(err);
-                }
-            }
-            if let Some(x) = ipfix.as_mut() {
-                x.write(&e);
-            }
-            if let Some(s) = syslog.as_mut() {
-                s.write(&e);
-            }
+            logs.write(&e);
         });
-        log_err.map_or(Ok(()), |e| Err(Failure::Other(format!("event log: {e}"))))
+        // IPFIX and syslog losses are counted; a log file that fails ends the replay.
+        logs.take_json_error().map_or(Ok(()), |e| Err(Failure::Other(format!("event log: {e}"))))
     }
 
     /// Gives the capture and the event log their final names and says what
     /// each log sink took and lost.
     fn finish(self) -> Result<(ReportBuilder, Exported), Failure> {
-        let Sinks { writer, log, mut ipfix, syslog, report } = self;
+        let Sinks { writer, logs, json_file, report } = self;
         writer.finish().map_err(|e| Failure::Other(e.to_string()))?;
-        let mut exported = Exported::default();
-        if let Some((log, pending)) = log {
+        let finished = logs.finish();
+        let mut exported = Exported { json: None, ipfix: finished.ipfix, syslog: finished.syslog };
+        if let (Some(log), Some(pending)) = (finished.json, json_file) {
             exported.json = Some(log.volume());
             let dest = pending.dest().to_path_buf();
             let failed = |e: std::io::Error| Failure::Other(format!("event log {}: {e}", dest.display()));
             log.finish().and_then(|f| f.sync_all()).map_err(failed)?;
             pending.commit().map_err(failed)?;
         }
-        exported.ipfix = ipfix.as_mut().map(|x| {
-            x.flush();
-            x.stats()
-        });
-        exported.syslog = syslog.as_ref().map(SyslogSender::stats);
         Ok((report, exported))
     }
 }
 
 /// What the log sinks took: the JSON log's records and bytes, and what the
 /// IPFIX and syslog exporters handed over and dropped.
-#[derive(Default)]
 struct Exported {
     json: Option<(u64, u64)>,
     ipfix: Option<SinkStats>,

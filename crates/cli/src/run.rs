@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use natrix_control::api::LogCounters;
-use natrix_control::eventlog::EventLog;
 use natrix_control::{api, Config, IoBackend, LoggingConfig};
 use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings, StartOptions};
 use natrix_engine::Event;
@@ -225,10 +224,8 @@ impl Drop for SignalMask {
     }
 }
 
-use natrix_control::eventlog::records;
-use natrix_control::ipfix::{Clock, IpfixExporter, LossCounter};
-use natrix_control::syslog::SyslogSender;
-use natrix_control::LogUnit;
+use natrix_control::ipfix::{Clock, LossCounter};
+use natrix_control::sinks::{JsonTarget, LogSinks};
 
 /// How often the logger hands a partly filled IPFIX message and buffered
 /// JSON lines over, when events trickle in.
@@ -257,7 +254,8 @@ impl Logger {
         let lost = LossCounter::default();
         let recorded = LossCounter::default();
         let counted = recorded.clone();
-        let (mut sinks, errors) = LogSinks::open(cfg, &lost, None);
+        let lost_by_sinks = lost.clone();
+        let (mut sinks, errors) = LogSinks::open(cfg, JsonTarget::Append, Clock::Wall, &lost, None);
         if let Some(e) = errors.into_iter().next() {
             return Err(e);
         }
@@ -272,19 +270,20 @@ impl Logger {
                             if sinks.write(&e) {
                                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             }
+                            report_json_error(&mut sinks);
                         }
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) => break,
                     }
                     if flushed.elapsed() >= LOG_FLUSH_EVERY {
                         sinks.flush();
+                        report_json_error(&mut sinks);
                         flushed = Instant::now();
                     }
                     match commands.try_recv() {
                         Ok(LoggerCommand::Reconfigure(cfg)) => {
                             sinks.flush();
-                            let lost = sinks.lost.clone();
-                            let (new, errors) = LogSinks::open(&cfg, &lost, Some(sinks));
+                            let (new, errors) = LogSinks::open(&cfg, JsonTarget::Append, Clock::Wall, &lost_by_sinks, Some(sinks));
                             for e in errors {
                                 error!("{e}; its records are counted as lost until a reload fixes it");
                             }
@@ -325,76 +324,10 @@ impl Logger {
     }
 }
 
-/// The open sinks. A configured sink that could not be opened, or failed
-/// while writing, counts each record it would have taken as lost.
-struct LogSinks {
-    unit: LogUnit,
-    json: Option<EventLog>,
-    ipfix: Option<(std::net::SocketAddr, IpfixExporter)>,
-    syslog: Option<(natrix_control::syslog::SyslogTarget, SyslogSender)>,
-    /// Configured sinks that are not working.
-    failed: u64,
-    lost: LossCounter,
-}
-
-impl LogSinks {
-    /// Opens what `cfg` names. On a reload (`old`), an IPFIX exporter or
-    /// syslog sender whose destination and unit are unchanged is kept (the
-    /// collector sees one continuous stream); the JSON file is reopened, so
-    /// a rotated file is let go.
-    fn open(cfg: &LoggingConfig, lost: &LossCounter, old: Option<LogSinks>) -> (LogSinks, Vec<String>) {
-        let mut errors = Vec::new();
-        let (mut old_ipfix, mut old_syslog) = match old {
-            Some(o) if o.unit == cfg.unit => (o.ipfix, o.syslog),
-            _ => (None, None),
-        };
-        let json = cfg.json.as_ref().and_then(|p| EventLog::append(p, cfg.unit).map_err(|e| errors.push(format!("logging.json {}: {e}", p.display()))).ok());
-        let ipfix = cfg.ipfix.and_then(|addr| match old_ipfix.take() {
-            Some((a, x)) if a == addr => Some((a, x)),
-            _ => IpfixExporter::connect(addr, cfg.unit, Clock::Wall, lost.clone()).map(|x| (addr, x)).map_err(|e| errors.push(format!("logging.ipfix {addr}: {e}"))).ok(),
-        });
-        let syslog = cfg.syslog.as_ref().and_then(|target| match old_syslog.take() {
-            Some((t, s)) if &t == target => Some((t, s)),
-            _ => SyslogSender::open(target, cfg.unit, lost.clone()).map(|s| (target.clone(), s)).map_err(|e| errors.push(format!("logging.syslog {target}: {e}"))).ok(),
-        });
-        let failed = errors.len() as u64;
-        (LogSinks { unit: cfg.unit, json, ipfix, syslog, failed, lost: lost.clone() }, errors)
-    }
-
-    /// Whether the event is a record for the configured sinks.
-    fn write(&mut self, e: &Event) -> bool {
-        if let Some(l) = &mut self.json {
-            if let Err(err) = l.write(e) {
-                error!("writing the event log: {err}; its records are counted as lost until a reload reopens it");
-                self.json = None;
-                // Counted below with this record.
-                self.failed += 1;
-            }
-        }
-        if let Some((_, x)) = &mut self.ipfix {
-            x.write(e);
-        }
-        if let Some((_, s)) = &mut self.syslog {
-            s.write(e);
-        }
-        let is_record = records(self.unit, e.kind);
-        if self.failed > 0 && is_record {
-            self.lost.fetch_add(self.failed, std::sync::atomic::Ordering::Relaxed);
-        }
-        is_record && (self.json.is_some() || self.ipfix.is_some() || self.syslog.is_some())
-    }
-
-    fn flush(&mut self) {
-        if let Some(l) = &mut self.json {
-            if let Err(err) = l.flush() {
-                error!("writing the event log: {err}; its records are counted as lost until a reload reopens it");
-                self.json = None;
-                self.failed += 1;
-            }
-        }
-        if let Some((_, x)) = &mut self.ipfix {
-            x.flush();
-        }
+/// A JSON log that stopped taking writes: said once; its records count as lost.
+fn report_json_error(sinks: &mut LogSinks) {
+    if let Some(err) = sinks.take_json_error() {
+        error!("writing the event log: {err}; its records are counted as lost until a reload reopens it");
     }
 }
 

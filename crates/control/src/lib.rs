@@ -9,6 +9,7 @@ pub mod eventlog;
 pub mod ipfix;
 pub mod metrics;
 pub mod report;
+pub mod sinks;
 pub mod syslog;
 
 pub use config::{Config, ConfigError, IoBackend, LiveConfig, LogUnit, LoggingConfig};

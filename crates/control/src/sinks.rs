@@ -1,0 +1,131 @@
+//! The NAT event log's sinks together: the JSON-lines file, the IPFIX
+//! exporter and the syslog sender that `[logging]` configures, fed the same
+//! events. Live natrix and `replay` both log through this; they differ only
+//! in where the JSON lines go (appended to the configured file, or written
+//! to a new file the replay renames into place) and in the clock IPFIX uses.
+
+use std::fs::File;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+
+use natrix_engine::Event;
+
+use crate::config::{LogUnit, LoggingConfig};
+use crate::eventlog::{records, EventLog};
+use crate::ipfix::{Clock, IpfixExporter, LossCounter, SinkStats};
+use crate::syslog::{SyslogSender, SyslogTarget};
+
+/// Where the JSON lines go.
+pub enum JsonTarget {
+    /// Appended to `[logging] json`: a live natrix never truncates its own records.
+    Append,
+    /// Written to a file the caller opened (replay's, renamed when it completes).
+    File(File),
+}
+
+/// The open sinks. A configured sink that could not be opened, or failed
+/// while writing, counts each record it would have taken as lost.
+pub struct LogSinks {
+    unit: LogUnit,
+    json: Option<EventLog>,
+    ipfix: Option<(SocketAddr, IpfixExporter)>,
+    syslog: Option<(SyslogTarget, SyslogSender)>,
+    /// Configured sinks that are not working.
+    failed: u64,
+    lost: LossCounter,
+    /// The JSON log's first write error, for a caller that must not go on without it.
+    json_error: Option<io::Error>,
+}
+
+/// What the sinks handed over: the JSON log (for the caller to finish) and
+/// what the IPFIX and syslog exporters sent and dropped.
+pub struct Finished {
+    pub json: Option<EventLog>,
+    pub ipfix: Option<SinkStats>,
+    pub syslog: Option<SinkStats>,
+}
+
+impl LogSinks {
+    /// Opens what `cfg` names; the errors say which sinks could not be opened.
+    /// On a reload (`old`), an IPFIX exporter or syslog sender whose
+    /// destination and unit are unchanged is kept (the collector sees one
+    /// continuous stream); the JSON file is reopened, so a rotated file is let go.
+    pub fn open(cfg: &LoggingConfig, json: JsonTarget, clock: Clock, lost: &LossCounter, old: Option<LogSinks>) -> (LogSinks, Vec<String>) {
+        let mut errors = Vec::new();
+        let (mut old_ipfix, mut old_syslog) = match old {
+            Some(o) if o.unit == cfg.unit => (o.ipfix, o.syslog),
+            _ => (None, None),
+        };
+        let json = match (json, &cfg.json) {
+            (JsonTarget::File(f), Some(_)) => Some(EventLog::to_file(f, cfg.unit)),
+            (JsonTarget::Append, Some(p)) => EventLog::append(p, cfg.unit).map_err(|e| errors.push(format!("logging.json {}: {e}", p.display()))).ok(),
+            (_, None) => None,
+        };
+        let ipfix = cfg.ipfix.and_then(|addr| match old_ipfix.take() {
+            Some((a, x)) if a == addr => Some((a, x)),
+            _ => IpfixExporter::connect(addr, cfg.unit, clock, lost.clone()).map(|x| (addr, x)).map_err(|e| errors.push(format!("logging.ipfix {addr}: {e}"))).ok(),
+        });
+        let syslog = cfg.syslog.as_ref().and_then(|target| match old_syslog.take() {
+            Some((t, s)) if &t == target => Some((t, s)),
+            _ => SyslogSender::open(target, cfg.unit, lost.clone()).map(|s| (target.clone(), s)).map_err(|e| errors.push(format!("logging.syslog {target}: {e}"))).ok(),
+        });
+        let failed = errors.len() as u64;
+        (LogSinks { unit: cfg.unit, json, ipfix, syslog, failed, lost: lost.clone(), json_error: None }, errors)
+    }
+
+    /// Hands the event to every sink; whether it is a record the configured
+    /// sinks keep (for the count of records logged).
+    pub fn write(&mut self, e: &Event) -> bool {
+        if let Some(l) = &mut self.json {
+            if let Err(err) = l.write(e) {
+                self.json_failed(err);
+            }
+        }
+        if let Some((_, x)) = &mut self.ipfix {
+            x.write(e);
+        }
+        if let Some((_, s)) = &mut self.syslog {
+            s.write(e);
+        }
+        let is_record = records(self.unit, e.kind);
+        if self.failed > 0 && is_record {
+            self.lost.fetch_add(self.failed, Ordering::Relaxed);
+        }
+        is_record && (self.json.is_some() || self.ipfix.is_some() || self.syslog.is_some())
+    }
+
+    /// Hands over what the JSON log buffered and a partly filled IPFIX message.
+    pub fn flush(&mut self) {
+        if let Some(l) = &mut self.json {
+            if let Err(err) = l.flush() {
+                self.json_failed(err);
+            }
+        }
+        if let Some((_, x)) = &mut self.ipfix {
+            x.flush();
+        }
+    }
+
+    /// The JSON log's write error, once: live natrix reports it and goes on
+    /// counting its records as lost; a replay stops.
+    pub fn take_json_error(&mut self) -> Option<io::Error> {
+        self.json_error.take()
+    }
+
+    /// Flushes the exporters and hands the JSON log back.
+    pub fn finish(mut self) -> Finished {
+        let ipfix = self.ipfix.as_mut().map(|(_, x)| {
+            x.flush();
+            x.stats()
+        });
+        Finished { json: self.json, ipfix, syslog: self.syslog.as_ref().map(|(_, s)| s.stats()) }
+    }
+
+    fn json_failed(&mut self, err: io::Error) {
+        self.json = None;
+        // Counted with this and every later record.
+        self.failed += 1;
+        self.json_error.get_or_insert(err);
+    }
+}
