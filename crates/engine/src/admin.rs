@@ -67,7 +67,30 @@ impl Nat44 {
                 idle_s: now.saturating_sub(s.last_used),
                 timeout_s: self.timeout_of(s.class),
             })
+            .chain(self.association_views(subscriber).map(|(a, _)| a))
             .collect()
+    }
+
+    /// SCTP associations, optionally of one subscriber, as sessions and as
+    /// mappings: an association is one of each, its port its own.
+    fn association_views(&self, subscriber: Option<u32>) -> impl Iterator<Item = (SessionView, MappingView)> + '_ {
+        let now = self.now_s;
+        self.assocs.live_ids().map(|id| self.assocs.get(id)).filter(move |a| subscriber.is_none_or(|s| s == a.int_addr)).map(move |a| {
+            let session = SessionView {
+                proto: Proto::Sctp,
+                int_addr: a.int_addr,
+                int_port: a.int_port,
+                ext_addr: a.ext_addr,
+                ext_port: a.int_port,
+                rem_addr: a.rem_addr,
+                rem_port: a.rem_port,
+                established: crate::trackers::sctp::is_established(a.state),
+                idle_s: now.saturating_sub(a.last_used),
+                timeout_s: self.timeout_of(a.class),
+            };
+            let mapping = MappingView { proto: Proto::Sctp, int_addr: a.int_addr, int_port: a.int_port, ext_addr: a.ext_addr, ext_port: a.int_port, sessions: 1, is_static: false };
+            (session, mapping)
+        })
     }
 
     /// Live mappings, optionally of one subscriber.
@@ -85,6 +108,7 @@ impl Nat44 {
                 sessions,
                 is_static: m.flags & mapping_flags::STATIC != 0,
             })
+            .chain(self.association_views(subscriber).map(|(_, m)| m))
             .collect()
     }
 
@@ -95,7 +119,17 @@ impl Nat44 {
         let before = self.tables.mapping_count();
         let mut ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).int_addr == addr).collect();
         self.delete_sessions(&mut ids);
-        Cleared { sessions: ids.len() as u64, mappings: (before - self.tables.mapping_count()) as u64 }
+        let assocs = self.end_associations_where(|a| a.int_addr == addr);
+        Cleared { sessions: ids.len() as u64 + assocs, mappings: (before - self.tables.mapping_count()) as u64 + assocs }
+    }
+
+    /// Ends (and logs) the SCTP associations `which` picks; returns how many.
+    fn end_associations_where(&mut self, which: impl Fn(&crate::state::associations::Association) -> bool) -> u64 {
+        let ids: Vec<u32> = self.assocs.live_ids().filter(|&id| which(&self.assocs.get(id))).collect();
+        for &id in &ids {
+            self.end_association(id);
+        }
+        ids.len() as u64
     }
 
     /// Ends every dynamic mapping, logging each deletion, as natrix stops: a
@@ -105,7 +139,8 @@ impl Nat44 {
         let before = self.tables.mapping_count();
         let mut ids: Vec<u32> = self.tables.live_sessions().collect();
         self.delete_sessions(&mut ids);
-        Cleared { sessions: ids.len() as u64, mappings: (before - self.tables.mapping_count()) as u64 }
+        let assocs = self.end_associations_where(|_| true);
+        Cleared { sessions: ids.len() as u64 + assocs, mappings: (before - self.tables.mapping_count()) as u64 + assocs }
     }
 
     /// Applies a reloaded configuration: policy (timeouts, limits,
@@ -129,6 +164,7 @@ impl Nat44 {
         }
         self.pool.set_policy(new.port_selection, new.port_parity, new.hold_down_s);
         self.tables.set_timeouts(new.timeouts.by_class());
+        self.assocs.set_timeouts(new.timeouts.by_class());
         self.cfg = new;
         Ok(())
     }
@@ -140,5 +176,6 @@ impl Nat44 {
         }
         let mut ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).ext_addr == ext_addr).collect();
         self.delete_sessions(&mut ids);
+        self.end_associations_where(|a| a.ext_addr == ext_addr);
     }
 }

@@ -69,6 +69,8 @@ pub struct Timeouts {
     pub tcp_established_s: u32,
     pub tcp_transitory_s: u32,
     pub icmp_s: u32,
+    pub sctp_init_s: u32,
+    pub sctp_s: u32,
     pub syn_hold_ns: u64,
     pub fragment_ns: u64,
 }
@@ -76,7 +78,7 @@ pub struct Timeouts {
 impl Timeouts {
     /// Idle seconds per timeout class, indexed by `TimeoutClass as usize`.
     pub fn by_class(&self) -> [u32; crate::trackers::TimeoutClass::COUNT] {
-        [self.udp_s, self.tcp_established_s, self.tcp_transitory_s, self.icmp_s]
+        [self.udp_s, self.tcp_established_s, self.tcp_transitory_s, self.icmp_s, self.sctp_init_s, self.sctp_s]
     }
 }
 
@@ -89,13 +91,15 @@ impl Timeouts {
             TcpEstablished => &mut self.tcp_established_s,
             TcpTransitory => &mut self.tcp_transitory_s,
             Icmp => &mut self.icmp_s,
+            SctpInit => &mut self.sctp_init_s,
+            Sctp => &mut self.sctp_s,
         }
     }
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        let mut t = Timeouts { udp_s: 0, tcp_established_s: 0, tcp_transitory_s: 0, icmp_s: 0, syn_hold_ns: 6_000_000_000, fragment_ns: 5_000_000_000 };
+        let mut t = Timeouts { udp_s: 0, tcp_established_s: 0, tcp_transitory_s: 0, icmp_s: 0, sctp_init_s: 0, sctp_s: 0, syn_hold_ns: 6_000_000_000, fragment_ns: 5_000_000_000 };
         for spec in crate::trackers::TIMEOUTS {
             *t.of_class_mut(spec.class) = spec.default_s;
         }
@@ -156,6 +160,8 @@ pub struct EngineConfig {
     pub deterministic: Option<crate::state::deterministic::Deterministic>,
     /// PCP server (RFC 6887) on the inside address, UDP 5351; None: disabled.
     pub pcp: Option<crate::pcp::PcpConfig>,
+    /// SCTP associations (`[sctp]`, seed 001); translated whenever NAT is on.
+    pub sctp: crate::nat44::sctp::SctpConfig,
     /// Emit per-session events as well as per-mapping ones.
     pub log_sessions: bool,
     pub event_capacity: u32,
@@ -164,6 +170,10 @@ pub struct EngineConfig {
     pub shard: Shard,
     /// MTU of the link each side sends on (inside, outside); 0: no limit.
     pub egress_mtu: [u16; 2],
+    /// NPTv6 bindings (RFC 6296, `[[nptv6]]`); empty: IPv6 is only routed.
+    pub nptv6: Vec<crate::nptv6::Binding>,
+    /// The SYN accelerator (seed 003, `[syn_accel]`); None: off.
+    pub syn_accel: Option<crate::syn_accel::SynAccelConfig>,
 }
 
 impl Default for EngineConfig {
@@ -200,11 +210,14 @@ impl Default for EngineConfig {
             max_held_syns: 1024,
             deterministic: None,
             pcp: None,
+            sctp: crate::nat44::sctp::SctpConfig::default(),
             log_sessions: false,
             event_capacity: 1 << 16,
             seed: 1,
             shard: Shard::default(),
             egress_mtu: [0, 0],
+            nptv6: Vec::new(),
+            syn_accel: None,
         }
     }
 }
@@ -229,6 +242,8 @@ pub fn restart_key_changed(old: &EngineConfig, new: &EngineConfig) -> Option<&'s
         (old.timeouts.fragment_ns != new.timeouts.fragment_ns, "timeouts.fragment"),
         (old.max_held_fragments != new.max_held_fragments || old.max_held_fragment_bytes != new.max_held_fragment_bytes, "fragments"),
         (old.max_subscribers != new.max_subscribers, "nat.max_subscribers"),
+        (old.sctp.max_associations != new.sctp.max_associations, "sctp.max_associations"),
+        (old.syn_accel != new.syn_accel, "syn_accel"),
     ]
     .into_iter()
     .find_map(|(changed, key)| changed.then_some(key))

@@ -42,6 +42,9 @@ drop_reasons! {
     IcmpErrorNoMapping => "icmp_error_no_mapping", "ICMP error about a flow natrix has no session for";
     IcmpErrorFragmented => "icmp_error_fragmented", "fragmented ICMP error (cannot be validated)";
     UnsupportedProtocol => "unsupported_protocol", "IP protocol natrix does not translate";
+    SctpMalformed => "sctp_malformed", "SCTP packet without chunks, with a chunk or parameter examined whose length is below 4 or runs past the packet, or an INIT with a non-zero verification tag or a zero Initiate Tag";
+    SctpNoAssociation => "sctp_no_association", "SCTP packet matching no association (out of the blue, seed 001 section 3.3); answered with ERROR-M where [sctp] reply_ootb says";
+    SctpCollision => "sctp_collision", "SCTP INIT or ASCONF whose tag and ports collide with another subscriber's association; answered with ABORT-M or ERROR-M (seed 001 section 5.2.1)";
     TtlExpired => "ttl_expired", "TTL reached zero; ICMP time exceeded sent";
     FragmentationNeeded => "fragmentation_needed", "larger than the egress MTU with DF set; ICMP fragmentation needed sent (RFC 1191)";
     TooBig => "too_big", "larger than the egress MTU without DF (natrix does not fragment)";
@@ -60,6 +63,8 @@ drop_reasons! {
     FragmentTimeout => "fragment_timeout", "fragment whose first fragment never arrived";
     FragmentBufferFull => "fragment_buffer_full", "out-of-order fragment buffer at its cap";
     FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports";
+    SynAbsorbed => "syn_absorbed", "a caller's own SYN retransmission for a connection attempt the SYN accelerator is retransmitting (seed 003)";
+    Nptv6Unmappable => "nptv6_unmappable", "IPv6 address in an NPTv6 prefix that RFC 6296 cannot map (subnet word, or every interface identifier word, 0xFFFF)";
 }
 
 impl DropReason {

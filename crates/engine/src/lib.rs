@@ -18,10 +18,12 @@ pub mod config;
 pub mod drop;
 pub mod error;
 pub mod nat44;
+pub mod nptv6;
 pub mod pcp;
 pub mod pipeline;
 pub mod rewrite;
 pub mod state;
+pub mod syn_accel;
 pub mod trackers;
 
 pub use nat44::batch;
@@ -59,24 +61,31 @@ impl Side {
     }
 }
 
-/// The transport protocols natrix keeps mappings for.
+/// The transport protocols natrix translates. TCP, UDP and ICMP have
+/// mappings and allocate external ports; SCTP has associations keyed by
+/// verification tags and never changes a port (seed 001), so it has no port
+/// space in the pool, only quota and logging like the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
 pub enum Proto {
     Tcp = 0,
     Udp = 1,
     Icmp = 2,
+    Sctp = 3,
 }
 
 impl Proto {
-    pub const COUNT: usize = 3;
-    pub const ALL: [Proto; 3] = [Proto::Tcp, Proto::Udp, Proto::Icmp];
+    pub const COUNT: usize = 4;
+    pub const ALL: [Proto; 4] = [Proto::Tcp, Proto::Udp, Proto::Icmp, Proto::Sctp];
+    /// The protocols with external ports to allocate (the pool's port spaces).
+    pub const WITH_PORTS: usize = 3;
 
     pub fn from_ip(p: u8) -> Option<Proto> {
         match p {
             natrix_wire::proto::TCP => Some(Proto::Tcp),
             natrix_wire::proto::UDP => Some(Proto::Udp),
             natrix_wire::proto::ICMP => Some(Proto::Icmp),
+            natrix_wire::proto::SCTP => Some(Proto::Sctp),
             _ => None,
         }
     }
@@ -86,6 +95,7 @@ impl Proto {
             Proto::Tcp => natrix_wire::proto::TCP,
             Proto::Udp => natrix_wire::proto::UDP,
             Proto::Icmp => natrix_wire::proto::ICMP,
+            Proto::Sctp => natrix_wire::proto::SCTP,
         }
     }
 
@@ -94,6 +104,7 @@ impl Proto {
             Proto::Tcp => "tcp",
             Proto::Udp => "udp",
             Proto::Icmp => "icmp",
+            Proto::Sctp => "sctp",
         }
     }
 }

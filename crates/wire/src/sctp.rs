@@ -28,6 +28,7 @@ mod field {
     pub const CHUNK_TYPE: usize = 0;
     pub const CHUNK_FLAGS: usize = 1;
     pub const CHUNK_LEN: usize = 2;
+    pub const CHUNK_HEADER_END: usize = 4;
 
     // INIT and INIT-ACK.
     pub const INITIATE_TAG: usize = 4;
@@ -57,6 +58,8 @@ pub mod chunk {
     pub const COOKIE_ECHO: u8 = 10;
     pub const COOKIE_ACK: u8 = 11;
     pub const SHUTDOWN_COMPLETE: u8 = 14;
+    /// RFC 4895: authenticates the chunks after it (an ASCONF's, RFC 5061).
+    pub const AUTH: u8 = 15;
     pub const ASCONF_ACK: u8 = 0x80;
     pub const ASCONF: u8 = 0xc1;
 
@@ -75,6 +78,7 @@ pub mod chunk {
             COOKIE_ECHO => "COOKIE_ECHO",
             COOKIE_ACK => "COOKIE_ACK",
             SHUTDOWN_COMPLETE => "SHUTDOWN_COMPLETE",
+            AUTH => "AUTH",
             ASCONF_ACK => "ASCONF_ACK",
             ASCONF => "ASCONF",
             _ => "UNKNOWN",
@@ -106,6 +110,22 @@ pub mod param {
     pub const ADD_IP_ADDRESS: u16 = 0xc001;
     pub const DELETE_IP_ADDRESS: u16 = 0xc002;
     pub const SET_PRIMARY_ADDRESS: u16 = 0xc004;
+    /// draft-ietf-tsvwg-natsupp: "Disable Restart" (INIT, INIT-ACK, ASCONF).
+    pub const DISABLE_RESTART: u16 = 0xc007;
+    /// draft-ietf-tsvwg-natsupp: "VTags" (ASCONF): correlation id, the internal
+    /// host's tag, the remote host's tag.
+    pub const VTAGS: u16 = 0xc008;
+}
+
+/// Error causes (RFC 9260 section 3.3.10). The two of
+/// draft-ietf-tsvwg-natsupp are still "to be confirmed by IANA": this is the
+/// one place they are written down.
+pub mod cause {
+    /// The chunk (INIT, INIT-ACK or ASCONF) that collided follows.
+    pub const VTAG_AND_PORT_COLLISION: u16 = 0x00b0;
+    /// The packet (IPv4 header included) that matched no state follows.
+    pub const MISSING_STATE: u16 = 0x00b1;
+    pub const HEADER_LEN: usize = 4;
 }
 
 /// CRC32c lookup table: Castagnoli polynomial 0x1EDC6F41, reflected (0x82F63B78).
@@ -378,7 +398,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Init<T> {
     }
 }
 
-/// One INIT or INIT-ACK parameter.
+/// One parameter of an INIT, INIT-ACK or ASCONF chunk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Param<'a> {
     pub param_type: u16,
@@ -393,6 +413,74 @@ pub struct Param<'a> {
 impl<'a> Param<'a> {
     pub fn value(&self) -> &'a [u8] {
         &self.bytes[PARAM_HEADER_LEN..]
+    }
+
+    /// The address of an IPv4 Address parameter (type 5, length 8).
+    pub fn ipv4_address(&self) -> Option<u32> {
+        ipv4_address_param(self.bytes)
+    }
+
+    /// The IPv4 address an Add IP or Delete IP parameter (RFC 5061 sections
+    /// 4.2.1, 4.2.2) carries after its correlation id; 0.0.0.0 is the
+    /// wildcard for "the packet's source address".
+    pub fn asconf_ipv4_address(&self) -> Option<u32> {
+        match self.param_type {
+            param::ADD_IP_ADDRESS | param::DELETE_IP_ADDRESS => self.value().get(4..).and_then(ipv4_address_param),
+            _ => None,
+        }
+    }
+
+    /// The (internal, remote) verification tags of a VTags parameter
+    /// (draft-ietf-tsvwg-natsupp): the tag the internal host chose, which
+    /// packets towards it carry, and the tag its remote peer chose.
+    pub fn vtags(&self) -> Option<(u32, u32)> {
+        let v = self.value();
+        (self.param_type == param::VTAGS && v.len() >= 12).then(|| (get_u32(v, 4), get_u32(v, 8)))
+    }
+}
+
+/// An IPv4 Address parameter at the start of `b`: its address.
+fn ipv4_address_param(b: &[u8]) -> Option<u32> {
+    (b.len() >= 8 && get_u16(b, 0) == param::IPV4_ADDRESS && get_u16(b, 2) == 8).then(|| get_u32(b, 4))
+}
+
+/// An ASCONF chunk's fixed part: chunk header and sequence number.
+pub const ASCONF_LEN: usize = 8;
+
+/// A view over an ASCONF chunk (RFC 5061 section 3.1.1): the sequence
+/// number, then parameters: the address parameter that finds the
+/// association, then the requests (Add IP, Delete IP, Set Primary, VTags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asconf<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Asconf<T> {
+    /// Validates the type and that the length field covers the sequence
+    /// number and lies within the buffer.
+    pub fn new_checked(buffer: T) -> Result<Self, WireError> {
+        let b = buffer.as_ref();
+        need("sctp asconf", ASCONF_LEN, b.len())?;
+        if b[field::CHUNK_TYPE] != chunk::ASCONF {
+            return Err(WireError::Malformed { layer: "sctp asconf", field: Field::Type, value: b[field::CHUNK_TYPE].into() });
+        }
+        let len = usize::from(get_u16(b, field::CHUNK_LEN));
+        if len < ASCONF_LEN {
+            return Err(WireError::Malformed { layer: "sctp asconf", field: Field::Length, value: len as u32 });
+        }
+        need("sctp asconf length", len, b.len())?;
+        Ok(Asconf { buffer })
+    }
+
+    pub fn sequence_number(&self) -> u32 {
+        get_u32(self.buffer.as_ref(), field::CHUNK_HEADER_END)
+    }
+
+    /// The parameters, the address parameter first, examining at most
+    /// `max_params` of them.
+    pub fn params(&self, max_params: usize) -> Params<'_> {
+        let b = self.buffer.as_ref();
+        Params { chunk: &b[..usize::from(get_u16(b, field::CHUNK_LEN))], at: ASCONF_LEN, left: max_params }
     }
 }
 
@@ -451,6 +539,16 @@ pub fn emit_chunk_header(buf: &mut [u8], chunk_type: u8, flags: u8, length: u16)
     buf[field::CHUNK_TYPE] = chunk_type;
     buf[field::CHUNK_FLAGS] = flags;
     set_u16(buf, field::CHUNK_LEN, length);
+    Ok(())
+}
+
+/// Writes an error cause header (RFC 9260 section 3.3.10) at the start of
+/// `buf`; `length` counts the header and the cause's information, not the
+/// padding, which the caller zeroes.
+pub fn emit_cause_header(buf: &mut [u8], code: u16, length: u16) -> Result<(), WireError> {
+    need("sctp cause emit", cause::HEADER_LEN, buf.len())?;
+    set_u16(buf, 0, code);
+    set_u16(buf, 2, length);
     Ok(())
 }
 
@@ -542,6 +640,39 @@ mod tests {
         let a = p.chunks(2).next().unwrap().unwrap();
         assert_eq!(a.chunk_type, chunk::ABORT);
         assert!(a.t_bit() && !a.m_bit());
+    }
+
+    // scapy: SCTP(sport=5000, dport=38412, tag=0x55667788)/SCTPChunkAddressConf(seq=5, params=[
+    //   SCTPChunkParamIPv4Addr(addr="100.64.0.10"), SCTPChunkParamAddIPAddr(correlation_id=1, addr_type=5, addr="0.0.0.0"),
+    //   SCTPChunkParamDelIPAddr(correlation_id=2, addr_type=5, addr="198.51.100.9")]): the chunk, then by hand a
+    //   VTags parameter (scapy has none): c008 0010, correlation 3, tags 0x11223344 and 0x55667788; length 48 -> 64.
+    const ASCONF: &str = "c100004000000005000500086440000ac0010010000000010005000800000000c00200100000000200050008c6336409c0080010000000031122334455667788";
+
+    #[test]
+    fn asconf_parameters_addresses_and_vtags() {
+        let b = hex(ASCONF);
+        let a = Asconf::new_checked(&b[..]).unwrap();
+        assert_eq!(a.sequence_number(), 5);
+        let p: Vec<Param> = a.params(25).map(|p| p.unwrap()).collect();
+        assert_eq!(p.iter().map(|p| p.param_type).collect::<Vec<_>>(), [param::IPV4_ADDRESS, param::ADD_IP_ADDRESS, param::DELETE_IP_ADDRESS, param::VTAGS]);
+        assert_eq!(p[0].ipv4_address(), Some(0x6440_000a));
+        assert_eq!(p[1].asconf_ipv4_address(), Some(0), "the wildcard");
+        assert_eq!(p[2].asconf_ipv4_address(), Some(0xc633_6409));
+        assert_eq!(p[3].vtags(), Some((0x1122_3344, 0x5566_7788)));
+        assert_eq!((p[0].vtags(), p[3].asconf_ipv4_address(), p[1].ipv4_address()), (None, None, None));
+        assert_eq!(a.params(2).count(), 2, "the bound holds");
+        let mut short = b.clone();
+        short[2..4].copy_from_slice(&7u16.to_be_bytes());
+        assert!(Asconf::new_checked(&short[..]).is_err());
+        short[2..4].copy_from_slice(&65u16.to_be_bytes());
+        assert!(Asconf::new_checked(&short[..]).is_err(), "length past the buffer");
+        short[0] = chunk::ASCONF_ACK;
+        assert!(Asconf::new_checked(&short[..]).is_err());
+        for len in 0..b.len() {
+            if let Ok(a) = Asconf::new_checked(&b[..len]) {
+                let _ = a.params(usize::MAX).count();
+            }
+        }
     }
 
     #[test]

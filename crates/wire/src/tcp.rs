@@ -1,7 +1,7 @@
 //! TCP headers (RFC 9293): ports, flags and the checksum field.
 
 use crate::error::{need, Field, WireError};
-use crate::{get_u16, get_u32, set_u16};
+use crate::{get_u16, get_u32, set_u16, set_u32};
 
 pub const MIN_HEADER_LEN: usize = 20;
 
@@ -12,7 +12,9 @@ mod field {
     pub const ACK: usize = 8;
     pub const DATA_OFF: usize = 12;
     pub const FLAGS: usize = 13;
+    pub const WINDOW: usize = 14;
     pub const CHECKSUM: usize = 16;
+    pub const URGENT: usize = 18;
 }
 
 pub mod flags {
@@ -92,6 +94,31 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 /// Offset of the checksum field, for partial headers quoted in ICMP errors.
 pub const CHECKSUM_OFFSET: usize = field::CHECKSUM;
 
+/// What a header without options written by `emit_header` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub seq: u32,
+    pub ack: u32,
+    pub flags: u8,
+    pub window: u16,
+}
+
+/// Writes a 20-byte header (no options, urgent pointer 0) into `buf`,
+/// checksum `checksum` (the caller sums the pseudo-header and segment).
+pub fn emit_header(buf: &mut [u8], h: &Header, checksum: u16) {
+    set_u16(buf, field::SRC_PORT, h.src_port);
+    set_u16(buf, field::DST_PORT, h.dst_port);
+    set_u32(buf, field::SEQ, h.seq);
+    set_u32(buf, field::ACK, h.ack);
+    buf[field::DATA_OFF] = (MIN_HEADER_LEN as u8 / 4) << 4;
+    buf[field::FLAGS] = h.flags;
+    set_u16(buf, field::WINDOW, h.window);
+    set_u16(buf, field::CHECKSUM, checksum);
+    set_u16(buf, field::URGENT, 0);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -107,6 +134,17 @@ mod tests {
         assert!(p.syn());
         assert_eq!(p.flags() & flags::ACK, 0);
         assert_eq!(p.header_len(), 20);
+    }
+
+    #[test]
+    fn an_emitted_header_reads_back_under_etherparse() {
+        let h = Header { src_port: 80, dst_port: 40000, seq: 0, ack: 1001, flags: flags::RST | flags::ACK, window: 0 };
+        let mut b = [0xffu8; MIN_HEADER_LEN];
+        emit_header(&mut b, &h, 0x1234);
+        let t = etherparse::TcpHeaderSlice::from_slice(&b).unwrap();
+        assert_eq!((t.source_port(), t.destination_port(), t.sequence_number(), t.acknowledgment_number()), (80, 40000, 0, 1001));
+        assert!(t.rst() && t.ack() && !t.syn() && !t.fin() && !t.psh());
+        assert_eq!((t.window_size(), t.checksum(), t.urgent_pointer(), t.data_offset()), (0, 0x1234, 0, 5));
     }
 
     #[test]

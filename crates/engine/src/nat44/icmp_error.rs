@@ -57,6 +57,11 @@ impl Nat44 {
     /// outside (REQ-1 direction inside to outside).
     pub(crate) fn icmp_error_from_inside(&mut self, frame: &mut [u8], ip: &Ip) -> Result<Side, DropReason> {
         let q = validate(frame, ip)?;
+        if q.proto == Proto::Sctp {
+            let out = self.sctp_icmp_error(frame, ip, q.l3, Side::Inside)?;
+            refill_icmp_checksum(frame, ip);
+            return Ok(out);
+        }
         let (port, rport) = q.inbound_ports();
         let sid = self.tables.find_session_in(q.proto, q.dst, port, q.src, rport).ok_or(DropReason::IcmpErrorNoMapping)?;
         let s = self.tables.session(sid);
@@ -79,6 +84,11 @@ impl Nat44 {
     /// A router or host outside reports a problem with a datagram a subscriber sent.
     pub(crate) fn icmp_error_from_outside(&mut self, frame: &mut [u8], ip: &Ip) -> Result<Side, DropReason> {
         let q = validate(frame, ip)?;
+        if q.proto == Proto::Sctp {
+            let out = self.sctp_icmp_error(frame, ip, q.l3, Side::Outside)?;
+            refill_icmp_checksum(frame, ip);
+            return Ok(out);
+        }
         if q.src != ip.dst {
             return Err(DropReason::IcmpErrorNoMapping);
         }
@@ -116,7 +126,7 @@ fn validate(frame: &[u8], ip: &Ip) -> Result<Quoted, DropReason> {
     let q_l4 = q_l3 + hl;
     let proto = Proto::from_ip(qip.protocol()).ok_or(DropReason::IcmpErrorNoMapping)?;
     let (sport, dport) = match proto {
-        Proto::Tcp | Proto::Udp => (natrix_wire::get_u16_at(frame, q_l4), natrix_wire::get_u16_at(frame, q_l4 + 2)),
+        Proto::Tcp | Proto::Udp | Proto::Sctp => (natrix_wire::get_u16_at(frame, q_l4), natrix_wire::get_u16_at(frame, q_l4 + 2)),
         Proto::Icmp => {
             let id = natrix_wire::get_u16_at(frame, q_l4 + icmp::IDENT_OFFSET);
             match icmp::classify(frame[q_l4]) {

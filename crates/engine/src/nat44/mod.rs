@@ -20,6 +20,7 @@ mod icmp_error;
 mod inbound;
 mod outbound;
 pub(crate) mod pcp_ops;
+pub mod sctp;
 mod sessions;
 
 pub use batch::MAX_BATCH;
@@ -33,6 +34,7 @@ use crate::error::EngineError;
 use crate::pipeline::frame::Ip;
 use crate::pipeline::router::Router;
 use crate::rewrite::L4;
+use crate::state::associations::Associations;
 use crate::state::deterministic::Deterministic;
 use crate::state::events::{Event, EventKind, EventQueue};
 use crate::state::pool::Pool;
@@ -114,6 +116,8 @@ pub struct Nat44 {
     pub(crate) tables: Tables,
     pub(crate) subs: Subscribers,
     pub(crate) pool: Pool,
+    /// SCTP associations (seed 001): keyed by tags, no port translated.
+    pub(crate) assocs: Associations,
     frags: Fragments,
     held_syns: HeldSyns,
     events: EventQueue,
@@ -142,6 +146,7 @@ impl Nat44 {
         let mut nat = Nat44 {
             tables: Tables::new(sessions, cfg.statics.len(), cfg.seed, cfg.timeouts.by_class())?,
             subs: Subscribers::new(subscribers, cfg.seed)?,
+            assocs: Associations::new(associations_of(&cfg), cfg.seed, cfg.timeouts.by_class())?,
             pool,
             frags: Fragments::new(FRAGMENT_RECORDS, cfg.max_held_fragments as usize, cfg.max_held_fragment_bytes as usize, cfg.timeouts.fragment_ns, cfg.seed),
             held_syns: HeldSyns::new(cfg.max_held_syns as usize),
@@ -165,8 +170,10 @@ impl Nat44 {
     /// pool's port maps. Subscriber records and timer slots grow with use.
     pub fn reserved_bytes(cfg: &EngineConfig) -> u64 {
         let (sessions, subscribers) = table_sizes(cfg);
-        (Tables::reserved_bytes(sessions, cfg.statics.len()) + Subscribers::reserved_bytes(subscribers) + Pool::reserved_bytes(cfg.pool.len(), cfg.ports, cfg.port_block_size))
-            as u64
+        (Tables::reserved_bytes(sessions, cfg.statics.len())
+            + Subscribers::reserved_bytes(subscribers)
+            + Pool::reserved_bytes(cfg.pool.len(), cfg.ports, cfg.port_block_size)
+            + Associations::reserved_bytes(associations_of(cfg))) as u64
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -191,7 +198,7 @@ impl Nat44 {
     }
 
     pub fn memory_bytes(&self) -> usize {
-        self.tables.memory_bytes() + self.pool.memory_bytes() + self.subs.memory_bytes()
+        self.tables.memory_bytes() + self.pool.memory_bytes() + self.subs.memory_bytes() + self.assocs.memory_bytes()
     }
 
     pub(crate) fn drain_events(&mut self) -> std::vec::Drain<'_, Event> {
@@ -215,6 +222,7 @@ impl Nat44 {
     /// Once a second: expires idle sessions and ends hold-downs.
     pub(crate) fn second_passed(&mut self) {
         self.expire_sessions();
+        self.expire_associations();
         self.pool.expire_holds(self.now_s);
     }
 
@@ -257,6 +265,8 @@ impl Nat44 {
             Side::Outside
         } else if self.is_icmp_error(frame, ip) {
             self.icmp_error_from_inside(frame, ip)?
+        } else if ip.proto == natrix_wire::proto::SCTP {
+            self.sctp_outbound(frame, ip, router)?
         } else {
             let flow = self.parse_flow(frame, ip)?;
             self.translate_out(frame, ip, &flow)?
@@ -273,6 +283,7 @@ impl Nat44 {
         let out = match admitted {
             Inbound::Exempt => Side::Inside,
             Inbound::ToPool if self.is_icmp_error(frame, ip) => self.icmp_error_from_outside(frame, ip)?,
+            Inbound::ToPool if ip.proto == natrix_wire::proto::SCTP => self.sctp_inbound(frame, ip, router)?,
             Inbound::ToPool => self.translate_in(frame, ip)?,
         };
         self.after_translation(frame, ip, Side::Outside, out, router);
@@ -306,11 +317,14 @@ impl Nat44 {
                 let class = icmp::classify(m.msg_type());
                 Ok(Flow { proto, sport: m.ident(), dport: m.ident(), tcp_flags: 0, l4: L4::IcmpQuery { at: ip.l4 }, icmp_class: Some(class) })
             }
+            // SCTP has associations, not flows: `sctp_outbound` and `sctp_inbound` take it.
+            Proto::Sctp => Err(DropReason::UnsupportedProtocol),
         }
     }
 
     fn ports_of(&self, frame: &[u8], ip: &Ip) -> (u16, u16) {
-        if (ip.proto == natrix_wire::proto::TCP || ip.proto == natrix_wire::proto::UDP) && ip.l4_len >= 4 {
+        // TCP, UDP and SCTP all begin with the two ports.
+        if matches!(ip.proto, natrix_wire::proto::TCP | natrix_wire::proto::UDP | natrix_wire::proto::SCTP) && ip.l4_len >= 4 {
             (natrix_wire::get_u16_at(frame, ip.l4), natrix_wire::get_u16_at(frame, ip.l4 + 2))
         } else {
             (0, 0)
@@ -348,6 +362,15 @@ impl Nat44 {
     #[allow(clippy::too_many_arguments)]
     fn event(&mut self, kind: EventKind, proto: Proto, int_addr: u32, int_port: u16, ext_addr: u32, ext_port: u16, ext_port_end: u16, rem_addr: u32, rem_port: u16) {
         self.events.push(Event { kind, time_ns: self.now_ns, proto, int_addr, int_port, ext_addr, ext_port, ext_port_end, rem_addr, rem_port });
+    }
+}
+
+/// SCTP associations the table is built for: none when natrix only routes.
+fn associations_of(cfg: &EngineConfig) -> u32 {
+    if cfg.translate {
+        cfg.sctp.max_associations
+    } else {
+        0
     }
 }
 

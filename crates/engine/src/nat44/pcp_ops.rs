@@ -82,7 +82,7 @@ impl NatOps for Nat44 {
     }
 
     fn shortest_timeout(&self) -> u32 {
-        TimeoutClass::ALL.into_iter().map(|c| self.timeout_of(c)).min().unwrap_or(1)
+        TimeoutClass::NAPT.into_iter().map(|c| self.timeout_of(c)).min().unwrap_or(1)
     }
 
     fn is_deterministic(&self) -> bool {

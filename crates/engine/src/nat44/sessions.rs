@@ -137,7 +137,7 @@ impl Nat44 {
         s.ports[proto as usize] += 1;
         s.mappings += 1;
         self.counters.mappings_created += 1;
-        self.counters.peak_mappings = self.counters.peak_mappings.max(self.tables.mapping_count() as u64);
+        self.note_peak_mappings();
         self.counters.peak_ports_in_use = self.counters.peak_ports_in_use.max(self.pool.ports_in_use());
         self.event(EventKind::MappingCreated, proto, int, iport, ext_addr, port, port, 0, 0);
         Ok(mid)
@@ -159,11 +159,23 @@ impl Nat44 {
         let sid = self.tables.insert_session(mid, rem, rport, state, class, self.now_s).map_err(|_| DropReason::SessionTableFull)?;
         self.subs.get_mut(sub).sessions += 1;
         self.counters.sessions_created += 1;
-        self.counters.peak_sessions = self.counters.peak_sessions.max(self.tables.session_count() as u64);
+        self.note_peak_sessions();
         if self.cfg.log_sessions {
             self.event(EventKind::SessionCreated, m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, m.ext_port, rem, rport);
         }
         Ok(sid)
+    }
+
+    /// Peak mappings so far; an SCTP association is one.
+    #[inline(always)]
+    pub(super) fn note_peak_mappings(&mut self) {
+        self.counters.peak_mappings = self.counters.peak_mappings.max((self.tables.mapping_count() + self.assocs.len()) as u64);
+    }
+
+    /// Peak sessions so far; an SCTP association is one.
+    #[inline(always)]
+    pub(super) fn note_peak_sessions(&mut self) {
+        self.counters.peak_sessions = self.counters.peak_sessions.max((self.tables.session_count() + self.assocs.len()) as u64);
     }
 
     pub(super) fn expire_sessions(&mut self) {

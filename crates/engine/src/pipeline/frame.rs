@@ -47,6 +47,12 @@ pub(crate) struct Ip6 {
     /// Bytes from the fixed header to the end of the payload.
     pub total: usize,
     pub hop_limit: u8,
+    /// The upper-layer protocol after the extension headers, and where its
+    /// header starts; `l4_header` is false when the bytes there are not one
+    /// (a non-first fragment, ESP, no next header).
+    pub proto: u8,
+    pub l4: usize,
+    pub l4_header: bool,
 }
 
 /// Parses the network layer of `frame`, or says why it cannot be forwarded.
@@ -98,8 +104,8 @@ fn parse_ipv6(frame: &[u8], l3: usize) -> Result<Ip6, DropReason> {
         return Err(DropReason::Martian);
     }
     // Headers that cannot be walked are refused here, before any function reads them.
-    ip.upper_layer().map_err(|_| DropReason::Ipv6BadHeader)?;
-    Ok(Ip6 { l3, total: ip.total_len(), hop_limit: ip.hop_limit() })
+    let upper = ip.upper_layer().map_err(|_| DropReason::Ipv6BadHeader)?;
+    Ok(Ip6 { l3, total: ip.total_len(), hop_limit: ip.hop_limit(), proto: upper.protocol, l4: l3 + upper.offset, l4_header: upper.has_header() })
 }
 
 fn tcp_flags_of(proto: u8, l4: &[u8]) -> u8 {

@@ -7,6 +7,8 @@
 
 use crate::drop::DropReason;
 use crate::pipeline::frame::Ip;
+use crate::pipeline::router::Router;
+use crate::pipeline::Stats;
 use crate::Side;
 
 /// Where in the pipeline a function runs.
@@ -16,6 +18,16 @@ pub enum Point {
     BeforeTranslation,
     /// Addresses and ports as the frame leaves.
     AfterTranslation,
+    /// Both: a function that decides on a frame as it arrived and keeps
+    /// what it looks like as it leaves (`FrameInfo::point` says which).
+    Both,
+}
+
+impl Point {
+    /// Whether a function at `self` runs at pipeline point `at`.
+    fn includes(self, at: Point) -> bool {
+        self == at || self == Point::Both
+    }
 }
 
 /// Which frames a function wants to see.
@@ -76,6 +88,10 @@ pub struct FrameInfo {
     pub tcp_flags: u8,
     /// The side the frame arrived on (before translation) or leaves by (after).
     pub side: Side,
+    /// The point this call is made at (never `Both`).
+    pub point: Point,
+    /// The engine's clock: the frame's arrival.
+    pub now_ns: u64,
 }
 
 /// What a function decided about a frame.
@@ -92,19 +108,119 @@ pub trait Middlebox: Send {
     /// Looks at (and may change, without changing its length) a frame it
     /// declared an interest in.
     fn on_frame(&mut self, frame: &mut [u8], info: &FrameInfo) -> HookVerdict;
+
+    /// A batch is about to run: start loading whatever `on_frame` will read
+    /// for `frame` (arrived on `side`), as NAPT44 prefetches its table
+    /// lines across a batch. Called only for frames the function wants.
+    fn prefetch(&self, _frame: &[u8], _side: Side) {}
+
+    /// When the function next wants `on_time` (u64::MAX: never). Asked
+    /// after each `on_frame` and `on_time`, so the engine's clock pays one
+    /// comparison per frame for every function's timers together.
+    fn next_wake_ns(&self) -> u64 {
+        u64::MAX
+    }
+
+    /// Runs the timers due by `now_ns`; frames the function sends go out
+    /// through `out`, stamped with the time they fell due.
+    fn on_time(&mut self, _now_ns: u64, _out: &mut Emitter) {}
+
+    /// The end of a run (a capture's end): plays out every timer still
+    /// pending, at the times they fall due.
+    fn finish(&mut self, _out: &mut Emitter) {}
+
+    /// Adds the function's counters to the engine's.
+    fn add_stats(&self, _stats: &mut Stats) {}
+
+    /// Bytes the function's state holds.
+    fn memory_bytes(&self) -> usize {
+        0
+    }
 }
 
-#[derive(Default)]
+/// Frames a function sends on its own, through the router's output queue
+/// (counted as generated, like natrix's ICMP errors).
+pub struct Emitter<'a> {
+    router: &'a mut Router,
+}
+
+impl Emitter<'_> {
+    /// Queues a byte copy of `frame` to leave on `side`, stamped `at_ns`.
+    pub fn send_copy(&mut self, side: Side, at_ns: u64, frame: &[u8]) {
+        self.router.copy_at(side, at_ns, frame);
+    }
+
+    /// Queues the frame `build` writes (given the next IP identification)
+    /// to leave on `side`, stamped `at_ns`.
+    pub fn send_built(&mut self, side: Side, at_ns: u64, build: impl FnOnce(&mut Vec<u8>, u16)) {
+        self.router.emit_at(side, at_ns, build);
+    }
+}
+
 pub(crate) struct Hooks {
     functions: Vec<Box<dyn Middlebox>>,
     /// Every function's interest together.
     interest: Interest,
+    /// The earliest `next_wake_ns` of every function.
+    wake_ns: u64,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks { functions: Vec::new(), interest: Interest::default(), wake_ns: u64::MAX }
+    }
 }
 
 impl Hooks {
     pub fn add(&mut self, m: Box<dyn Middlebox>) {
         self.interest = self.interest.union(m.interest());
+        self.wake_ns = self.wake_ns.min(m.next_wake_ns());
         self.functions.push(m);
+    }
+
+    /// Runs the functions' timers once the earliest is due.
+    #[inline]
+    pub fn tick(&mut self, now_ns: u64, router: &mut Router) {
+        if now_ns < self.wake_ns {
+            return;
+        }
+        let mut out = Emitter { router };
+        for f in &mut self.functions {
+            f.on_time(now_ns, &mut out);
+        }
+        self.wake_ns = self.functions.iter().map(|f| f.next_wake_ns()).min().unwrap_or(u64::MAX);
+    }
+
+    /// Before a batch runs: lets the functions start loading what they will
+    /// read for the frames they want (read from the bytes, before the
+    /// frame is parsed; a frame whose header cannot be read so is left).
+    pub fn prefetch_batch<F: AsMut<[u8]>>(&self, chunk: &mut [F], side: Side) {
+        for frame in chunk.iter_mut() {
+            let frame = frame.as_mut();
+            let Some((proto, tcp_flags)) = peek_ipv4(frame) else { continue };
+            if self.interest.wants(proto, tcp_flags) {
+                for f in self.functions.iter().filter(|f| f.interest().wants(proto, tcp_flags)) {
+                    f.prefetch(frame, side);
+                }
+            }
+        }
+    }
+
+    /// Plays out every function's pending timers (the end of a capture).
+    pub fn finish(&mut self, router: &mut Router) {
+        let mut out = Emitter { router };
+        for f in &mut self.functions {
+            f.finish(&mut out);
+        }
+        self.wake_ns = self.functions.iter().map(|f| f.next_wake_ns()).min().unwrap_or(u64::MAX);
+    }
+
+    pub fn add_stats(&self, stats: &mut Stats) {
+        self.functions.iter().for_each(|f| f.add_stats(stats));
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        self.functions.iter().map(|f| f.memory_bytes()).sum()
     }
 
     #[inline]
@@ -120,20 +236,35 @@ impl Hooks {
 
     /// Runs the functions of `at` that want the frame, in the order they
     /// were added; the first drop ends it.
-    pub fn run(&mut self, at: Point, frame: &mut [u8], ip: &Ip, side: Side) -> HookVerdict {
+    pub fn run(&mut self, at: Point, frame: &mut [u8], ip: &Ip, side: Side, now_ns: u64) -> HookVerdict {
         if !self.interest.wants(ip.proto, ip.tcp_flags) {
             return HookVerdict::Continue;
         }
         // Read from the frame, not the parse: after translation they are the rewritten ones.
         let (src, dst) = natrix_wire::ipv4::Packet::new_lax(&frame[ip.l3..]).map_or((ip.src, ip.dst), |p| (p.src_addr(), p.dst_addr()));
-        let info = FrameInfo { l3: ip.l3, l4: ip.l4, l4_len: ip.l4_len, proto: ip.proto, src, dst, tcp_flags: ip.tcp_flags, side };
-        for f in self.functions.iter_mut().filter(|f| f.point() == at && f.interest().wants(ip.proto, ip.tcp_flags)) {
-            if let HookVerdict::Drop(r) = f.on_frame(frame, &info) {
+        let info = FrameInfo { l3: ip.l3, l4: ip.l4, l4_len: ip.l4_len, proto: ip.proto, src, dst, tcp_flags: ip.tcp_flags, side, point: at, now_ns };
+        for f in self.functions.iter_mut().filter(|f| f.point().includes(at) && f.interest().wants(ip.proto, ip.tcp_flags)) {
+            let verdict = f.on_frame(frame, &info);
+            self.wake_ns = self.wake_ns.min(f.next_wake_ns());
+            if let HookVerdict::Drop(r) = verdict {
                 return HookVerdict::Drop(r);
             }
         }
         HookVerdict::Continue
     }
+}
+
+/// The IP protocol and TCP flags of an untagged Ethernet/IPv4 frame, read
+/// without checks beyond the lengths (a hint: the pipeline's parse judges).
+fn peek_ipv4(frame: &[u8]) -> Option<(u8, u8)> {
+    const L3: usize = natrix_wire::ethernet::HEADER_LEN;
+    if frame.get(12..14)? != [0x08, 0x00] {
+        return None;
+    }
+    let proto = *frame.get(L3 + 9)?;
+    let l4 = L3 + usize::from(frame.get(L3)? & 0x0f) * 4;
+    let flags = if proto == natrix_wire::proto::TCP { *frame.get(l4 + 13)? } else { 0 };
+    Some((proto, flags))
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ use crate::config::EngineConfig;
 use crate::drop::{DropCounters, DropReason};
 use crate::error::EngineError;
 use crate::nat44::{self, Nat44, MAX_BATCH};
+use crate::nptv6::Nptv6;
 use crate::pcp::{PcpHoldView, PcpServer, PcpStats};
 use crate::state::events::Event;
 use crate::Side;
@@ -65,6 +66,10 @@ pub struct Stats {
     pub peak_sessions: u64,
     pub peak_mappings: u64,
     pub peak_ports_in_use: u64,
+    /// Frames NPTv6 translated, by the side they arrived on.
+    pub nptv6_translated: [u64; 2],
+    /// The SYN accelerator's counters, when `[syn_accel]` is configured.
+    pub syn_accel: Option<crate::syn_accel::SynAccelStats>,
 }
 
 /// The frames' own counters; the translator's and the router's are added
@@ -82,6 +87,7 @@ pub struct Engine {
     router: Router,
     pcp: PcpServer,
     hooks: Hooks,
+    nptv6: Nptv6,
     counters: FrameCounters,
     now_ns: u64,
     now_s: u32,
@@ -92,7 +98,8 @@ impl Engine {
         Ok(Engine {
             router: Router::new(&cfg),
             pcp: PcpServer::new(cfg.pcp, cfg.inside_addr),
-            hooks: Hooks::default(),
+            hooks: crate::syn_accel::install(&cfg, Hooks::default())?,
+            nptv6: Nptv6::new(&cfg.nptv6)?,
             counters: FrameCounters::default(),
             now_ns: 0,
             now_s: 0,
@@ -102,7 +109,7 @@ impl Engine {
 
     /// Bytes an engine for `cfg` reserves when it is built, before any traffic.
     pub fn reserved_bytes(cfg: &EngineConfig) -> u64 {
-        Nat44::reserved_bytes(cfg)
+        Nat44::reserved_bytes(cfg) + crate::syn_accel::reserved_bytes(cfg)
     }
 
     /// Adds a middlebox function, run on the frames it declares an interest in.
@@ -117,6 +124,21 @@ impl Engine {
     /// NAPT44's state, for operators' views and reports.
     pub fn tables(&self) -> &crate::state::sessions::Tables {
         self.nat.tables()
+    }
+
+    /// SCTP's associations (seed 001), kept apart from NAPT's sessions.
+    pub fn associations(&self) -> &crate::state::associations::Associations {
+        self.nat.associations()
+    }
+
+    /// Sessions by protocol, SCTP's associations included.
+    pub fn sessions_by_proto(&self) -> [u32; crate::Proto::COUNT] {
+        self.nat.sessions_by_proto()
+    }
+
+    /// Mappings by protocol, SCTP's associations included.
+    pub fn mappings_by_proto(&self) -> [u32; crate::Proto::COUNT] {
+        self.nat.mappings_by_proto()
     }
 
     pub fn pool(&self) -> &crate::state::pool::Pool {
@@ -136,7 +158,7 @@ impl Engine {
         let c = &self.counters;
         let n = &self.nat.counters;
         let r = &self.router;
-        Stats {
+        let mut stats = Stats {
             received: c.received,
             forwarded: [c.forwarded[0] + r.released[0], c.forwarded[1] + r.released[1]],
             generated: r.generated,
@@ -147,7 +169,11 @@ impl Engine {
             peak_sessions: n.peak_sessions,
             peak_mappings: n.peak_mappings,
             peak_ports_in_use: n.peak_ports_in_use,
-        }
+            nptv6_translated: self.nptv6.translated,
+            syn_accel: None,
+        };
+        self.hooks.add_stats(&mut stats);
+        stats
     }
 
     pub fn events_lost(&self) -> u64 {
@@ -170,7 +196,7 @@ impl Engine {
 
     /// Bytes held by tables, allocator and subscriber state.
     pub fn memory_bytes(&self) -> usize {
-        self.nat.memory_bytes()
+        self.nat.memory_bytes() + self.hooks.memory_bytes()
     }
 
     /// Moves the clock: expires sessions, ends hold-downs, answers held SYNs
@@ -188,13 +214,17 @@ impl Engine {
         }
         let timed_out = self.nat.run_timers(&mut self.router);
         self.count_drops(DropReason::FragmentTimeout, timed_out);
+        self.hooks.tick(self.now_ns, &mut self.router);
     }
 
     /// Ends a run (the end of a capture): resolves every held SYN as if its
-    /// hold had passed and drops every fragment still waiting.
+    /// hold had passed, drops every fragment still waiting, and plays out
+    /// the middlebox functions' timers (the SYN accelerator's copies and
+    /// resets, at the times they fall due).
     pub fn finish(&mut self) {
         let dropped = self.nat.finish(&mut self.router);
         self.count_drops(DropReason::FragmentTimeout, dropped);
+        self.hooks.finish(&mut self.router);
     }
 
     /// Translates one frame in place.
@@ -206,7 +236,7 @@ impl Engine {
                 return self.decide(frame, side, &c);
             }
         }
-        self.full_path(frame, side)
+        self.nptv6_fast_or_full_path(frame, side)
     }
 
     /// `process` without the fast path: every frame takes the full path.
@@ -231,9 +261,12 @@ impl Engine {
         let screen = !self.hooks.is_empty();
         for (chunk, out) in frames.chunks_mut(MAX_BATCH).zip(verdicts.chunks_mut(MAX_BATCH)) {
             self.counters.received[side as usize] += chunk.len() as u64;
+            if screen {
+                self.hooks.prefetch_batch(chunk, side);
+            }
             if !translate {
                 for (f, v) in chunk.iter_mut().zip(out.iter_mut()) {
-                    *v = self.full_path(f.as_mut(), side);
+                    *v = self.nptv6_fast_or_full_path(f.as_mut(), side);
                 }
                 continue;
             }
@@ -244,10 +277,22 @@ impl Engine {
                 let frame = f.as_mut();
                 *v = match &candidates[i] {
                     Some(c) if !(screen && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide(frame, side, c),
-                    _ => self.full_path(frame, side),
+                    _ => self.nptv6_fast_or_full_path(frame, side),
                 };
             }
         }
+    }
+
+    /// NPTv6's fast path (`nptv6::fast`) for a plain IPv6 frame a binding
+    /// maps; the full path for every other frame.
+    #[inline(always)]
+    fn nptv6_fast_or_full_path(&mut self, frame: &mut [u8], side: Side) -> Verdict {
+        if !self.nptv6.fast_path(frame, side) {
+            return self.full_path(frame, side);
+        }
+        let out = side.other();
+        self.counters.forwarded[out as usize] += 1;
+        Verdict::Forward(out)
     }
 
     #[inline(always)]
@@ -313,9 +358,12 @@ impl Engine {
         }
     }
 
-    /// IPv6 is routed: no function translates it yet.
+    /// IPv6 is routed, its prefix translated where an NPTv6 binding claims
+    /// it. The hop limit is judged as the packet arrived, so a time exceeded
+    /// quotes it as its sender knows it.
     fn ipv6(&mut self, frame: &mut [u8], ip: &Ip6, side: Side) -> Result<Option<Side>, DropReason> {
         self.router.check_hop_limit(frame, ip.l3, ip.total, ip.hop_limit, side)?;
+        self.nptv6.translate(frame, ip, side)?;
         self.router.decrement_hop_limit(frame, ip.l3);
         Ok(Some(side.other()))
     }
@@ -324,7 +372,7 @@ impl Engine {
         if self.hooks.is_empty() {
             return Ok(());
         }
-        match self.hooks.run(at, frame, ip, side) {
+        match self.hooks.run(at, frame, ip, side, self.now_ns) {
             HookVerdict::Continue => Ok(()),
             HookVerdict::Drop(r) => Err(r),
         }
@@ -382,7 +430,10 @@ impl Engine {
 
     /// Applies a reloaded configuration (see `Nat44::reconfigure`).
     pub fn reconfigure(&mut self, new: EngineConfig) -> Result<(), EngineError> {
+        // Built before anything changes, so a refused reload leaves all as it was.
+        let bindings = Nptv6::new(&new.nptv6)?;
         self.nat.reconfigure(new)?;
+        self.nptv6.replace_table(bindings);
         self.router.reconfigure(self.nat.config());
         self.pcp.reconfigure(self.nat.config().pcp, self.nat.config().inside_addr);
         Ok(())

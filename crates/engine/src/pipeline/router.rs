@@ -191,6 +191,36 @@ impl Router {
         self.queue_generated(side, buf);
     }
 
+    /// `emit`, stamped `at_ns` rather than now: a frame a timer sends
+    /// carries the time it fell due (in replay, the capture's clock).
+    pub fn emit_at(&mut self, side: Side, at_ns: u64, build: impl FnOnce(&mut Vec<u8>, u16)) {
+        let ident = self.next_ident();
+        let mut buf = self.out.buffer();
+        build(&mut buf, ident);
+        self.out.push(side, at_ns, buf);
+        self.generated[side as usize] += 1;
+    }
+
+    /// Queues a byte copy of a frame natrix sent before (its IP
+    /// identification included), stamped `at_ns`.
+    pub fn copy_at(&mut self, side: Side, at_ns: u64, frame: &[u8]) {
+        let mut buf = self.out.buffer();
+        buf.extend_from_slice(frame);
+        self.out.push(side, at_ns, buf);
+        self.generated[side as usize] += 1;
+    }
+
+    /// `emit` for a frame that answers one natrix received (an SCTP ABORT-M
+    /// or ERROR-M): within the budget its ICMP errors share, and never to a
+    /// link-layer broadcast or multicast sender. False when not sent.
+    pub fn emit_answer(&mut self, side: Side, received: &[u8], build: impl FnOnce(&mut Vec<u8>, u16)) -> bool {
+        if received.first().is_none_or(|b| b & 1 != 0) || !self.spend_error_budget() {
+            return false;
+        }
+        self.emit(side, build);
+        true
+    }
+
     /// Queues a frame natrix held (a fragment that waited for its first
     /// fragment) and now forwards.
     pub fn release(&mut self, side: Side, frame: &[u8]) {

@@ -1,6 +1,6 @@
 //! External address pool and port allocation.
 //!
-//! Every (pool address, protocol) pair has a port space: a 65,536-bit map in
+//! Every (pool address, protocol with ports) pair has a port space: a 65,536-bit map in
 //! which ports outside the configured range are permanently taken. Port block
 //! allocation is a mode of the same allocator: a subscriber first owns a block
 //! of consecutive ports and then takes ports inside its blocks. Released ports
@@ -138,7 +138,7 @@ impl Pool {
     pub fn new(addrs: &[u32], ports: (u16, u16), block_size: u16, selection: PortSelection, parity: bool, hold_down_s: u32) -> Self {
         let (lo, hi) = ports;
         let blocks = if block_size == 0 { 0 } else { (usize::from(hi - lo) + 1) / usize::from(block_size) };
-        let spaces = (0..addrs.len() * Proto::COUNT).map(|_| PortSpace::new(lo, hi, blocks)).collect();
+        let spaces = (0..addrs.len() * Proto::WITH_PORTS).map(|_| PortSpace::new(lo, hi, blocks)).collect();
         let mut in_service: Vec<(u32, u32)> = addrs.iter().enumerate().map(|(i, &a)| (a, i as u32)).collect();
         in_service.sort_unstable();
         let mut pool = Pool { addrs: addrs.to_vec(), in_service, span: None, spaces, lo, hi, block_size, selection, parity, hold_down_s, holds: VecDeque::new(), ports_in_use: 0 };
@@ -166,7 +166,7 @@ impl Pool {
         let blocks = if self.block_size == 0 { 0 } else { (usize::from(self.hi - self.lo) + 1) / usize::from(self.block_size) };
         let index = self.addrs.len() as u32;
         self.addrs.push(addr);
-        self.spaces.extend((0..Proto::COUNT).map(|_| PortSpace::new(self.lo, self.hi, blocks)));
+        self.spaces.extend((0..Proto::WITH_PORTS).map(|_| PortSpace::new(self.lo, self.hi, blocks)));
         let at = self.in_service.partition_point(|&(a, _)| a < addr);
         self.in_service.insert(at, (addr, index));
         self.measure_span();
@@ -197,7 +197,7 @@ impl Pool {
     }
 
     pub fn total_ports(&self) -> u64 {
-        self.in_service.len() as u64 * Proto::COUNT as u64 * (u64::from(self.hi - self.lo) + 1)
+        self.in_service.len() as u64 * Proto::WITH_PORTS as u64 * (u64::from(self.hi - self.lo) + 1)
     }
 
     /// Ports held by mappings (or by blocks, in block mode).
@@ -215,11 +215,16 @@ impl Pool {
     }
 
     fn space(&mut self, addr_idx: u32, proto: Proto) -> &mut PortSpace {
-        &mut self.spaces[addr_idx as usize * Proto::COUNT + proto as usize]
+        debug_assert!((proto as usize) < Proto::WITH_PORTS, "{} allocates no ports", proto.name());
+        &mut self.spaces[addr_idx as usize * Proto::WITH_PORTS + proto as usize]
     }
 
     fn has_room(&self, addr_idx: usize, proto: Proto) -> bool {
-        let s = &self.spaces[addr_idx * Proto::COUNT + proto as usize];
+        if proto as usize >= Proto::WITH_PORTS {
+            // SCTP takes no port (seed 001): any address in service will do.
+            return true;
+        }
+        let s = &self.spaces[addr_idx * Proto::WITH_PORTS + proto as usize];
         if self.block_size == 0 {
             s.free > 0
         } else {
@@ -257,7 +262,7 @@ impl Pool {
     /// free on the address at `addr_idx`: what preserving that port reads.
     #[inline]
     pub fn prefetch_port(&self, addr_idx: u32, proto: Proto, port: u16) {
-        if let Some(s) = self.spaces.get(addr_idx as usize * Proto::COUNT + proto as usize) {
+        if let Some(s) = self.spaces.get(addr_idx as usize * Proto::WITH_PORTS + proto as usize) {
             prefetch(&s.used[usize::from(port) / 64]);
         }
     }
@@ -329,7 +334,7 @@ impl Pool {
         max_blocks: usize,
         rng: &mut Rng,
     ) -> Result<(u16, Option<BlockChange>), AllocError> {
-        let space_idx = addr_idx * Proto::COUNT as u32 + proto as u32;
+        let space_idx = addr_idx * Proto::WITH_PORTS as u32 + proto as u32;
         let parity = self.parity_of(proto, want);
         let preserve = self.preserves();
         for &(sp, b) in blocks.iter().filter(|(sp, _)| *sp == space_idx) {
@@ -370,7 +375,7 @@ impl Pool {
     /// RST, RFC 6888 REQ-5). In block mode the port is free again at once
     /// inside its block, and an emptied block is released instead.
     pub fn release(&mut self, addr_idx: u32, proto: Proto, port: u16, now_s: u32, immediate: bool, blocks: &mut Vec<(u32, u32)>) -> Option<BlockChange> {
-        let space_idx = addr_idx * Proto::COUNT as u32 + proto as u32;
+        let space_idx = addr_idx * Proto::WITH_PORTS as u32 + proto as u32;
         if self.block_size == 0 {
             if immediate || self.hold_down_s == 0 {
                 self.spaces[space_idx as usize].put_back(port);
@@ -420,7 +425,7 @@ impl Pool {
     /// Bytes the port maps of `addresses` pool addresses take, built at start.
     pub fn reserved_bytes(addresses: usize, (lo, hi): (u16, u16), block_size: u16) -> usize {
         let blocks = if block_size == 0 { 0 } else { (usize::from(hi - lo) + 1) / usize::from(block_size) };
-        addresses * Proto::COUNT * Self::space_bytes(blocks)
+        addresses * Proto::WITH_PORTS * Self::space_bytes(blocks)
     }
 
     /// One address and protocol: the port bitmap and, in block mode, each

@@ -832,7 +832,7 @@ impl Iterator for SessionsOf<'_> {
 mod tests {
     use super::*;
 
-    const TIMEOUTS: [u32; TimeoutClass::COUNT] = [120, 7440, 240, 60];
+    const TIMEOUTS: [u32; TimeoutClass::COUNT] = [120, 7440, 240, 60, 15, 300];
 
     fn mapping(int_port: u16, ext_port: u16) -> Mapping {
         Mapping { int_addr: 0x6440_000a, ext_addr: 0xcb00_7101, int_port, ext_port, proto: Proto::Udp, flags: 0 }
@@ -967,7 +967,7 @@ mod tests {
         let mut t = Tables::new(16, 0, 7, TIMEOUTS).unwrap();
         let m = t.insert_mapping(mapping(4000, 5000)).unwrap();
         let a = t.insert_session(m, 1, 1, 0, TimeoutClass::Udp, 0).unwrap();
-        t.set_timeouts([30, 7440, 240, 60]);
+        t.set_timeouts([30, 7440, 240, 60, 15, 300]);
         assert!(expire(&mut t, 30).is_empty());
         assert_eq!(expire(&mut t, 31), vec![a]);
     }

@@ -5,6 +5,7 @@
 //! tracker through `open` and `on_packet`, which dispatch by protocol.
 
 pub mod icmp;
+pub mod sctp;
 pub mod tcp;
 pub mod udp;
 
@@ -19,11 +20,16 @@ pub enum TimeoutClass {
     TcpEstablished = 1,
     TcpTransitory = 2,
     Icmp = 3,
+    SctpInit = 4,
+    Sctp = 5,
 }
 
 impl TimeoutClass {
-    pub const COUNT: usize = 4;
-    pub const ALL: [TimeoutClass; 4] = [Self::Udp, Self::TcpEstablished, Self::TcpTransitory, Self::Icmp];
+    pub const COUNT: usize = 6;
+    pub const ALL: [TimeoutClass; 6] = [Self::Udp, Self::TcpEstablished, Self::TcpTransitory, Self::Icmp, Self::SctpInit, Self::Sctp];
+    /// The classes of NAPT sessions (mappings' sessions); SCTP associations
+    /// are timed in their own table.
+    pub const NAPT: [TimeoutClass; 4] = [Self::Udp, Self::TcpEstablished, Self::TcpTransitory, Self::Icmp];
 }
 
 /// A timeout class as operators configure it.
@@ -39,7 +45,7 @@ pub struct TimeoutSpec {
 }
 
 /// Every timeout class, in `TimeoutClass` order.
-pub const TIMEOUTS: [TimeoutSpec; TimeoutClass::COUNT] = [udp::TIMEOUT, tcp::ESTABLISHED, tcp::TRANSITORY, icmp::TIMEOUT];
+pub const TIMEOUTS: [TimeoutSpec; TimeoutClass::COUNT] = [udp::TIMEOUT, tcp::ESTABLISHED, tcp::TRANSITORY, icmp::TIMEOUT, sctp::INIT, sctp::UP];
 
 /// Which way a packet crosses the NAT.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +62,7 @@ pub fn open(proto: Proto, dir: Direction, tcp_flags: u8) -> (u8, TimeoutClass) {
         Proto::Tcp => tcp::open(dir, tcp_flags),
         Proto::Udp => udp::open(),
         Proto::Icmp => icmp::open(),
+        Proto::Sctp => sctp::open(),
     }
 }
 
@@ -73,7 +80,8 @@ pub fn on_packet(proto: Proto, state: &mut u8, class: TimeoutClass, dir: Directi
     }
     match proto {
         Proto::Tcp => tcp::on_segment(state, dir, tcp_flags),
-        Proto::Udp | Proto::Icmp => class,
+        // SCTP's state changes come from its chunks, not from TCP flags.
+        Proto::Udp | Proto::Icmp | Proto::Sctp => class,
     }
 }
 

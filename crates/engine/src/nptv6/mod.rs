@@ -1,0 +1,85 @@
+//! NPTv6 (RFC 6296): stateless, checksum-neutral IPv6-to-IPv6 prefix
+//! translation, as a translator beside NAPT44 on the pipeline's IPv6 stage.
+//!
+//! - A packet arriving inside whose source lies in a binding's inside
+//!   prefix leaves with the outside prefix; one arriving outside whose
+//!   destination lies in a binding's outside prefix leaves with the inside
+//!   prefix. Everything else is routed as it came.
+//! - The rewrite keeps the address's one's-complement sum (the adjustment
+//!   word of `binding`), so no checksum is touched: TCP, UDP, ICMPv6 and
+//!   anything else whose checksum covers the pseudo-header stays valid, and
+//!   fragments, ESP and unknown protocols translate alike.
+//! - An ICMPv6 error carries the packet it is about, which travelled the
+//!   other way: its other address is mapped too (`icmp_error`), as Linux's
+//!   NPT targets do.
+//! - No state per flow or per packet: the table is built once from the
+//!   configuration (at start and on reload), each binding's adjustment
+//!   with it.
+
+pub mod binding;
+mod fast;
+mod icmp_error;
+
+pub use binding::{check_bindings, Binding, BindingProblem};
+
+use binding::{Direction, Mapping, Unmappable};
+
+use crate::drop::DropReason;
+use crate::error::EngineError;
+use crate::pipeline::frame::Ip6;
+use crate::Side;
+
+/// Offsets of the addresses within an IPv6 header.
+const SRC_AT: usize = 8;
+const DST_AT: usize = 24;
+
+/// The binding table, and what it has done.
+#[derive(Debug, Default)]
+pub(crate) struct Nptv6 {
+    mappings: Vec<Mapping>,
+    /// Frames whose addresses were translated, by the side they arrived on.
+    pub translated: [u64; 2],
+}
+
+impl Nptv6 {
+    /// Builds the table; refuses bindings that `check_bindings` refuses.
+    pub fn new(bindings: &[Binding]) -> Result<Nptv6, EngineError> {
+        check_bindings(bindings).map_err(|p| EngineError::Config { key: format!("nptv6[{}].{}", p.index, p.prefix), problem: p.problem })?;
+        Ok(Nptv6 { mappings: bindings.iter().map(Mapping::new).collect(), translated: [0; 2] })
+    }
+
+    /// A reload: `fresh`'s table replaces this one; the counters go on.
+    pub fn replace_table(&mut self, fresh: Nptv6) {
+        self.mappings = fresh.mappings;
+    }
+
+    /// Translates the IPv6 packet of `frame` in place if a binding claims
+    /// it: its source when it arrived inside, its destination when outside.
+    pub fn translate(&mut self, frame: &mut [u8], ip: &Ip6, arrived: Side) -> Result<(), DropReason> {
+        if self.mappings.is_empty() {
+            return Ok(());
+        }
+        let (dir, at) = match arrived {
+            Side::Inside => (Direction::Outbound, ip.l3 + SRC_AT),
+            Side::Outside => (Direction::Inbound, ip.l3 + DST_AT),
+        };
+        let mapped = self.map_in_place(frame, at, dir)?;
+        let quoted = icmp_error::map_quoted(self, frame, ip, dir)?;
+        if mapped || quoted {
+            self.translated[arrived as usize] += 1;
+        }
+        Ok(())
+    }
+
+    /// Maps the address at `frame[at..at + 16]` if a binding covers it in
+    /// `dir`; true when one did.
+    #[inline(always)]
+    fn map_in_place(&self, frame: &mut [u8], at: usize, dir: Direction) -> Result<bool, DropReason> {
+        let field: &mut [u8; 16] = (&mut frame[at..at + 16]).try_into().expect("16 bytes");
+        let addr = u128::from_be_bytes(*field);
+        let Some(m) = self.mappings.iter().find(|m| m.covers(addr, dir)) else { return Ok(false) };
+        let mapped = m.map(addr, dir).map_err(|Unmappable| DropReason::Nptv6Unmappable)?;
+        *field = mapped.to_be_bytes();
+        Ok(true)
+    }
+}

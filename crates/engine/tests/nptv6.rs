@@ -1,0 +1,276 @@
+//! NPTv6 (RFC 6296) through the engine: frames built and checked with
+//! etherparse, not natrix's wire code.
+//!
+//! - RFC 6296 section 3.6's example, both ways, checksum untouched.
+//! - Property: for any binding and host, the frame leaves with the outside
+//!   prefix, its transport checksum the same bytes and still valid, and
+//!   the reply comes back to the original address.
+//! - Differential: NPTv6's fast path decides exactly as the full path, over
+//!   intact and damaged frames (`process` against `process_full`, and
+//!   `process_batch` against both).
+//! - A reload replaces the table; a refused one leaves it.
+
+use std::net::Ipv6Addr;
+
+use etherparse::{IcmpEchoHeader, Icmpv6Type, PacketBuilder, SlicedPacket, TransportSlice};
+use natrix_engine::nptv6::Binding;
+use natrix_engine::{DropReason, Engine, EngineConfig, Side, Verdict};
+use proptest::prelude::*;
+
+const NS: u64 = 1_000_000_000;
+const SERVER: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, 0x20);
+
+fn a(s: &str) -> Ipv6Addr {
+    s.parse().unwrap()
+}
+
+fn rfc_binding() -> Binding {
+    Binding { inside: a("fd01:203:405::"), outside: a("2001:db8:1::"), prefix_len: 48 }
+}
+
+fn engine(bindings: Vec<Binding>, translate: bool) -> Engine {
+    let pool = if translate { vec![u32::from_be_bytes([203, 0, 113, 1])] } else { Vec::new() };
+    Engine::new(EngineConfig { translate, pool, nptv6: bindings, ..EngineConfig::default() }).unwrap()
+}
+
+fn udp6(src: Ipv6Addr, dst: Ipv6Addr, hop_limit: u8, payload: &[u8]) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv6(src.octets(), dst.octets(), hop_limit).udp(40000, 53);
+    let mut f = Vec::with_capacity(b.size(payload.len()));
+    b.write(&mut f, payload).unwrap();
+    f
+}
+
+fn tcp6(src: Ipv6Addr, dst: Ipv6Addr, hop_limit: u8) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv6(src.octets(), dst.octets(), hop_limit).tcp(40001, 443, 1000, 65535).syn();
+    let mut f = Vec::with_capacity(b.size(0));
+    b.write(&mut f, &[]).unwrap();
+    f
+}
+
+fn echo6(src: Ipv6Addr, dst: Ipv6Addr, hop_limit: u8) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv6(src.octets(), dst.octets(), hop_limit)
+        .icmpv6(Icmpv6Type::EchoRequest(IcmpEchoHeader { id: 7, seq: 1 }));
+    let mut f = Vec::with_capacity(b.size(4));
+    b.write(&mut f, b"ping").unwrap();
+    f
+}
+
+/// An ICMPv6 destination unreachable from `src` to `dst` quoting `quoted`
+/// (an Ethernet frame; its IPv6 packet is quoted).
+fn unreachable6(src: Ipv6Addr, dst: Ipv6Addr, quoted: &[u8]) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv6(src.octets(), dst.octets(), 64)
+        .icmpv6(Icmpv6Type::DestinationUnreachable(etherparse::icmpv6::DestUnreachableCode::Port));
+    let mut f = Vec::with_capacity(b.size(quoted.len() - 14));
+    b.write(&mut f, &quoted[14..]).unwrap();
+    f
+}
+
+fn addrs(frame: &[u8]) -> (Ipv6Addr, Ipv6Addr, u8) {
+    let s = SlicedPacket::from_ethernet(frame).unwrap();
+    let Some(etherparse::NetSlice::Ipv6(ip)) = s.net else { panic!("not IPv6") };
+    let h = ip.header();
+    (h.source_addr(), h.destination_addr(), h.hop_limit())
+}
+
+/// The addresses of the packet an ICMPv6 error quotes (after Ethernet 14,
+/// IPv6 40 and the ICMPv6 header 8).
+fn quoted_addrs(frame: &[u8]) -> (Ipv6Addr, Ipv6Addr) {
+    let h = etherparse::Ipv6HeaderSlice::from_slice(&frame[62..]).unwrap();
+    (h.source_addr(), h.destination_addr())
+}
+
+fn prefix48(addr: Ipv6Addr) -> u128 {
+    u128::from(addr) >> 80
+}
+
+/// The transport checksum field, and whether it verifies (etherparse).
+fn transport_checksum(frame: &[u8]) -> (u16, bool) {
+    let s = SlicedPacket::from_ethernet(frame).unwrap();
+    let Some(etherparse::NetSlice::Ipv6(ip)) = &s.net else { panic!("not IPv6") };
+    let h = ip.header().to_header();
+    match s.transport.unwrap() {
+        TransportSlice::Udp(u) => (u.checksum(), u.to_header().calc_checksum_ipv6(&h, u.payload()).unwrap() == u.checksum()),
+        TransportSlice::Tcp(t) => (t.checksum(), t.to_header().calc_checksum_ipv6(&h, t.payload()).unwrap() == t.checksum()),
+        TransportSlice::Icmpv6(i) => (i.checksum(), i.icmp_type().calc_checksum(h.source, h.destination, i.payload()).unwrap() == i.checksum()),
+        other => panic!("unexpected transport {other:?}"),
+    }
+}
+
+#[test]
+fn the_rfc_example_both_ways_with_the_checksum_untouched() {
+    let mut e = engine(vec![rfc_binding()], false);
+    let mut out = udp6(a("fd01:203:405:1::1234"), SERVER, 64, b"rfc 6296");
+    let sent = transport_checksum(&out);
+    assert_eq!(e.process(&mut out, Side::Inside, NS), Verdict::Forward(Side::Outside));
+    assert_eq!(addrs(&out), (a("2001:db8:1:d550::1234"), SERVER, 63));
+    assert_eq!(transport_checksum(&out), (sent.0, true), "the checksum is the same bytes and still verifies");
+    let mut back = udp6(SERVER, a("2001:db8:1:d550::1234"), 64, b"reply");
+    assert_eq!(e.process(&mut back, Side::Outside, NS), Verdict::Forward(Side::Inside));
+    assert_eq!(addrs(&back), (SERVER, a("fd01:203:405:1::1234"), 63));
+    assert!(transport_checksum(&back).1);
+    assert_eq!(e.stats().nptv6_translated, [1, 1]);
+}
+
+#[test]
+fn unmappable_addresses_are_dropped_and_counted_both_ways() {
+    let mut e = engine(vec![rfc_binding()], true);
+    let mut out = udp6(a("fd01:203:405:ffff::1"), SERVER, 64, b"x");
+    assert_eq!(e.process(&mut out, Side::Inside, NS), Verdict::Drop(DropReason::Nptv6Unmappable));
+    let mut back = udp6(SERVER, a("2001:db8:1:ffff::1"), 64, b"x");
+    assert_eq!(e.process_full(&mut back, Side::Outside, NS), Verdict::Drop(DropReason::Nptv6Unmappable));
+    assert_eq!(e.stats().drops.get(DropReason::Nptv6Unmappable), 2);
+}
+
+#[test]
+fn icmpv6_errors_map_the_quoted_packet_the_other_way() {
+    let mut e = engine(vec![rfc_binding()], false);
+    let host = a("fd01:203:405:1::1234");
+    let external = a("2001:db8:1:d550::1234");
+    // An outside router's error about a packet the host sent (as it left natrix).
+    let about = udp6(external, SERVER, 3, b"probe");
+    let mut err = unreachable6(a("2001:db8:ff::1"), external, &about);
+    assert_eq!(e.process(&mut err, Side::Outside, NS), Verdict::Forward(Side::Inside));
+    assert_eq!(addrs(&err).1, host);
+    assert!(transport_checksum(&err).1, "the ICMPv6 checksum still verifies");
+    assert_eq!(quoted_addrs(&err).0, host, "the quoted source is the host's own address");
+    // The host's error about a packet it was sent.
+    let about = udp6(SERVER, host, 60, b"to host");
+    let mut err = unreachable6(host, SERVER, &about);
+    assert_eq!(e.process(&mut err, Side::Inside, NS), Verdict::Forward(Side::Outside));
+    assert_eq!(addrs(&err).0, external);
+    assert!(transport_checksum(&err).1);
+    assert_eq!(quoted_addrs(&err).1, external, "the quoted destination is the host's external address");
+}
+
+#[test]
+fn a_reload_replaces_the_table_and_a_refused_one_keeps_it() {
+    let mut e = engine(vec![rfc_binding()], false);
+    let other = Binding { inside: a("fd01:203:405::"), outside: a("2001:db8:9::"), prefix_len: 48 };
+    e.reconfigure(EngineConfig { translate: false, nptv6: vec![other], ..EngineConfig::default() }).unwrap();
+    let mut f = udp6(a("fd01:203:405:1::1234"), SERVER, 64, b"x");
+    e.process(&mut f, Side::Inside, NS);
+    assert_eq!(prefix48(addrs(&f).0), prefix48(a("2001:db8:9::")));
+    let bad = Binding { inside: a("fd01::"), outside: a("2001:db8::"), prefix_len: 80 };
+    assert!(e.reconfigure(EngineConfig { translate: false, nptv6: vec![bad], ..EngineConfig::default() }).is_err());
+    let mut f = udp6(a("fd01:203:405:1::1234"), SERVER, 64, b"x");
+    e.process(&mut f, Side::Inside, NS);
+    assert_eq!(prefix48(addrs(&f).0), prefix48(a("2001:db8:9::")), "the refused reload left the table");
+}
+
+fn mask(len: u8) -> u128 {
+    u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
+}
+
+fn any_binding() -> impl Strategy<Value = Binding> {
+    (1u8..=64, any::<u128>(), any::<u128>(), any::<bool>()).prop_filter_map("distinct prefixes", |(len, i, o, ula)| {
+        let inside = if ula { 0xfd << 120 | i >> 8 } else { i } & mask(len);
+        let b = Binding { inside: Ipv6Addr::from(inside), outside: Ipv6Addr::from(o & mask(len)), prefix_len: len };
+        natrix_engine::nptv6::check_bindings(&[b]).is_ok().then_some(b)
+    })
+}
+
+fn host_in(b: &Binding, host: u128) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(b.inside) | host & !mask(b.prefix_len))
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Udp,
+    Tcp,
+    Echo,
+}
+
+fn frame_of(kind: Kind, src: Ipv6Addr, dst: Ipv6Addr, hop_limit: u8) -> Vec<u8> {
+    match kind {
+        Kind::Udp => udp6(src, dst, hop_limit, b"payload"),
+        Kind::Tcp => tcp6(src, dst, hop_limit),
+        Kind::Echo => echo6(src, dst, hop_limit),
+    }
+}
+
+fn kind() -> impl Strategy<Value = Kind> {
+    prop_oneof![Just(Kind::Udp), Just(Kind::Tcp), Just(Kind::Echo)]
+}
+
+/// The RFC's mapping on `u128`s, written from section 3 apart from the
+/// engine's: prefix replaced, the sum difference added to the chosen word.
+fn reference_map(b: &Binding, addr: Ipv6Addr) -> Option<Ipv6Addr> {
+    let add = |x: u32, y: u32| {
+        let s = x + y;
+        (s & 0xffff) + (s >> 16)
+    };
+    let sum = |p: Ipv6Addr| p.segments().iter().fold(0u32, |acc, &w| add(acc, u32::from(w)));
+    let adj = add(sum(b.inside), !sum(b.outside) & 0xffff);
+    let mut w = (u128::from(addr) & !mask(b.prefix_len) | u128::from(b.outside)).to_be_bytes();
+    let word = if b.prefix_len <= 48 { (addr.segments()[3] != 0xffff).then_some(3) } else { (4..8).find(|&i| addr.segments()[i] != 0xffff) }?;
+    let v = match add(u32::from(u16::from_be_bytes([w[2 * word], w[2 * word + 1]])), adj) {
+        0xffff => 0,
+        v => v as u16,
+    };
+    w[2 * word..2 * word + 2].copy_from_slice(&v.to_be_bytes());
+    Some(Ipv6Addr::from(w))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// For any binding and any host under it: out with the outside prefix
+    /// as section 3 computes it, the transport checksum the same bytes and
+    /// valid, and the reply back at the host's own address.
+    #[test]
+    fn out_and_back_checksum_neutral(b in any_binding(), host in any::<u128>(), k in kind(), translate in any::<bool>()) {
+        let mut e = engine(vec![b], translate);
+        let src = host_in(&b, host);
+        let mut out = frame_of(k, src, SERVER, 64);
+        let sent = transport_checksum(&out);
+        let v = e.process(&mut out, Side::Inside, NS);
+        let Some(external) = reference_map(&b, src) else {
+            prop_assert_eq!(v, Verdict::Drop(DropReason::Nptv6Unmappable));
+            return Ok(());
+        };
+        prop_assert_eq!(v, Verdict::Forward(Side::Outside));
+        prop_assert_eq!(addrs(&out), (external, SERVER, 63));
+        prop_assert_eq!(transport_checksum(&out), (sent.0, true));
+        let mut back = frame_of(k, SERVER, external, 64);
+        prop_assert_eq!(e.process(&mut back, Side::Outside, NS), Verdict::Forward(Side::Inside));
+        prop_assert_eq!(addrs(&back), (SERVER, src, 63));
+        prop_assert!(transport_checksum(&back).1);
+    }
+
+    /// NPTv6's fast path and the full path agree on every frame: intact,
+    /// or with a byte of its Ethernet or IPv6 header changed, or cut short;
+    /// one frame at a time and in a batch.
+    #[test]
+    fn fast_path_equals_full_path(b in any_binding(), host in any::<u128>(), k in kind(), inbound in any::<bool>(),
+                                  damage in proptest::option::of((0usize..62, any::<u8>())), cut in proptest::option::of(0usize..62)) {
+        let src = host_in(&b, host);
+        let (mut frame, side) = match (inbound, reference_map(&b, src)) {
+            (true, Some(external)) => (frame_of(k, SERVER, external, 64), Side::Outside),
+            _ => (frame_of(k, src, SERVER, 64), Side::Inside),
+        };
+        if let Some((at, v)) = damage {
+            let at = at % frame.len();
+            frame[at] = v;
+        }
+        if let Some(len) = cut {
+            frame.truncate(len);
+        }
+        let (mut fast, mut full, mut batch) = (engine(vec![b], false), engine(vec![b], false), engine(vec![b], false));
+        let (mut f1, mut f2) = (frame.clone(), frame.clone());
+        let mut batch_frames = vec![frame.clone(), frame];
+        let v1 = fast.process(&mut f1, side, NS);
+        let v2 = full.process_full(&mut f2, side, NS);
+        let mut vs = [Verdict::Held; 2];
+        batch.process_batch(&mut batch_frames, side, NS, &mut vs);
+        prop_assert_eq!(v1, v2);
+        prop_assert_eq!(&f1, &f2);
+        prop_assert_eq!(vs, [v1, v1]);
+        prop_assert_eq!(&batch_frames[0], &f1);
+        let (s1, s2) = (fast.stats(), full.stats());
+        prop_assert_eq!(s1.forwarded, s2.forwarded);
+        prop_assert_eq!(s1.drops.total(), s2.drops.total());
+        prop_assert_eq!(s1.nptv6_translated, s2.nptv6_translated);
+    }
+}

@@ -1,0 +1,181 @@
+//! The SYN accelerator through the engine (seed 003, CONTRACTS.md "SYN
+//! accelerator"), judged by etherparse: the schedule of copies, the copies
+//! byte for byte the SYN natrix forwarded, absorbed retransmissions, the
+//! reset's fields, answers ending tracking, the batch path, router mode,
+//! and established traffic left to the fast path.
+
+mod common;
+
+use common::*;
+use natrix_engine::syn_accel::{Deadline, Interval, SynAccelConfig};
+use natrix_engine::{DropReason, Engine, EngineConfig, Side, Verdict};
+
+const SUB: [u8; 4] = [100, 64, 0, 10];
+const SERVER: [u8; 4] = [198, 51, 100, 7];
+const OTHER: [u8; 4] = [192, 0, 2, 9];
+const MS: u64 = 1_000_000;
+const T0: u64 = 1_000 * SEC;
+const ISN: u32 = 2_835_748_628;
+
+fn accelerated(mut cfg: EngineConfig, interval: Interval, deadline: Deadline) -> Engine {
+    cfg.syn_accel = Some(SynAccelConfig {
+        destinations: vec![natrix_engine::config::Exemption { network: u32_of(SERVER), prefix_len: 32, ports: (5060, 5061) }],
+        interval,
+        attempts: 4,
+        deadline,
+    });
+    engine(cfg)
+}
+
+fn defaults(cfg: EngineConfig) -> Engine {
+    accelerated(cfg, Interval::Fixed { ns: 500 * MS }, Deadline::Fixed { ns: 2_000 * MS })
+}
+
+fn syn(port: u16, isn: u32) -> Vec<u8> {
+    tcp_frame(Side::Inside, SUB, 40000, SERVER, port, 64, TcpKind::Syn, isn, 0, b"")
+}
+
+/// Runs the clock through `until` in 1 ms steps, collecting what the engine sends.
+fn tick(e: &mut Engine, from: u64, until: u64) -> Vec<(Side, u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut now = from;
+    while now <= until {
+        e.advance(now);
+        out.extend(outputs(e));
+        now += MS;
+    }
+    out
+}
+
+#[test]
+fn an_unanswered_syn_is_sent_again_at_the_interval_and_the_caller_reset_at_the_deadline() {
+    let mut e = defaults(config());
+    let mut first = syn(5060, ISN);
+    assert_eq!(run(&mut e, &mut first, Side::Inside, T0), Verdict::Forward(Side::Outside));
+    // The caller's own retransmission (Linux: 1 s later) is absorbed.
+    let mut again = syn(5060, ISN);
+    let mut out = tick(&mut e, T0, T0 + 999 * MS);
+    assert_eq!(run(&mut e, &mut again, Side::Inside, T0 + SEC), Verdict::Drop(DropReason::SynAbsorbed));
+    out.extend(tick(&mut e, T0 + SEC, T0 + 3 * SEC));
+    let copies: Vec<_> = out.iter().filter(|o| o.0 == Side::Outside).collect();
+    assert_eq!(copies.iter().map(|c| c.1).collect::<Vec<_>>(), [T0 + 500 * MS, T0 + 1_000 * MS, T0 + 1_500 * MS], "4 SYNs in all, the caller's first included");
+    for c in &copies {
+        assert_eq!(c.2, first, "a copy is the SYN as natrix forwarded it, byte for byte");
+    }
+    let resets: Vec<_> = out.iter().filter(|o| o.0 == Side::Inside).collect();
+    assert_eq!(resets.len(), 1);
+    assert_eq!(resets[0].1, T0 + 2 * SEC, "stamped with the deadline");
+    let rst = must_decode(&resets[0].2);
+    assert_eq!((rst.src(), rst.dst()), (SERVER, SUB));
+    let t = rst.tcp();
+    assert_eq!((t.source_port, t.destination_port), (5060, 40000));
+    assert!(t.rst && t.ack && !t.syn && !t.fin && !t.psh);
+    assert_eq!((t.sequence_number, t.acknowledgment_number, t.window_size), (0, ISN + 1, 0));
+    assert!(t.options.is_empty() && rst.payload.is_empty());
+    assert_eq!((rst.eth.source, rst.eth.destination), (MAC_NAT_IN, MAC_SUB));
+    let s = e.stats();
+    let a = s.syn_accel.clone().unwrap();
+    assert_eq!((a.syns, a.retransmits, a.answered, a.resets, a.pending), (1, 3, 0, 1, 0));
+    assert_eq!(s.drops.get(DropReason::SynAbsorbed), 1);
+    assert_eq!(s.generated, [1, 3]);
+}
+
+#[test]
+fn a_syn_ack_ends_tracking_passes_through_and_is_timed() {
+    let mut e = defaults(config());
+    let mut first = syn(5061, ISN);
+    assert_eq!(run(&mut e, &mut first, Side::Inside, T0), Verdict::Forward(Side::Outside));
+    let out = must_decode(&first);
+    let mut answer = tcp_frame(Side::Outside, SERVER, 5061, out.src(), out.tcp().source_port, 64, TcpKind::SynAck, 77, ISN + 1, b"");
+    let mut sent = tick(&mut e, T0, T0 + 600 * MS);
+    assert_eq!(run(&mut e, &mut answer, Side::Outside, T0 + 600 * MS), Verdict::Forward(Side::Inside));
+    let back = must_decode(&answer);
+    assert_eq!((back.dst(), back.tcp().destination_port), (SUB, 40000));
+    sent.extend(tick(&mut e, T0 + 600 * MS, T0 + 3 * SEC));
+    assert_eq!(sent.len(), 1, "one copy at 0.5 s, nothing after the answer: {sent:?}");
+    let a = e.stats().syn_accel.unwrap();
+    assert_eq!((a.syns, a.retransmits, a.answered, a.resets), (1, 1, 1, 0));
+    assert_eq!(a.handshake.count, 1);
+    assert_eq!(a.handshake.sum_ns, 600 * MS);
+    assert!(a.learned.is_empty(), "Karn: a copy went out, the answer may be to either");
+}
+
+#[test]
+fn established_traffic_and_other_destinations_are_untouched() {
+    let mut plain = engine(config());
+    let mut accel = defaults(config());
+    let frames = [
+        (Side::Inside, syn(80, 5)),
+        (Side::Inside, tcp_frame(Side::Inside, SUB, 40000, OTHER, 5060, 64, TcpKind::Syn, 6, 0, b"")),
+        (Side::Inside, tcp_frame(Side::Inside, SUB, 40000, SERVER, 80, 64, TcpKind::Ack, 6, 1, b"payload")),
+    ];
+    for (side, f) in &frames {
+        let (mut a, mut b) = (f.clone(), f.clone());
+        assert_eq!(run(&mut plain, &mut a, *side, T0), run(&mut accel, &mut b, *side, T0));
+        assert_eq!(a, b);
+    }
+    assert!(tick(&mut accel, T0, T0 + 3 * SEC).is_empty());
+    assert_eq!(accel.stats().syn_accel.unwrap().syns, 0);
+}
+
+#[test]
+fn the_batch_path_decides_as_the_frame_path() {
+    let mut one = defaults(config());
+    let mut batched = defaults(config());
+    // Eight callers' ports, to both accelerated ports.
+    let frames: Vec<Vec<u8>> = (0..8u32).map(|i| tcp_frame(Side::Inside, SUB, 41000 + i as u16, SERVER, 5060 + (i % 2) as u16, 64, TcpKind::Syn, ISN + i, 0, b"")).collect();
+    let mut singles = Vec::new();
+    for f in &frames {
+        let mut f = f.clone();
+        singles.push((run(&mut one, &mut f, Side::Inside, T0), f));
+    }
+    let mut fs = frames.clone();
+    let mut verdicts = vec![Verdict::Held; fs.len()];
+    batched.process_batch(&mut fs, Side::Inside, T0, &mut verdicts);
+    assert_eq!(verdicts.into_iter().zip(fs).collect::<Vec<_>>(), singles);
+    assert_eq!(tick(&mut one, T0, T0 + 3 * SEC), tick(&mut batched, T0, T0 + 3 * SEC));
+    assert_eq!(one.stats().syn_accel.unwrap().resets, 8);
+}
+
+#[test]
+fn router_mode_accelerates_untranslated() {
+    let cfg = EngineConfig { translate: false, ..config() };
+    let mut e = defaults(cfg);
+    let mut first = syn(5060, ISN);
+    assert_eq!(run(&mut e, &mut first, Side::Inside, T0), Verdict::Forward(Side::Outside));
+    assert_eq!(must_decode(&first).src(), SUB, "not translated");
+    let out = tick(&mut e, T0, T0 + 3 * SEC);
+    assert_eq!(out.iter().filter(|o| o.0 == Side::Outside && o.2 == first).count(), 3);
+    assert_eq!(out.iter().filter(|o| o.0 == Side::Inside).count(), 1);
+}
+
+#[test]
+fn with_rtt_the_interval_is_one_and_a_half_learned_handshakes() {
+    let mut e = accelerated(config(), Interval::Learned, Deadline::AttemptsTimesInterval);
+    // A first connection answered in 100 ms, before any copy: learned.
+    let mut first = syn(5060, ISN);
+    run(&mut e, &mut first, Side::Inside, T0);
+    let o = must_decode(&first);
+    let mut answer = tcp_frame(Side::Outside, SERVER, 5060, o.src(), o.tcp().source_port, 64, TcpKind::SynAck, 1, ISN + 1, b"");
+    assert_eq!(run(&mut e, &mut answer, Side::Outside, T0 + 100 * MS), Verdict::Forward(Side::Inside));
+    let learned = e.stats().syn_accel.unwrap().learned;
+    assert_eq!((learned.len(), learned[0].destination, learned[0].handshake_ns), (1, u32_of(SERVER), 100 * MS));
+    // The next attempt: copies every 150 ms, the reset at 4 x 150 ms.
+    let t1 = T0 + SEC;
+    let mut next = tcp_frame(Side::Inside, SUB, 40001, SERVER, 5060, 64, TcpKind::Syn, 99, 0, b"");
+    run(&mut e, &mut next, Side::Inside, t1);
+    let out = tick(&mut e, t1, t1 + SEC);
+    let times: Vec<u64> = out.iter().map(|o| o.1 - t1).collect();
+    assert_eq!(times, [150 * MS, 300 * MS, 450 * MS, 600 * MS]);
+}
+
+#[test]
+fn the_end_of_a_run_plays_out_pending_attempts() {
+    let mut e = defaults(config());
+    let mut first = syn(5060, ISN);
+    run(&mut e, &mut first, Side::Inside, T0);
+    e.finish();
+    let out = outputs(&mut e);
+    let times: Vec<(Side, u64)> = out.iter().map(|o| (o.0, o.1 - T0)).collect();
+    assert_eq!(times, [(Side::Outside, 500 * MS), (Side::Outside, 1_000 * MS), (Side::Outside, 1_500 * MS), (Side::Inside, 2_000 * MS)]);
+}
