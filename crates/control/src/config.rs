@@ -11,10 +11,14 @@ use std::path::{Path, PathBuf};
 
 use natrix_engine::config::{Addr6, Exemption, Filtering, PortSelection, StaticMapping, UnsolicitedSyn};
 use natrix_engine::deterministic::{Deterministic, DeterministicConfig};
+use natrix_engine::nptv6::Binding as Nptv6Binding;
 use natrix_engine::{EngineConfig, Proto};
 use toml::{Table, Value};
 
 use crate::duration;
+
+mod sctp;
+mod syn_accel;
 
 /// More pool addresses than this is a typo (a /8 where a /28 was meant).
 const MAX_POOL_ADDRESSES: u64 = 1 << 16;
@@ -155,6 +159,7 @@ impl Config {
             engine.max_held_fragment_bytes = s.integer("max_held_bytes", 0, 1 << 30)?.unwrap_or(engine.max_held_fragment_bytes);
             s.finish()?;
         }
+        engine.sctp = sctp::parse(&mut root, &engine)?;
         let logging = parse_logging(&mut root, &mut engine, &mut warnings)?;
         if let Some(mut s) = root.section("pcp")? {
             engine.pcp = parse_pcp(&mut s)?;
@@ -163,10 +168,12 @@ impl Config {
             }
             s.finish()?;
         }
+        engine.nptv6 = parse_nptv6(&mut root)?;
         if let Some(mut s) = root.section("management")? {
             live.management_listen = s.parsed("listen", |t| t.parse::<std::net::SocketAddr>().map(|_| t.to_owned()).map_err(|_| format!("\"{t}\" is not ADDRESS:PORT")))?;
             s.finish()?;
         }
+        engine.syn_accel = syn_accel::parse(&mut root, &mut warnings)?;
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
@@ -312,6 +319,8 @@ const ROUTER_KEYS: &[(&str, &[&str])] = &[
     ("fragments", &[]),
     // Which NAT records to log (`unit`) is translation's; where to, not.
     ("logging", &["json", "ipfix", "syslog"]),
+    // SCTP associations are translation's.
+    ("sctp", &[]),
 ];
 
 /// Whether `[nat] mode = "off"` refuses key `key` of `section`.
@@ -479,14 +488,20 @@ fn parse_exempt(s: &mut Section) -> Result<Vec<Exemption>, ConfigError> {
     for (i, v) in s.array("exempt")?.into_iter().flatten().enumerate() {
         let key = format!("nat.exempt[{i}]");
         let Some(t) = v.as_str() else { return err(key, "expected a string like \"192.0.2.0/24\" or \"198.51.100.53/32:53\"") };
-        let (prefix, ports) = match t.split_once(':') {
-            Some((p, r)) => (p, parse_port_range(r).or_else(|m| err(&key, m))?),
-            None => (t, (0, u16::MAX)),
-        };
-        let (network, prefix_len) = parse_prefix(prefix).or_else(|m| err(&key, m))?;
-        out.push(Exemption { network, prefix_len, ports });
+        out.push(parse_destination(t).or_else(|m| err(&key, m))?);
     }
     Ok(out)
+}
+
+/// "prefix[:port[-port]]": a destination prefix and its ports (all ports
+/// when none are given), as `[nat] exempt` and `[syn_accel] destinations` write it.
+fn parse_destination(t: &str) -> Result<Exemption, String> {
+    let (prefix, ports) = match t.split_once(':') {
+        Some((p, r)) => (p, parse_port_range(r)?),
+        None => (t, (0, u16::MAX)),
+    };
+    let (network, prefix_len) = parse_prefix(prefix)?;
+    Ok(Exemption { network, prefix_len, ports })
 }
 
 fn parse_statics(s: &mut Section) -> Result<Vec<StaticMapping>, ConfigError> {
@@ -556,6 +571,38 @@ fn parse_logging(root: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<St
     }
     s.finish()?;
     Ok(logging)
+}
+
+/// `[[nptv6]]`: RFC 6296 bindings, each an inside and an outside prefix of
+/// one length. Allowed in every `[nat] mode`, "off" included: NPTv6
+/// translates IPv6, and the mode is about IPv4.
+fn parse_nptv6(root: &mut Section) -> Result<Vec<Nptv6Binding>, ConfigError> {
+    let mut bindings = Vec::new();
+    for (i, v) in root.array("nptv6")?.into_iter().flatten().enumerate() {
+        let key = format!("nptv6[{i}]");
+        let Some(t) = v.as_table() else { return err(key, "expected a table: [[nptv6]] with inside and outside") };
+        let mut s = Section::new(&key, t);
+        let inside = s.parsed("inside", parse_prefix6)?;
+        let outside = s.parsed("outside", parse_prefix6)?;
+        s.finish()?;
+        let (Some((inside, len)), Some((outside, outside_len))) = (inside, outside) else {
+            return err(key, "needs inside and outside, e.g. inside = \"fd01:203:405::/48\", outside = \"2001:db8:1::/48\"");
+        };
+        if outside_len != len {
+            return err(format!("{key}.outside"), format!("/{outside_len} differs from the inside prefix's /{len}: RFC 6296 maps prefixes of equal length"));
+        }
+        bindings.push(Nptv6Binding { inside, outside, prefix_len: len });
+    }
+    natrix_engine::nptv6::check_bindings(&bindings).or_else(|p| err(format!("nptv6[{}].{}", p.index, p.prefix), p.problem))?;
+    Ok(bindings)
+}
+
+/// "ADDRESS/LENGTH" of an IPv6 prefix; which lengths and host bits a
+/// binding accepts is `check_bindings`' to say.
+fn parse_prefix6(t: &str) -> Result<(Ipv6Addr, u8), String> {
+    let (a, len) = t.split_once('/').ok_or_else(|| format!("\"{t}\": expected PREFIX/LENGTH, e.g. \"2001:db8:1::/48\""))?;
+    let len = len.parse::<u8>().ok().filter(|&l| l <= 128).ok_or_else(|| format!("\"{t}\": prefix length must be 0-128"))?;
+    Ok((parse_ipv6(a)?, len))
 }
 
 /// An IPFIX collector: ADDRESS:PORT (IPv6 as [ADDRESS]:PORT).
@@ -783,7 +830,7 @@ impl<'a> Section<'a> {
 /// Every key the parser reads, by section ("" is the top level); a test
 /// holds this list to the parser. Used only to explain unknown keys.
 const KNOWN_KEYS: &[(&str, &[&str])] = &[
-    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll"]),
+    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll", "nptv6", "syn_accel", "sctp"]),
     ("inside", &["interface", "address", "address6"]),
     ("outside", &["interface", "address", "gateway", "address6", "gateway6"]),
     (
@@ -814,13 +861,16 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "ports_per_subscriber",
         ],
     ),
-    ("nat.max_ports_per_protocol", &["tcp", "udp", "icmp"]),
+    ("nat.max_ports_per_protocol", &["tcp", "udp", "icmp", "sctp"]),
     ("nat.static", &["proto", "inside", "outside"]),
-    ("timeouts", &["udp", "tcp_established", "tcp_transitory", "icmp", "fragment", "syn_hold"]),
+    ("timeouts", &["udp", "tcp_established", "tcp_transitory", "icmp", "sctp_init", "sctp", "fragment", "syn_hold"]),
     ("fragments", &["max_held", "max_held_bytes"]),
     ("logging", &["unit", "json", "ipfix", "syslog"]),
     ("pcp", &["enabled", "max_lifetime"]),
     ("management", &["listen"]),
+    ("syn_accel", &["destinations", "interval", "attempts", "deadline"]),
+    ("nptv6", &["inside", "outside"]),
+    ("sctp", &["max_chunks", "max_params", "track_global_addresses", "reply_ootb", "max_associations"]),
 ];
 
 /// "unknown key", and what the operator most likely meant: the key's home
@@ -832,7 +882,7 @@ fn unknown_key_problem(section: &str, key: &str) -> String {
     if let Some(near) = here.iter().filter(|k| edit_distance(k, key) <= 2.min(k.len() / 3)).min_by_key(|k| edit_distance(k, key)) {
         return format!("unknown key; did you mean `{near}`?");
     }
-    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management"];
+    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "syn_accel", "sctp"];
     if let Some((home, _)) = KNOWN_KEYS.iter().find(|(s, keys)| *s != section && top_level.contains(s) && keys.contains(&key)) {
         return match *home {
             "" => format!("unknown key here: `{key}` is a top-level key (put it above the first [section])"),
@@ -928,6 +978,7 @@ mod tests {
                     "nat" => format!("{base}{key} = [[1]]\n"),
                     "nat.max_ports_per_protocol" => format!("{base}max_ports_per_protocol = {{ {key} = [[1]] }}\n"),
                     "nat.static" => format!("{base}static = [{{ {key} = [[1]] }}]\n"),
+                    "nptv6" => format!("{base}[[nptv6]]\n{key} = [[1]]\n"),
                     s => format!("{base}[{s}]\n{key} = [[1]]\n"),
                 };
                 let e = parse(&text).unwrap_err();
@@ -1139,5 +1190,30 @@ mod tests {
         assert_eq!((e.key.as_str(), e.problem.as_str()), ("nat.banana", "unknown key"), "an unknown key is unknown, not translation's");
         let e = parse(&format!("{off}[pcp]\nenabled = true\n")).unwrap_err();
         assert_eq!((e.key.as_str(), e.problem.as_str()), ("pcp.enabled", NEEDS_TRANSLATION));
+    }
+
+    #[test]
+    fn nptv6_bindings_parse_in_every_mode_and_bad_ones_name_the_key() {
+        let bindings = "[[nptv6]]\ninside = \"fd01:203:405::/48\"\noutside = \"2001:db8:1::/48\"\n\
+                        [[nptv6]]\ninside = \"fd02:0:0:7::/64\"\noutside = \"2001:db8:2:7::/64\"\n";
+        for nat in ["[nat]\npool = [\"203.0.113.0/28\"]\n", "[nat]\nmode = \"off\"\n"] {
+            let c = parse(&format!("{nat}{bindings}")).unwrap();
+            assert_eq!(c.engine.nptv6.len(), 2);
+            assert_eq!(c.engine.nptv6[0], Nptv6Binding { inside: "fd01:203:405::".parse().unwrap(), outside: "2001:db8:1::".parse().unwrap(), prefix_len: 48 });
+            assert_eq!(c.engine.nptv6[1].prefix_len, 64);
+        }
+        let base = "[nat]\nmode = \"off\"\n[[nptv6]]\n";
+        let problem = |binding: &str| parse(&format!("{base}{binding}")).unwrap_err().to_string();
+        let p = problem("inside = \"fd01:203:405::/48\"\noutside = \"2001:db8:1::/56\"\n");
+        assert!(p.starts_with("nptv6[0].outside:") && p.contains("equal length"), "{p}");
+        let p = problem("inside = \"fd01:203:405:1::/72\"\noutside = \"2001:db8:1:1::/72\"\n");
+        assert!(p.starts_with("nptv6[0].inside:") && p.contains("1-64"), "{p}");
+        let p = problem("inside = \"fd01:203:405:1::/48\"\noutside = \"2001:db8:1::/48\"\n");
+        assert!(p.starts_with("nptv6[0].inside:") && p.contains("host bits"), "{p}");
+        let p = problem("inside = \"fd01:203:405::/48\"\noutside = \"2001:db8:1::/48\"\n[[nptv6]]\ninside = \"fd01:203::/32\"\noutside = \"2001:db9::/32\"\n");
+        assert!(p.starts_with("nptv6[1].inside:") && p.contains("overlaps nptv6[0].inside"), "{p}");
+        assert!(problem("inside = \"fd01:203:405::/48\"\n").starts_with("nptv6[0]: needs inside and outside"));
+        assert!(problem("inside = \"fd01:203:405::\"\noutside = \"2001:db8:1::/48\"\n").starts_with("nptv6[0].inside:"));
+        assert!(problem("inside = \"fd01:203:405::/48\"\noutside = \"2001:db8:1::/48\"\nlength = 48\n").starts_with("nptv6[0].length: unknown key"));
     }
 }

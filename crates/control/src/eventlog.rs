@@ -59,7 +59,7 @@ impl EventLog {
 
     /// Writes the event if the configured unit records it.
     pub fn write(&mut self, e: &Event) -> io::Result<()> {
-        if !records(self.unit, e.kind) {
+        if !records_event(self.unit, e) {
             return Ok(());
         }
         let mut line = serde_json::to_vec(&line_for(e)).map_err(io::Error::other)?;
@@ -91,6 +91,13 @@ pub fn records(unit: LogUnit, kind: EventKind) -> bool {
         BlockAllocated | BlockReleased => unit == LogUnit::Block,
         AddressesExhausted | PortsExhausted | QuotaExceeded => true,
     }
+}
+
+/// Whether the configured unit records event `e`. SCTP associations hold no
+/// port block (their ports are never translated), so their mapping records
+/// are kept in block mode too: without them `whois` could not answer.
+pub fn records_event(unit: LogUnit, e: &Event) -> bool {
+    records(unit, e.kind) || (e.proto == natrix_engine::Proto::Sctp && matches!(e.kind, EventKind::MappingCreated | EventKind::MappingDeleted))
 }
 
 /// Bytes of the event's JSON line, newline included: the replay report's

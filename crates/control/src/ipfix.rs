@@ -24,7 +24,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use natrix_engine::{Event, EventKind};
 
 use crate::config::LogUnit;
-use crate::eventlog::records;
+use crate::eventlog::records_event;
 
 /// IPFIX information element numbers (IANA registry).
 pub mod ie {
@@ -333,7 +333,7 @@ impl IpfixExporter {
     /// Queues the event's record if the unit records it; sends the message
     /// being built first when the record does not fit in it.
     pub fn write(&mut self, e: &Event) {
-        if !records(self.unit, e.kind) {
+        if !records_event(self.unit, e) {
             return;
         }
         self.latest_event_s = self.latest_event_s.max((e.time_ns / 1_000_000_000) as u32);
@@ -423,6 +423,7 @@ impl IpfixExporter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::eventlog::records;
     use natrix_engine::Proto;
     use std::collections::HashMap;
     use std::time::Duration;

@@ -10,6 +10,7 @@ pub mod ipfix;
 pub mod metrics;
 pub mod report;
 pub mod sinks;
+pub mod synaccel_metrics;
 pub mod syslog;
 
 pub use config::{Config, ConfigError, IoBackend, LiveConfig, LogUnit, LoggingConfig};

@@ -137,6 +137,9 @@ fn sum(workers: &[WorkerSnapshot], f: impl Fn(&WorkerSnapshot) -> u64) -> u64 {
 pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, log: (u64, u64), format: Format) -> String {
     let mut registry = Registry::with_prefix("natrix");
     registry.register_collector(Box::new(families(workers, io, log)));
+    if let Some(syn_accel) = crate::synaccel_metrics::collector(workers) {
+        registry.register_collector(Box::new(syn_accel));
+    }
     let mut out = String::with_capacity(16 * 1024);
     let encoded = match format {
         Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry),
@@ -158,6 +161,8 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o.per_side("rx_refused_total", "Frames refused on receive: a partial checksum left by a sender's offload, or a VLAN tag.", io.rx_refused);
     o.per_side("translated_packets_total", "Frames the NAT forwarded, by the interface they left on.", [0, 1].map(|i| sum(workers, |w| w.stats.forwarded[i])));
     o.per_side("generated_packets_total", "Frames natrix generated (ICMP errors), by the interface they left on.", [0, 1].map(|i| sum(workers, |w| w.stats.generated[i])));
+    let nptv6 = [0, 1].map(|i| sum(workers, |w| w.stats.nptv6_translated[i]));
+    o.per_side("nptv6_translated_packets_total", "IPv6 frames NPTv6 (RFC 6296) translated, by the interface they arrived on.", nptv6);
     let f = o.family("drops_total", true, "Frames the NAT dropped, by reason.");
     for &r in DropReason::ALL {
         f.sample(&[("reason", r.name().to_owned())], Value::Int(sum(workers, |w| w.stats.drops.get(r))));
@@ -220,7 +225,7 @@ mod tests {
     fn sample_text(format: Format) -> String {
         let mut w = WorkerSnapshot::default();
         w.stats.drops.count(DropReason::NoMapping);
-        w.sessions_by_proto = [3, 2, 1];
+        w.sessions_by_proto = [3, 2, 1, 4];
         w.busy_ns = 1_500_000_000;
         render(&[w.clone(), w], &IoSnapshot::default(), (5, 7), format)
     }
@@ -320,6 +325,7 @@ mod tests {
             "rx_kernel_dropped_total",
             "translated_packets_total",
             "generated_packets_total",
+            "nptv6_translated_packets_total",
         ] {
             assert_eq!(labels(name), set(&["interface"]), "{name}");
         }

@@ -28,6 +28,20 @@ pub struct Report {
     pub log_export: BTreeMap<&'static str, SinkUse>,
     /// Where the input capture ended inside a record, if it did.
     pub input_truncated: Option<Truncation>,
+    /// The SYN accelerator's counters, when `[syn_accel]` is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syn_accel: Option<SynAccelUse>,
+}
+
+/// What the SYN accelerator did: first SYNs tracked, copies sent, attempts
+/// the server answered, resets sent to callers, first SYNs left untracked.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct SynAccelUse {
+    pub syns: u64,
+    pub retransmits: u64,
+    pub answered: u64,
+    pub resets: u64,
+    pub untracked: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
@@ -144,6 +158,7 @@ impl ReportBuilder {
             log_volume: self.volume.build(st.sessions_created, engine.tables().session_count() as u64),
             log_export: BTreeMap::new(),
             input_truncated: None,
+            syn_accel: st.syn_accel.as_ref().map(|a| SynAccelUse { syns: a.syns, retransmits: a.retransmits, answered: a.answered, resets: a.resets, untracked: a.untracked }),
         }
     }
 }
@@ -300,6 +315,8 @@ impl VolumeBuilder {
             v.bytes += crate::eventlog::line_len(e);
         };
         match e.kind {
+            // An SCTP association holds no port block: its record is written in every unit.
+            EventKind::MappingCreated | EventKind::MappingDeleted if e.proto == Proto::Sctp => add(&mut self.always),
             EventKind::MappingCreated => {
                 add(&mut self.mapping);
                 self.sims.iter_mut().for_each(|s| s.on_create(e));

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use natrix_engine::Event;
 
 use crate::config::{LogUnit, LoggingConfig};
-use crate::eventlog::{records, EventLog};
+use crate::eventlog::{records_event, EventLog};
 use crate::ipfix::{Clock, IpfixExporter, LossCounter, SinkStats};
 use crate::syslog::{SyslogSender, SyslogTarget};
 
@@ -88,7 +88,7 @@ impl LogSinks {
         if let Some((_, s)) = &mut self.syslog {
             s.write(e);
         }
-        let is_record = records(self.unit, e.kind);
+        let is_record = records_event(self.unit, e);
         if self.failed > 0 && is_record {
             self.lost.fetch_add(self.failed, Ordering::Relaxed);
         }

@@ -23,7 +23,7 @@ use std::sync::atomic::Ordering;
 use natrix_engine::{Event, EventKind};
 
 use crate::config::LogUnit;
-use crate::eventlog::records;
+use crate::eventlog::records_event;
 use crate::eventlog::rfc3339;
 use crate::ipfix::{LossCounter, SinkStats};
 
@@ -182,7 +182,7 @@ impl SyslogSender {
     }
 
     pub fn write(&mut self, e: &Event) {
-        if !records(self.unit, e.kind) {
+        if !records_event(self.unit, e) {
             return;
         }
         let msg = format(e, &self.hostname, self.procid);

@@ -3,15 +3,19 @@
 //! external port the frame is for (for ICMP errors, the port in the quoted
 //! header; for echo replies, the identifier). Non-first fragments carry no
 //! port: they follow the worker their first fragment went to, remembered
-//! here by (source, destination, identification, protocol).
+//! here by (source, destination, identification, protocol). Inbound SCTP
+//! has no port natrix chose: it goes by tag (`sctp`).
 //!
 //! Without translation (`[nat] mode = "off"`) and for IPv6, natrix routes
 //! and owns no per-port state: a frame goes to the worker of the inside
 //! host's address, its source outbound and its destination inbound, so
 //! both directions of a flow meet on one worker.
 
+mod sctp;
+
 use std::net::Ipv6Addr;
 
+use natrix_engine::nat44::sctp::SctpConfig;
 use natrix_engine::shard::{worker_of_subscriber, Owners};
 use natrix_engine::{Proto, Side};
 use natrix_wire::{ethernet, icmp, ipv4, ipv6, proto, udp};
@@ -23,6 +27,8 @@ pub struct Steering {
     /// False in router mode: IPv4 is steered like IPv6, by address.
     translate: bool,
     fragments: Box<[(u64, u16)]>,
+    /// Inbound SCTP goes by tag to the worker that opened the association.
+    sctp: sctp::SctpOwners,
 }
 
 /// A frame's network header, as far as steering reads it.
@@ -33,7 +39,29 @@ enum Network<'a> {
 
 impl Steering {
     pub fn new(owners: Owners, translate: bool) -> Steering {
-        Steering { owners, translate, fragments: vec![(u64::MAX, 0); FRAGMENT_SLOTS].into_boxed_slice() }
+        let sctp = sctp::SctpOwners::new(&SctpConfig { max_associations: 0, ..SctpConfig::default() }, 1);
+        Steering { owners, translate, fragments: vec![(u64::MAX, 0); FRAGMENT_SLOTS].into_boxed_slice(), sctp }
+    }
+
+    /// Steers SCTP by tag for the associations `cfg` allows on each worker;
+    /// one worker needs no steering.
+    pub fn with_sctp(mut self, cfg: &SctpConfig) -> Steering {
+        if self.owners.count() > 1 {
+            self.sctp = sctp::SctpOwners::new(cfg, self.owners.count());
+        }
+        self
+    }
+
+    /// Learns from a frame worker `worker` sends out which SCTP tags it owns.
+    pub fn learn_sent(&mut self, worker: u16, frame: &[u8]) {
+        if self.owners.count() <= 1 {
+            return;
+        }
+        if let Some(Network::V4(ip)) = network(frame) {
+            if ip.protocol() == proto::SCTP && ip.frag_offset() == 0 {
+                self.sctp.learn_sent(worker, ip.src_addr(), ip.payload());
+            }
+        }
     }
 
     pub fn workers(&self) -> u16 {
@@ -68,7 +96,11 @@ impl Steering {
             let (k, w) = self.fragments[slot];
             return if k == key { w } else { (key % u64::from(self.owners.count())) as u16 };
         }
-        let w = self.owner_of_transport(ip.protocol(), ip.dst_addr(), ip.payload());
+        let w = match ip.protocol() {
+            proto::SCTP if self.owners.count() <= 1 => 0,
+            proto::SCTP => self.sctp.steer_inbound(ip.dst_addr(), ip.payload()),
+            p => self.owner_of_transport(p, ip.dst_addr(), ip.payload()),
+        };
         if ip.more_frags() {
             self.fragments[slot] = (key, w);
         }
@@ -76,7 +108,7 @@ impl Steering {
     }
 
     /// The owner of the external address `dst` and the port (or ICMP
-    /// identifier) in `l4`. TCP, UDP and SCTP all begin with the two ports,
+    /// identifier) in `l4`. TCP and UDP both begin with the two ports,
     /// which the lax 8-byte view reads.
     fn owner_of_transport(&self, protocol: u8, dst: u32, l4: &[u8]) -> u16 {
         match protocol {

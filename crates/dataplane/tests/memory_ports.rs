@@ -434,3 +434,69 @@ fn without_translation_ipv4_is_routed_and_both_directions_meet_on_one_worker() {
     }
     assert!(per_worker.iter().all(|r| r[0] > 0), "eight hosts use both workers: {per_worker:?}");
 }
+
+/// An SCTP packet (RFC 9260) with one chunk of `chunk_type`, `flags` and
+/// `value`: the IPv4 header by etherparse, the SCTP bytes by hand. Its
+/// CRC32c is left 0: natrix neither checks nor recomputes it (seed 001).
+fn sctp(src_mac: [u8; 6], dst_mac: [u8; 6], src: Endpoint, dst: Endpoint, tag: u32, (chunk_type, flags, value): (u8, u8, &[u8])) -> Vec<u8> {
+    let mut l4 = [&src.1.to_be_bytes()[..], &dst.1.to_be_bytes(), &tag.to_be_bytes(), &[0; 4], &[chunk_type, flags], &(4 + value.len() as u16).to_be_bytes(), value].concat();
+    l4.resize(l4.len().next_multiple_of(4), 0);
+    let ip = etherparse::Ipv4Header::new(l4.len() as u16, 64, etherparse::IpNumber(132), src.0, dst.0).unwrap();
+    let mut f = [&dst_mac[..], &src_mac, &[0x08, 0x00]].concat();
+    ip.write(&mut f).unwrap();
+    f.extend_from_slice(&l4);
+    f
+}
+
+fn is_sctp(f: &[u8]) -> bool {
+    f.len() > 34 && f[12..14] == [0x08, 0x00] && f[23] == 132
+}
+
+/// (source, destination, verification tag, chunk type) of an SCTP frame.
+fn parse_sctp(f: &[u8]) -> ([u8; 4], [u8; 4], u32, u8) {
+    let at = 14 + usize::from(f[14] & 0xf) * 4;
+    (f[26..30].try_into().unwrap(), f[30..34].try_into().unwrap(), u32::from_be_bytes(f[at + 4..at + 8].try_into().unwrap()), f[at + 12])
+}
+
+/// An INIT or INIT-ACK chunk's value with Initiate Tag `tag`.
+fn init_value(tag: u32) -> Vec<u8> {
+    [&tag.to_be_bytes()[..], &[0, 1, 0, 0, 0, 10, 0, 10, 0, 0, 0, 1]].concat()
+}
+
+/// Inbound SCTP names no port natrix chose, only tags the endpoints chose:
+/// with three workers, subscribers on one port towards one server get their
+/// INIT-ACKs (by the tag their INIT named) and the server's ABORTs with the
+/// T bit (by the tag its INIT-ACK named) through the worker that opened the
+/// association.
+#[test]
+fn inbound_sctp_is_steered_by_tag_to_the_worker_that_opened_the_association() {
+    const SUBSCRIBERS: u8 = 12;
+    let net = Net::start(3);
+    net.outside.inject(&arp(NAT_OUT, 2, (GW_MAC, GATEWAY), (NAT_OUT, OUTSIDE)));
+    let mut externals = Vec::new();
+    for n in 10..10 + SUBSCRIBERS {
+        greet(&net, n);
+        let (sub, mac) = subscriber(n);
+        net.inside.inject(&sctp(mac, NAT_IN, (sub, 5000), (REMOTE, 38412), 0, (1, 0, &init_value(0x1000 + u32::from(n)))));
+        let out = net.outside.wait_for(WAIT, is_sctp).expect("the INIT, translated");
+        let (ext, dst, tag, chunk) = parse_sctp(&out);
+        assert_eq!((dst, tag, chunk), (REMOTE, 0, 1));
+        externals.push((n, ext));
+    }
+    for &(n, ext) in &externals {
+        net.outside.inject(&sctp(GW_MAC, NAT_OUT, (REMOTE, 38412), (ext, 5000), 0x1000 + u32::from(n), (2, 0, &init_value(0x2000 + u32::from(n)))));
+        let back = net.inside.wait_for(WAIT, is_sctp).expect("the INIT-ACK");
+        assert_eq!(parse_sctp(&back), (REMOTE, subscriber(n).0, 0x1000 + u32::from(n), 2), "subscriber {n}");
+    }
+    for &(n, ext) in &externals {
+        net.outside.inject(&sctp(GW_MAC, NAT_OUT, (REMOTE, 38412), (ext, 5000), 0x2000 + u32::from(n), (6, 1, &[])));
+        let back = net.inside.wait_for(WAIT, is_sctp).expect("the ABORT with the T bit");
+        assert_eq!(parse_sctp(&back), (REMOTE, subscriber(n).0, 0x2000 + u32::from(n), 6), "subscriber {n}");
+    }
+    let w = net.wait_workers(|w| w.iter().map(|s| s.stats.received[1]).sum::<u64>() == 2 * u64::from(SUBSCRIBERS));
+    let per_worker: Vec<[u64; 2]> = w.iter().map(|s| s.stats.received).collect();
+    for r in &per_worker {
+        assert_eq!(2 * r[0], r[1], "each worker got the two answers to each of its INITs: {per_worker:?}");
+    }
+    assert!(per_worker.iter().filter(|r| r[0] > 0).count() >= 2, "subscribers spread over the workers: {per_worker:?}");
+}

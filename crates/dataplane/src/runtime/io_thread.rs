@@ -81,11 +81,14 @@ impl IoThread {
         let mut n = 0;
         let IoThread { links, lanes, steering, pool, .. } = self;
         let Lanes { to_workers, from_workers, .. } = lanes;
-        for from in from_workers.iter_mut() {
+        for (worker, from) in from_workers.iter_mut().enumerate() {
             // Each worker gets the same budget, so one backlog cannot starve the others.
             let mut budget = BATCH;
             while budget > 0
                 && from.pop(|side, frame| {
+                    if side == Side::Outside {
+                        steering.learn_sent(worker as u16, frame);
+                    }
                     if side == Side::Outside && is_to_pool(frame, pool) {
                         let w = steering.hairpin_owner(frame).map(usize::from);
                         match w {

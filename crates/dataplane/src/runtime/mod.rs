@@ -131,8 +131,8 @@ impl From<IoError> for DataplaneError {
 #[derive(Debug, Clone, Default)]
 pub struct WorkerSnapshot {
     pub stats: Stats,
-    pub sessions_by_proto: [u32; 3],
-    pub mappings_by_proto: [u32; 3],
+    pub sessions_by_proto: [u32; natrix_engine::Proto::COUNT],
+    pub mappings_by_proto: [u32; natrix_engine::Proto::COUNT],
     pub subscribers: u64,
     pub ports_in_use: u64,
     pub total_ports: u64,
@@ -278,7 +278,7 @@ impl Dataplane {
         }
         let (commands, rx) = mpsc::channel();
         self.io.commands = commands;
-        let steering = Steering::new(Owners::for_config(cfg, count), cfg.translate);
+        let steering = Steering::new(Owners::for_config(cfg, count), cfg.translate).with_sctp(&cfg.sctp);
         let mut pool = cfg.pool.clone();
         pool.sort_unstable();
         let stop = self.stop.clone();

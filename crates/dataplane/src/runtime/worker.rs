@@ -109,8 +109,8 @@ impl EngineWorker {
         }
         WorkerSnapshot {
             stats: e.stats().clone(),
-            sessions_by_proto: e.tables().sessions_by_proto(),
-            mappings_by_proto: e.tables().mappings_by_proto(),
+            sessions_by_proto: e.sessions_by_proto(),
+            mappings_by_proto: e.mappings_by_proto(),
             subscribers: e.subscribers().len() as u64,
             ports_in_use: e.pool().ports_in_use(),
             total_ports: e.pool().total_ports(),

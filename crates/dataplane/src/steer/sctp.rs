@@ -1,0 +1,170 @@
+//! Steering SCTP by tag. An association lives on the worker of its
+//! subscriber, like everything a subscriber holds, so outbound SCTP is
+//! steered by source address as other protocols are. Inbound SCTP names no
+//! subscriber and no port natrix chose: only the tags, which the endpoints
+//! chose. So the I/O thread keeps an owner table keyed by (external address,
+//! internal port, remote port, tag), learned from the frames it carries:
+//!
+//! - an INIT a worker sends out names the internal host's tag, which every
+//!   packet from the remote carries: that worker owns it;
+//! - an ASCONF with the VTags parameter a worker sends out (an association
+//!   opened again, draft-ietf-tsvwg-natsupp) names both tags;
+//! - an INIT-ACK coming in, steered by the first tag, names the remote's
+//!   own tag (what ABORT and SHUTDOWN-COMPLETE with the T bit carry): the
+//!   same worker owns it.
+//!
+//! The table is set-associative and bounded (two keys per association of
+//! `[sctp] max_associations`, per worker); a key it lost or never learned
+//! sends the frame to worker 0, which drops it as out of the blue if the
+//! association is another's. Entries are overwritten, never removed: a
+//! stale one only steers packets that match no association anyway.
+
+use natrix_engine::nat44::sctp::SctpConfig;
+use natrix_wire::sctp::{chunk, Asconf, Init, Packet};
+
+const WAYS: usize = 4;
+
+#[derive(Clone, Copy, Default)]
+struct Entry {
+    /// 0: free (a key is never 0).
+    key: u64,
+    worker: u16,
+}
+
+pub(super) struct SctpOwners {
+    sets: Box<[[Entry; WAYS]]>,
+    /// Which way of a full set the next key replaces, round robin.
+    victim: usize,
+    max_chunks: usize,
+    max_params: usize,
+}
+
+/// What steering reads of an SCTP packet.
+struct Header {
+    src_port: u16,
+    dst_port: u16,
+    tag: u32,
+}
+
+impl SctpOwners {
+    /// A table for `cfg.max_associations` associations on each of `workers`.
+    pub(super) fn new(cfg: &SctpConfig, workers: u16) -> SctpOwners {
+        let keys = 2 * u64::from(cfg.max_associations) * u64::from(workers.max(1));
+        let sets = (keys.div_ceil(WAYS as u64)).next_power_of_two().clamp(1, 1 << 22) as usize;
+        SctpOwners { sets: vec![[Entry::default(); WAYS]; sets].into_boxed_slice(), victim: 0, max_chunks: cfg.max_chunks as usize, max_params: cfg.max_params as usize }
+    }
+
+    fn key(ext: u32, int_port: u16, rem_port: u16, tag: u32) -> u64 {
+        let a = (u64::from(ext) << 32 | u64::from(tag)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let b = (u64::from(int_port) << 16 | u64::from(rem_port)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        (a ^ b.rotate_left(29)) | 1
+    }
+
+    fn set(&self, key: u64) -> usize {
+        (key >> 40) as usize & (self.sets.len() - 1)
+    }
+
+    fn owner(&self, key: u64) -> Option<u16> {
+        self.sets[self.set(key)].iter().find(|e| e.key == key).map(|e| e.worker)
+    }
+
+    fn learn(&mut self, key: u64, worker: u16) {
+        let s = self.set(key);
+        let set = &mut self.sets[s];
+        let way = match set.iter().position(|e| e.key == key || e.key == 0) {
+            Some(w) => w,
+            None => {
+                self.victim = (self.victim + 1) % WAYS;
+                self.victim
+            }
+        };
+        set[way] = Entry { key, worker };
+    }
+
+    /// The worker of an SCTP packet to external address `dst`; an INIT-ACK
+    /// teaches the remote's tag to the same worker.
+    pub(super) fn steer_inbound(&mut self, dst: u32, l4: &[u8]) -> u16 {
+        let Some(h) = header(l4) else { return 0 };
+        let w = self.owner(Self::key(dst, h.dst_port, h.src_port, h.tag)).unwrap_or(0);
+        if let Some(rem_tag) = self.first_init_tag(l4, chunk::INIT_ACK) {
+            self.learn(Self::key(dst, h.dst_port, h.src_port, rem_tag), w);
+        }
+        w
+    }
+
+    /// Learns from an SCTP packet worker `w` sends out from external
+    /// address `src`: its INIT's tag, or its ASCONF's VTags.
+    pub(super) fn learn_sent(&mut self, w: u16, src: u32, l4: &[u8]) {
+        let Some(h) = header(l4) else { return };
+        if let Some(int_tag) = self.first_init_tag(l4, chunk::INIT) {
+            self.learn(Self::key(src, h.src_port, h.dst_port, int_tag), w);
+        } else if let Some((int_tag, rem_tag)) = self.vtags(l4) {
+            self.learn(Self::key(src, h.src_port, h.dst_port, int_tag), w);
+            self.learn(Self::key(src, h.src_port, h.dst_port, rem_tag), w);
+        }
+    }
+
+    /// The Initiate Tag of a packet whose first chunk is of type `t` (INIT
+    /// or INIT-ACK); a chunk cut short (a first fragment) needs only its tag.
+    fn first_init_tag(&self, l4: &[u8], t: u8) -> Option<u32> {
+        let c = l4.get(12..)?;
+        if c.first() != Some(&t) {
+            return None;
+        }
+        let tag = Init::new_checked(c).map_or_else(|_| c.get(4..8).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])), |i| Some(i.initiate_tag()))?;
+        (tag != 0).then_some(tag)
+    }
+
+    /// The VTags of an ASCONF among the chunks and parameters the engine
+    /// examines too.
+    fn vtags(&self, l4: &[u8]) -> Option<(u32, u32)> {
+        let p = Packet::new_checked(l4).ok()?;
+        let c = p.chunks(self.max_chunks).map_while(Result::ok).find(|c| c.chunk_type == chunk::ASCONF)?;
+        let a = Asconf::new_checked(c.bytes).ok()?;
+        a.params(self.max_params).map_while(Result::ok).find_map(|p| p.vtags())
+    }
+}
+
+fn header(l4: &[u8]) -> Option<Header> {
+    let p = Packet::new_checked(l4).ok()?;
+    Some(Header { src_port: p.src_port(), dst_port: p.dst_port(), tag: p.verification_tag() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXT: u32 = 0xcb00_7101;
+
+    fn packet(tag: u32, sport: u16, dport: u16, chunk_type: u8, init_tag: u32) -> Vec<u8> {
+        let mut p = vec![0u8; 12 + 20];
+        p[0..2].copy_from_slice(&sport.to_be_bytes());
+        p[2..4].copy_from_slice(&dport.to_be_bytes());
+        p[4..8].copy_from_slice(&tag.to_be_bytes());
+        p[12] = chunk_type;
+        p[14..16].copy_from_slice(&20u16.to_be_bytes());
+        p[16..20].copy_from_slice(&init_tag.to_be_bytes());
+        p
+    }
+
+    #[test]
+    fn both_tags_of_an_association_reach_the_worker_that_sent_its_init() {
+        let mut o = SctpOwners::new(&SctpConfig::default(), 4);
+        o.learn_sent(3, EXT, &packet(0, 5000, 38412, chunk::INIT, 0x1111));
+        assert_eq!(o.steer_inbound(EXT, &packet(0x1111, 38412, 5000, chunk::INIT_ACK, 0x2222)), 3);
+        assert_eq!(o.steer_inbound(EXT, &packet(0x2222, 38412, 5000, chunk::ABORT, 0)), 3, "the T bit's tag, learned from the INIT-ACK");
+        assert_eq!(o.steer_inbound(EXT, &packet(0x1111, 38412, 5001, chunk::DATA, 0)), 0, "another port: unknown");
+        assert_eq!(o.steer_inbound(EXT, &[0; 8]), 0);
+    }
+
+    #[test]
+    fn a_full_set_forgets_one_key_and_keeps_the_rest() {
+        let cfg = SctpConfig { max_associations: 1, ..SctpConfig::default() };
+        let mut o = SctpOwners::new(&cfg, 1);
+        for tag in 1..=5u32 {
+            o.learn(SctpOwners::key(EXT, 1, 2, tag), tag as u16);
+        }
+        let known = (1..=5u32).filter(|&t| o.owner(SctpOwners::key(EXT, 1, 2, t)) == Some(t as u16)).count();
+        assert_eq!(known, WAYS);
+    }
+}
