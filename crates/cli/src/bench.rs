@@ -18,8 +18,15 @@ use serde::Serialize;
 
 use crate::Failure;
 
+mod nptv6;
+mod sctp;
+mod syn_accel;
+
 #[derive(clap::Args)]
 pub struct Args {
+    /// What to measure: NAPT44 (new and established flows) or NPTv6 (stateless IPv6 prefix translation).
+    #[arg(long, value_enum, default_value_t = Mode::Nat44)]
+    mode: Mode,
     /// Flows in total (default: 1K, 64K, 1M and 16M in turn).
     #[arg(long)]
     flows: Option<u64>,
@@ -32,6 +39,27 @@ pub struct Args {
     /// The order each pass presents the flows in.
     #[arg(long, value_enum, default_value_t = Order::Created)]
     order: Order,
+    /// `--mode syn-accel`: the share of attempts the servers answer (0 to 1).
+    #[arg(long, default_value_t = 0.5)]
+    answered: f64,
+    /// `--mode syn-accel`: first SYNs offered per second of simulated time.
+    #[arg(long, default_value_t = 1_400_000)]
+    rate: u64,
+}
+
+/// The translator a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    /// NAPT44 on IPv4 frames: a new pass and an established pass.
+    Nat44,
+    /// NPTv6 (RFC 6296) on IPv6 frames: one stateless pass, out and back.
+    Nptv6,
+    /// The SYN accelerator (seed 003): a stream of first SYNs to accelerated
+    /// destinations, `--answered` of them answered; `--flows` SYNs (default 2M).
+    SynAccel,
+    /// SCTP associations (seed 001): setup (INIT, INIT-ACK) and established
+    /// (DATA both ways) passes; `--flows` associations (default 1M), one worker.
+    Sctp,
 }
 
 /// The order in which a pass presents its flows.
@@ -72,6 +100,8 @@ enum Pass {
 
 #[derive(Serialize)]
 struct Line {
+    /// "nat44" or "nptv6".
+    mode: &'static str,
     flows: u64,
     workers: u32,
     pass: &'static str,
@@ -97,7 +127,13 @@ struct PassResult {
 }
 
 pub fn run(args: &Args) -> Result<(), Failure> {
-    let sizes: Vec<u64> = args.flows.map_or(DEFAULT_FLOWS.to_vec(), |n| vec![n]);
+    let defaults = match args.mode {
+        Mode::Nat44 => &DEFAULT_FLOWS[..],
+        Mode::Nptv6 => &nptv6::DEFAULT_FLOWS[..],
+        Mode::SynAccel => return syn_accel::run(args.flows, args.answered, args.rate, args.json),
+        Mode::Sctp => return sctp::run(args.flows, args.json),
+    };
+    let sizes: Vec<u64> = args.flows.map_or(defaults.to_vec(), |n| vec![n]);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
     let worker_counts: Vec<u32> = match args.workers {
         Some(w) => vec![w.max(1)],
@@ -105,7 +141,9 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         None => vec![1],
     };
     if !args.json {
-        if args.order == Order::Random {
+        if args.mode == Mode::Nptv6 {
+            println!("NPTv6 (RFC 6296) on {}-byte IPv6/UDP frames, each host out through the inside and back", nptv6::FRAME_LEN);
+        } else if args.order == Order::Random {
             println!("each pass presents the flows in its own random order");
         }
         println!("{:>10} {:>7} {:>12} {:>8} {:>8} {:>12} {:>9} {:>9} {:>9}", "flows", "workers", "pass", "ns/pkt", "Mpps", "new map/s", "B/sess", "batch p50", "batch p99");
@@ -113,7 +151,12 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let mut errors = 0;
     for &flows in &sizes {
         for &workers in &worker_counts {
-            for line in bench_one(flows, workers, args.order)? {
+            let lines = match args.mode {
+                Mode::Nat44 => bench_one(flows, workers, args.order)?,
+                Mode::Nptv6 => vec![nptv6::bench_one(flows, workers)?],
+                Mode::SynAccel | Mode::Sctp => unreachable!("--mode syn-accel and sctp returned at the start of run"),
+            };
+            for line in lines {
                 errors += line.errors;
                 if args.json {
                     println!("{}", serde_json::to_string(&line).expect("serializable"));
@@ -172,6 +215,7 @@ fn bench_one(flows: u64, workers: u32, order: Order) -> Result<Vec<Line>, Failur
         batches.sort_unstable();
         let busy_s: f64 = parts.iter().map(|p| p.busy_ns as f64 / 1e9).fold(0.0, f64::max);
         lines.push(Line {
+            mode: "nat44",
             flows: per_worker * u64::from(workers),
             workers,
             pass: if pass == Pass::New { "new" } else { "established" },

@@ -7,12 +7,14 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
 mod check_config;
+mod gen;
 mod generate;
 mod lab;
 mod pcp;
 mod replay;
 mod run;
 mod show;
+mod tester;
 mod whois;
 
 /// `natrix --version`: the crate version and the commit it was built from
@@ -38,6 +40,10 @@ enum Command {
     Lab(lab::Args),
     /// Run the NAT live on the configured interfaces, in the foreground.
     Run(run::Args),
+    /// Generate test traffic on an interface or into a capture (or receive and check it): constant rate, RFC 4814 ports, SYN floods.
+    Gen(gen::Args),
+    /// Measure a NAT in the lab (natrix or the kernel's) by RFC 9693, RFC 2544 and RFC 8219, and seed 002's method.
+    Test(tester::Args),
     /// Show a running natrix's sessions, mappings or statistics.
     Show(show::ShowArgs),
     /// Remove a subscriber's sessions and mappings from a running natrix.
@@ -67,6 +73,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Lab(args) => lab::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Gen(args) => gen::run(&args),
+        Command::Test(args) => tester::run(&args),
         Command::Show(args) => show::show(&args),
         Command::Clear(args) => show::clear(&args),
         Command::Whois(args) => whois::run(&args),

@@ -25,7 +25,7 @@ pub struct Args {
     /// External address and port (for ICMP, the query identifier), e.g. 203.0.113.1:40000.
     endpoint: String,
     /// Only this protocol (default: every protocol).
-    #[arg(long, value_parser = ["tcp", "udp", "icmp"])]
+    #[arg(long, value_parser = ["tcp", "udp", "icmp", "sctp"])]
     proto: Option<String>,
     /// When: RFC 3339 (2026-05-01T12:00:00Z) or Unix seconds (default: now).
     #[arg(long)]
@@ -345,7 +345,12 @@ fn follow(open: &mut Vec<Held>, done: &mut Vec<Held>, r: Record) {
     let same = |h: &Held| h.proto == r.proto && h.block == r.block && (h.first, h.last) == (r.first, r.last);
     let held =
         |from_ns, until_ns| Held { proto: r.proto, subscriber: r.subscriber, subscriber_port: r.subscriber_port, first: r.first, last: r.last, from_ns, until_ns, block: r.block };
-    if r.create {
+    if r.create && r.proto == Proto::Sctp {
+        // SCTP translates no port: many associations (of one subscriber or
+        // several) hold an external address and port at once, each from its
+        // create to its own delete, which the delete branch pairs oldest first.
+        open.push(held(Some(r.time_ns), None));
+    } else if r.create {
         // A create over an open holding (a restart lost the delete) ends it.
         if let Some(i) = open.iter().position(same) {
             let mut h = open.swap_remove(i);
@@ -354,7 +359,7 @@ fn follow(open: &mut Vec<Held>, done: &mut Vec<Held>, r: Record) {
         }
         open.push(held(Some(r.time_ns), None));
     } else if let Some(i) = open.iter().position(|h| same(h) && h.subscriber == r.subscriber) {
-        let mut h = open.swap_remove(i);
+        let mut h = open.remove(i);
         h.until_ns = Some(r.time_ns);
         done.push(h);
     } else {
@@ -382,6 +387,9 @@ fn from_log(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto>, 
             source: if h.block { "block" } else { "mapping" },
         })
         .collect();
+    // A subscriber with several SCTP associations on the port is named once.
+    let mut named = std::collections::HashSet::new();
+    answers.retain(|a| a.proto != Proto::Sctp.name() || named.insert(a.subscriber));
     answers.sort_by_key(|a| Proto::ALL.iter().position(|p| p.name() == a.proto));
     Ok(answers)
 }
@@ -406,7 +414,13 @@ fn from_config(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto
             always: true,
             source: "static",
         };
-        if let Some(st) = e.statics.iter().find(|st| st.proto == p && st.ext_addr == addr && st.ext_port == port) {
+        if p == Proto::Sctp {
+            // The formula names every subscriber of the address for SCTP:
+            // said only when asked for (`--proto sctp`), not for every port query.
+            let asked = proto == Some(Proto::Sctp);
+            let formula = det.filter(|_| asked).map(|d| sctp_from_formula(d, addr, e.ports)).unwrap_or_default();
+            answers.extend(formula.into_iter().map(|subscriber| Answer { subscriber, subscriber_port: Some(port), source: "deterministic", ..base.clone() }));
+        } else if let Some(st) = e.statics.iter().find(|st| st.proto == p && st.ext_addr == addr && st.ext_port == port) {
             answers.push(Answer { subscriber: Ipv4Addr::from(st.int_addr), subscriber_port: Some(st.int_port), ..base });
         } else if let Some(a) = det.as_ref().and_then(|d| d.owner(addr, port)) {
             answers.push(Answer { subscriber: Ipv4Addr::from(a.subscriber), port_range: Some([a.first, a.last]), source: "deterministic", ..base });
@@ -416,6 +430,15 @@ fn from_config(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto
         eprintln!("natrix: {}: dynamic mode: only static mappings are in the config; dynamic mappings are in the event log (--log)", path.display());
     }
     Ok(answers)
+}
+
+/// Deterministic mode and SCTP: an association leaves from its subscriber's
+/// formula address with its own port, untranslated (seed 001), so every
+/// subscriber of `addr` may have held any port there: the formula narrows it
+/// no further. One port of each range in `ports` finds that range's subscriber.
+fn sctp_from_formula(det: &natrix_engine::deterministic::Deterministic, addr: u32, ports: (u16, u16)) -> Vec<Ipv4Addr> {
+    let step = usize::from(det.ports_per_subscriber().max(1));
+    (u32::from(ports.0)..=u32::from(ports.1)).step_by(step).filter_map(|p| det.owner(addr, p as u16)).map(|a| Ipv4Addr::from(a.subscriber)).collect()
 }
 
 #[cfg(test)]
@@ -472,6 +495,37 @@ mod tests {
         assert!(from_log(&log, 0xcb00_7101, 40000, Some(Proto::Tcp), at("2026-01-01T03:00:00Z")).unwrap().is_empty());
         let a = from_log(&log, 0xcb00_7101, 39990, Some(Proto::Tcp), at("2026-01-01T03:00:00Z")).unwrap();
         assert_eq!((a[0].subscriber, a[0].port_range, a[0].source), (Ipv4Addr::new(100, 64, 0, 12), Some([39936, 39999]), "block"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sctp_associations_hold_a_port_together_each_until_its_own_delete() {
+        let dir = std::env::temp_dir().join(format!("natrix-whois-sctp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("events.jsonl");
+        let line = |t: &str, ev: &str, sub: &str| {
+            format!(
+                r#"{{"time":"2026-01-01T00:{t}.000Z","event":"{ev}","nat_event":8,"proto":"sctp","subscriber":"{sub}","subscriber_port":5000,"external":"203.0.113.1","external_port":5000}}"#
+            )
+        };
+        let text = [
+            line("00:00", "mapping_create", "100.64.0.10"),
+            line("01:00", "mapping_create", "100.64.0.11"),
+            line("02:00", "mapping_create", "100.64.0.10"),
+            line("03:00", "mapping_delete", "100.64.0.10"),
+            line("04:00", "mapping_delete", "100.64.0.11"),
+        ]
+        .join("\n");
+        std::fs::write(&log, text).unwrap();
+        let who = |t: &str| {
+            let at = parse_time(&format!("2026-01-01T00:{t}Z")).unwrap();
+            let mut who: Vec<String> = from_log(&log, 0xcb00_7101, 5000, Some(Proto::Sctp), at).unwrap().into_iter().map(|a| a.subscriber.to_string()).collect();
+            who.sort();
+            who
+        };
+        assert_eq!(who("01:30"), ["100.64.0.10", "100.64.0.11"], "a second subscriber does not end the first's holding");
+        assert_eq!(who("03:30"), ["100.64.0.10", "100.64.0.11"], "100.64.0.10's second association still holds it");
+        assert_eq!(who("04:30"), ["100.64.0.10"]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

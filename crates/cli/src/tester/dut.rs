@@ -1,0 +1,307 @@
+//! The two devices under test in the lab's nx-nat: natrix (a `natrix run`
+//! the tester starts, restarts to empty its table, and empties through its
+//! management API to time the tear-down), and the kernel's nftables NAT
+//! (conntrack emptied over ctnetlink, as `conntrack -F` does).
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use natrix_tester::procedure::TestError;
+use natrix_tester::sys::in_netns;
+
+use super::lab::NAT_NS;
+
+/// What the tester asks of a device beyond forwarding.
+pub trait Dut {
+    /// An empty connection table.
+    fn reset(&mut self) -> Result<(), TestError>;
+    /// Deletes every connection at once; how long that took.
+    fn delete_all(&mut self) -> Result<Duration, TestError>;
+    /// CPU time the device has spent, where it can be told apart from the
+    /// tester's and the lab's.
+    fn cpu_ns(&self) -> Option<u64>;
+}
+
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+const STOP_GRACE: Duration = Duration::from_secs(10);
+const API: &str = "127.0.0.1:9300";
+
+/// `natrix run` in nx-nat, its output in a log file.
+pub struct Natrix {
+    exe: PathBuf,
+    config: PathBuf,
+    log: PathBuf,
+    cpu: Option<usize>,
+    /// The subscribers whose sessions `delete_all` clears.
+    subscribers: Vec<Ipv4Addr>,
+    child: Option<Child>,
+}
+
+impl Natrix {
+    pub fn start(exe: &Path, config: &Path, log: &Path, cpu: Option<usize>, subscribers: Vec<Ipv4Addr>) -> Result<Natrix, TestError> {
+        let mut n = Natrix { exe: exe.to_owned(), config: config.to_owned(), log: log.to_owned(), cpu, subscribers, child: None };
+        n.launch()?;
+        Ok(n)
+    }
+
+    fn launch(&mut self) -> Result<(), TestError> {
+        let log = File::options().create(true).append(true).open(&self.log).map_err(|e| dut_error(&self.log, e))?;
+        let err = log.try_clone().map_err(|e| dut_error(&self.log, e))?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", NAT_NS]).arg(&self.exe).arg("run").arg("--config").arg(&self.config).stdin(Stdio::null()).stdout(log).stderr(err);
+        let cpu = self.cpu;
+        // SAFETY: only sched_setaffinity and setpriority between fork and
+        // exec, both async-signal-safe; natrix and its threads inherit the
+        // CPU mask and the nice value (the tester's, see sys::NICE).
+        unsafe {
+            cmd.pre_exec(move || {
+                if let Some(cpu) = cpu {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+                }
+                libc::setpriority(libc::PRIO_PROCESS, 0, natrix_tester::sys::NICE);
+                Ok(())
+            })
+        };
+        let logged_before = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
+        self.child = Some(cmd.spawn().map_err(|e| TestError::Dut(format!("cannot start natrix: {e}")))?);
+        self.wait_ready(logged_before)
+    }
+
+    /// Waits for natrix's `ready` line in the log, after `offset`.
+    fn wait_ready(&mut self, offset: u64) -> Result<(), TestError> {
+        let started = Instant::now();
+        while started.elapsed() < READY_TIMEOUT {
+            let said = self.log_since(offset);
+            if said.lines().any(|l| l.contains("ready")) {
+                return Ok(());
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                return Err(TestError::Dut(format!("natrix exited ({status}) before it was ready:\n{}", tail(&said))));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(TestError::Dut(format!("natrix printed no \"ready\" within {} s:\n{}", READY_TIMEOUT.as_secs(), tail(&self.log_since(offset)))))
+    }
+
+    fn log_since(&self, offset: u64) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = File::open(&self.log) {
+            let mut all = Vec::new();
+            let _ = f.read_to_end(&mut all);
+            s = String::from_utf8_lossy(all.get(offset as usize..).unwrap_or_default()).into_owned();
+        }
+        s
+    }
+
+    /// SIGTERM, and SIGKILL if it does not exit in time.
+    fn stop(&mut self) -> Result<(), TestError> {
+        let Some(mut child) = self.child.take() else { return Ok(()) };
+        if child.try_wait().ok().flatten().is_some() {
+            return Err(TestError::Dut("natrix had exited during the test".into()));
+        }
+        // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + STOP_GRACE;
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        Err(TestError::Dut(format!("natrix did not stop within {} s of SIGTERM", STOP_GRACE.as_secs())))
+    }
+}
+
+impl Dut for Natrix {
+    fn reset(&mut self) -> Result<(), TestError> {
+        self.stop()?;
+        self.launch()
+    }
+
+    /// Clears every subscriber's sessions through the management API
+    /// (`POST /api/clear`), from inside nx-nat where it listens.
+    fn delete_all(&mut self) -> Result<Duration, TestError> {
+        let subscribers = self.subscribers.clone();
+        let cleared = in_netns(NAT_NS, || {
+            let started = Instant::now();
+            for sub in &subscribers {
+                clear(*sub)?;
+            }
+            Ok::<_, TestError>(started.elapsed())
+        });
+        cleared.map_err(|e| TestError::Dut(format!("entering {NAT_NS}: {e}")))?
+    }
+
+    /// natrix's process, all threads: its NAT work and, in system time,
+    /// the kernel sending its frames on.
+    fn cpu_ns(&self) -> Option<u64> {
+        process_cpu_ns(self.child.as_ref()?.id())
+    }
+}
+
+impl Drop for Natrix {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// One `POST /api/clear?subscriber=A`, answered 200.
+fn clear(sub: Ipv4Addr) -> Result<(), TestError> {
+    let fail = |e: std::io::Error| TestError::Dut(format!("natrix's management API at {API}: {e}"));
+    let mut s = TcpStream::connect(API).map_err(fail)?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(fail)?;
+    write!(s, "POST /api/clear?subscriber={sub} HTTP/1.1\r\nHost: {API}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").map_err(fail)?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).map_err(fail)?;
+    match answer.split_whitespace().nth(1) {
+        Some("200") => Ok(()),
+        _ => Err(TestError::Dut(format!("clearing {sub}: {}", answer.lines().next().unwrap_or("no answer")))),
+    }
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(8)..].iter().map(|l| format!("    natrix: {l}")).collect::<Vec<_>>().join("\n")
+}
+
+fn dut_error(path: &Path, e: std::io::Error) -> TestError {
+    TestError::Dut(format!("{}: {e}", path.display()))
+}
+
+/// The kernel's nftables masquerade in nx-nat; its table is conntrack's.
+pub struct Kernel {
+    /// A ctnetlink socket opened inside nx-nat.
+    netlink: OwnedFd,
+    /// The CPU its forwarding is steered to; None: all of them.
+    cpu: Option<usize>,
+}
+
+const NETLINK_NETFILTER: i32 = 12;
+const NFNL_SUBSYS_CTNETLINK: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+
+impl Kernel {
+    pub fn open(cpu: Option<usize>) -> Result<Kernel, TestError> {
+        let socket = || {
+            // SAFETY: plain socket creation.
+            let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: fd is fresh and ours alone.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        };
+        let netlink = in_netns(NAT_NS, socket).and_then(|r| r).map_err(|e| TestError::Dut(format!("a ctnetlink socket in {NAT_NS}: {e}")))?;
+        Ok(Kernel { netlink, cpu })
+    }
+
+    /// Deletes every IPv4 conntrack entry of nx-nat: IPCTNL_MSG_CT_DELETE
+    /// with no tuple, acknowledged once the kernel has removed them all.
+    fn flush(&self) -> Result<(), TestError> {
+        let mut msg = Vec::with_capacity(20);
+        msg.extend_from_slice(&20u32.to_ne_bytes());
+        msg.extend_from_slice(&(NFNL_SUBSYS_CTNETLINK << 8 | IPCTNL_MSG_CT_DELETE).to_ne_bytes());
+        msg.extend_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16).to_ne_bytes());
+        msg.extend_from_slice(&1u32.to_ne_bytes());
+        msg.extend_from_slice(&0u32.to_ne_bytes());
+        msg.extend_from_slice(&[libc::AF_INET as u8, 0, 0, 0]);
+        let fd = self.netlink.as_raw_fd();
+        // SAFETY: msg is a live buffer of the length given.
+        if unsafe { libc::send(fd, msg.as_ptr().cast(), msg.len(), 0) } < 0 {
+            return Err(TestError::Dut(format!("flushing conntrack: {}", std::io::Error::last_os_error())));
+        }
+        let mut answer = [0u8; 256];
+        // SAFETY: answer is a live buffer of the length given.
+        let n = unsafe { libc::recv(fd, answer.as_mut_ptr().cast(), answer.len(), 0) };
+        if n < 20 {
+            return Err(TestError::Dut(format!("flushing conntrack: no answer ({})", std::io::Error::last_os_error())));
+        }
+        // NLMSG_ERROR carries the request's result: 0 is success.
+        let kind = u16::from_ne_bytes([answer[4], answer[5]]);
+        let error = i32::from_ne_bytes([answer[16], answer[17], answer[18], answer[19]]);
+        if kind != libc::NLMSG_ERROR as u16 || error != 0 {
+            return Err(TestError::Dut(format!("flushing conntrack: {}", std::io::Error::from_raw_os_error(-error))));
+        }
+        Ok(())
+    }
+}
+
+impl Dut for Kernel {
+    fn reset(&mut self) -> Result<(), TestError> {
+        self.flush()
+    }
+
+    fn delete_all(&mut self) -> Result<Duration, TestError> {
+        let started = Instant::now();
+        self.flush()?;
+        Ok(started.elapsed())
+    }
+
+    /// The kernel forwards in softirq context; with the NAT's receive
+    /// steered to the device's CPU (RPS, see `lab`), that CPU's softirq
+    /// time is the kernel's forwarding, NAT and sending on.
+    fn cpu_ns(&self) -> Option<u64> {
+        softirq_ns(self.cpu)
+    }
+}
+
+fn ticks_to_ns(ticks: u64) -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    ticks * 1_000_000_000 / hz
+}
+
+/// User and system time of a process and all its threads.
+fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some(ticks_to_ns(utime + stime))
+}
+
+/// Softirq time of one CPU (`cpuN` in /proc/stat), or of all.
+fn softirq_ns(cpu: Option<usize>) -> Option<u64> {
+    let name = cpu.map_or("cpu".to_owned(), |c| format!("cpu{c}"));
+    let v = stat_line(&name)?;
+    Some(ticks_to_ns(*v.get(6)?))
+}
+
+/// The values of a /proc/stat CPU line: user, nice, system, idle, iowait, irq, softirq, steal, ...
+fn stat_line(name: &str) -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.split_whitespace().next() == Some(name))?;
+    Some(line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect())
+}
+
+/// Busy time of all CPUs together (user, nice, system, irq, softirq; idle,
+/// I/O wait and time stolen by the hypervisor are not ours).
+pub fn machine_busy_ns() -> Option<u64> {
+    let v = stat_line("cpu")?;
+    let busy = v.first()? + v.get(1)? + v.get(2)? + v.get(5)? + v.get(6)?;
+    Some(ticks_to_ns(busy))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_and_the_machine_have_cpu_time() {
+        assert!(process_cpu_ns(std::process::id()).is_some());
+        assert!(machine_busy_ns().is_some_and(|ns| ns > 0));
+        assert!(softirq_ns(None).is_some() && softirq_ns(Some(0)).is_some());
+    }
+}

@@ -1,0 +1,273 @@
+//! The namespace lab as the tester uses it: built with `natrix lab up`
+//! (or one that `natrix lab up` left, when its kind fits the device),
+//! nx-nat prepared for the device, the tester's ports opened inside
+//! nx-sub1 and nx-srv1 (and nx-sub2 for the generator's own test), and
+//! everything the tester changed undone at the end.
+//!
+//! The tester simulates subscribers 100.64.1.1 and up behind nx-sub1's
+//! eth0 and a server 198.51.100.21 behind nx-srv1's, answering ARP for
+//! them itself: its AF_XDP ports take every frame of those interfaces, so
+//! it also answers for the hosts' own addresses there.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use natrix_io::iface::Interface;
+use natrix_tester::engine::{AddrRange, Expect, Link, Tester};
+use natrix_tester::flows::FlowSpace;
+use natrix_tester::ports::{self, Io, Unconnected};
+use natrix_tester::sys::in_netns;
+
+use crate::Failure;
+
+pub const NAT_NS: &str = "nx-nat";
+const SUB1: (&str, Ipv4Addr) = ("nx-sub1", Ipv4Addr::new(100, 64, 0, 2));
+const SUB2: (&str, Ipv4Addr) = ("nx-sub2", Ipv4Addr::new(100, 64, 0, 3));
+const SRV1: (&str, Ipv4Addr) = ("nx-srv1", Ipv4Addr::new(198, 51, 100, 11));
+/// The device's own addresses on the two links (natrix's and the kernel's alike).
+pub const INSIDE_ROUTER: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 1);
+pub const OUTSIDE_ROUTER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+const FIRST_SUBSCRIBER: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 1);
+pub const SUBSCRIBERS: u32 = 16;
+const SERVER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 21);
+const DPORTS: u32 = 64;
+/// Where `natrix lab up` writes natrix's configuration by default.
+const LAB_CONFIG: &str = "/run/natrix-lab/natrix.toml";
+/// conntrack's UDP timeouts in nx-nat while the kernel is tested: as
+/// natrix's default UDP timeout, and long enough that no connection of
+/// the preliminary phase expires before the real test phase uses it
+/// (RFC 9693 section 4.3).
+const KERNEL_UDP_TIMEOUTS: [(&str, &str); 2] = [("/proc/sys/net/netfilter/nf_conntrack_udp_timeout", "300"), ("/proc/sys/net/netfilter/nf_conntrack_udp_timeout_stream", "300")];
+
+/// Which device the lab's nx-nat holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Natrix,
+    Kernel,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Natrix => "natrix",
+            Kind::Kernel => "kernel",
+        }
+    }
+}
+
+/// The lab, for as long as the tester uses it.
+pub struct Lab {
+    exe: PathBuf,
+    /// Built by the tester, so taken down by it.
+    built: bool,
+    /// Files of nx-nat's /proc and /sys changed, with their contents before, to put back.
+    changed: Vec<(String, String)>,
+    /// natrix's configuration as the lab wrote it (natrix labs only).
+    pub natrix_config: Option<PathBuf>,
+}
+
+pub struct LabOptions<'a> {
+    pub workers: u32,
+    pub io: &'a str,
+    pub workdir: &'a Path,
+}
+
+impl Lab {
+    pub fn prepare(kind: Kind, exe: &Path, opts: &LabOptions) -> Result<Lab, Failure> {
+        let existing = lab_exists()?;
+        let mut lab = Lab { exe: exe.to_owned(), built: !existing, changed: Vec::new(), natrix_config: None };
+        if existing {
+            let found = existing_kind()?;
+            if found != kind {
+                return Err(Failure::Other(format!(
+                    "the lab that is up holds {}; --dut {} needs the other kind: `natrix lab down` first (the tester then builds its own)",
+                    found.name(),
+                    kind.name()
+                )));
+            }
+            lab.natrix_config = (kind == Kind::Natrix).then(|| PathBuf::from(LAB_CONFIG));
+        } else {
+            let config = opts.workdir.join("lab.toml");
+            let mut up = vec![
+                "lab".to_owned(),
+                "up".into(),
+                "--config-out".into(),
+                config.display().to_string(),
+                "--workers".into(),
+                opts.workers.to_string(),
+                "--io".into(),
+                opts.io.into(),
+            ];
+            if kind == Kind::Kernel {
+                up.push("--kernel".into());
+            }
+            run(exe, &up)?;
+            lab.natrix_config = (kind == Kind::Natrix).then_some(config);
+        }
+        if kind == Kind::Kernel {
+            lab.prepare_kernel()?;
+        }
+        Ok(lab)
+    }
+
+    /// conntrack timeouts as long as natrix's, and the NAT's receive work
+    /// steered off the tester's CPU (RPS), as natrix runs off it.
+    fn prepare_kernel(&mut self) -> Result<(), Failure> {
+        for (path, value) in KERNEL_UDP_TIMEOUTS {
+            self.set(path, value)?;
+        }
+        if let Some(mask) = dut_cpu_mask() {
+            for dev in ["inside", "outside"] {
+                self.set(&format!("/sys/class/net/{dev}/queues/rx-0/rps_cpus"), &mask)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `value` to `path` in nx-nat, remembering what it held.
+    fn set(&mut self, path: &str, value: &str) -> Result<(), Failure> {
+        let before = in_ns(NAT_NS, "cat", &[path])?.trim().to_owned();
+        write_in_nat(path, value)?;
+        self.changed.push((path.to_owned(), before));
+        Ok(())
+    }
+
+    /// The tester between nx-sub1 and nx-srv1, with the device in nx-nat.
+    pub fn tester(&self, io: Io, notes: &mut Vec<String>) -> Result<Tester, Failure> {
+        let flows = flow_space();
+        let initiator = open_link(SUB1, (NAT_NS, "inside"), vec![AddrRange { first: flows.first_subscriber, count: flows.subscribers }], io, notes)?;
+        let responder = open_link(SRV1, (NAT_NS, "outside"), vec![AddrRange::single(flows.server)], io, notes)?;
+        Ok(Tester::new(initiator, responder, flows, Expect::NAT))
+    }
+
+    /// The tester between nx-sub1 and nx-sub2 across the access switch
+    /// alone: the generator measured without a device in the way. Without
+    /// `receiving`, nothing of the tester listens in nx-sub2 (whose kernel
+    /// drops the frames), as when trafgen is measured on the same path.
+    pub fn switch_tester(&self, io: Io, receiving: bool, notes: &mut Vec<String>) -> Result<Tester, Failure> {
+        let flows = flow_space();
+        let sub2_mac = mac_of(SUB2.0, "eth0")?;
+        let initiator = open_link_to(SUB1, sub2_mac, vec![AddrRange { first: flows.first_subscriber, count: flows.subscribers }], io, notes)?;
+        let responder = if receiving {
+            open_link_to(SUB2, initiator.mac, vec![AddrRange::single(flows.server)], io, notes)?
+        } else {
+            Link { port: Box::new(Unconnected), mac: [0; 6], gateway_mac: [0; 6], answers_arp_for: Vec::new() }
+        };
+        Ok(Tester::new(initiator, responder, flows, Expect::SWITCH))
+    }
+
+    /// nx-sub1's eth0 transmit counter, for a generator the tester does not drive.
+    pub fn sub1_tx_packets(&self) -> Result<u64, Failure> {
+        in_ns(SUB1.0, "cat", &["/sys/class/net/eth0/statistics/tx_packets"])?.trim().parse().map_err(|_| Failure::Other("nx-sub1: unreadable tx_packets".into()))
+    }
+
+    pub fn sub1_ns(&self) -> &'static str {
+        SUB1.0
+    }
+
+    pub fn sub2_mac(&self) -> Result<[u8; 6], Failure> {
+        mac_of(SUB2.0, "eth0")
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if self.built {
+            let _ = run(&self.exe, &["lab".into(), "down".into()]);
+            return;
+        }
+        for (path, value) in self.changed.drain(..) {
+            let _ = write_in_nat(&path, &value);
+        }
+    }
+}
+
+/// The connections the tester uses: 16 subscribers, 64 destination ports
+/// on one server, source ports from 1024 up.
+pub fn flow_space() -> FlowSpace {
+    FlowSpace { first_subscriber: u32::from(FIRST_SUBSCRIBER), subscribers: SUBSCRIBERS, first_sport: 1024, server: u32::from(SERVER), first_dport: 5001, dports: DPORTS }
+}
+
+pub fn subscribers() -> Vec<Ipv4Addr> {
+    (0..SUBSCRIBERS).map(|i| Ipv4Addr::from(u32::from(FIRST_SUBSCRIBER) + i)).collect()
+}
+
+/// The CPU the device under test runs on, off the tester's CPU 0, when
+/// the machine has more than one.
+pub fn dut_cpu() -> Option<usize> {
+    (available_cpus() > 1).then_some(1)
+}
+
+fn dut_cpu_mask() -> Option<String> {
+    dut_cpu().map(|cpu| format!("{:x}", 1u64 << cpu))
+}
+
+/// CPUs online, whatever this thread's own affinity (the tester pins
+/// itself to CPU 0).
+fn available_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
+/// A tester port in `host`'s namespace on its eth0, sending to the
+/// device's interface `gateway` (its MAC read in nx-nat).
+fn open_link(host: (&str, Ipv4Addr), gateway: (&str, &str), answers: Vec<AddrRange>, io: Io, notes: &mut Vec<String>) -> Result<Link, Failure> {
+    let gateway_mac = mac_of(gateway.0, gateway.1)?;
+    open_link_to(host, gateway_mac, answers, io, notes)
+}
+
+fn open_link_to(host: (&str, Ipv4Addr), gateway_mac: [u8; 6], mut answers: Vec<AddrRange>, io: Io, notes: &mut Vec<String>) -> Result<Link, Failure> {
+    let (ns, own) = host;
+    let opened = in_netns(ns, || ports::open("eth0", io)).map_err(|e| Failure::Other(format!("{ns}: {e}")))?.map_err(|e| Failure::Other(format!("{ns}: {e}")))?;
+    if let Some(why) = opened.fallback {
+        notes.push(format!("{ns}: {why}"));
+    }
+    // The port takes the host's frames too: answer ARP for the host.
+    answers.push(AddrRange::single(u32::from(own)));
+    Ok(Link { port: opened.port, mac: opened.mac, gateway_mac, answers_arp_for: answers })
+}
+
+fn mac_of(ns: &str, dev: &str) -> Result<[u8; 6], Failure> {
+    let found = in_netns(ns, || Interface::lookup(dev)).map_err(|e| Failure::Other(format!("{ns}: {e}")))?;
+    found.map(|i| i.mac).map_err(|e| Failure::Other(format!("{ns}: {e}")))
+}
+
+fn lab_exists() -> Result<bool, Failure> {
+    let listing = command("ip", &["netns", "list"])?;
+    Ok(listing.lines().filter_map(|l| l.split_whitespace().next()).any(|n| n.starts_with("nx-")))
+}
+
+/// A kernel lab forwards in nx-nat; natrix's does not (natrix owns the interfaces).
+fn existing_kind() -> Result<Kind, Failure> {
+    let forwarding = in_ns(NAT_NS, "sysctl", &["-n", "net.ipv4.ip_forward"])?;
+    Ok(if forwarding.trim() == "1" { Kind::Kernel } else { Kind::Natrix })
+}
+
+/// Writes a /proc or /sys file as seen from nx-nat (`ip netns exec`
+/// mounts that namespace's /sys).
+fn write_in_nat(path: &str, value: &str) -> Result<(), Failure> {
+    in_ns(NAT_NS, "sh", &["-c", "echo \"$1\" > \"$2\"", "sh", value, path]).map(drop)
+}
+
+fn run(exe: &Path, args: &[String]) -> Result<(), Failure> {
+    let out = Command::new(exe).args(args).stdin(Stdio::null()).output().map_err(|e| Failure::Other(format!("{}: {e}", exe.display())))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(Failure::Other(format!("`natrix {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())))
+}
+
+fn in_ns(ns: &str, program: &str, args: &[&str]) -> Result<String, Failure> {
+    let full: Vec<&str> = ["netns", "exec", ns, program].into_iter().chain(args.iter().copied()).collect();
+    command("ip", &full)
+}
+
+fn command(program: &str, args: &[&str]) -> Result<String, Failure> {
+    let out = Command::new(program).args(args).stdin(Stdio::null()).output().map_err(|e| Failure::Other(format!("cannot run {program}: {e}")))?;
+    if !out.status.success() {
+        return Err(Failure::Other(format!("`{program} {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
