@@ -52,6 +52,10 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
     python3 tools/fuzz_seeds.py fuzz/corpus/engine_process
     cargo +nightly fuzz run engine_process fuzz/corpus/engine_process -- \
         -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=1024 -print_final_stats=1
+    step "fuzzing SCTP NAT (seed 001) for ${FUZZ_SECONDS}s"
+    python3 tools/sctp_fuzz_seeds.py fuzz/corpus/sctp_nat
+    cargo +nightly fuzz run sctp_nat fuzz/corpus/sctp_nat -- \
+        -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=1024 -print_final_stats=1
 fi
 
 step "all tests passed"

@@ -26,6 +26,12 @@ fn config() -> EngineConfig {
         max_held_syns: 8,
         event_capacity: 64,
         exempt: vec![natrix_engine::config::Exemption { network: u32::from_be_bytes([192, 0, 2, 0]), prefix_len: 24, ports: (0, 65535) }],
+        // NPTv6 (RFC 6296): one binding of each word choice (sections 3.4 and 3.5);
+        // IPv6 outside them is only routed, so the seeds reach both.
+        nptv6: vec![
+            natrix_engine::nptv6::Binding { inside: "fd01:203:405::".parse().expect("address"), outside: "2001:db8:1::".parse().expect("address"), prefix_len: 48 },
+            natrix_engine::nptv6::Binding { inside: "fd02:0:0:600::".parse().expect("address"), outside: "2001:db8:2:100::".parse().expect("address"), prefix_len: 56 },
+        ],
         ..EngineConfig::default()
     }
 }

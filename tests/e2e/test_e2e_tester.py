@@ -1,0 +1,116 @@
+"""`natrix test` end to end (issue 23): the tester measures the Linux
+kernel's nftables NAT in the namespace lab with its quick profile, and
+produces every result the contract names and both plots.
+
+Written from CONTRACTS.md ("Tester": one JSON object per result line with
+`test`, `dut`, `frame_size`, `flows`, `criterion` and the result fields of
+RFC 9693, RFC 2544, RFC 8219 and seed 002) and the README's "Measuring"
+section (results.jsonl, rate-vs-flows.svg and latency.svg in --out; the
+tester builds the lab and removes what it built). Only the shape and the
+sanity of the results are checked: speed is for benchmarks.
+"""
+
+import json
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+
+import pytest
+
+import e2e_harness as h
+
+h.skip_module_if_unavailable()
+
+# Per test, the fields its result object must carry (CONTRACTS.md).
+RESULT_FIELDS = {
+    "connection_rate": ["rate_pps"],
+    "teardown_rate": ["rate_cps"],
+    "table_capacity": ["rate_pps", "flows"],
+    "throughput": ["rate_pps"],
+    "frame_loss": ["loss", "rate_pps"],
+    "latency": ["median_us", "p999_us"],
+    "pdv": ["pdv_us"],
+    "goodput": ["rtt_ms", "jitter_ms"],
+}
+COMMON_FIELDS = ["test", "dut", "frame_size", "flows", "criterion"]
+# The quick profile's connections (README, "Measuring").
+QUICK_FLOWS = 256
+
+
+def lab_up():
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    return any(line.split()[0].startswith("nx-") for line in listing.splitlines() if line.strip())
+
+
+def natrix_cli(*args, timeout=120):
+    return subprocess.run([str(h.natrix_bin()), *args], capture_output=True, text=True, timeout=timeout,
+                          env=h.clean_env())
+
+
+@pytest.fixture
+def no_lab(tmp_path):
+    """`natrix test --dut kernel` builds a kernel lab of its own; a natrix
+    lab that this session's other tests left up is taken down for it and
+    built again afterwards."""
+    problem = h.setup_problem()
+    assert problem is None, problem
+    was_up = lab_up()
+    if was_up:
+        down = natrix_cli("lab", "down")
+        assert down.returncode == 0, down.stderr
+    yield
+    if was_up:
+        up = natrix_cli("lab", "up", "--config-out", str(tmp_path / "restored-lab.toml"))
+        assert up.returncode == 0, up.stderr
+
+
+def test_a_quick_run_against_the_kernel_gives_every_result_and_plot(no_lab, tmp_path):
+    if shutil.which("nft") is None:
+        pytest.skip("the kernel lab needs nft: apt-get install nftables")
+    out = tmp_path / "results"
+    proc = natrix_cli("test", "--dut", "kernel", "--quick", "--json", "--out", str(out), timeout=300)
+    assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert lines, "no result lines on stdout"
+
+    for line in lines:
+        for field in COMMON_FIELDS:
+            assert field in line, f"{field} missing from {line}"
+        assert line["criterion"] == "zero" or isinstance(line["criterion"], (int, float)), line
+        assert isinstance(line[line["test"]], dict), f"no result object under {line['test']!r}: {line}"
+
+    kernel = [line for line in lines if line["dut"] == "kernel"]
+    seen = {line["test"] for line in kernel}
+    for test, fields in RESULT_FIELDS.items():
+        assert test in seen, f"no {test} result; got {sorted(seen)}"
+        for line in (l for l in kernel if l["test"] == test):
+            for field in fields:
+                assert field in line[test], f"{test}: {field} missing from {line[test]}"
+
+    by_test = {t: [l[t] for l in kernel if l["test"] == t] for t in seen}
+    assert by_test["connection_rate"][0]["rate_pps"] > 0
+    assert by_test["table_capacity"][0]["flows"] >= QUICK_FLOWS
+    assert by_test["throughput"][0]["rate_pps"] > 0
+    for loss in by_test["frame_loss"]:
+        assert 0.0 <= loss["loss"] <= 1.0
+    latency = by_test["latency"][0]
+    assert 0 < latency["median_us"] <= latency["p999_us"]
+    assert by_test["pdv"][0]["pdv_us"] >= 0
+    # Seed 002's ladder: ten rungs, labelled as its method, not RFC 9693's.
+    goodput = [l for l in kernel if l["test"] == "goodput"]
+    assert len(goodput) == 10 and all(l["method"] == "seed 002" for l in goodput)
+    assert {l["frame_size"] for l in goodput} == {132, 1518}
+    # Every frame that crossed the NAT kept its tag (timestamps included).
+    for l in (l for l in kernel if l["test"] == "latency"):
+        assert l["latency"]["samples"] > 0
+
+    # The same lines are in results.jsonl.
+    saved = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    assert saved == lines
+
+    for name in ("rate-vs-flows.svg", "latency.svg"):
+        root = ET.parse(out / name).getroot()
+        assert root.tag.endswith("svg"), f"{name}: root element {root.tag}"
+        assert root.iter(), name
+
+    assert not lab_up(), "natrix test left its lab behind"
