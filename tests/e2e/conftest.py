@@ -152,3 +152,20 @@ def servers(agent):
         }
         out[addr] = a
     return out
+
+
+@pytest.fixture
+def routed_to_subscribers(lab):
+    """The servers' route to the subscribers' own addresses (100.64.0.0/10
+    via natrix's outside address) for the test's length: what router mode
+    (`[nat] mode = "off"`) needs, since nothing is translated."""
+    routed = []
+    try:
+        for ns in (h.NS_SRV1, h.NS_SRV2, h.NS_SRV3):
+            r = h.run_in(ns, "ip", "route", "replace", h.SUBSCRIBERS, "via", h.NAT_OUTSIDE)
+            assert r.returncode == 0, f"adding {h.SUBSCRIBERS} via {h.NAT_OUTSIDE} in {ns}: {r.stderr}"
+            routed.append(ns)
+        yield
+    finally:
+        for ns in routed:
+            h.run_in(ns, "ip", "route", "del", h.SUBSCRIBERS, "via", h.NAT_OUTSIDE)

@@ -31,6 +31,8 @@ ALL_NS = ["nx-sw", NS_NAT, NS_SUB1, NS_SUB2, NS_SRV1, NS_SRV2, NS_SRV3]
 SUB1, SUB2 = "100.64.0.2", "100.64.0.3"
 SRV1, SRV2, SRV3 = "198.51.100.11", "198.51.100.12", "198.51.100.13"
 INSIDE_PREFIX = ipaddress.ip_network("100.64.0.0/10")
+SUBSCRIBERS = str(INSIDE_PREFIX)
+NAT_OUTSIDE = "198.51.100.1"
 
 # Ports the helper servers listen on, in every server namespace.
 UDP_ECHO = 7000
@@ -110,6 +112,12 @@ def deep_merge(base, overrides):
 
 class Inline(dict):
     """A dict written as a TOML inline table (e.g. max_ports_per_protocol)."""
+
+
+# Router mode's overrides of the lab config: an inline table replaces the
+# lab's [nat] whole (pool, ports and filtering are refused with translation
+# off).
+ROUTER_MODE = {"nat": Inline(mode="off")}
 
 
 def _inline(v):

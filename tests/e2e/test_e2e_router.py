@@ -23,7 +23,7 @@ import subprocess
 import pytest
 
 import e2e_harness as h
-from e2e_harness import NS_SRV1, NS_SRV2, NS_SRV3, NS_SUB1, SRV1, SUB1
+from e2e_harness import NS_SRV1, NS_SUB1, SRV1, SUB1
 
 h.skip_module_if_unavailable()
 
@@ -32,8 +32,6 @@ SUB1_6 = "2001:db8:1::2"
 SRV1_6 = "2001:db8:2::11"
 NAT_INSIDE = "100.64.0.1"
 NAT_INSIDE6 = "2001:db8:1::1"
-NAT_OUTSIDE = "198.51.100.1"
-SUBSCRIBERS = "100.64.0.0/10"
 
 # The HTTP server of this module; not 8080, which the agents' servers use.
 HTTP_PORT = 8086
@@ -113,21 +111,9 @@ def http_server(lab):
 
 
 @pytest.fixture
-def router(natrix):
-    """natrix in router mode (`[nat] mode = "off"`, no pool), with the
-    servers' route to the subscribers' own addresses for the test's length."""
-    routed = []
-    try:
-        for ns in (NS_SRV1, NS_SRV2, NS_SRV3):
-            r = h.run_in(ns, "ip", "route", "replace", SUBSCRIBERS, "via", NAT_OUTSIDE)
-            assert r.returncode == 0, f"adding {SUBSCRIBERS} via {NAT_OUTSIDE} in {ns}: {r.stderr}"
-            routed.append(ns)
-        # An inline table replaces the lab's [nat] whole: pool, ports and
-        # filtering would be refused with translation off.
-        yield natrix({"nat": h.Inline(mode="off")})
-    finally:
-        for ns in routed:
-            h.run_in(ns, "ip", "route", "del", SUBSCRIBERS, "via", NAT_OUTSIDE)
+def router(natrix, routed_to_subscribers):
+    """natrix in router mode (`[nat] mode = "off"`, no pool)."""
+    return natrix(h.ROUTER_MODE)
 
 
 def ping(family, dst):

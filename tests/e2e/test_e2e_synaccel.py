@@ -77,6 +77,23 @@ def test_a_kernel_client_to_a_blackholed_server_is_refused(natrix, agent, blackh
     assert m[("natrix_drops_total", (("reason", "syn_absorbed"),))] >= 1, "the client's own retransmission"
 
 
+def test_in_router_mode_a_blackholed_server_is_refused_and_a_live_one_reached(natrix, agent, blackhole, servers, routed_to_subscribers):
+    """CONTRACTS.md: with `[nat] mode = "off"` natrix is a transparent bump
+    in the wire: the servers see the subscriber's own address, and the
+    accelerator still refuses for an unreachable one."""
+    natrix(h.deep_merge(h.ROUTER_MODE, ACCEL))
+    srv = agent(NS_SRV2)
+    sniff = srv.call("sniff_start")["server"]
+    client = agent(NS_SUB1)
+    with pytest.raises(AgentError) as refused:
+        client.tcp_connect((SRV2, BLACKHOLED_PORT), timeout=CONNECT_TIMEOUT)
+    assert refused.value.errno == "ECONNREFUSED", f"expected the accelerator's reset, got {refused.value}"
+    syns = [e for e in srv.events(sniff) if e["proto"] == 6 and e.get("dport") == BLACKHOLED_PORT and e.get("flags", 0) & 0x12 == 0x02]
+    assert len(syns) == ATTEMPTS and {e["src"] for e in syns} == {SUB1}, f"{ATTEMPTS} SYNs from the subscriber's own address: {syns}"
+    _, peer = client.tcp_report((SRV1, h.TCP_REPORT), timeout=CONNECT_TIMEOUT)
+    assert peer[0] == SUB1, f"router mode translates nothing: the server saw {peer}"
+
+
 def test_a_kernel_client_to_a_live_server_connects_normally(natrix, agent, servers):
     n = natrix(ACCEL)
     client = agent(NS_SUB1)

@@ -481,11 +481,17 @@ pub fn syn_flood(tb: &mut dyn Testbed, s: &Settings, rate: f64, burst: u32) -> R
     plan.answer_syn = true;
     plan.keep_latencies = true;
     plan.drain_ns = s.drain_ns;
+    let before = tb.cpu();
     let mut o = tb.trial(&plan)?;
+    let after = tb.cpu();
     let handshake = Summary::of(&mut o.returned.latencies_ns);
+    // Seed 003's "CPU load on TCP hacker": the device's share of one CPU
+    // over the trial.
+    let dut_load = before.zip(after).and_then(|(b, a)| a.dut_ns.zip(b.dut_ns)).map(|(a, b)| a.saturating_sub(b) as f64 / o.elapsed_ns.max(1) as f64);
     let result = object([
         ("rate_pps", json!(rate)),
         ("burst", json!(burst)),
+        ("dut_cpu_share", json!(dut_load)),
         ("sent", json!(o.forward.sent)),
         ("forwarded", json!(o.forward.received)),
         ("answered", json!(o.returned.received)),

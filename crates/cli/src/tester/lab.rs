@@ -30,7 +30,7 @@ pub const INSIDE_ROUTER: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 1);
 pub const OUTSIDE_ROUTER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 const FIRST_SUBSCRIBER: Ipv4Addr = Ipv4Addr::new(100, 64, 1, 1);
 pub const SUBSCRIBERS: u32 = 16;
-const SERVER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 21);
+pub const SERVER: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 21);
 const DPORTS: u32 = 64;
 /// Where `natrix lab up` writes natrix's configuration by default.
 const LAB_CONFIG: &str = "/run/natrix-lab/natrix.toml";

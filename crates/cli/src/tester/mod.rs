@@ -79,6 +79,16 @@ pub struct Args {
     /// Rate at which the CPU time per forwarded frame is measured.
     #[arg(long, value_name = "PPS")]
     cpu_rate: Option<f64>,
+    /// SYNs per second of the syn_flood test (seed 003's synbomber; default 10,000).
+    #[arg(long, value_name = "PPS")]
+    syn_rate: Option<f64>,
+    /// SYNs per burst of the syn_flood test (default 50: seed 003's 50 every 5 ms at 10,000 a second).
+    #[arg(long, value_name = "N")]
+    syn_burst: Option<u32>,
+    /// natrix with its SYN accelerator (seed 003) on for the tester's server, 198.51.100.21:
+    /// `[syn_accel] destinations` added to the lab's configuration.
+    #[arg(long, conflicts_with = "config")]
+    syn_accel: bool,
     /// natrix's `workers`.
     #[arg(long, default_value_t = 1)]
     workers: u32,
@@ -153,8 +163,8 @@ impl Profile {
             sizes,
             generator_rates,
             generator_ns: if quick { 300_000_000 } else { 2_000_000_000 },
-            syn_rate: if quick { 5_000.0 } else { 10_000.0 },
-            syn_burst: if quick { 8 } else { 50 },
+            syn_rate: args.syn_rate.unwrap_or(if quick { 5_000.0 } else { 10_000.0 }),
+            syn_burst: args.syn_burst.unwrap_or(if quick { 8 } else { 50 }),
             tcp_seconds: if quick { 1 } else { 5 },
             ceiling_rounds: if quick { 1 } else { 3 },
         }
@@ -323,6 +333,12 @@ fn natrix_config(lab: &Lab, args: &Args, workdir: &Path) -> Result<PathBuf, Fail
         nat.insert("max_ports_per_subscriber".into(), toml::Value::Integer(64_512));
         nat.insert("max_sessions_per_subscriber".into(), toml::Value::Integer(conntrack_max.max(1 << 20)));
         nat.insert("max_sessions".into(), toml::Value::Integer(conntrack_max));
+    }
+    if args.syn_accel {
+        let server = format!("{}/32", lab::SERVER);
+        let mut accel = toml::Table::new();
+        accel.insert("destinations".into(), toml::Value::Array(vec![toml::Value::String(server)]));
+        cfg.insert("syn_accel".into(), toml::Value::Table(accel));
     }
     let path = workdir.join("natrix-test.toml");
     std::fs::write(&path, toml::to_string(&cfg).map_err(|e| Failure::Other(e.to_string()))?).map_err(|e| Failure::Other(format!("{}: {e}", path.display())))?;
