@@ -43,6 +43,16 @@ impl Idle {
             return false;
         }
         self.spins += 1;
+        if self.busy_poll {
+            // A thread that never sleeps gives the CPU away after an empty
+            // poll: the kernel work that feeds and drains natrix's sockets
+            // (veth's NAPI, the softirq of a frame natrix sent) may be
+            // queued on this CPU, and a spinning thread holds it off for
+            // milliseconds (docs/BENCHMARKS.md, "busy_poll and yielding").
+            // Without busy polling the thread soon sleeps instead, and a
+            // yield there would only hand other tasks whole time slices.
+            std::thread::yield_now();
+        }
         !self.busy_poll && self.spins > SPINS_BEFORE_SLEEP
     }
 }
