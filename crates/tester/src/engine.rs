@@ -450,7 +450,12 @@ impl Tester {
             if sender.finished() || sender.schedule.due(sender.next) > now {
                 break;
             }
-            let conn = sender.conn(sender.next);
+            // A frame the full ring refused keeps its connection: drawing
+            // again would skip a new connection of a `Pick::Mix`.
+            let conn = match sender.pending.take() {
+                Some(conn) => conn,
+                None => sender.conn(sender.next),
+            };
             let stamp = now_ns();
             let Some(len) = self.state.build(run.plan.kind, sender, conn, stamp, &mut run.buf) else {
                 // No learned endpoint to send this reverse frame to.
@@ -460,6 +465,7 @@ impl Tester {
             };
             let link = self.link(sender.side);
             if !link.port.send(&run.buf[..len]) {
+                sender.pending = Some(conn);
                 run.out.tx_full += 1;
                 link.port.flush()?;
                 break;
@@ -764,6 +770,8 @@ struct Sender {
     rng: Rng,
     /// For `Pick::Mix`: how many new connections so far.
     opened: u64,
+    /// The connection of frame `next`, drawn but not yet sent.
+    pending: Option<u32>,
 }
 
 impl Sender {
@@ -772,7 +780,7 @@ impl Sender {
             Pick::Enumerate { conns, seed } => (Some(Permutation::new(u64::from(conns), seed)), seed),
             Pick::Random { seed, .. } | Pick::Mix { seed, .. } => (None, seed),
         };
-        Sender { stream, side, direction, schedule: Schedule::new(start, stream.rate, stream.burst), next: 0, permutation, rng: Rng::new(seed), opened: 0 }
+        Sender { stream, side, direction, schedule: Schedule::new(start, stream.rate, stream.burst), next: 0, permutation, rng: Rng::new(seed), opened: 0, pending: None }
     }
 
     fn finished(&self) -> bool {
@@ -1012,6 +1020,33 @@ mod tests {
         assert_eq!(new.len(), 100);
         assert_eq!(new, (1000..1100).collect::<Vec<_>>());
         assert!(conns.iter().all(|&c| !(100..1000).contains(&c)));
+    }
+
+    #[test]
+    fn a_full_transmit_ring_does_not_skip_new_connections() {
+        // A ring of 3 frames against batches of 32: most sends are refused
+        // and tried again; the frames that go out still open exactly the
+        // asked share of new connections, each once and in order.
+        let (ip, ipeer) = MemoryPort::pair().unwrap();
+        let initiator = Link { port: Box::new(ip.with_tx_capacity(3)), mac: TESTER_IN, gateway_mac: NAT_IN, answers_arp_for: vec![] };
+        let nowhere = Link { port: Box::new(crate::ports::Unconnected), mac: TESTER_OUT, gateway_mac: NAT_OUT, answers_arp_for: vec![] };
+        let mut t = Tester::new(initiator, nowhere, flows(), Expect::NAT);
+        let mut plan = TrialPlan::new(Kind::Udp { frame_size: 64 });
+        plan.forward = Some(Stream { pick: Pick::Mix { established: 100, first_new: 1000, new_share: 0.25, seed: 1 }, rate: Rate::pps(10_000_000.0), frames: 400, burst: 1 });
+        plan.drain_ns = 0;
+        let o = t.run(&plan).unwrap();
+        assert!(o.tx_full > 0, "the ring never filled");
+        let conns: Vec<u32> = ipeer
+            .take_sent()
+            .iter()
+            .filter_map(|f| match frame::parse(f) {
+                Received::Udp(u) => u.tag.map(|tag| tag.conn),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(conns.len(), 400);
+        let new: Vec<u32> = conns.into_iter().filter(|&c| c >= 1000).collect();
+        assert_eq!(new, (1000..1100).collect::<Vec<_>>());
     }
 
     #[test]

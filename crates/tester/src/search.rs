@@ -57,9 +57,14 @@ pub fn highest_passing<E>(s: RateSearch, mut trial: impl FnMut(f64) -> Result<bo
     let (mut lo, mut hi) = (s.lo, s.hi);
     let mut best = None;
     while hi - lo > s.resolution {
-        let rate = (lo + hi) / 2.0;
+        let mut rate = (lo + hi) / 2.0;
         if rate < s.give_up_below {
-            break;
+            // The stop rate itself decides: a device that passes there
+            // has not failed, however far below the last probe it is.
+            if hi <= s.give_up_below {
+                break;
+            }
+            rate = s.give_up_below;
         }
         if run(rate, &mut probes)? {
             lo = rate;
@@ -191,9 +196,41 @@ mod tests {
     fn giving_up_below_a_stop_rate() {
         let s = RateSearch { lo: 0.0, hi: 1000.0, resolution: 1.0, give_up_below: 400.0 };
         let f = highest_passing(s, |rate| Ok::<_, Infallible>(rate <= 10.0)).unwrap();
-        // 1000 and 500 fail; 250 is below the stop rate and not tried.
-        assert_eq!(f.probes.len(), 2);
+        // 1000 and 500 fail; 250 is below the stop rate: the stop rate is
+        // tried instead, fails, and nothing lower is.
+        assert_eq!(f.probes.iter().map(|p| p.rate).collect::<Vec<_>>(), vec![1000.0, 500.0, 400.0]);
         assert_eq!(f.rate, None);
+        assert!(f.probes.iter().all(|p| p.rate >= 400.0));
+    }
+
+    #[test]
+    fn a_device_between_the_stop_rate_and_the_last_probe_passes() {
+        // 1000, 500 and 250 fail; the device takes 220, above the stop
+        // rate of 200: the next halving (125) is below it, which must not
+        // make the size fail.
+        let s = RateSearch { lo: 0.0, hi: 1000.0, resolution: 10.0, give_up_below: 200.0 };
+        let f = highest_passing(s, |rate| Ok::<_, Infallible>(rate <= 220.0)).unwrap();
+        let best = f.rate.expect("a rate above the stop rate passes");
+        assert!((200.0..=220.0).contains(&best) && 220.0 - best <= 10.0, "{best}");
+        assert!(f.probes.iter().all(|p| p.rate >= 200.0 && p.passed == (p.rate <= 220.0)));
+    }
+
+    #[test]
+    fn capacity_with_a_rate_just_above_gamma_is_not_cut_short() {
+        // Past 4,000 connections the device's rate drops to 45% of what it
+        // was: above gamma (0.4), so 6,000 connections still pass.
+        let s = CapacitySearch { start: 1000, max: 8000, precision: 100, beta: 0.2, gamma: 0.4 };
+        let c = table_capacity(s, 100_000.0, |flows, upper, stop| {
+            let limit = match flows {
+                0..=4000 => 100_000.0,
+                4001..=6000 => 45_000.0,
+                _ => 0.0,
+            };
+            let f = highest_passing(RateSearch { lo: 0.0, hi: upper, resolution: upper / 64.0, give_up_below: stop }, |r| Ok::<_, Infallible>(r <= limit))?;
+            Ok::<_, Infallible>(f.rate.unwrap_or(0.0))
+        })
+        .unwrap();
+        assert!(c.flows <= 6000 && 6000 - c.flows <= 100, "{c:?}");
     }
 
     /// A fake NAT: a table of `capacity` connections, which it fills at up

@@ -184,6 +184,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     }
     let exe = std::env::current_exe().map_err(|e| Failure::Other(format!("cannot find the natrix executable: {e}")))?;
     let mut profile = Profile::new(args);
+    check_connections(&profile.settings, lab::flow_space().capacity())?;
     std::fs::create_dir_all(&args.out).map_err(|e| Failure::Other(format!("{}: {e}", args.out.display())))?;
     let workdir = WorkDir::create()?;
     testbed::catch_interrupts();
@@ -225,6 +226,21 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     finish(args, &out, &plots)?;
     if failures > 0 {
         return Err(Failure::Other(format!("{failures} test(s) could not finish (see above)")));
+    }
+    Ok(())
+}
+
+/// The connections asked for must be distinct 4-tuples of the lab's
+/// restricted port space (RFC 9693 section 4): past its size the tuples
+/// repeat, and the device would hold fewer connections than counted.
+fn check_connections(s: &Settings, space: u64) -> Result<(), Failure> {
+    if s.flows == 0 {
+        return Err(Failure::Usage("--flows must be at least 1".into()));
+    }
+    for (what, n) in [("--flows", u64::from(s.flows)), ("--max-flows", s.capacity.max)] {
+        if n > space {
+            return Err(Failure::Usage(format!("{what} {n}: the tester's port space holds {space} distinct connections")));
+        }
     }
     Ok(())
 }
@@ -555,6 +571,33 @@ fn finish(args: &Args, out: &Output, plots: &PlotData) -> Result<(), Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_beyond_the_port_space_are_refused() {
+        let space = lab::flow_space().capacity();
+        let s = |flows: u32, max: u64| {
+            let mut s = quick_settings();
+            (s.flows, s.capacity.max) = (flows, max);
+            s
+        };
+        assert!(check_connections(&s(10_000, 1 << 19), space).is_ok());
+        assert!(check_connections(&s(10_000, space), space).is_ok());
+        assert!(check_connections(&s(10_000, space + 1), space).is_err());
+        assert!(check_connections(&s(0, 1024), space).is_err());
+        // The lab's space: 16 subscribers, 64 destination ports, 64,512 source ports.
+        assert_eq!(space, 16 * 64 * 64_512);
+        assert!(u32::try_from(space).is_ok(), "every connection index fits the tag's u32");
+    }
+
+    fn quick_settings() -> Settings {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        Profile::new(&Cli::parse_from(["natrix-test", "--dut", "kernel", "--quick"]).args).settings
+    }
 
     #[test]
     fn trafgen_reports_its_sending_time() {

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use natrix_tester::report::{self, Line};
+use natrix_tester::report::{self, Criterion, Line};
 use natrix_tester::stats;
 use natrix_tester::svg::{Plot, Series};
 use serde_json::Value;
@@ -123,7 +123,12 @@ pub fn side_by_side(lines: &[Line]) -> Option<String> {
     sizes.sort_unstable();
     sizes.dedup();
     for size in sizes {
-        add(format!("throughput, {size} B, zero loss (RFC 2544)"), "throughput", Some(size), "rate_pps", "fps", false);
+        // The loss the throughput was searched with (--loss): zero is RFC 2544's.
+        let loss = match lines.iter().find(|l| l.test == "throughput" && l.frame_size == size).map(|l| l.criterion) {
+            Some(Criterion::Fraction(f)) => format!("{}% loss", f * 100.0),
+            _ => "zero loss".to_owned(),
+        };
+        add(format!("throughput, {size} B, {loss} (RFC 2544)"), "throughput", Some(size), "rate_pps", "fps", false);
         add(format!("latency, {size} B, median (RFC 8219)"), "latency", Some(size), "median_us", "us", true);
         add(format!("latency, {size} B, 99.9th percentile (RFC 8219)"), "latency", Some(size), "p999_us", "us", true);
         add(format!("PDV, {size} B (RFC 8219)"), "pdv", Some(size), "pdv_us", "us", true);
@@ -153,7 +158,7 @@ fn figure(v: Option<f64>, unit: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use natrix_tester::report::{object, Criterion};
+    use natrix_tester::report::object;
     use serde_json::json;
 
     fn line(dut: &str, test: &'static str, field: &str, v: f64) -> Line {
@@ -168,6 +173,17 @@ mod tests {
         let md = side_by_side(&both).unwrap();
         assert!(md.contains("| throughput, 64 B, zero loss (RFC 2544) | 300.0 k fps | 200.0 k fps | 1.50 |"), "{md}");
         assert!(md.contains("| latency, 64 B, median (RFC 8219) | 20.0 us | 40.0 us | 2.00 |"), "{md}");
+    }
+
+    #[test]
+    fn side_by_side_names_the_loss_the_throughput_allowed() {
+        let mut both = vec![line("natrix", "throughput", "rate_pps", 300_000.0), line("kernel", "throughput", "rate_pps", 200_000.0)];
+        for l in &mut both {
+            l.criterion = Criterion::Fraction(0.001);
+        }
+        let md = side_by_side(&both).unwrap();
+        assert!(md.contains("| throughput, 64 B, 0.1% loss (RFC 2544) |"), "{md}");
+        assert!(!md.contains("zero loss"), "{md}");
     }
 
     #[test]
