@@ -25,6 +25,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import socket
 import struct
 import subprocess
@@ -681,11 +682,19 @@ def test_no_logging_sinks_gives_an_empty_log_export(natrix_bin, tmp_path):
 # ---------------------------------------------------------------------------
 
 
+def _mtu(name):
+    try:
+        return int(Path(f"/sys/class/net/{name}/mtu").read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _two_interfaces():
     """Two interfaces that exist here (for --live checks that might look
-    them up), else the README's eth1/eth2."""
+    them up) with an MTU natrix takes (no jumbo frames), else the README's
+    eth1/eth2."""
     try:
-        names = sorted(n for n in os.listdir("/sys/class/net") if n != "lo")
+        names = sorted(n for n in os.listdir("/sys/class/net") if n != "lo" and (_mtu(n) or 0) <= 2034)
     except OSError:
         names = []
     return tuple(names[:2]) if len(names) >= 2 else ("eth1", "eth2")
@@ -784,6 +793,29 @@ def test_live_check_passes_a_complete_config(natrix, tmp_path):
     assert p.returncode == 0, text(p)
     assert not (tmp_path / "logs" / "events.jsonl").exists() or \
         (tmp_path / "logs" / "events.jsonl").stat().st_size == 0, "a preflight writes no events"
+
+
+def test_live_check_refuses_an_interface_with_jumbo_frames(natrix_bin, tmp_path):
+    """natrix's frame buffers hold 2,048 bytes: an interface whose MTU allows
+    longer frames is refused before `run` (which refuses it too), naming the
+    interface and the MTU, rather than dropping or cutting its big frames."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("needs root and iproute2 to build a namespace with a veth pair")
+    ns = f"nx-jumbo-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        # A veth pair (this kernel may have no dummy interfaces), one end jumbo.
+        subprocess.run(["ip", "-n", ns, "link", "add", "nxj-in", "type", "veth", "peer", "name", "nxj-out"], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", "nxj-out", "mtu", "9000"], check=True)
+        cfg = _write(tmp_path, live_config(inside={"interface": "nxj-in"}, outside={"interface": "nxj-out"}))
+        p = subprocess.run(["ip", "netns", "exec", ns, str(natrix_bin), "check-config", "--live", str(cfg)],
+                           capture_output=True, text=True, timeout=60)
+        t = p.stdout + p.stderr
+        assert p.returncode == 2, f"exit {p.returncode}, expected 2:\n{t}"
+        assert "outside.interface" in t and "nxj-out" in t and "9000" in t, t
+        assert "nxj-in" not in t, f"the 1500-byte interface is fine:\n{t}"
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])
 
 
 @pytest.mark.parametrize("where", ["missing-folder", "parent-is-a-file", "read-only-folder"])

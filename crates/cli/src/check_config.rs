@@ -80,7 +80,8 @@ pub fn run(args: &Args) -> Result<(), Failure> {
 fn check_host(cfg: &Config) -> Result<(), String> {
     for (key, name) in [("inside.interface", &cfg.live.inside_interface), ("outside.interface", &cfg.live.outside_interface)] {
         if let Some(name) = name {
-            natrix_io::iface::Interface::lookup(name).map_err(|e| format!("{key}: {e}"))?;
+            let iface = natrix_io::iface::Interface::lookup(name).map_err(|e| format!("{key}: {e}"))?;
+            natrix_io::check_frames_fit(name, iface.mtu).map_err(|e| format!("{key}: {e}"))?;
         }
     }
     if let Some(p) = &cfg.logging.json {

@@ -125,14 +125,17 @@ impl PacketPort for AfPacketPort {
             let base = unsafe { self.ring.add(self.block * BLOCK_SIZE + self.next_offset) };
             let hdr = base.cast::<libc::tpacket3_hdr>();
             // SAFETY: hdr is a tpacket3_hdr written by the kernel inside the block.
-            let (next, status, mac, snaplen) = unsafe { ((*hdr).tp_next_offset, (*hdr).tp_status, (*hdr).tp_mac, (*hdr).tp_snaplen) };
+            let (next, status, mac, snaplen, wire_len) = unsafe { ((*hdr).tp_next_offset, (*hdr).tp_status, (*hdr).tp_mac, (*hdr).tp_snaplen, (*hdr).tp_len) };
             // A VLAN tag the kernel took off the frame: natrix's live
             // interfaces carry untagged traffic, and translating a tagged
             // frame as untagged would leak it between VLANs.
-            if status & (libc::TP_STATUS_CSUMNOTREADY | libc::TP_STATUS_VLAN_VALID) != 0 {
+            // A frame longer than natrix's buffers (the MTU raised after
+            // start): refused whole rather than translated cut short.
+            if status & (libc::TP_STATUS_CSUMNOTREADY | libc::TP_STATUS_VLAN_VALID) != 0 || wire_len as usize > MAX_FRAME {
                 self.refused += 1;
             } else if is_incoming(hdr) {
-                let len = (snaplen as usize).min(MAX_FRAME);
+                let len = snaplen as usize;
+                debug_assert!(len <= MAX_FRAME, "the ring copies whole frames of up to MAX_FRAME bytes");
                 // SAFETY: the frame lies at tp_mac within the block, snaplen bytes long.
                 let frame = unsafe { std::slice::from_raw_parts_mut(base.add(usize::from(mac)), len) };
                 f(frame);

@@ -17,4 +17,4 @@ pub use capture::{CaptureError, CaptureReader, CaptureWriter, ReadFrame};
 pub use lock::{InterfaceLock, LockError, LOCK_DIR};
 pub use memory::{MemoryPeer, MemoryPort};
 pub use output::{same_file, PendingFile};
-pub use port::{IoError, PacketPort, MAX_FRAME};
+pub use port::{check_frames_fit, IoError, PacketPort, MAX_FRAME};

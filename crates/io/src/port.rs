@@ -6,6 +6,16 @@ use std::os::fd::RawFd;
 
 /// Largest frame a backend hands over or accepts (no jumbo frames).
 pub const MAX_FRAME: usize = 2048;
+/// An untagged Ethernet header: what a frame adds to the MTU's packet.
+const ETHERNET_HEADER: usize = 14;
+
+/// Refuses an interface whose MTU admits frames longer than `MAX_FRAME`.
+pub fn check_frames_fit(interface: &str, mtu: u16) -> Result<(), IoError> {
+    if usize::from(mtu) + ETHERNET_HEADER > MAX_FRAME {
+        return Err(IoError::FrameTooLarge { interface: interface.to_owned(), mtu });
+    }
+    Ok(())
+}
 
 /// An error of a live backend, naming the operation and the interface.
 #[derive(Debug)]
@@ -15,6 +25,10 @@ pub enum IoError {
     /// The backend cannot work on this interface or kernel (for example
     /// AF_XDP on a kernel without it); `auto` falls back on this.
     Unsupported { interface: String, reason: String },
+    /// The interface's MTU allows frames longer than natrix's frame buffers
+    /// (`MAX_FRAME`): no backend takes it, since jumbo frames would arrive
+    /// cut short or not at all.
+    FrameTooLarge { interface: String, mtu: u16 },
 }
 
 impl IoError {
@@ -28,6 +42,13 @@ impl std::fmt::Display for IoError {
         match self {
             IoError::Os { op, interface, source } => write!(f, "{interface}: {op} failed: {source}"),
             IoError::Unsupported { interface, reason } => write!(f, "{interface}: {reason}"),
+            IoError::FrameTooLarge { interface, mtu } => write!(
+                f,
+                "{interface}: MTU {mtu} allows frames of {} bytes, and natrix handles frames of up to {MAX_FRAME} bytes \
+                 (no jumbo frames): lower the MTU to {} or less (ip link set dev {interface} mtu 1500)",
+                usize::from(*mtu) + ETHERNET_HEADER,
+                MAX_FRAME - ETHERNET_HEADER
+            ),
         }
     }
 }

@@ -34,7 +34,7 @@ use natrix_engine::{Engine, EngineConfig, Event, Side, Stats};
 use natrix_io::af_packet::AfPacketPort;
 use natrix_io::af_xdp::AfXdpPort;
 use natrix_io::iface::Interface;
-use natrix_io::{IoError, PacketPort};
+use natrix_io::{check_frames_fit, IoError, PacketPort};
 
 use crate::gateway::{Gateway, GatewayCounters, Link};
 use crate::ring::{self, Doorbell};
@@ -382,6 +382,9 @@ fn outside_answers(outside: &LinkSettings, pool: &[u32]) -> Vec<u32> {
 fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<[SuppliedPort; 2], DataplaneError> {
     let inside = Interface::lookup(&settings.inside.interface)?;
     let outside = Interface::lookup(&settings.outside.interface)?;
+    for iface in [&inside, &outside] {
+        check_frames_fit(&iface.name, iface.mtu)?;
+    }
     let inside_port = open_port(&inside, settings.io, notes)?;
     let outside_port = open_port(&outside, settings.io, notes)?;
     Ok([SuppliedPort { port: inside_port, mac: inside.mac, mtu: inside.mtu }, SuppliedPort { port: outside_port, mac: outside.mac, mtu: outside.mtu }])

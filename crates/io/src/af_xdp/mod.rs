@@ -34,6 +34,12 @@ use umem::{bind, register_umem, xsk_socket, Mmap, Ring, Rings};
 
 /// UMEM chunk size; one frame per chunk, so a chunk holds the largest frame.
 const FRAME_SIZE: u32 = MAX_FRAME as u32;
+/// The kernel's XDP_PACKET_HEADROOM, which copy mode leaves at the start of
+/// each receive chunk.
+const XDP_HEADROOM: usize = 256;
+/// The longest frame the kernel can copy into a receive chunk.
+const MAX_RX_FRAME: usize = MAX_FRAME - XDP_HEADROOM;
+const ETHERNET_HEADER: usize = 14;
 /// Receive frames occupy the first half of the UMEM, transmit frames the
 /// second, so a frame handed to the fill ring never collides with one
 /// waiting for transmission.
@@ -79,8 +85,10 @@ impl AfXdpPort {
     /// in copy mode and attaches the redirect program (native mode where the
     /// driver has it, generic mode otherwise).
     pub fn open(interface: &str) -> Result<AfXdpPort, IoError> {
-        let ifindex = Interface::lookup(interface)?.index;
+        let iface = Interface::lookup(interface)?;
+        let ifindex = iface.index;
         refuse_multiqueue(interface)?;
+        refuse_frames_past_a_chunk(interface, iface.mtu)?;
         let socket = xsk_socket(interface)?;
         let umem = Mmap::anonymous(UMEM_LEN).map_err(|e| os_error("allocating the UMEM", interface, e))?;
         register_umem(&socket, &umem).map_err(|e| os_error("registering the UMEM", interface, e))?;
@@ -223,6 +231,20 @@ fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
         return Err(io::Error::last_os_error());
     }
     Ok(rc)
+}
+
+/// In copy mode the kernel writes a frame after XDP_PACKET_HEADROOM bytes
+/// of its chunk and drops one that does not fit: an MTU that allows such
+/// frames is refused (AF_PACKET takes them; `auto` falls back).
+fn refuse_frames_past_a_chunk(interface: &str, mtu: u16) -> Result<(), IoError> {
+    let largest = usize::from(mtu) + ETHERNET_HEADER;
+    if largest > MAX_RX_FRAME {
+        return Err(IoError::Unsupported {
+            interface: interface.to_owned(),
+            reason: format!("AF_XDP takes frames of up to {MAX_RX_FRAME} bytes and MTU {mtu} allows {largest}; io = \"af_packet\" takes up to {MAX_FRAME}"),
+        });
+    }
+    Ok(())
 }
 
 /// A socket takes the frames of one receive queue only, and the program

@@ -51,6 +51,28 @@ fn frames_cross_a_veth_pair_both_ways() {
     });
 }
 
+/// Copy mode cannot deliver a frame past a chunk less the kernel's
+/// headroom: an interface whose MTU allows one is refused as unsupported
+/// (so `auto` falls back to AF_PACKET), naming the MTU; one byte less opens.
+#[test]
+fn an_mtu_past_a_chunk_is_refused_and_one_that_fits_opens() {
+    let Some(ns) = Netns::with_veth_pair("mtu") else {
+        return;
+    };
+    let fits = (MAX_RX_FRAME - ETHERNET_HEADER).to_string();
+    let too_big = (MAX_RX_FRAME - ETHERNET_HEADER + 1).to_string();
+    ns.ip(&["link", "set", PORT_IF, "mtu", &too_big]);
+    ns.run(|| match AfXdpPort::open(PORT_IF) {
+        Err(IoError::Unsupported { reason, .. }) => assert!(reason.contains(&format!("MTU {too_big}")), "{reason}"),
+        Err(other) => panic!("expected a refusal as unsupported, got {other}"),
+        Ok(_) => panic!("AF_XDP opened with MTU {too_big}"),
+    });
+    ns.ip(&["link", "set", PORT_IF, "mtu", &fits]);
+    ns.run(|| {
+        AfXdpPort::open(PORT_IF).expect("AF_XDP opens when the largest frame fits");
+    });
+}
+
 #[test]
 fn one_port_per_queue_and_drop_detaches_the_program() {
     let Some(ns) = Netns::with_veth_pair("drop") else {
