@@ -199,9 +199,10 @@ impl PacketPort for AfXdpPort {
         if rc != 0 {
             return 0;
         }
-        // Cumulative counters: frames dropped for want of room, in the RX
-        // ring or in the fill ring.
-        st.rx_dropped + st.rx_ring_full + st.rx_fill_ring_empty_descs
+        // Cumulative counters: frames dropped for want of room in the RX
+        // ring (rx_ring_full) or for want of a chunk (rx_dropped, which
+        // rx_fill_ring_empty_descs counts a second time, so it stays out).
+        st.rx_dropped + st.rx_ring_full
     }
 }
 
