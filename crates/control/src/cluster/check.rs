@@ -160,7 +160,7 @@ fn check_names_and_spaces(members: &[(&NodeFile, &ClusterConfig)], problems: &mu
 
 /// One active, at most one standby, and the two alike in everything a
 /// failover must keep: the subscribers, the pool, the port range, the
-/// mode and its formula, and the port blocks.
+/// mode and its formula, the port blocks and how long a freed port is held.
 fn check_partition(name: &str, nodes: &[(&NodeFile, &ClusterConfig)], problems: &mut Vec<ClusterProblem>) -> Option<Partition> {
     let files = |a: &NodeFile, b: &NodeFile| [a.file.to_owned(), b.file.to_owned()];
     let of_role = |r: Role| nodes.iter().filter(move |(_, c)| c.role == r).map(|(n, _)| *n);
@@ -184,6 +184,7 @@ fn check_partition(name: &str, nodes: &[(&NodeFile, &ClusterConfig)], problems: 
             ("nat.mode", e.deterministic.is_some() != f.deterministic.is_some()),
             ("the deterministic formula (nat.subscribers, nat.ports_per_subscriber)", e.deterministic != f.deterministic),
             ("nat.port_block_size", e.port_block_size != f.port_block_size),
+            ("nat.hold_down", e.hold_down_s != f.hold_down_s),
         ] {
             if differs {
                 problems.push(ClusterProblem::PartnersDiffer { partition: name.to_owned(), key, files: files(first, n) });

@@ -1,4 +1,5 @@
 //! natrix beyond one machine (docs/SCALE-OUT.md): the checks that hold a
-//! cluster's node files together.
+//! cluster's node files together, and session sync to a standby.
 
 pub mod check;
+pub mod sync;
