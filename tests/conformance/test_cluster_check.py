@@ -79,6 +79,12 @@ def test_a_file_without_a_cluster_section_is_named(natrix, tmp_path):
     (lambda f: f.update(a2=f["a2"].replace('"203.0.113.0/27"', '"203.0.113.0/28", "203.0.113.16/28"').replace("[nat]\n", '[nat]\nports = "2048-65535"\n')),
      'partition "p1": nat.ports differs between'),
     (lambda f: f.update(b1=f["b1"].replace('node = "b1"', 'node = "a1"')), 'cluster.node "a1" is used by both'),
+    (lambda f: f.update(a2="workers = 2\n" + f["a2"]), 'partition "p1": workers differs between'),
+    (lambda f: f.update(a1=f["a1"] + 'sync_listen = "192.0.2.1:7400"\nsync_peer = "192.0.2.2:7400"\n',
+                        a2=f["a2"] + 'sync_listen = "192.0.2.2:7400"\nsync_peer = "192.0.2.3:7400"\n'),
+     'a2.toml do not sync with each other'),
+    (lambda f: f.update(a1=f["a1"] + 'sync_listen = "192.0.2.1:7400"\nsync_peer = "192.0.2.2:7400"\n'),
+     'do not sync with each other'),
     (lambda f: f.update(b1=f["b1"].replace(f'pool_space = ["{POOL_SPACE}"]', 'pool_space = ["203.0.113.0/25"]')), "cluster.pool_space differs"),
 ])
 def test_partners_and_names_must_agree(natrix, tmp_path, change, expected):

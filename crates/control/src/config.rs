@@ -874,7 +874,8 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
     ("management", &["listen"]),
     ("syn_accel", &["destinations", "interval", "attempts", "deadline"]),
     ("nptv6", &["inside", "outside"]),
-    ("cluster", &["node", "partition", "role", "subscribers", "subscriber_space", "pool_space"]),
+    ("cluster", &["node", "partition", "role", "subscribers", "subscriber_space", "pool_space", "sync_listen", "sync_peer", "peer_timeout", "bgp"]),
+    ("cluster.bgp", &["local_as", "peer", "peer_as", "router_id", "hold_time", "standby_prepend", "bird"]),
     ("sctp", &["max_chunks", "max_params", "track_global_addresses", "reply_ootb", "max_associations"]),
 ];
 

@@ -53,6 +53,11 @@ pub enum ClusterProblem {
         key: &'static str,
         files: [String; 2],
     },
+    /// Partners whose `sync_peer` is not the other's `sync_listen`, or only one of which syncs.
+    SyncNotPaired {
+        partition: String,
+        files: [String; 2],
+    },
     Overlap {
         what: &'static str,
         partitions: [String; 2],
@@ -77,6 +82,9 @@ impl fmt::Display for ClusterProblem {
             }
             ClusterProblem::PartnersDiffer { partition, key, files: [a, b] } => {
                 write!(f, "partition \"{partition}\": {key} differs between {a} and {b}: a standby must take over its active node's {key} as it is")
+            }
+            ClusterProblem::SyncNotPaired { partition, files: [a, b] } => {
+                write!(f, "partition \"{partition}\": {a} and {b} do not sync with each other: each node's cluster.sync_peer must be the other's cluster.sync_listen")
             }
             ClusterProblem::Overlap { what, partitions: [a, b], addresses } => {
                 write!(f, "{what} overlap: partitions \"{a}\" and \"{b}\" both own {}", list(addresses))
@@ -160,7 +168,9 @@ fn check_names_and_spaces(members: &[(&NodeFile, &ClusterConfig)], problems: &mu
 
 /// One active, at most one standby, and the two alike in everything a
 /// failover must keep: the subscribers, the pool, the port range, the
-/// mode and its formula, the port blocks and how long a freed port is held.
+/// mode and its formula, the port blocks, how long a freed port is held
+/// and the workers (a synced mapping goes to the worker of its
+/// subscriber); and their sync endpoints must point at each other.
 fn check_partition(name: &str, nodes: &[(&NodeFile, &ClusterConfig)], problems: &mut Vec<ClusterProblem>) -> Option<Partition> {
     let files = |a: &NodeFile, b: &NodeFile| [a.file.to_owned(), b.file.to_owned()];
     let of_role = |r: Role| nodes.iter().filter(move |(_, c)| c.role == r).map(|(n, _)| *n);
@@ -185,11 +195,20 @@ fn check_partition(name: &str, nodes: &[(&NodeFile, &ClusterConfig)], problems: 
             ("the deterministic formula (nat.subscribers, nat.ports_per_subscriber)", e.deterministic != f.deterministic),
             ("nat.port_block_size", e.port_block_size != f.port_block_size),
             ("nat.hold_down", e.hold_down_s != f.hold_down_s),
+            ("workers", first.config.live.workers != n.config.live.workers),
         ] {
             if differs {
                 problems.push(ClusterProblem::PartnersDiffer { partition: name.to_owned(), key, files: files(first, n) });
                 break;
             }
+        }
+        let paired = match (first_c.sync, c.sync) {
+            (Some(a), Some(b)) => a.peer == b.listen && b.peer == a.listen,
+            (None, None) => true,
+            _ => false,
+        };
+        if !paired {
+            problems.push(ClusterProblem::SyncNotPaired { partition: name.to_owned(), files: files(first, n) });
         }
     }
     let active = actives.first()?;

@@ -6,7 +6,8 @@
 //! most one standby. One file describes one node; `natrix check-config
 //! --cluster` holds the files together (`crate::cluster::check`).
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 
 use natrix_engine::EngineConfig;
 
@@ -51,6 +52,35 @@ pub struct ClusterConfig {
     /// The whole cluster's pool, the same in every file: the partitions'
     /// pools together must cover it exactly.
     pub pool_space: Vec<Prefix4>,
+    /// Session sync with the partition's other node, if configured.
+    pub sync: Option<SyncConfig>,
+    /// How long a standby hears nothing from its active partner before it
+    /// takes over (and how long a starting node listens before it does).
+    pub peer_timeout_ms: u64,
+    /// The BGP speaker that announces this node's prefixes, if configured.
+    pub bgp: Option<BgpConfig>,
+}
+
+/// `[cluster] sync_listen` and `sync_peer`: the UDP endpoints of session sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SyncConfig {
+    pub listen: SocketAddr,
+    pub peer: SocketAddr,
+}
+
+/// `[cluster.bgp]`: the BIRD 2 instance natrix runs for its announcements.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BgpConfig {
+    pub local_as: u32,
+    pub peer: Ipv4Addr,
+    pub peer_as: u32,
+    pub router_id: Ipv4Addr,
+    /// BGP hold time in seconds (RFC 4271: 0 or at least 3); keepalives every third of it.
+    pub hold_time: u32,
+    /// AS path prepends a standby adds, so routers prefer the active node.
+    pub standby_prepend: u32,
+    /// The BIRD 2 daemon to run.
+    pub bird: PathBuf,
 }
 
 pub(super) fn parse(root: &mut Section, e: &EngineConfig) -> Result<Option<ClusterConfig>, ConfigError> {
@@ -90,6 +120,19 @@ pub(super) fn parse(root: &mut Section, e: &EngineConfig) -> Result<Option<Clust
     let Some(pool_space) = prefixes(&mut s, "pool_space")? else {
         return err("cluster.pool_space", "missing: the whole cluster's pool, the same in every node's file, e.g. pool_space = [\"203.0.113.0/28\"]");
     };
+    let sync = parse_sync(&mut s)?;
+    let peer_timeout_ms = s.parsed("peer_timeout", crate::duration::parse_ms)?.unwrap_or(DEFAULT_PEER_TIMEOUT_MS);
+    if !(100..=60_000).contains(&peer_timeout_ms) {
+        return err("cluster.peer_timeout", format!("{peer_timeout_ms} ms is out of range 100ms-60s"));
+    }
+    let bgp = match s.section("bgp")? {
+        Some(mut b) => {
+            let bgp = parse_bgp(&mut b)?;
+            b.finish()?;
+            Some(bgp)
+        }
+        None => None,
+    };
     s.finish()?;
     let key = if e.deterministic.is_some() { "nat.subscribers" } else { "cluster.subscribers" };
     if let Some(p) = subscribers.iter().find(|p| !covered(&subscriber_space, **p)) {
@@ -98,7 +141,44 @@ pub(super) fn parse(root: &mut Section, e: &EngineConfig) -> Result<Option<Clust
     if let Some(a) = e.pool.iter().find(|&&a| !covered(&pool_space, (a, 32))) {
         return err("nat.pool", format!("{} is not in cluster.pool_space", Ipv4Addr::from(*a)));
     }
-    Ok(Some(ClusterConfig { node: node.to_owned(), partition, role, subscribers, subscriber_space, pool_space }))
+    Ok(Some(ClusterConfig { node: node.to_owned(), partition, role, subscribers, subscriber_space, pool_space, sync, peer_timeout_ms, bgp }))
+}
+
+const DEFAULT_PEER_TIMEOUT_MS: u64 = 1000;
+
+fn parse_sync(s: &mut Section) -> Result<Option<SyncConfig>, ConfigError> {
+    let endpoint = |t: &str| t.parse::<SocketAddr>().map_err(|_| format!("\"{t}\" is not ADDRESS:PORT, e.g. \"192.0.2.1:7400\""));
+    let listen = s.parsed("sync_listen", endpoint)?;
+    let peer = s.parsed("sync_peer", endpoint)?;
+    match (listen, peer) {
+        (Some(_), Some(peer)) if peer.ip().is_unspecified() || peer.port() == 0 => err("cluster.sync_peer", format!("{peer} is not an address to send to")),
+        (Some(listen), Some(peer)) => Ok(Some(SyncConfig { listen, peer })),
+        (None, None) => Ok(None),
+        (Some(_), None) => err("cluster.sync_peer", "missing: sync_listen needs the partner's address, e.g. sync_peer = \"192.0.2.2:7400\""),
+        (None, Some(_)) => err("cluster.sync_listen", "missing: sync_peer needs this node's own address, e.g. sync_listen = \"192.0.2.1:7400\""),
+    }
+}
+
+fn parse_bgp(b: &mut Section) -> Result<BgpConfig, ConfigError> {
+    let ipv4 = |t: &str| t.parse::<Ipv4Addr>().map_err(|_| format!("\"{t}\" is not an IPv4 address"));
+    let asn = |b: &mut Section, key: &str| -> Result<u32, ConfigError> {
+        let Some(v) = b.integer_u64(key)? else { return err(b.path(key), "missing: an AS number, e.g. 65001") };
+        match u32::try_from(v) {
+            Ok(n) if n > 0 => Ok(n),
+            _ => err(b.path(key), format!("{v} is not an AS number (1-4294967295)")),
+        }
+    };
+    let local_as = asn(b, "local_as")?;
+    let peer_as = asn(b, "peer_as")?;
+    let Some(peer) = b.parsed("peer", ipv4)? else { return err("cluster.bgp.peer", "missing: the router's address, e.g. peer = \"192.0.2.254\"") };
+    let Some(router_id) = b.parsed("router_id", ipv4)? else { return err("cluster.bgp.router_id", "missing: this node's BGP identifier, usually its address towards the router") };
+    let hold_time = b.integer("hold_time", 0, 65535)?.unwrap_or(3);
+    if (1..3).contains(&hold_time) {
+        return err("cluster.bgp.hold_time", "must be 0 or at least 3 seconds (RFC 4271 section 4.2)");
+    }
+    let standby_prepend = b.integer("standby_prepend", 1, 16)?.unwrap_or(3);
+    let bird = b.string("bird")?.map_or_else(|| PathBuf::from("bird"), PathBuf::from);
+    Ok(BgpConfig { local_as, peer, peer_as, router_id, hold_time, standby_prepend, bird })
 }
 
 /// Names appear in messages, metrics labels and routing daemons' configs.
@@ -192,5 +272,23 @@ mod tests {
         assert_eq!(refusal(&DYNAMIC.replace("pool_space = [\"203.0.113.0/28\"]\n", "")).0, "cluster.pool_space");
         assert_eq!(refusal(&DYNAMIC.replace("[cluster]\n", "[cluster]\nbogus = 1\n")).0, "cluster.bogus");
         assert_eq!(refusal("[nat]\nmode = \"off\"\n[cluster]\nnode = \"a\"\n").0, "cluster");
+    }
+
+    #[test]
+    fn sync_and_bgp_parse_with_defaults_and_refusals_name_the_key() {
+        let text = format!("{DYNAMIC}sync_listen = \"192.0.2.1:7400\"\nsync_peer = \"192.0.2.2:7400\"\npeer_timeout = \"500ms\"\n[cluster.bgp]\nlocal_as = 65001\npeer_as = 65000\npeer = \"192.0.2.254\"\nrouter_id = \"192.0.2.1\"\n");
+        let c = Config::parse(&text).unwrap().cluster.unwrap();
+        assert_eq!(c.sync.unwrap().peer, "192.0.2.2:7400".parse().unwrap());
+        assert_eq!(c.peer_timeout_ms, 500);
+        let b = c.bgp.unwrap();
+        assert_eq!((b.local_as, b.peer_as, b.hold_time, b.standby_prepend), (65001, 65000, 3, 3));
+        assert_eq!(b.bird, std::path::PathBuf::from("bird"));
+        assert_eq!(refusal(&text.replace("sync_listen = \"192.0.2.1:7400\"\n", "")).0, "cluster.sync_listen");
+        assert_eq!(refusal(&text.replace("192.0.2.2:7400", "0.0.0.0:7400")).0, "cluster.sync_peer");
+        assert_eq!(refusal(&text.replace("500ms", "10ms")).0, "cluster.peer_timeout");
+        assert_eq!(refusal(&format!("{text}hold_time = 2\n")).0, "cluster.bgp.hold_time");
+        assert_eq!(refusal(&text.replace("local_as = 65001", "local_as = 0")).0, "cluster.bgp.local_as");
+        assert_eq!(refusal(&text.replace("router_id = \"192.0.2.1\"\n", "")).0, "cluster.bgp.router_id");
+        assert_eq!(refusal(&format!("{text}md5 = 1\n")).0, "cluster.bgp.md5");
     }
 }
