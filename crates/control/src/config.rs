@@ -223,6 +223,7 @@ impl Config {
             (a.io != b.io, "io"),
             (a.busy_poll != b.busy_poll, "busy_poll"),
             (a.management_listen != b.management_listen, "management.listen"),
+            (self.cluster != new.cluster, "cluster"),
         ]
         .into_iter()
         .find_map(|(changed, key)| changed.then_some(key))

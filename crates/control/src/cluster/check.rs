@@ -277,7 +277,7 @@ fn uncovered(whole: Range, sorted: &[Range]) -> Vec<Range> {
 }
 
 /// The fewest prefixes that make up an inclusive range.
-fn to_prefixes((mut lo, hi): Range) -> Vec<Prefix4> {
+pub(crate) fn to_prefixes((mut lo, hi): Range) -> Vec<Prefix4> {
     let mut out = Vec::new();
     while lo <= hi {
         let mut len = if lo == 0 { 0 } else { 32 - lo.trailing_zeros().min(32) };

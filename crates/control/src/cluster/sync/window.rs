@@ -18,10 +18,15 @@ pub struct Limits {
     pub max_pending: usize,
     /// A message unacknowledged this long is sent again.
     pub retransmit_ns: u64,
-    /// Sent this many times without acknowledgement, a message is given up.
+    /// Sent this many times as the oldest message held without
+    /// acknowledgement, a message is given up. Only the oldest counts its
+    /// tries: the receiver takes messages in order, so those behind it
+    /// cannot be acknowledged before it, and must not run out with it.
     pub max_tries: u32,
     /// A partly filled batch waits at most this long for more records.
     pub flush_ns: u64,
+    /// With nothing else to send this long, the active node sends ALIVE.
+    pub keepalive_ns: u64,
 }
 
 /// Whether sequence `a` comes before `b`, across wrap-around (RFC 1982).
@@ -34,7 +39,8 @@ struct Pending {
     before: u32,
     records: Vec<Record>,
     sent_ns: u64,
-    tries: u32,
+    /// Times sent.
+    sends: u32,
 }
 
 /// What the sending side has done.
@@ -65,6 +71,10 @@ pub struct Sender {
     batch_since_ns: u64,
     /// Sealed messages not yet acknowledged, in sequence order.
     pending: VecDeque<Pending>,
+    /// Times the oldest pending message was sent while the oldest.
+    front_tries: u32,
+    /// When anything was last sent.
+    sent_ns: u64,
     stats: SenderStats,
 }
 
@@ -80,6 +90,8 @@ impl Sender {
             batch: Vec::with_capacity(MAX_RECORDS),
             batch_since_ns: 0,
             pending: VecDeque::with_capacity(limits.max_pending),
+            front_tries: 0,
+            sent_ns: 0,
             stats: SenderStats::default(),
         }
     }
@@ -101,7 +113,7 @@ impl Sender {
         }
         let records = std::mem::replace(&mut self.batch, Vec::with_capacity(MAX_RECORDS));
         let n = records.len() as u32;
-        self.pending.push_back(Pending { sequence: self.next_sequence, before: self.records_before, records, sent_ns: 0, tries: 0 });
+        self.pending.push_back(Pending { sequence: self.next_sequence, before: self.records_before, records, sent_ns: 0, sends: 0 });
         self.next_sequence = self.next_sequence.wrapping_add(1);
         self.records_before = self.records_before.wrapping_add(n);
     }
@@ -109,6 +121,7 @@ impl Sender {
     fn give_up_oldest(&mut self) {
         if let Some(p) = self.pending.pop_front() {
             self.stats.records_given_up += p.records.len() as u64;
+            self.front_tries = 0;
         }
     }
 
@@ -119,30 +132,39 @@ impl Sender {
 
     /// Sends what is due at `now_ns`: a batch that waited `flush_ns`, new
     /// messages, and messages unacknowledged for `retransmit_ns` (those
-    /// sent `max_tries` times are given up instead).
+    /// sent `max_tries` times are given up instead); ALIVE when nothing was
+    /// sent for `keepalive_ns`.
     pub fn transmit(&mut self, now_ns: u64, mut send: impl FnMut(&[u8])) {
         if !self.batch.is_empty() && now_ns.saturating_sub(self.batch_since_ns) >= self.limits.flush_ns {
             self.seal();
         }
-        while self.pending.front().is_some_and(|p| p.tries >= self.limits.max_tries.max(1) && now_ns.saturating_sub(p.sent_ns) >= self.limits.retransmit_ns) {
+        while self.front_tries >= self.limits.max_tries.max(1) && self.pending.front().is_some_and(|p| now_ns.saturating_sub(p.sent_ns) >= self.limits.retransmit_ns) {
             self.give_up_oldest();
         }
         let base = self.base();
-        for p in self.pending.iter_mut() {
-            let due = p.tries == 0 || (p.tries < self.limits.max_tries.max(1) && now_ns.saturating_sub(p.sent_ns) >= self.limits.retransmit_ns);
+        for (i, p) in self.pending.iter_mut().enumerate() {
+            let due = p.sends == 0 || now_ns.saturating_sub(p.sent_ns) >= self.limits.retransmit_ns;
             if !due {
                 continue;
             }
-            if p.tries == 0 {
+            if i == 0 {
+                self.front_tries += 1;
+            }
+            if p.sends == 0 {
                 self.stats.records_sent += p.records.len() as u64;
             } else {
                 self.stats.retransmits += 1;
             }
-            p.tries += 1;
+            p.sends += 1;
             p.sent_ns = now_ns;
             self.stats.messages_sent += 1;
             let m = Message::Data { session: self.session, sequence: p.sequence, base, before: p.before, records: p.records.clone() };
             send(&m.encode());
+            self.sent_ns = now_ns;
+        }
+        if now_ns.saturating_sub(self.sent_ns) >= self.limits.keepalive_ns {
+            send(&Message::Alive { session: self.session, next: self.next_sequence, base, before: self.records_before }.encode());
+            self.sent_ns = now_ns;
         }
     }
 
@@ -155,6 +177,7 @@ impl Sender {
         while let Some(p) = self.pending.front().filter(|p| !before(ack, p.sequence)) {
             self.stats.records_acked += p.records.len() as u64;
             self.pending.pop_front();
+            self.front_tries = 0;
         }
     }
 
@@ -206,20 +229,7 @@ impl Receiver {
     /// duplicate, an early or a stale message), and the acknowledgement to
     /// send back (none for a stale message).
     pub fn on_data<'a>(&mut self, session: u32, sequence: u32, base: u32, records_before: u32, records: &'a [Record]) -> (&'a [Record], Option<Message>) {
-        let expected = match self.peer {
-            Some((s, _)) if before(session, s) => {
-                self.stats.stale += 1;
-                return (&[], None);
-            }
-            Some((s, e)) if s == session => e,
-            // A sender's new life: everything before this message of it is unknown here.
-            _ => {
-                self.records_seen = 0;
-                base
-            }
-        };
-        // Messages before `base` were given up by the sender.
-        let expected = if before(expected, base) { base } else { expected };
+        let Some(expected) = self.expected(session, base) else { return (&[], None) };
         let taken: &[Record] = if sequence == expected {
             self.stats.records_lost += u64::from(records_before.wrapping_sub(self.records_seen));
             self.stats.records_received += records.len() as u64;
@@ -238,6 +248,38 @@ impl Receiver {
         (taken, Some(Message::Ack { session, ack: next.wrapping_sub(1) }))
     }
 
+    /// Takes an ALIVE: when the sender holds nothing (`base` is `next`),
+    /// every record before `next` was either taken here or is lost.
+    pub fn on_alive(&mut self, session: u32, next: u32, base: u32, records_before: u32) {
+        let Some(expected) = self.expected(session, base) else { return };
+        if base == next {
+            self.stats.records_lost += u64::from(records_before.wrapping_sub(self.records_seen));
+            self.records_seen = records_before;
+            self.peer = Some((session, next));
+        } else {
+            self.peer = Some((session, expected));
+        }
+    }
+
+    /// The next sequence expected of `session`, whose oldest held message
+    /// is `base`; None for a message of an earlier session (counted stale).
+    fn expected(&mut self, session: u32, base: u32) -> Option<u32> {
+        let expected = match self.peer {
+            Some((s, _)) if before(session, s) => {
+                self.stats.stale += 1;
+                return None;
+            }
+            Some((s, e)) if s == session => e,
+            // A sender's new life: everything before this message of it is unknown here.
+            _ => {
+                self.records_seen = 0;
+                base
+            }
+        };
+        // Messages before `base` were given up by the sender.
+        Some(if before(expected, base) { base } else { expected })
+    }
+
     pub fn stats(&self) -> ReceiverStats {
         self.stats
     }
@@ -249,7 +291,7 @@ mod tests {
     use crate::cluster::sync::wire::tests::record;
     use proptest::prelude::*;
 
-    const LIMITS: Limits = Limits { max_pending: 8, retransmit_ns: 10, max_tries: 3, flush_ns: 5 };
+    const LIMITS: Limits = Limits { max_pending: 8, retransmit_ns: 10, max_tries: 3, flush_ns: 5, keepalive_ns: 1000 };
 
     fn data(bytes: &[u8]) -> (u32, u32, u32, u32, Vec<Record>) {
         match Message::decode(bytes).unwrap() {
@@ -323,6 +365,21 @@ mod tests {
     }
 
     #[test]
+    fn alive_tells_the_receiver_of_losses_at_the_end_of_a_burst() {
+        let mut s = Sender::new(1, LIMITS);
+        let mut r = Receiver::new();
+        s.push(rec(1), 0);
+        for t in [5, 15, 25, 35] {
+            s.transmit(t, |_| {}); // every try lost
+        }
+        let mut out = Vec::new();
+        s.transmit(1035, |b| out.push(b.to_vec()));
+        assert_eq!(Message::decode(&out[0]), Ok(Message::Alive { session: 1, next: 1, base: 1, before: 1 }));
+        r.on_alive(1, 1, 1, 1);
+        assert_eq!(r.stats().records_lost, 1);
+    }
+
+    #[test]
     fn sequences_wrap_around() {
         assert!(before(u32::MAX, 0));
         assert!(!before(0, u32::MAX));
@@ -352,7 +409,7 @@ mod tests {
             fate in proptest::collection::vec((0u8..100, 0u64..30), 4000),
             max_pending in 1usize..12,
         ) {
-            let limits = Limits { max_pending, retransmit_ns: 20, max_tries: 4, flush_ns: 3 };
+            let limits = Limits { max_pending, retransmit_ns: 20, max_tries: 4, flush_ns: 3, keepalive_ns: 50 };
             let mut s = Sender::new(7, limits);
             let mut r = Receiver::new();
             let mut taken: Vec<Record> = Vec::new();
@@ -407,6 +464,7 @@ mod tests {
                             }
                         }
                         Message::Ack { session, ack } => s.on_ack(session, ack),
+                        Message::Alive { session, next, base, before } => r.on_alive(session, next, base, before),
                     }
                 }
                 prop_assert!(s.pending_messages() <= max_pending);

@@ -15,6 +15,9 @@
 //!        exactly how many records it never got.
 //! kind 2 ACK:  every DATA up to `ack` (the `base/ack` field) arrived in
 //!        order; `session` is the sender's session being acknowledged.
+//! kind 3 ALIVE: the active node's heartbeat when it has nothing to send:
+//!        `sequence` is the next it will use, `base` and `before` as in
+//!        DATA (so a receiver learns of losses at the end of a burst).
 //!
 //! record (24 bytes)
 //!  0      1       2          4          8          12         14        16         20         22
@@ -107,6 +110,30 @@ impl Record {
         })
     }
 
+    /// The event a standby's engine installs (`Engine::install_synced`).
+    pub fn to_event(&self) -> natrix_engine::Event {
+        let kind = match self.kind {
+            RecordKind::MappingCreated => EventKind::MappingCreated,
+            RecordKind::MappingDeleted => EventKind::MappingDeleted,
+            RecordKind::SessionCreated => EventKind::SessionCreated,
+            RecordKind::SessionDeleted => EventKind::SessionDeleted,
+            RecordKind::BlockAllocated => EventKind::BlockAllocated,
+            RecordKind::BlockReleased => EventKind::BlockReleased,
+        };
+        natrix_engine::Event {
+            kind,
+            time_ns: 0,
+            proto: self.proto,
+            int_addr: self.int_addr,
+            int_port: self.int_port,
+            ext_addr: self.ext_addr,
+            ext_port: self.ext_port,
+            ext_port_end: self.ext_port_end,
+            rem_addr: self.rem_addr,
+            rem_port: self.rem_port,
+        }
+    }
+
     fn encode(&self, out: &mut Vec<u8>) {
         out.push(self.kind as u8);
         out.push(self.proto.ip_number());
@@ -141,10 +168,12 @@ impl Record {
 pub enum Message {
     Data { session: u32, sequence: u32, base: u32, before: u32, records: Vec<Record> },
     Ack { session: u32, ack: u32 },
+    Alive { session: u32, next: u32, base: u32, before: u32 },
 }
 
 const KIND_DATA: u8 = 1;
 const KIND_ACK: u8 = 2;
+const KIND_ALIVE: u8 = 3;
 
 /// Why a datagram was refused; the receiver counts it and goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +224,7 @@ impl Message {
         let (kind, session, sequence, field, before, records): (u8, u32, u32, u32, u32, &[Record]) = match self {
             Message::Data { session, sequence, base, before, records } => (KIND_DATA, *session, *sequence, *base, *before, records),
             Message::Ack { session, ack } => (KIND_ACK, *session, 0, *ack, 0, &[]),
+            Message::Alive { session, next, base, before } => (KIND_ALIVE, *session, *next, *base, *before, &[]),
         };
         debug_assert!(records.len() <= MAX_RECORDS);
         let mut out = Vec::with_capacity(HEADER_LEN + records.len() * RECORD_LEN);
@@ -232,6 +262,8 @@ impl Message {
         match b[3] {
             KIND_ACK if count == 0 && b.len() == HEADER_LEN => Ok(Message::Ack { session, ack: field }),
             KIND_ACK => Err(DecodeError::Length { count, len: b.len() }),
+            KIND_ALIVE if count == 0 && b.len() == HEADER_LEN => Ok(Message::Alive { session, next: sequence, base: field, before }),
+            KIND_ALIVE => Err(DecodeError::Length { count, len: b.len() }),
             KIND_DATA => {
                 if count > MAX_RECORDS {
                     return Err(DecodeError::TooManyRecords(count));
@@ -300,6 +332,9 @@ pub(crate) mod tests {
         let mut m = good.clone();
         m[3] = 9;
         assert_eq!(Message::decode(&m), Err(DecodeError::MessageKind(9)));
+        let mut m = Message::Alive { session: 1, next: 2, base: 2, before: 5 }.encode();
+        m.extend_from_slice(&[0; RECORD_LEN]);
+        assert_eq!(Message::decode(&m), Err(DecodeError::Length { count: 0, len: HEADER_LEN + RECORD_LEN }));
         let mut m = good.clone();
         m[17] = 1;
         assert_eq!(Message::decode(&m), Err(DecodeError::Length { count: 1, len: HEADER_LEN }));
@@ -322,18 +357,26 @@ pub(crate) mod tests {
     }
 
     proptest! {
+        /// A record becomes the event it was made of, and back.
+        #[test]
+        fn records_and_events_convert_both_ways(r in record()) {
+            prop_assert_eq!(Record::of_event(&r.to_event()), Some(r));
+        }
+
         #[test]
         fn messages_decode_to_what_was_encoded(session in any::<u32>(), sequence in any::<u32>(), base in any::<u32>(), before in any::<u32>(), records in proptest::collection::vec(record(), 0..=MAX_RECORDS)) {
             let m = Message::Data { session, sequence, base, before, records };
             prop_assert_eq!(Message::decode(&m.encode()), Ok(m));
             let a = Message::Ack { session, ack: sequence };
             prop_assert_eq!(Message::decode(&a.encode()), Ok(a));
+            let h = Message::Alive { session, next: sequence, base, before };
+            prop_assert_eq!(Message::decode(&h.encode()), Ok(h));
         }
 
         /// Whatever arrives, decoding answers without panicking, and every
         /// datagram it accepts encodes back to the same bytes.
         #[test]
-        fn any_bytes_are_refused_or_round_trip(kind in 0u8..4, count in 0u8..3, rest in proptest::collection::vec(any::<u8>(), 0..100)) {
+        fn any_bytes_are_refused_or_round_trip(kind in 0u8..5, count in 0u8..3, rest in proptest::collection::vec(any::<u8>(), 0..100)) {
             // Mostly well-formed headers, so that decoding gets past the magic.
             let mut bytes = vec![b'N', b'X', VERSION, kind];
             bytes.extend_from_slice(&rest[..rest.len().min(12)]);
