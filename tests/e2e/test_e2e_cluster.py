@@ -155,6 +155,8 @@ def node_config(name):
         [nat]
         pool = ["{pool}"]
         port_selection = "random"
+        # Seeds of their own: without sync, a2 would pick another port.
+        seed = {list(NODES).index(name) + 1}
         [management]
         listen = "127.0.0.1:9300"
         [cluster]
@@ -359,3 +361,20 @@ def test_sigkill_of_the_active_node_moves_its_partition_and_flows_keep_their_end
     print(f"iperf3 TCP across the failover: per-second Mbit/s {[round(b / 1e6, 1) for b in seconds]}, "
           f"retransmits {report['end']['sum_sent'].get('retransmits')}")
     assert seconds[-1] > 0 and seconds[-2] > 0, "the TCP transfer goes on after the failover"
+
+
+def test_a_node_that_loses_an_interface_withdraws_and_announces_again_when_it_returns(cluster):
+    """b1's inside link goes down at the router's end: b1 can no longer
+    forward, so its routes go within a second; back up, they return."""
+    assert "via 198.51.100.3" in router_route("203.0.113.9")
+    sh("ip", "link", "set", "r-b1i", "down", ns=ROUTER)
+    down_at = time.monotonic()
+    try:
+        gone = wait_until("b1's pool withdrawn", lambda: "via 198.51.100.3" not in router_route("203.0.113.9"), 5)
+        print(f"\ninterface down: b1's routes withdrawn {gone - down_at:.2f} s later")
+        assert gone - down_at < 1.0
+        assert cluster["b1"].show("cluster")["announcing"] is False
+    finally:
+        sh("ip", "link", "set", "r-b1i", "up", ns=ROUTER)
+    wait_until("b1's pool announced again", lambda: "via 198.51.100.3" in router_route("203.0.113.9"), 5)
+    wait_until("b1's default announced again", lambda: "via 100.64.250.3" in router_route("0.0.0.0/0", "t_p2"), 5)
