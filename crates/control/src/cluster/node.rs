@@ -13,10 +13,14 @@
 //! its partner, which installs them. An active node that hears another
 //! active partner yields if it is configured standby (no preemption: a
 //! restarted configured-active node finds its partner active and stays
-//! standby). Without sync, a node keeps its configured role.
+//! standby). An active node that loses an interface falls silent and
+//! becomes standby, so its partner takes over; a node that cannot forward
+//! never takes over. Without sync, a node keeps its configured role.
 //!
 //! Announcements follow forwarding: while both interfaces are up, the
-//! node's prefixes (prepended when standby); when either goes down, none.
+//! node's prefixes (prepended when standby, and once when a configured
+//! standby has taken over, so that two active nodes never share a
+//! partition's traffic); when either goes down, none.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
@@ -379,9 +383,10 @@ impl Node {
         }
     }
 
-    /// A standby whose active partner has been silent too long takes over.
+    /// A standby whose active partner has been silent too long takes over,
+    /// if it can forward.
     fn check_role(&mut self) {
-        if self.socket.is_none() || self.role == Role::Active {
+        if self.socket.is_none() || self.role == Role::Active || !self.interfaces_up {
             return;
         }
         let timeout = Duration::from_millis(self.s.cluster.peer_timeout_ms);
@@ -417,12 +422,18 @@ impl Node {
         self.announce();
     }
 
-    /// Announces while both interfaces are up, prepended when standby.
+    /// Announces while both interfaces are up, prepended when standby. An
+    /// active node that cannot forward hands the role over: it falls
+    /// silent, so its partner takes over and streams to it.
     fn announce(&mut self) {
         self.interfaces_up = self.s.interfaces.iter().all(|i| interface_up(i));
+        if !self.interfaces_up && self.role == Role::Active && self.socket.is_some() {
+            warn!("cluster: an interface is down: handing the active role to the partner");
+            self.set_role(Role::Standby);
+        }
         let Some(speaker) = &mut self.speaker else { return };
         let bgp = self.s.cluster.bgp.as_ref().expect("a speaker has its config");
-        let prepend = if self.role == Role::Active { 0 } else { bgp.standby_prepend };
+        let prepend = prepends(self.role, self.s.cluster.role, bgp.standby_prepend);
         let want = self.interfaces_up.then(|| Announcement { routes: self.s.routes.clone(), prepend });
         let changed = speaker.announced() != want.as_ref();
         match speaker.announce(want) {
@@ -481,6 +492,20 @@ impl Node {
     }
 }
 
+/// AS path prepends by role: none for the configured active node, one for
+/// a standby that took over, `standby` (at least 2) for a standby. Should
+/// both nodes of a pair be active at once (the link between them down, each
+/// still reaching the router), routers keep preferring the configured
+/// active node instead of splitting the partition's traffic between two
+/// nodes with different state.
+fn prepends(role: Role, configured: Role, standby: u32) -> u32 {
+    match (role, configured) {
+        (Role::Active, Role::Active) => 0,
+        (Role::Active, Role::Standby) => 1,
+        (Role::Standby, _) => standby,
+    }
+}
+
 /// A sync session id that comes after the one before a restart: the wall
 /// clock in milliseconds (it wraps every 49 days; the window compares
 /// sessions across the wrap).
@@ -495,5 +520,19 @@ fn interface_up(name: &str) -> bool {
     match std::fs::read_to_string(format!("/sys/class/net/{name}/operstate")) {
         Ok(s) => !matches!(s.trim(), "down" | "lowerlayerdown" | "notpresent"),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configured_active_node_is_preferred_even_over_a_standby_that_took_over() {
+        let active = prepends(Role::Active, Role::Active, 3);
+        let promoted = prepends(Role::Active, Role::Standby, 3);
+        let standby = prepends(Role::Standby, Role::Standby, 3);
+        assert!(active < promoted && promoted < standby, "{active} {promoted} {standby}");
+        assert_eq!(prepends(Role::Standby, Role::Active, 3), 3, "a configured active node that yielded is a standby");
     }
 }

@@ -77,7 +77,8 @@ pub struct BgpConfig {
     pub router_id: Ipv4Addr,
     /// BGP hold time in seconds (RFC 4271: 0 or at least 3); keepalives every third of it.
     pub hold_time: u32,
-    /// AS path prepends a standby adds, so routers prefer the active node.
+    /// AS path prepends a standby adds, so routers prefer the active node
+    /// (a standby that took over adds one).
     pub standby_prepend: u32,
     /// The BIRD 2 daemon to run.
     pub bird: PathBuf,
@@ -176,7 +177,8 @@ fn parse_bgp(b: &mut Section) -> Result<BgpConfig, ConfigError> {
     if (1..3).contains(&hold_time) {
         return err("cluster.bgp.hold_time", "must be 0 or at least 3 seconds (RFC 4271 section 4.2)");
     }
-    let standby_prepend = b.integer("standby_prepend", 1, 16)?.unwrap_or(3);
+    // At least 2: a standby that took over announces with one.
+    let standby_prepend = b.integer("standby_prepend", 2, 16)?.unwrap_or(3);
     let bird = b.string("bird")?.map_or_else(|| PathBuf::from("bird"), PathBuf::from);
     Ok(BgpConfig { local_as, peer, peer_as, router_id, hold_time, standby_prepend, bird })
 }
