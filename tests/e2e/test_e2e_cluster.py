@@ -381,6 +381,7 @@ def test_sigkill_of_the_active_node_moves_its_partition_and_flows_keep_their_end
     print(f"\ncluster failover: BGP withdrawal seen by the router {withdrawn_at - killed_at:.2f} s after SIGKILL; "
           f"UDP: {len(sent)} sent, {len(lost)} lost, longest gap {gap:.2f} s, external endpoints {sorted(endpoints)}")
     assert withdrawn_at - killed_at < 1.0, "withdrawn within a second of the crash"
+    print(sh(h.natrix_bin(), "show", "cluster", ns="nxc-a2").stdout)
     assert len(endpoints) == 1, f"the flow changed external endpoint across the failover: {endpoints}"
     assert after, "no reply after the failover"
     report = json.loads(iperf_out)
