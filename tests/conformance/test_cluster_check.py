@@ -214,7 +214,8 @@ def test_whois_answers_across_a_deterministic_cluster_and_after_failover(natrix,
     for _ in range(6):
         addr = f"203.0.113.{rnd.randrange(8)}"
         port = rnd.randrange(1024, 65536)
-        p = natrix("whois", f"{addr}:{port}", "--proto", "udp", "--json", "--config", *paths.values())
+        configs = [arg for path in paths.values() for arg in ("--config", path)]
+        p = natrix("whois", "--proto", "udp", "--json", *configs, f"{addr}:{port}")
         doc = json.loads(p.stdout.decode())
         assert doc["held"], doc
         standby = paths["a2"] if int(addr.rsplit(".", 1)[1]) < 4 else paths["b2"]

@@ -34,9 +34,9 @@ pub struct Args {
     #[arg(long)]
     log: Option<PathBuf>,
     /// A configuration: answers from deterministic mode's formula and static
-    /// mappings. Several (a cluster's nodes, `--config a.toml b.toml`): the
-    /// one whose pool holds the address answers.
-    #[arg(long, num_args = 1..)]
+    /// mappings. Given again for each of a cluster's nodes (`--config
+    /// a.toml --config b.toml`): the one whose pool holds the address answers.
+    #[arg(long)]
     config: Vec<PathBuf>,
     /// Print a JSON object.
     #[arg(long)]
