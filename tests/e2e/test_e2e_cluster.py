@@ -24,6 +24,7 @@ server's sockets, the router's BIRD and iperf3, never by natrix itself.
 Needs root, bird2 and iperf3 (apt-get install bird2 iperf3).
 """
 
+import ipaddress
 import json
 import os
 import shutil
@@ -33,7 +34,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -72,7 +72,6 @@ def veth(a_ns, a_if, b_ns, b_if):
 
 def teardown_lab():
     for ns in NAMESPACES:
-        sh("ip", "netns", "pids", ns, check=False)
         pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
         for pid in pids:
             try:
@@ -315,7 +314,6 @@ def udp_query(ns, port):
 
 
 def test_each_subscriber_prefix_is_translated_by_its_own_partition(cluster):
-    import ipaddress
     for part, (ns, addr, prefix, _) in SUBS.items():
         pool = ipaddress.ip_network(NODES["a1" if part == "p1" else "b1"][6])
         for port in (41000, 41001, 41002):
