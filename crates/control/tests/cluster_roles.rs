@@ -12,12 +12,17 @@ use natrix_control::cluster::node::{ClusterNode, NodeSettings};
 use natrix_control::config::cluster::{ClusterConfig, Role, SyncConfig};
 use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings, StartOptions, SuppliedPort};
 use natrix_engine::{EngineConfig, Event, EventKind, Proto};
-use natrix_io::MemoryPort;
+use natrix_io::{MemoryPeer, MemoryPort};
 
 const POOL: u32 = 0xcb00_7101;
 
 fn dataplane() -> Arc<Dataplane> {
-    let (inside, _) = MemoryPort::pair().unwrap();
+    dataplane_with_inside().0
+}
+
+/// A dataplane and the subscribers' end of its inside link.
+fn dataplane_with_inside() -> (Arc<Dataplane>, MemoryPeer) {
+    let (inside, peer) = MemoryPort::pair().unwrap();
     let (outside, _) = MemoryPort::pair().unwrap();
     let engine = EngineConfig { inside_addr: 0x6440_0001, inside_prefix_len: 10, outside_addr: Some(0xc633_6401), pool: vec![POOL], log_sessions: true, ..EngineConfig::default() };
     let settings = Settings {
@@ -31,7 +36,7 @@ fn dataplane() -> Arc<Dataplane> {
         event_buffer: 1024,
     };
     let ports = [SuppliedPort { port: Box::new(inside), mac: [2, 0, 0, 0, 0, 1], mtu: 1500 }, SuppliedPort { port: Box::new(outside), mac: [2, 0, 0, 0, 0, 2], mtu: 1500 }];
-    Arc::new(Dataplane::start_with(settings, StartOptions { gateway6: None, ports: Some(ports) }).unwrap())
+    (Arc::new(Dataplane::start_with(settings, StartOptions { gateway6: None, ports: Some(ports) }).unwrap()), peer)
 }
 
 fn node(name: &str, role: Role, listen: SocketAddr, peer: SocketAddr, dp: Arc<Dataplane>) -> ClusterNode {
@@ -93,7 +98,11 @@ fn roles_settle_state_flows_the_standby_takes_over_and_nobody_preempts() {
     let m = b_dp.mappings(None).unwrap()[0];
     assert_eq!((m.int_addr, m.int_port, m.ext_addr, m.ext_port), (0x6440_0005, 4000, POOL, 31000));
     wait("acknowledged", || a.status().records_acked == 1 && a.status().lag_records == 0);
-    assert_eq!((b.status().records_received, b.status().records_installed, b.status().records_lost), (1, 1, 0));
+    // The status is published every 100 ms.
+    wait("b's status counts the record", || {
+        let st = b.status();
+        (st.records_received, st.records_installed, st.records_lost) == (1, 1, 0)
+    });
 
     a.stop();
     let stopped = Instant::now();
@@ -108,4 +117,32 @@ fn roles_settle_state_flows_the_standby_takes_over_and_nobody_preempts() {
     assert_eq!((a.status().role, b.status().role), ("standby", "active"));
     a.stop();
     b.stop();
+}
+
+/// A standby that starts after its partner asks for a resync and gets the
+/// state the active node made before it was there.
+#[test]
+fn a_standby_that_starts_late_is_given_the_state_made_before() {
+    let (a_addr, b_addr) = (free_port(), free_port());
+    let (a_dp, subscribers) = dataplane_with_inside();
+    let a = node("a", Role::Active, a_addr, b_addr, a_dp.clone());
+    wait("a takes the active role alone", || a.status().role == "active");
+    // A subscriber's datagram makes a mapping and a session on a (it is
+    // translated, then dropped for want of a route: no gateway here).
+    let mut frame = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 1, 5], [2, 0, 0, 0, 0, 1]).ipv4([100, 64, 0, 5], [192, 0, 2, 53], 64).udp(4000, 53).write(&mut frame, b"q").unwrap();
+    subscribers.inject(&frame);
+    wait("a holds the mapping", || a_dp.mappings(None).unwrap().len() == 1);
+    let made = a_dp.mappings(None).unwrap()[0];
+    // No logger here feeds a's events to its tee, so nothing of this was
+    // streamed: only a resync can bring it to b.
+
+    let b_dp = dataplane();
+    let b = node("b", Role::Standby, b_addr, a_addr, b_dp.clone());
+    wait("b installs a's earlier mapping and session", || b_dp.mappings(None).unwrap().len() == 1 && b_dp.sessions(None).unwrap().len() == 1);
+    let got = b_dp.mappings(None).unwrap()[0];
+    assert_eq!((got.int_addr, got.int_port, got.ext_addr, got.ext_port), (made.int_addr, made.int_port, made.ext_addr, made.ext_port));
+    assert_eq!(b.status().role, "standby");
+    b.stop();
+    a.stop();
 }

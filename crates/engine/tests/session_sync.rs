@@ -170,6 +170,22 @@ fn block_mode_installs_the_block_and_later_ports_come_from_it() {
 }
 
 #[test]
+fn a_mapping_whose_block_record_was_lost_takes_its_block_with_it() {
+    let blocks = EngineConfig { port_block_size: 64, ..cfg() };
+    let mut active = engine(blocks.clone());
+    let mut stby = standby(blocks);
+    let sub = [100, 64, 0, 5];
+    send_out(&mut active, sub, 4000, SEC);
+    let evs: Vec<Event> = events(&mut active).into_iter().filter(|e| e.kind != EventKind::BlockAllocated).collect();
+    install_all(&mut stby, &evs);
+    stby.set_standby(false);
+    let (_, first) = send_out(&mut stby, sub, 4000, 2 * SEC);
+    let (_, next) = send_out(&mut stby, sub, 4001, 2 * SEC);
+    let (port, other) = (first.unwrap().1, next.unwrap().1);
+    assert_eq!((port - 1024) / 64, (other - 1024) / 64, "the subscriber's next port comes from the block its mapping implied");
+}
+
+#[test]
 fn state_natrix_does_not_sync_is_refused_by_name() {
     let mut stby = standby(cfg());
     let e = |kind, proto, ext_addr| Event {

@@ -17,6 +17,11 @@
 //! becomes standby, so its partner takes over; a node that cannot forward
 //! never takes over. Without sync, a node keeps its configured role.
 //!
+//! A standby that hears an active session for the first time (it started,
+//! or its partner did) asks for a resync: the active node walks its
+//! tables and streams every mapping and session, behind its new events, as
+//! the window drains.
+//!
 //! Announcements follow forwarding: while both interfaces are up, the
 //! node's prefixes (prepended when standby, and once when a configured
 //! standby has taken over, so that two active nodes never share a
@@ -31,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use natrix_dataplane::Dataplane;
-use natrix_engine::Event;
+use natrix_engine::{Event, EventKind};
 use serde::Serialize;
 use tracing::{error, info, warn};
 
@@ -198,6 +203,8 @@ struct Node {
     heard: Option<Instant>,
     sender: SyncSender_,
     receiver: SyncReceiver,
+    /// Records of a resync the standby asked for, not yet in the window.
+    resync: std::collections::VecDeque<Record>,
     installed: u64,
     refused: u64,
     datagrams_refused: u64,
@@ -238,6 +245,7 @@ impl Node {
             heard: None,
             sender: SyncSender_::new(session_id(), LIMITS),
             receiver: SyncReceiver::new(),
+            resync: std::collections::VecDeque::new(),
             installed: 0,
             refused: 0,
             datagrams_refused: 0,
@@ -309,11 +317,18 @@ impl Node {
                         if let Some(ack) = ack {
                             self.send(&ack.encode());
                         }
+                        self.ask_resync();
                     }
                 }
                 Message::Alive { session, next, base, before } => {
                     if self.heard_active_partner() {
                         self.receiver.on_alive(session, next, base, before);
+                        self.ask_resync();
+                    }
+                }
+                Message::Resync { session } => {
+                    if self.role == Role::Active && session == self.sender.session() {
+                        self.start_resync();
                     }
                 }
             }
@@ -352,7 +367,45 @@ impl Node {
         }
     }
 
-    /// Hands the workers' events to the sync window while active.
+    /// A standby that hears an active session for the first time missed
+    /// what it made before: it asks for all of it.
+    fn ask_resync(&mut self) {
+        if let Some(session) = self.receiver.take_new_session() {
+            info!("cluster: asking the active partner for its state (resync)");
+            self.send(&Message::Resync { session }.encode());
+        }
+    }
+
+    /// The standby asked for everything: every mapping, then every session,
+    /// queued behind new events and fed to the window as it drains.
+    fn start_resync(&mut self) {
+        let (Ok(mappings), Ok(sessions)) = (self.dp.mappings(None), self.dp.sessions(None)) else {
+            warn!("cluster: resync: the dataplane did not answer");
+            return;
+        };
+        let created = |proto, int_addr, int_port, ext_addr, ext_port, rem_addr, rem_port| Event {
+            kind: EventKind::MappingCreated,
+            time_ns: 0,
+            proto,
+            int_addr,
+            int_port,
+            ext_addr,
+            ext_port,
+            ext_port_end: ext_port,
+            rem_addr,
+            rem_port,
+        };
+        self.resync.clear();
+        self.resync.extend(mappings.iter().filter(|m| !m.is_static).filter_map(|m| Record::of_event(&created(m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, 0, 0))));
+        self.resync.extend(sessions.iter().filter_map(|v| {
+            let e = Event { kind: EventKind::SessionCreated, ..created(v.proto, v.int_addr, v.int_port, v.ext_addr, v.ext_port, v.rem_addr, v.rem_port) };
+            Record::of_event(&e)
+        }));
+        info!("cluster: resync of {} records for the standby", self.resync.len());
+    }
+
+    /// Hands the workers' events to the sync window while active, and a
+    /// resync's records while the window has room for them.
     fn feed(&mut self) {
         let now = self.now_ns();
         while let Ok(e) = self.events.try_recv() {
@@ -361,6 +414,13 @@ impl Node {
                     self.sender.push(r, now);
                 }
             }
+        }
+        if self.role != Role::Active {
+            self.resync.clear();
+        }
+        while self.sender.pending_messages() < LIMITS.max_pending / 2 {
+            let Some(r) = self.resync.pop_front() else { break };
+            self.sender.push(r, now);
         }
     }
 

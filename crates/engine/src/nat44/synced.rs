@@ -93,7 +93,18 @@ impl Nat44 {
         }
         let ext_index = self.pool.index_of(e.ext_addr).ok_or(SyncRefusal::NotInPool)?;
         let sub = self.subs.find_or_create(e.int_addr).ok_or(SyncRefusal::Full)?;
-        if let Err(t) = self.pool.take_synced_port(ext_index, e.proto, e.ext_port, sub) {
+        let mut taken = self.pool.take_synced_port(ext_index, e.proto, e.ext_port, sub);
+        if taken == Err(TakeError::NotOwnersBlock) {
+            // Its block's record was lost, or a resync carries mappings only:
+            // the port says which block the subscriber holds.
+            if let Some(first) = self.pool.block_start(e.ext_port) {
+                let block = Event { kind: EventKind::BlockAllocated, ext_port: first, ..*e };
+                if self.install_block(&block).is_ok() {
+                    taken = self.pool.take_synced_port(ext_index, e.proto, e.ext_port, sub);
+                }
+            }
+        }
+        if let Err(t) = taken {
             self.subs.release_if_idle(sub);
             return Err(SyncRefusal::Port(t));
         }

@@ -444,6 +444,12 @@ impl Pool {
         Ok(())
     }
 
+    /// Block mode: the first port of the block that holds `port`.
+    pub fn block_start(&self, port: u16) -> Option<u16> {
+        let b = port.checked_sub(self.lo)?.checked_div(self.block_size)?;
+        Some(self.lo + b * self.block_size).filter(|_| port <= self.hi)
+    }
+
     /// Gives `owner` the block starting at `first` that another node gave
     /// it (session sync): free, held down here, or already `owner`'s.
     pub fn take_synced_block(&mut self, addr_idx: u32, proto: Proto, first: u16, owner: u32, blocks: &mut Vec<(u32, u32)>) -> Result<(), TakeError> {

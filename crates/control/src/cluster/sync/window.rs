@@ -186,6 +186,10 @@ impl Sender {
         self.batch.len() + self.pending.iter().map(|p| p.records.len()).sum::<usize>()
     }
 
+    pub fn session(&self) -> u32 {
+        self.session
+    }
+
     pub fn pending_messages(&self) -> usize {
         self.pending.len()
     }
@@ -217,6 +221,8 @@ pub struct Receiver {
     peer: Option<(u32, u32)>,
     /// Records of the session accounted for (taken or counted lost).
     records_seen: u32,
+    /// A session first heard, whose state before this node heard it is to be asked for.
+    new_session: Option<u32>,
     stats: ReceiverStats,
 }
 
@@ -273,11 +279,19 @@ impl Receiver {
             // A sender's new life: everything before this message of it is unknown here.
             _ => {
                 self.records_seen = 0;
+                self.new_session = Some(session);
                 base
             }
         };
         // Messages before `base` were given up by the sender.
         Some(if before(expected, base) { base } else { expected })
+    }
+
+    /// A session heard for the first time since the last call: the
+    /// standby asks it for a resync (RESYNC), since it missed what that
+    /// sender made before.
+    pub fn take_new_session(&mut self) -> Option<u32> {
+        self.new_session.take()
     }
 
     pub fn stats(&self) -> ReceiverStats {
@@ -358,7 +372,9 @@ mod tests {
         let mut r = Receiver::new();
         let recs = [rec(1)];
         assert_eq!(r.on_data(100, 0, 0, 0, &recs).0.len(), 1);
+        assert_eq!((r.take_new_session(), r.take_new_session()), (Some(100), None));
         let (t, ack) = r.on_data(200, 0, 0, 0, &recs);
+        assert_eq!(r.take_new_session(), Some(200));
         assert_eq!((t.len(), ack), (1, Some(Message::Ack { session: 200, ack: 0 })));
         let (t, ack) = r.on_data(100, 1, 0, 1, &recs);
         assert_eq!((t.len(), ack, r.stats().stale), (0, None, 1));
@@ -465,6 +481,7 @@ mod tests {
                         }
                         Message::Ack { session, ack } => s.on_ack(session, ack),
                         Message::Alive { session, next, base, before } => r.on_alive(session, next, base, before),
+                        Message::Resync { .. } => prop_assert!(false, "the window never sends RESYNC"),
                     }
                 }
                 prop_assert!(s.pending_messages() <= max_pending);

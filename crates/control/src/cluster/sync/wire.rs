@@ -18,6 +18,9 @@
 //! kind 3 ALIVE: the active node's heartbeat when it has nothing to send:
 //!        `sequence` is the next it will use, `base` and `before` as in
 //!        DATA (so a receiver learns of losses at the end of a burst).
+//! kind 4 RESYNC: the standby asks the active node's `session` for all the
+//!        state it holds (sent when the standby first hears a session:
+//!        it started, or its partner did).
 //!
 //! record (24 bytes)
 //!  0      1       2          4          8          12         14        16         20         22
@@ -169,11 +172,13 @@ pub enum Message {
     Data { session: u32, sequence: u32, base: u32, before: u32, records: Vec<Record> },
     Ack { session: u32, ack: u32 },
     Alive { session: u32, next: u32, base: u32, before: u32 },
+    Resync { session: u32 },
 }
 
 const KIND_DATA: u8 = 1;
 const KIND_ACK: u8 = 2;
 const KIND_ALIVE: u8 = 3;
+const KIND_RESYNC: u8 = 4;
 
 /// Why a datagram was refused; the receiver counts it and goes on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -225,6 +230,7 @@ impl Message {
             Message::Data { session, sequence, base, before, records } => (KIND_DATA, *session, *sequence, *base, *before, records),
             Message::Ack { session, ack } => (KIND_ACK, *session, 0, *ack, 0, &[]),
             Message::Alive { session, next, base, before } => (KIND_ALIVE, *session, *next, *base, *before, &[]),
+            Message::Resync { session } => (KIND_RESYNC, *session, 0, 0, 0, &[]),
         };
         debug_assert!(records.len() <= MAX_RECORDS);
         let mut out = Vec::with_capacity(HEADER_LEN + records.len() * RECORD_LEN);
@@ -256,7 +262,12 @@ impl Message {
         let u32_at = |i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let (session, sequence, field, before) = (u32_at(4), u32_at(8), u32_at(12), u32_at(20));
         let count = usize::from(u16::from_be_bytes([b[16], b[17]]));
-        if b[18..20] != [0, 0] || (b[3] == KIND_ACK && (sequence != 0 || before != 0)) {
+        let unused = match b[3] {
+            KIND_ACK => sequence != 0 || before != 0,
+            KIND_RESYNC => sequence != 0 || field != 0 || before != 0,
+            _ => false,
+        };
+        if b[18..20] != [0, 0] || unused {
             return Err(DecodeError::Reserved);
         }
         match b[3] {
@@ -264,6 +275,8 @@ impl Message {
             KIND_ACK => Err(DecodeError::Length { count, len: b.len() }),
             KIND_ALIVE if count == 0 && b.len() == HEADER_LEN => Ok(Message::Alive { session, next: sequence, base: field, before }),
             KIND_ALIVE => Err(DecodeError::Length { count, len: b.len() }),
+            KIND_RESYNC if count == 0 && b.len() == HEADER_LEN => Ok(Message::Resync { session }),
+            KIND_RESYNC => Err(DecodeError::Length { count, len: b.len() }),
             KIND_DATA => {
                 if count > MAX_RECORDS {
                     return Err(DecodeError::TooManyRecords(count));
@@ -371,21 +384,26 @@ pub(crate) mod tests {
             prop_assert_eq!(Message::decode(&a.encode()), Ok(a));
             let h = Message::Alive { session, next: sequence, base, before };
             prop_assert_eq!(Message::decode(&h.encode()), Ok(h));
+            let r = Message::Resync { session };
+            prop_assert_eq!(Message::decode(&r.encode()), Ok(r));
         }
 
         /// Whatever arrives, decoding answers without panicking, and every
         /// datagram it accepts encodes back to the same bytes.
         #[test]
-        fn any_bytes_are_refused_or_round_trip(kind in 0u8..5, count in 0u8..3, rest in proptest::collection::vec(any::<u8>(), 0..100)) {
+        fn any_bytes_are_refused_or_round_trip(kind in 0u8..6, count in 0u8..3, rest in proptest::collection::vec(any::<u8>(), 0..100)) {
             // Mostly well-formed headers, so that decoding gets past the magic.
             let mut bytes = vec![b'N', b'X', VERSION, kind];
             bytes.extend_from_slice(&rest[..rest.len().min(12)]);
             bytes.extend_from_slice(&[0, count, 0, 0]);
             bytes.extend_from_slice(&rest[rest.len().min(12)..]);
-            if kind == 2 && bytes.len() >= HEADER_LEN {
-                // An ACK's sequence and `before` are zero, as its encoder writes them.
+            if (kind == 2 || kind == 4) && bytes.len() >= HEADER_LEN {
+                // An ACK's sequence and `before` are zero, as its encoder writes them; a RESYNC's base too.
                 bytes[8..12].fill(0);
                 bytes[20..24].fill(0);
+                if kind == 4 {
+                    bytes[12..16].fill(0);
+                }
             }
             if let Ok(m) = Message::decode(&bytes) {
                 prop_assert_eq!(m.encode(), bytes);
