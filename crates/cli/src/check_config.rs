@@ -2,9 +2,12 @@
 //! checks what `replay` needs and warns about what `run` would still need;
 //! with `--live` it requires everything `run` needs on this host: the keys,
 //! the interfaces, writable log files and a free management address.
+//! With `--cluster` it checks several nodes' files, each alone and then
+//! together as one cluster (`natrix_control::cluster::check`).
 
 use std::path::{Path, PathBuf};
 
+use natrix_control::cluster::check::NodeFile;
 use natrix_control::Config;
 use natrix_engine::error::human_bytes;
 use natrix_engine::Engine;
@@ -13,16 +16,57 @@ use crate::Failure;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The TOML configuration file.
-    file: PathBuf,
+    /// The TOML configuration file (with --cluster: every node's file).
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
     /// Also require everything `natrix run` needs here: interfaces that
     /// exist, the outside address, writable log paths, a free management address.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cluster")]
     live: bool,
+    /// The files are a cluster's nodes: refuse overlaps and gaps between
+    /// their partitions' subscriber prefixes and pool slices, and partners
+    /// (active and standby) that differ.
+    #[arg(long)]
+    cluster: bool,
 }
 
 pub fn run(args: &Args) -> Result<(), Failure> {
-    let path = args.file.as_path();
+    match args.files.as_slice() {
+        [file] if !args.cluster => check_file(file, args.live).map(drop),
+        files if args.cluster => check_cluster(files),
+        _ => Err(Failure::Usage("check-config takes one file; give --cluster to check several nodes' files together".into())),
+    }
+}
+
+/// Every file alone, then the files together; all problems are printed,
+/// and the first file refused or any cluster problem fails the check.
+fn check_cluster(files: &[PathBuf]) -> Result<(), Failure> {
+    let mut configs = Vec::new();
+    for path in files {
+        configs.push((path.display().to_string(), check_file(path, false)?));
+    }
+    let nodes: Vec<NodeFile> = configs.iter().map(|(file, config)| NodeFile { file, config }).collect();
+    match natrix_control::cluster::check::check(&nodes) {
+        Ok(partitions) => {
+            println!("cluster: valid ({} partitions, {} nodes; subscribers and pool covered without overlap or gap)", partitions.len(), nodes.len());
+            for p in partitions {
+                let standby = p.standby.map_or_else(|| "no standby".to_owned(), |s| format!("standby {s}"));
+                let subs: Vec<String> = p.subscribers.iter().map(|s| natrix_control::config::cluster::show(*s)).collect();
+                println!("  partition {}: active {}, {standby}; subscribers {}; {} pool addresses", p.name, p.active, subs.join(", "), p.pool_addresses);
+            }
+            Ok(())
+        }
+        Err(problems) => {
+            for p in &problems[..problems.len() - 1] {
+                eprintln!("natrix: cluster: {p}");
+            }
+            Err(Failure::Config(format!("cluster: {}", problems[problems.len() - 1])))
+        }
+    }
+}
+
+/// Checks one file and prints its summary.
+fn check_file(path: &Path, live: bool) -> Result<Config, Failure> {
     let cfg = natrix_control::Config::load(path).map_err(|e| Failure::Config(format!("{}: {e}", path.display())))?;
     for w in &cfg.warnings {
         eprintln!("natrix: warning: {}: {w}", path.display());
@@ -30,7 +74,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let in_file = |problem: String| Failure::Config(format!("{}: {problem}", path.display()));
     let workers = cfg.live.workers;
     let reserved = Engine::reserved_bytes(&cfg.engine) * u64::from(workers);
-    if args.live {
+    if live {
         // A CGN without a way off its outside link is not a live setup.
         if let Some(missing) = cfg.missing_for_run().into_iter().next() {
             return Err(in_file(missing.to_string()));
@@ -50,7 +94,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let e = &cfg.engine;
     if !e.translate {
         println!("{}: valid (router mode: IPv4 and IPv6 routed without translation)", path.display());
-        return Ok(());
+        return Ok(cfg);
     }
     println!(
         "{}: valid ({} pool addresses, ports {}-{}, {} filtering, up to {} ports per subscriber)",
@@ -72,7 +116,10 @@ pub fn run(args: &Args) -> Result<(), Failure> {
             eprintln!("natrix: warning: {}: the configuration reserves {} but this host has {}: lower nat.max_sessions", path.display(), human_bytes(reserved), human_bytes(total));
         }
     }
-    Ok(())
+    if let Some(c) = &cfg.cluster {
+        println!("  cluster node {} ({}) of partition {}", c.node, c.role.name(), c.partition);
+    }
+    Ok(cfg)
 }
 
 /// What `run` needs from this host beyond the file: its interfaces, log

@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use natrix_control::api::LogCounters;
+use natrix_control::cluster::bgp::Announcement;
+use natrix_control::cluster::node::{ClusterNode, EventTee, NodeSettings};
+use natrix_control::config::cluster::ClusterConfig;
 use natrix_control::{api, Config, IoBackend, LoggingConfig};
 use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings, StartOptions};
 use natrix_engine::Event;
@@ -40,16 +43,25 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| Failure::Other(format!("installing signal handlers: {e}")))?;
     let masked = SignalMask::block(&[SIGTERM, SIGINT, SIGHUP]);
     let cfg = load(&args.config)?;
-    let settings = settings(&cfg, &args.config)?;
+    let mut settings = settings(&cfg, &args.config)?;
+    if cfg.cluster.as_ref().is_some_and(|c| c.sync.is_some()) {
+        // Session sync streams session events too, whatever the log keeps.
+        settings.engine.log_sessions = true;
+    }
     let _locks = lock_interfaces(&settings)?;
     let dp =
         Arc::new(Dataplane::start_with(settings, StartOptions { gateway6: cfg.live.gateway6, ports: None }).map_err(|e| Failure::Other(format!("starting the dataplane: {e}")))?);
     for note in dp.notes() {
         info!("{note}");
     }
-    let logger = Logger::start(dp.take_events(), &cfg.logging).map_err(Failure::Other)?;
+    let cluster = match &cfg.cluster {
+        Some(c) => Some(ClusterNode::start(node_settings(&cfg, c), dp.clone()).map_err(|e| Failure::Other(format!("cluster: {e}")))?),
+        None => None,
+    };
+    let logger = Logger::start(dp.take_events(), &cfg.logging, cluster.as_ref().map(ClusterNode::tee)).map_err(Failure::Other)?;
     if let Some(listen) = &cfg.live.management_listen {
-        let addr = api::serve(listen, dp.clone(), logger.counters()).map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
+        let addr = api::serve(listen, dp.clone(), logger.counters(), cluster.as_ref().map(ClusterNode::status_handle))
+            .map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
         info!("management API and metrics on http://{addr}/");
     }
     drop(masked);
@@ -72,6 +84,10 @@ pub fn run(args: &Args) -> Result<(), Failure> {
             SIGTERM | SIGINT => break,
             _ => {}
         }
+    }
+    // Withdrawn first: routers move the traffic away before natrix stops forwarding.
+    if let Some(c) = cluster {
+        c.stop();
     }
     dp.stop();
     logger.stop();
@@ -125,6 +141,21 @@ where
         write!(writer, "<{priority}>")?;
         ctx.field_format().format_fields(writer.by_ref(), event)?;
         writeln!(writer)
+    }
+}
+
+/// What the cluster node runs with: the interfaces whose state decides
+/// announcements, the routes (the pool via the outside address, a default
+/// via the inside address) and where BIRD's files go.
+fn node_settings(cfg: &Config, c: &ClusterConfig) -> NodeSettings {
+    let outside = Ipv4Addr::from(cfg.engine.outside_addr.unwrap_or_default());
+    let inside = Ipv4Addr::from(cfg.engine.inside_addr);
+    let run = std::env::var_os("RUNTIME_DIRECTORY").map_or_else(|| PathBuf::from("/run/natrix"), PathBuf::from);
+    NodeSettings {
+        cluster: c.clone(),
+        interfaces: [cfg.live.inside_interface.clone().unwrap_or_default(), cfg.live.outside_interface.clone().unwrap_or_default()],
+        routes: Announcement::of_node(&cfg.engine.pool, outside, inside),
+        run_dir: run.join(format!("cluster-{}", c.node)),
     }
 }
 
@@ -249,7 +280,8 @@ enum LoggerCommand {
 }
 
 impl Logger {
-    fn start(events: Option<Receiver<Event>>, cfg: &LoggingConfig) -> Result<Logger, String> {
+    /// `tee`: the cluster node, handed every event for session sync.
+    fn start(events: Option<Receiver<Event>>, cfg: &LoggingConfig, tee: Option<EventTee>) -> Result<Logger, String> {
         let events = events.ok_or("the event stream was already taken")?;
         let lost = LossCounter::default();
         let recorded = LossCounter::default();
@@ -267,6 +299,9 @@ impl Logger {
                 loop {
                     match events.recv_timeout(LOG_FLUSH_EVERY) {
                         Ok(e) => {
+                            if let Some(t) = &tee {
+                                t.send(&e);
+                            }
                             if sinks.write(&e) {
                                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             }

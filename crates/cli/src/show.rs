@@ -18,6 +18,8 @@ pub enum What {
     Sessions,
     Mappings,
     Stats,
+    /// A cluster node's role, partner and session sync.
+    Cluster,
 }
 
 #[derive(clap::Args)]
@@ -58,6 +60,7 @@ pub fn show(args: &ShowArgs) -> Result<(), Failure> {
         What::Sessions => "/api/sessions",
         What::Mappings => "/api/mappings",
         What::Stats => "/api/stats",
+        What::Cluster => "/api/cluster",
     };
     let v = request(&args.api, "GET", &format!("{path}{query}"))?;
     if args.json {
@@ -68,8 +71,42 @@ pub fn show(args: &ShowArgs) -> Result<(), Failure> {
         What::Sessions => print_table(&v, &["protocol", "inside", "outside", "remote", "idle_s", "timeout_s"]),
         What::Mappings => print_table(&v, &["protocol", "inside", "outside", "sessions", "static"]),
         What::Stats => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
+        What::Cluster => print_cluster(&v),
     }
     Ok(())
+}
+
+/// `natrix show cluster`: one line per fact an operator asks first.
+fn print_cluster(v: &Value) {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let s = |k: &str| v[k].as_str().unwrap_or("-").to_owned();
+    println!(
+        "node {} (partition {}): {} for {:.0} s (configured {}; {} role changes)",
+        s("node"),
+        s("partition"),
+        s("role"),
+        v["role_seconds"].as_f64().unwrap_or(0.0),
+        s("configured_role"),
+        n("role_changes")
+    );
+    let heard = v["peer_heard_ms_ago"].as_u64().map_or_else(|| "never heard".to_owned(), |ms| format!("heard {ms} ms ago"));
+    println!("peer {}: {heard}", s("peer"));
+    println!("sync lag: {} records not yet acknowledged", n("lag_records"));
+    println!("records: sent {}, acknowledged {}, given up {}, retransmitted messages {}", n("records_sent"), n("records_acked"), n("records_given_up"), n("retransmits"));
+    println!(
+        "received {}, lost {}, installed {}, refused {}, datagrams refused {}",
+        n("records_received"),
+        n("records_lost"),
+        n("records_installed"),
+        n("records_refused"),
+        n("datagrams_refused")
+    );
+    let bgp = v["bgp_error"].as_str().map_or(String::new(), |e| format!(" (BGP: {e})"));
+    println!(
+        "announcing: {}; interfaces {}{bgp}",
+        if v["announcing"].as_bool() == Some(true) { "yes" } else { "no" },
+        if v["interfaces_up"].as_bool() == Some(true) { "up" } else { "down" }
+    );
 }
 
 pub fn clear(args: &ClearArgs) -> Result<(), Failure> {

@@ -33,9 +33,11 @@ pub struct Args {
     /// natrix's JSON-lines event log ([logging] json).
     #[arg(long)]
     log: Option<PathBuf>,
-    /// A configuration: answers from deterministic mode's formula and static mappings.
+    /// A configuration: answers from deterministic mode's formula and static
+    /// mappings. Given again for each of a cluster's nodes (`--config
+    /// a.toml --config b.toml`): the one whose pool holds the address answers.
     #[arg(long)]
-    config: Option<PathBuf>,
+    config: Vec<PathBuf>,
     /// Print a JSON object.
     #[arg(long)]
     json: bool,
@@ -88,8 +90,10 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     };
     let answers = if let Some(path) = &args.log {
         from_log(path, addr, port, proto, at_ns)?
-    } else if let Some(path) = &args.config {
-        from_config(path, addr, port, proto)?
+    } else if !args.config.is_empty() {
+        let configs = load_configs(&args.config)?;
+        let (path, cfg) = configs.iter().find(|(_, c)| c.engine.pool.binary_search(&addr).is_ok()).unwrap_or(&configs[0]);
+        from_config(path, cfg, addr, port, proto)
     } else {
         unreachable!("clap requires --log or --config")
     };
@@ -394,8 +398,11 @@ fn from_log(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto>, 
     Ok(answers)
 }
 
-fn from_config(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto>) -> Result<Vec<Answer>, Failure> {
-    let cfg = natrix_control::Config::load(path).map_err(|e| Failure::Config(format!("{}: {e}", path.display())))?;
+fn load_configs(paths: &[PathBuf]) -> Result<Vec<(&std::path::Path, natrix_control::Config)>, Failure> {
+    paths.iter().map(|p| natrix_control::Config::load(p).map(|c| (p.as_path(), c)).map_err(|e| Failure::Config(format!("{}: {e}", p.display())))).collect()
+}
+
+fn from_config(path: &std::path::Path, cfg: &natrix_control::Config, addr: u32, port: u16, proto: Option<Proto>) -> Vec<Answer> {
     let e = &cfg.engine;
     let det = e.deterministic.as_ref();
     let external = Ipv4Addr::from(addr);
@@ -429,7 +436,7 @@ fn from_config(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto
     if answers.is_empty() && det.is_none() {
         eprintln!("natrix: {}: dynamic mode: only static mappings are in the config; dynamic mappings are in the event log (--log)", path.display());
     }
-    Ok(answers)
+    answers
 }
 
 /// Deterministic mode and SCTP: an association leaves from its subscriber's

@@ -8,6 +8,7 @@
 //! - `GET /api/stats`
 //! - `GET /api/sessions[?subscriber=ADDR]`, `GET /api/mappings[?subscriber=ADDR]`
 //! - `POST /api/clear?subscriber=ADDR`
+//! - `GET /api/cluster` (a cluster node: its role, partner and session sync)
 //!
 //! Limits, so that no client (idle, slow or hostile) keeps the others from
 //! being answered: at most [`MAX_CONNECTIONS`] connections are open; when a
@@ -41,6 +42,7 @@ use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::AbortHandle;
 
+use crate::cluster::node::ClusterStatus;
 use crate::ipfix::LossCounter;
 use crate::metrics::{self, Format};
 
@@ -73,11 +75,12 @@ pub struct LogCounters {
 struct Context {
     dp: Arc<Dataplane>,
     log: LogCounters,
+    cluster: Option<Arc<Mutex<ClusterStatus>>>,
 }
 
 /// Starts serving on `listen` (`ADDRESS:PORT`); the server thread lives as
 /// long as the process. Returns the address bound.
-pub fn serve(listen: &str, dataplane: Arc<Dataplane>, log: LogCounters) -> std::io::Result<SocketAddr> {
+pub fn serve(listen: &str, dataplane: Arc<Dataplane>, log: LogCounters, cluster: Option<Arc<Mutex<ClusterStatus>>>) -> std::io::Result<SocketAddr> {
     let addr = listen.to_socket_addrs()?.next().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "resolves to no address"))?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().max_blocking_threads(HANDLER_THREADS).thread_name("natrix-api-handler").build()?;
     let listener = runtime.block_on(async {
@@ -87,7 +90,7 @@ pub fn serve(listen: &str, dataplane: Arc<Dataplane>, log: LogCounters) -> std::
         socket.listen(BACKLOG)
     })?;
     let bound = listener.local_addr()?;
-    let ctx = Arc::new(Context { dp: dataplane, log });
+    let ctx = Arc::new(Context { dp: dataplane, log, cluster });
     std::thread::Builder::new().name("natrix-api".into()).spawn(move || runtime.block_on(accept_loop(listener, ctx)))?;
     Ok(bound)
 }
@@ -167,7 +170,8 @@ async fn handle(req: Request<Incoming>, ctx: Arc<Context>, busy: Arc<AtomicBool>
     busy.store(true, Ordering::Relaxed);
     let answer = tokio::task::spawn_blocking(move || {
         let log = (ctx.log.recorded.load(Ordering::Relaxed), ctx.log.lost.load(Ordering::Relaxed));
-        route(&method, &path, &query, &ctx.dp, log, format)
+        let cluster = ctx.cluster.as_ref().and_then(|c| c.lock().ok().map(|s| s.clone()));
+        route(&method, &path, &query, &ctx.dp, log, cluster.as_ref(), format)
     })
     .await
     .unwrap_or_else(|_| Response::error(500, "internal error"));
@@ -195,13 +199,17 @@ impl Response {
 }
 
 /// `log`: records the logger recorded and its sinks lost.
-fn route(method: &str, path: &str, query: &str, dp: &Dataplane, log: (u64, u64), format: Format) -> Response {
+fn route(method: &str, path: &str, query: &str, dp: &Dataplane, log: (u64, u64), cluster: Option<&ClusterStatus>, format: Format) -> Response {
     let subscriber = match subscriber_param(query) {
         Ok(s) => s,
         Err(e) => return Response::error(400, &e),
     };
     let result = match (method, path) {
-        ("GET", "/metrics") => return metrics_response(dp, log, format),
+        ("GET", "/metrics") => return metrics_response(dp, log, cluster, format),
+        ("GET", "/api/cluster") => match cluster {
+            Some(c) => Ok(json!(c)),
+            None => return Response::error(404, "not a cluster node: the configuration has no [cluster] section"),
+        },
         ("GET", "/api/stats") => stats(dp, log),
         ("GET", "/api/sessions") => dp.sessions(subscriber).map(|v| json!(v.iter().map(session_json).collect::<Vec<_>>())),
         ("GET", "/api/mappings") => dp.mappings(subscriber).map(|v| json!(v.iter().map(mapping_json).collect::<Vec<_>>())),
@@ -209,8 +217,8 @@ fn route(method: &str, path: &str, query: &str, dp: &Dataplane, log: (u64, u64),
             Some(a) => dp.clear_subscriber(a).map(|c| json!({ "subscriber": Ipv4Addr::from(a).to_string(), "sessions": c.sessions, "mappings": c.mappings })),
             None => return Response::error(400, "clear needs ?subscriber=ADDRESS"),
         },
-        (_, "/metrics" | "/api/stats" | "/api/sessions" | "/api/mappings" | "/api/clear") => return Response::error(405, "method not allowed"),
-        _ => return Response::error(404, "no such endpoint; see /api/stats, /api/sessions, /api/mappings, /api/clear, /metrics"),
+        (_, "/metrics" | "/api/stats" | "/api/sessions" | "/api/mappings" | "/api/clear" | "/api/cluster") => return Response::error(405, "method not allowed"),
+        _ => return Response::error(404, "no such endpoint; see /api/stats, /api/sessions, /api/mappings, /api/clear, /api/cluster, /metrics"),
     };
     match result {
         Ok(v) => Response::json(v),
@@ -229,9 +237,9 @@ fn subscriber_param(query: &str) -> Result<Option<u32>, String> {
     Ok(subscriber)
 }
 
-fn metrics_response(dp: &Dataplane, log: (u64, u64), format: Format) -> Response {
+fn metrics_response(dp: &Dataplane, log: (u64, u64), cluster: Option<&ClusterStatus>, format: Format) -> Response {
     match dp.worker_snapshots().and_then(|w| dp.io_snapshot().map(|io| (w, io))) {
-        Ok((w, io)) => Response { status: 200, content_type: format.content_type(), body: metrics::render(&w, &io, log, format) },
+        Ok((w, io)) => Response { status: 200, content_type: format.content_type(), body: metrics::render(&w, &io, log, cluster, format) },
         Err(e) => Response::error(503, &e.to_string()),
     }
 }

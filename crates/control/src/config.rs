@@ -17,6 +17,7 @@ use toml::{Table, Value};
 
 use crate::duration;
 
+pub mod cluster;
 mod sctp;
 mod syn_accel;
 
@@ -96,6 +97,8 @@ pub struct Config {
     pub engine: EngineConfig,
     pub live: LiveConfig,
     pub logging: LoggingConfig,
+    /// This node's place in a cluster (`[cluster]`), if it is in one.
+    pub cluster: Option<cluster::ClusterConfig>,
     /// Accepted but questionable settings, for the operator to read.
     pub warnings: Vec<String>,
 }
@@ -174,6 +177,7 @@ impl Config {
             s.finish()?;
         }
         engine.syn_accel = syn_accel::parse(&mut root, &mut warnings)?;
+        let cluster = cluster::parse(&mut root, &engine)?;
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
@@ -181,7 +185,7 @@ impl Config {
         check_consistency(&engine)?;
         check_addressing(&engine, &live)?;
         check_worker_slices(&engine, live.workers)?;
-        Ok(Config { engine, live, logging, warnings })
+        Ok(Config { engine, live, logging, cluster, warnings })
     }
 
     /// Keys `natrix run` needs that this configuration lacks, each with
@@ -219,6 +223,7 @@ impl Config {
             (a.io != b.io, "io"),
             (a.busy_poll != b.busy_poll, "busy_poll"),
             (a.management_listen != b.management_listen, "management.listen"),
+            (self.cluster != new.cluster, "cluster"),
         ]
         .into_iter()
         .find_map(|(changed, key)| changed.then_some(key))
@@ -830,7 +835,7 @@ impl<'a> Section<'a> {
 /// Every key the parser reads, by section ("" is the top level); a test
 /// holds this list to the parser. Used only to explain unknown keys.
 const KNOWN_KEYS: &[(&str, &[&str])] = &[
-    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll", "nptv6", "syn_accel", "sctp"]),
+    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll", "nptv6", "syn_accel", "sctp", "cluster"]),
     ("inside", &["interface", "address", "address6"]),
     ("outside", &["interface", "address", "gateway", "address6", "gateway6"]),
     (
@@ -870,6 +875,8 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
     ("management", &["listen"]),
     ("syn_accel", &["destinations", "interval", "attempts", "deadline"]),
     ("nptv6", &["inside", "outside"]),
+    ("cluster", &["node", "partition", "role", "subscribers", "subscriber_space", "pool_space", "sync_listen", "sync_peer", "peer_timeout", "bgp"]),
+    ("cluster.bgp", &["local_as", "peer", "peer_as", "router_id", "hold_time", "standby_prepend", "bird"]),
     ("sctp", &["max_chunks", "max_params", "track_global_addresses", "reply_ootb", "max_associations"]),
 ];
 
@@ -882,7 +889,7 @@ fn unknown_key_problem(section: &str, key: &str) -> String {
     if let Some(near) = here.iter().filter(|k| edit_distance(k, key) <= 2.min(k.len() / 3)).min_by_key(|k| edit_distance(k, key)) {
         return format!("unknown key; did you mean `{near}`?");
     }
-    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "syn_accel", "sctp"];
+    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "syn_accel", "sctp", "cluster"];
     if let Some((home, _)) = KNOWN_KEYS.iter().find(|(s, keys)| *s != section && top_level.contains(s) && keys.contains(&key)) {
         return match *home {
             "" => format!("unknown key here: `{key}` is a top-level key (put it above the first [section])"),

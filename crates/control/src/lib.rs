@@ -3,6 +3,7 @@
 //! NAT event log. Nothing here is on the per-packet path.
 
 pub mod api;
+pub mod cluster;
 pub mod config;
 pub mod duration;
 pub mod eventlog;

@@ -6,6 +6,7 @@
 //! The values are read from snapshots at each scrape, so the families are
 //! built here as plain data and handed to the encoder by a [`Collector`].
 
+use crate::cluster::node::ClusterStatus;
 use natrix_dataplane::{IoSnapshot, WorkerSnapshot, PORT_USE_THRESHOLDS};
 use natrix_engine::{DropReason, Proto, Side};
 use prometheus_client::collector::Collector;
@@ -134,9 +135,14 @@ fn sum(workers: &[WorkerSnapshot], f: impl Fn(&WorkerSnapshot) -> u64) -> u64 {
 /// `(log_recorded, log_lost)`: records the logger handed to its sinks, and
 /// those the sinks dropped (collector down, file unwritable), which add to
 /// those the workers could not hand to the logger.
-pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, log: (u64, u64), format: Format) -> String {
+/// `cluster`: the node's cluster status, where it is in one.
+pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, log: (u64, u64), cluster: Option<&ClusterStatus>, format: Format) -> String {
     let mut registry = Registry::with_prefix("natrix");
-    registry.register_collector(Box::new(families(workers, io, log)));
+    let mut families = families(workers, io, log);
+    if let Some(c) = cluster {
+        cluster_families(&mut families, c);
+    }
+    registry.register_collector(Box::new(families));
     if let Some(syn_accel) = crate::synaccel_metrics::collector(workers) {
         registry.register_collector(Box::new(syn_accel));
     }
@@ -217,6 +223,26 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o
 }
 
+/// `natrix_cluster_*`: the node's role and session sync (docs/SCALE-OUT.md).
+fn cluster_families(o: &mut Families, c: &ClusterStatus) {
+    let f = o.family("cluster_role", false, "1 for the role this cluster node has now (active or standby), 0 for the other.");
+    for role in ["active", "standby"] {
+        f.sample(&[("role", role.to_owned())], Value::Int(u64::from(c.role == role)));
+    }
+    o.counter("cluster_role_changes_total", "Times this node changed role (took over, or yielded to an active partner).", c.role_changes);
+    o.gauge("cluster_announcing", "1 while the BGP speaker announces this node's prefixes.", u64::from(c.announcing));
+    o.gauge("cluster_sync_lag_records", "Records sent to the standby and not yet acknowledged (active node).", c.lag_records);
+    o.counter("cluster_sync_records_sent_total", "Records sent to the standby at least once.", c.records_sent);
+    o.counter("cluster_sync_records_acked_total", "Records the standby acknowledged.", c.records_acked);
+    o.counter("cluster_sync_records_given_up_total", "Records the active node gave up: window full, never acknowledged, or the sync queue full.", c.records_given_up);
+    o.counter("cluster_sync_retransmits_total", "Sync messages sent again for want of an acknowledgement.", c.retransmits);
+    o.counter("cluster_sync_records_received_total", "Records the standby took, in order.", c.records_received);
+    o.counter("cluster_sync_records_lost_total", "Records the active node sent that the standby never got (exact).", c.records_lost);
+    o.counter("cluster_sync_records_installed_total", "Records the standby installed into its tables.", c.records_installed);
+    o.counter("cluster_sync_records_refused_total", "Records the standby's engine refused (conflict, pool mismatch, tables full).", c.records_refused);
+    o.counter("cluster_sync_datagrams_refused_total", "Datagrams on the sync port refused: not from the partner, or malformed.", c.datagrams_refused);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,7 +253,7 @@ mod tests {
         w.stats.drops.count(DropReason::NoMapping);
         w.sessions_by_proto = [3, 2, 1, 4];
         w.busy_ns = 1_500_000_000;
-        render(&[w.clone(), w], &IoSnapshot::default(), (5, 7), format)
+        render(&[w.clone(), w], &IoSnapshot::default(), (5, 7), None, format)
     }
 
     /// A strict reading of the text: every sample belongs to the family
@@ -308,6 +334,22 @@ mod tests {
     }
 
     /// Every name and label README lists, exactly.
+    #[test]
+    fn cluster_families_appear_only_on_a_cluster_node_and_are_well_formed() {
+        assert!(!sample_text(Format::Prometheus).contains("natrix_cluster_"));
+        let status = ClusterStatus { role: "standby", records_lost: 3, lag_records: 9, role_changes: 1, ..ClusterStatus::default() };
+        for format in [Format::Prometheus, Format::OpenMetrics] {
+            let text = render(&[WorkerSnapshot::default()], &IoSnapshot::default(), (0, 0), Some(&status), format);
+            let samples = parse(&text, format);
+            assert_eq!(samples["natrix_cluster_role"].len(), 2);
+            assert!(text.contains("natrix_cluster_role{role=\"standby\"} 1\n"), "{text}");
+            assert!(text.contains("natrix_cluster_role{role=\"active\"} 0\n"));
+            assert!(text.contains("natrix_cluster_sync_records_lost_total 3\n"));
+            assert!(text.contains("natrix_cluster_sync_lag_records 9\n"));
+            assert!(text.contains("natrix_cluster_role_changes_total 1\n"));
+        }
+    }
+
     #[test]
     fn the_documented_families_and_labels_are_exported() {
         let samples = parse(&sample_text(Format::Prometheus), Format::Prometheus);

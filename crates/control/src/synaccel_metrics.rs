@@ -118,7 +118,7 @@ mod tests {
     #[test]
     fn the_contract_names_summed_over_workers_in_both_formats() {
         for format in [Format::Prometheus, Format::OpenMetrics] {
-            let text = render(&[worker(100_000_000), worker(200_000_000), WorkerSnapshot::default()], &IoSnapshot::default(), (0, 0), format);
+            let text = render(&[worker(100_000_000), worker(200_000_000), WorkerSnapshot::default()], &IoSnapshot::default(), (0, 0), None, format);
             for line in [
                 "natrix_synaccel_syns_total 10",
                 "natrix_synaccel_retransmits_total 12",
@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn nothing_is_exported_without_the_accelerator() {
-        let text = render(&[WorkerSnapshot::default()], &IoSnapshot::default(), (0, 0), Format::Prometheus);
+        let text = render(&[WorkerSnapshot::default()], &IoSnapshot::default(), (0, 0), None, Format::Prometheus);
         assert!(!text.contains("synaccel"));
     }
 }

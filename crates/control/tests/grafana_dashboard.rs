@@ -27,7 +27,7 @@ impl Exposition {
     fn natrix() -> Exposition {
         let mut w = WorkerSnapshot::default();
         w.stats.drops.count(DropReason::PoolExhausted);
-        let text = render(&[w.clone(), w], &IoSnapshot::default(), (1, 1), Format::Prometheus);
+        let text = render(&[w.clone(), w], &IoSnapshot::default(), (1, 1), None, Format::Prometheus);
         let mut families = BTreeMap::new();
         let mut kind = String::new();
         for line in text.lines() {

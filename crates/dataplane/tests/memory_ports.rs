@@ -500,3 +500,52 @@ fn inbound_sctp_is_steered_by_tag_to_the_worker_that_opened_the_association() {
     }
     assert!(per_worker.iter().filter(|r| r[0] > 0).count() >= 2, "subscribers spread over the workers: {per_worker:?}");
 }
+
+/// Session sync's standby side: the active node's mapping events, each
+/// made by the worker that owns its subscriber (so its port is in that
+/// worker's slice), are installed on the same worker here, and the
+/// remote's answers to those external endpoints reach the subscribers.
+#[test]
+fn synced_mappings_are_installed_on_each_subscribers_worker_and_translate_answers() {
+    use natrix_engine::shard::{port_slice, worker_of_subscriber, Shard};
+    use natrix_engine::{Event, EventKind, Proto};
+    const WORKERS: u16 = 3;
+    let net = Net::start(WORKERS);
+    net.dp.set_standby(true).unwrap();
+    net.outside.inject(&arp(NAT_OUT, 2, (GW_MAC, GATEWAY), (NAT_OUT, OUTSIDE)));
+    let mut events = Vec::new();
+    let mut endpoints = Vec::new();
+    for n in 10..22u8 {
+        greet(&net, n);
+        let (sub, _) = subscriber(n);
+        let worker = worker_of_subscriber(u32::from_be_bytes(sub), WORKERS);
+        let (first, _) = port_slice((1024, 65535), 0, Shard { index: worker, count: WORKERS });
+        let ext_port = first + 2 * u16::from(n);
+        events.push(Event {
+            kind: EventKind::MappingCreated,
+            time_ns: 0,
+            proto: Proto::Udp,
+            int_addr: u32::from_be_bytes(sub),
+            int_port: 6000,
+            ext_addr: u32::from_be_bytes(POOL),
+            ext_port,
+            ext_port_end: ext_port,
+            rem_addr: 0,
+            rem_port: 0,
+        });
+        endpoints.push((n, ext_port));
+    }
+    let tally = net.dp.install_synced(&events).unwrap();
+    assert_eq!((tally.installed, tally.refused), (events.len() as u64, 0));
+    assert_eq!(net.dp.mappings(None).unwrap().len(), events.len());
+    for &(n, ext_port) in &endpoints {
+        net.outside.inject(&udp(GW_MAC, NAT_OUT, (REMOTE, 53), (POOL, ext_port), &[n]));
+        let back = net.inside.wait_for(WAIT, is_udp).unwrap_or_else(|| panic!("the answer to subscriber {n}"));
+        let (sub, mac) = subscriber(n);
+        let (_, dst, _, payload) = parse_udp(&back);
+        assert_eq!((dst, payload, &back[0..6]), ((sub, 6000), vec![n], &mac[..]));
+    }
+    // Installing again changes nothing.
+    assert_eq!(net.dp.install_synced(&events).unwrap().installed, events.len() as u64);
+    assert_eq!(net.dp.mappings(None).unwrap().len(), events.len());
+}

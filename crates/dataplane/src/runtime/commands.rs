@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use natrix_engine::admin::{Cleared, MappingView, SessionView};
-use natrix_engine::EngineConfig;
+use natrix_engine::{EngineConfig, Event};
 
 use super::{IoSnapshot, WorkerSnapshot};
 use crate::ring::Doorbell;
@@ -23,6 +23,18 @@ pub(super) enum Command {
     Reload(Box<EngineConfig>, Sender<Result<(), natrix_engine::EngineError>>),
     /// The outside addresses natrix answers ARP for, and the sorted pool.
     ReloadLinks(Vec<u32>, Vec<u32>, Sender<()>),
+    /// Session sync: the active node's events for this worker's subscribers.
+    InstallSynced(Vec<Event>, Sender<SyncTally>),
+    /// Cluster role: standby (synced sessions wait for deletions) or active.
+    SetStandby(bool, Sender<()>),
+}
+
+/// What installing synced events came to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncTally {
+    pub installed: u64,
+    /// Events the engine refused (`natrix_engine::nat44::synced::SyncRefusal`).
+    pub refused: u64,
 }
 
 /// One thread's command channel and the doorbell that wakes it.

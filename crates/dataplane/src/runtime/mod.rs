@@ -40,8 +40,8 @@ use crate::gateway::{Gateway, GatewayCounters, Link};
 use crate::ring::{self, Doorbell};
 use crate::steer::Steering;
 use clock::Clock;
-pub use commands::ControlError;
 use commands::{Command, Control};
+pub use commands::{ControlError, SyncTally};
 use io_thread::{IoThread, Lanes};
 use links::Links;
 use worker::{run_single, run_worker, EngineWorker};
@@ -348,6 +348,29 @@ impl Dataplane {
         let mut pool = cfg.pool.clone();
         pool.sort_unstable();
         self.io.ask(|tx| Command::ReloadLinks(outside_answers(&outside, &cfg.pool), pool, tx))
+    }
+
+    /// Installs the cluster's active node's events (session sync), each on
+    /// the worker that owns its subscriber, as the active node's worker did
+    /// (a cluster's partners run the same number of workers).
+    pub fn install_synced(&self, events: &[Event]) -> Result<SyncTally, ControlError> {
+        let count = self.workers.len() as u16;
+        let mut by_worker: Vec<Vec<Event>> = vec![Vec::new(); self.workers.len()];
+        for e in events {
+            by_worker[usize::from(natrix_engine::shard::worker_of_subscriber(e.int_addr, count))].push(*e);
+        }
+        let mut total = SyncTally::default();
+        for (w, batch) in self.workers.iter().zip(by_worker).filter(|(_, b)| !b.is_empty()) {
+            let t = w.ask(|tx| Command::InstallSynced(batch, tx))?;
+            total.installed += t.installed;
+            total.refused += t.refused;
+        }
+        Ok(total)
+    }
+
+    /// Makes every worker a cluster standby or an active node (`Engine::set_standby`).
+    pub fn set_standby(&self, standby: bool) -> Result<(), ControlError> {
+        self.workers.iter().try_for_each(|w| w.ask(|tx| Command::SetStandby(standby, tx)))
     }
 
     /// Stops every thread and waits for them; later calls do nothing.

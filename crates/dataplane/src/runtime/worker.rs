@@ -75,6 +75,20 @@ impl EngineWorker {
                 cfg.egress_mtu = self.engine.config().egress_mtu;
                 let _ = tx.send(self.engine.reconfigure(cfg));
             }
+            Command::InstallSynced(events, tx) => {
+                let mut tally = super::SyncTally::default();
+                for e in &events {
+                    match self.engine.install_synced(e) {
+                        Ok(()) => tally.installed += 1,
+                        Err(_) => tally.refused += 1,
+                    }
+                }
+                let _ = tx.send(tally);
+            }
+            Command::SetStandby(standby, tx) => {
+                self.engine.set_standby(standby);
+                let _ = tx.send(());
+            }
             Command::Io(tx) => {
                 let _ = tx.send(io.map(|p| p.snapshot()).unwrap_or_default());
             }

@@ -10,7 +10,8 @@
 //! - `fragments`: fragments without reassembly;
 //! - `held_syn`: unsolicited inbound SYNs held before they are answered;
 //! - `fast` and `batch`: the fast path and the batch path over it;
-//! - `pcp_ops`: the narrow interface the PCP server uses.
+//! - `pcp_ops`: the narrow interface the PCP server uses;
+//! - `synced`: a standby installing its active node's state (session sync).
 
 pub mod batch;
 pub(crate) mod fast;
@@ -22,6 +23,7 @@ mod outbound;
 pub(crate) mod pcp_ops;
 pub mod sctp;
 mod sessions;
+pub mod synced;
 
 pub use batch::MAX_BATCH;
 pub(crate) use fast::Candidate;
@@ -132,6 +134,8 @@ pub struct Nat44 {
     pub(crate) counters: Counters,
     now_ns: u64,
     pub(crate) now_s: u32,
+    /// A cluster standby: synced sessions wait for the active node's deletions instead of expiring.
+    standby: bool,
 }
 
 impl Nat44 {
@@ -159,6 +163,7 @@ impl Nat44 {
             counters: Counters::default(),
             now_ns: 0,
             now_s: 0,
+            standby: false,
             cfg,
         };
         nat.install_statics()?;
@@ -221,8 +226,10 @@ impl Nat44 {
 
     /// Once a second: expires idle sessions and ends hold-downs.
     pub(crate) fn second_passed(&mut self) {
-        self.expire_sessions();
-        self.expire_associations();
+        if !self.standby {
+            self.expire_sessions();
+            self.expire_associations();
+        }
         self.pool.expire_holds(self.now_s);
     }
 

@@ -180,6 +180,19 @@ impl Engine {
         self.nat.events_lost()
     }
 
+    /// Installs state the cluster's active node made or ended, as its event
+    /// `e` describes it (session sync; `nat44::synced`).
+    pub fn install_synced(&mut self, e: &Event) -> Result<(), nat44::synced::SyncRefusal> {
+        self.nat.install_synced(e)
+    }
+
+    /// Whether this engine is a cluster standby, whose synced sessions
+    /// wait for the active node's deletions instead of expiring; leaving
+    /// standby gives each a full idle timeout from now.
+    pub fn set_standby(&mut self, standby: bool) {
+        self.nat.set_standby(standby);
+    }
+
     /// Takes the NAT events queued since the last call.
     pub fn drain_events(&mut self, f: impl FnMut(Event)) {
         self.nat.drain_events().for_each(f);

@@ -145,6 +145,11 @@ impl Deterministic {
     }
 
     /// How many subscribers the configured prefixes hold.
+    /// The inside prefixes (network, length), in the formula's order.
+    pub fn prefixes(&self) -> impl Iterator<Item = (u32, u8)> + '_ {
+        self.prefixes.iter().map(|p| (p.network, p.len))
+    }
+
     pub fn subscriber_count(&self) -> u64 {
         self.subscribers
     }

@@ -105,6 +105,19 @@ pub enum AllocError {
     BlockQuota,
 }
 
+/// Why a port or block another node allocated cannot be taken here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeError {
+    /// Outside `nat.ports`.
+    OutOfRange,
+    /// In use here by another mapping or subscriber.
+    Taken,
+    /// Block mode: the port lies in a block its subscriber does not hold here.
+    NotOwnersBlock,
+    /// Not the first port of a block (or blocks are not configured).
+    NotABlock,
+}
+
 /// A block handed to or taken back from a subscriber, for logging.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlockChange {
@@ -398,6 +411,75 @@ impl Pool {
         self.ports_in_use -= u64::from(self.block_size);
         let (first, last) = self.block_range(b);
         Some(BlockChange { addr: self.addrs[addr_idx as usize], proto, first, last })
+    }
+
+    /// Takes exactly `port` for a mapping another node made (session
+    /// sync): in one-at-a-time mode the port must be free or held down
+    /// here (the other node's hold-down ended first: the hold is cut
+    /// short); in block mode it must be free inside a block `owner` holds.
+    pub fn take_synced_port(&mut self, addr_idx: u32, proto: Proto, port: u16, owner: u32) -> Result<(), TakeError> {
+        let space_idx = addr_idx * Proto::WITH_PORTS as u32 + proto as u32;
+        if port < self.lo || port > self.hi {
+            return Err(TakeError::OutOfRange);
+        }
+        if let Some(b) = (port - self.lo).checked_div(self.block_size) {
+            let b = usize::from(b);
+            let s = &mut self.spaces[space_idx as usize];
+            if s.block_owner.get(b) != Some(&(owner + 1)) {
+                return Err(TakeError::NotOwnersBlock);
+            }
+            if !s.is_free(port) {
+                return Err(TakeError::Taken);
+            }
+            s.take(port);
+            s.block_used[b] += 1;
+            return Ok(());
+        }
+        if self.spaces[space_idx as usize].is_free(port) {
+            self.spaces[space_idx as usize].take(port);
+        } else if !self.cut_hold(space_idx, port, false) {
+            return Err(TakeError::Taken);
+        }
+        self.ports_in_use += 1;
+        Ok(())
+    }
+
+    /// Block mode: the first port of the block that holds `port`.
+    pub fn block_start(&self, port: u16) -> Option<u16> {
+        let b = port.checked_sub(self.lo)?.checked_div(self.block_size)?;
+        Some(self.lo + b * self.block_size).filter(|_| port <= self.hi)
+    }
+
+    /// Gives `owner` the block starting at `first` that another node gave
+    /// it (session sync): free, held down here, or already `owner`'s.
+    pub fn take_synced_block(&mut self, addr_idx: u32, proto: Proto, first: u16, owner: u32, blocks: &mut Vec<(u32, u32)>) -> Result<(), TakeError> {
+        let space_idx = addr_idx * Proto::WITH_PORTS as u32 + proto as u32;
+        if self.block_size == 0 || first < self.lo || !(first - self.lo).is_multiple_of(self.block_size) {
+            return Err(TakeError::NotABlock);
+        }
+        let b = u32::from((first - self.lo) / self.block_size);
+        let Some(&current) = self.spaces[space_idx as usize].block_owner.get(b as usize) else { return Err(TakeError::NotABlock) };
+        match current {
+            c if c == owner + 1 => return Ok(()),
+            0 => self.spaces[space_idx as usize].free_blocks -= 1,
+            HELD if self.cut_hold(space_idx, b as u16, true) => {}
+            _ => return Err(TakeError::Taken),
+        }
+        self.spaces[space_idx as usize].block_owner[b as usize] = owner + 1;
+        blocks.push((space_idx, b));
+        self.ports_in_use += u64::from(self.block_size);
+        Ok(())
+    }
+
+    /// Ends one hold-down early; whether it was there.
+    fn cut_hold(&mut self, space: u32, item: u16, is_block: bool) -> bool {
+        match self.holds.iter().position(|h| h.space == space && h.item == item && h.is_block == is_block) {
+            Some(i) => {
+                self.holds.remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Frees ports and blocks whose hold-down has ended.
