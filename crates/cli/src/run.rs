@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 
 use natrix_control::api::LogCounters;
 use natrix_control::{api, Config, IoBackend, LoggingConfig};
-use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings, StartOptions};
-use natrix_engine::Event;
+use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Logged, Settings, StartOptions};
 use natrix_io::{InterfaceLock, LOCK_DIR};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -249,7 +248,7 @@ enum LoggerCommand {
 }
 
 impl Logger {
-    fn start(events: Option<Receiver<Event>>, cfg: &LoggingConfig) -> Result<Logger, String> {
+    fn start(events: Option<Receiver<Logged>>, cfg: &LoggingConfig) -> Result<Logger, String> {
         let events = events.ok_or("the event stream was already taken")?;
         let lost = LossCounter::default();
         let recorded = LossCounter::default();
@@ -267,7 +266,7 @@ impl Logger {
                 loop {
                     match events.recv_timeout(LOG_FLUSH_EVERY) {
                         Ok(e) => {
-                            if sinks.write(&e) {
+                            if write(&mut sinks, &e) {
                                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             }
                             report_json_error(&mut sinks);
@@ -294,7 +293,7 @@ impl Logger {
                     }
                 }
                 while let Ok(e) = events.try_recv() {
-                    if sinks.write(&e) {
+                    if write(&mut sinks, &e) {
                         counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
@@ -321,6 +320,14 @@ impl Logger {
         if lost > 0 {
             warn!("{lost} log records lost by the exporters (collector or syslog unreachable, or the log file failing)");
         }
+    }
+}
+
+/// Hands a worker's log item to the sinks; whether it is a record they keep.
+fn write(sinks: &mut LogSinks, item: &Logged) -> bool {
+    match item {
+        Logged::Nat(e) => sinks.write(e),
+        Logged::Function(r) => sinks.write_record(r),
     }
 }
 

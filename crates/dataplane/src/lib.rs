@@ -12,4 +12,4 @@ pub mod ring;
 pub mod runtime;
 pub mod steer;
 
-pub use runtime::{ControlError, Dataplane, DataplaneError, IoChoice, IoSnapshot, LinkSettings, Settings, StartOptions, SuppliedPort, WorkerSnapshot, PORT_USE_THRESHOLDS};
+pub use runtime::{ControlError, Dataplane, DataplaneError, IoChoice, IoSnapshot, LinkSettings, Logged, Settings, StartOptions, SuppliedPort, WorkerSnapshot, PORT_USE_THRESHOLDS};
