@@ -351,7 +351,7 @@ impl HostId {
                 });
                 let mut stripped = [false; 3];
                 covered.for_each(|w| stripped[w as usize] = true);
-                let spans = scan.iter().filter(|p| stripped[p.which as usize]).map(|p| (p.offset, p.len));
+                let spans = scan.iter().filter(|p| stripped[p.which as usize]).map(|p| (p.offset(), p.len()));
                 nop_out(frame, info.l4, seg.header_len, spans);
             }
         }
@@ -424,13 +424,13 @@ impl HostId {
             match correct {
                 Some(bytes) => {
                     kept[p.which as usize] = true;
-                    if view.area()[p.offset - tcp::MIN_HEADER_LEN..][..p.len] != *bytes.as_slice() {
-                        delta = delta.plus(view.overwrite(p.offset, bytes.as_slice()).expect("within the header"));
+                    if view.area()[p.offset() - tcp::MIN_HEADER_LEN..][..p.len()] != *bytes.as_slice() {
+                        delta = delta.plus(view.overwrite(p.offset(), bytes.as_slice()).expect("within the header"));
                         self.stats.corrected += 1;
                     }
                 }
                 None => {
-                    delta = delta.plus(view.nop_out(p.offset, p.len).expect("within the header"));
+                    delta = delta.plus(view.nop_out(p.offset(), p.len()).expect("within the header"));
                     self.stats.removed += 1;
                 }
             }
@@ -475,7 +475,7 @@ impl HostId {
             return;
         }
         let scan = Scan::of(&frame[info.l4..info.l4 + seg.header_len], &self.cfg.kinds);
-        let echoes = scan.iter().filter(|p| p.which == Which::Enabled).map(|p| (p.offset, p.len));
+        let echoes = scan.iter().filter(|p| p.which == Which::Enabled).map(|p| (p.offset(), p.len()));
         if nop_out(frame, info.l4, seg.header_len, echoes) == 0 {
             return;
         }

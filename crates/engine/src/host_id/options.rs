@@ -52,20 +52,29 @@ impl Which {
     }
 }
 
-/// A HOST_ID option a segment carries.
+/// A HOST_ID option a segment carries. Small (a scan holds 20 and is
+/// made for every SYN): offsets and lengths within a 60-byte header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Present {
     pub which: Which,
-    /// Offset of its kind byte from the TCP header's start.
-    pub offset: usize,
-    /// Its length byte (the seed's lengths, or whatever a host wrote).
-    pub len: usize,
+    offset: u8,
+    len: u8,
 }
 
 impl Present {
+    /// Offset of its kind byte from the TCP header's start.
+    pub fn offset(&self) -> usize {
+        usize::from(self.offset)
+    }
+
+    /// Its length byte (the seed's lengths, or whatever a host wrote).
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
     /// Whether its length is the one seed 000 gives the option.
     pub fn well_formed(&self) -> bool {
-        self.len == self.which.option_len()
+        self.len() == self.which.option_len()
     }
 }
 
@@ -76,15 +85,16 @@ impl Present {
 /// malformed one cannot be told apart from padding and are not listed.
 #[derive(Debug, Clone, Copy)]
 pub struct Scan {
-    found: [Option<Present>; 20],
-    count: usize,
+    found: [Present; 20],
+    count: u8,
     pub malformed: bool,
 }
 
 impl Scan {
     /// Scans `header`, a TCP header with its options.
     pub fn of(header: &[u8], kinds: &Kinds) -> Scan {
-        let mut scan = Scan { found: [None; 20], count: 0, malformed: false };
+        const NONE: Present = Present { which: Which::Enabled, offset: 0, len: 0 };
+        let mut scan = Scan { found: [NONE; 20], count: 0, malformed: false };
         let area = header.get(natrix_wire::tcp::MIN_HEADER_LEN..).unwrap_or(&[]);
         for o in Iter::new(area) {
             let Ok(o) = o else {
@@ -92,8 +102,9 @@ impl Scan {
                 break;
             };
             if let Some(which) = Which::of_kind(o.kind, kinds) {
-                if scan.count < scan.found.len() {
-                    scan.found[scan.count] = Some(Present { which, offset: o.offset, len: o.bytes.len() });
+                // Offsets and lengths fit a byte: the header is at most 60 bytes.
+                if let (Some(slot), Ok(offset), Ok(len)) = (scan.found.get_mut(usize::from(scan.count)), u8::try_from(o.offset), u8::try_from(o.bytes.len())) {
+                    *slot = Present { which, offset, len };
                     scan.count += 1;
                 }
             }
@@ -102,7 +113,7 @@ impl Scan {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = Present> + '_ {
-        self.found[..self.count].iter().flatten().copied()
+        self.found[..usize::from(self.count)].iter().copied()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -172,7 +183,7 @@ pub fn value_of(header: &[u8], p: &Present) -> Option<u64> {
     if !p.well_formed() || p.which == Which::Enabled {
         return None;
     }
-    let data = header.get(p.offset + 2..p.offset + p.len)?;
+    let data = header.get(p.offset() + 2..p.offset() + p.len())?;
     Some(data.iter().fold(0u64, |v, &b| v << 8 | u64::from(b)))
 }
 
@@ -200,7 +211,7 @@ mod tests {
         h[12] = 8 << 4;
         let s = Scan::of(&h, &KINDS);
         let found: Vec<_> = s.iter().collect();
-        assert_eq!(found, [Present { which: Which::Wing, offset: 24, len: 4 }, Present { which: Which::Enabled, offset: 29, len: 2 }]);
+        assert_eq!(found.iter().map(|p| (p.which, p.offset(), p.len())).collect::<Vec<_>>(), [(Which::Wing, 24, 4), (Which::Enabled, 29, 2)]);
         assert!(!s.malformed);
         assert_eq!(value_of(&h, &found[0]), Some(10));
         assert_eq!(value_of(&h, &found[1]), None);
