@@ -457,3 +457,14 @@ def test_check_config_accepts_the_contract_keys_and_names_bad_values(natrix, tmp
         text = p.stdout + p.stderr
         text = text.decode() if isinstance(text, bytes) else text
         assert p.returncode != 0 and key in text and words in text, text
+
+
+def test_the_syn_accelerators_copies_carry_host_id(replay):
+    """With [syn_accel] too, natrix's copies of the SYN are the SYN as it
+    left, HOST_ID included (CONTRACTS.md "SYN accelerator": byte copies)."""
+    cfg = config({"mode": "syn", "wing": True}) + f'[syn_accel]\ndestinations = ["{SRV1}/32:80"]\n'
+    outs, rep = replay(cfg, [(T0, "inside", syn())])
+    syns = pick(outs, "outside", lambda p: h.is_tcp(p) and p[TCP].flags == "S")
+    assert len(syns) == 4, "the first SYN and three copies"
+    assert all(bytes(s.pkt) == bytes(syns[0].pkt) for s in syns)
+    assert host_id_options(syns[0].pkt) == [wing_bytes(0x000A)]

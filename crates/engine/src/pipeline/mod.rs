@@ -102,7 +102,9 @@ impl Engine {
         Ok(Engine {
             router: Router::new(&cfg),
             pcp: PcpServer::new(cfg.pcp, cfg.inside_addr),
-            hooks: crate::host_id::install(&cfg, crate::syn_accel::install(&cfg, Hooks::default())?),
+            // HOST_ID first: its policy drops a SYN before the accelerator
+            // tracks it, and the accelerator's copy is the SYN with HOST_ID.
+            hooks: crate::syn_accel::install(&cfg, crate::host_id::install(&cfg, Hooks::default()))?,
             nptv6: Nptv6::new(&cfg.nptv6)?,
             counters: FrameCounters::default(),
             now_ns: 0,
