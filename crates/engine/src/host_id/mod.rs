@@ -343,15 +343,7 @@ impl HostId {
             }
             Action::Drop => return HookVerdict::Drop(DropReason::HostIdPolicy),
             Action::Strip => {
-                let covered = Which::ALL.into_iter().filter(|&w| match rule.option {
-                    RuleOption::Any => true,
-                    RuleOption::Wing => w == Which::Wing,
-                    RuleOption::Boucadair => w == Which::Boucadair,
-                    RuleOption::Enabled => w == Which::Enabled,
-                });
-                let mut stripped = [false; 3];
-                covered.for_each(|w| stripped[w as usize] = true);
-                let spans = scan.iter().filter(|p| stripped[p.which as usize]).map(|p| (p.offset(), p.len()));
+                let spans = scan.iter().filter(|p| rule.option.covers(p.which)).map(|p| (p.offset(), p.len()));
                 nop_out(frame, info.l4, seg.header_len, spans);
             }
         }

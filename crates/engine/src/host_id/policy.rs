@@ -16,7 +16,8 @@ pub enum RuleOption {
 }
 
 impl RuleOption {
-    fn covers(self, w: Which) -> bool {
+    /// Whether the rule's option names HOST_ID option `w`.
+    pub fn covers(self, w: Which) -> bool {
         match self {
             RuleOption::Wing => w == Which::Wing,
             RuleOption::Boucadair => w == Which::Boucadair,
