@@ -110,17 +110,20 @@ def scapy_syn(sport, value):
 
 
 @pytest.fixture
-def router(natrix):
-    """natrix in router mode with seed 000 section 8's policy, and the
-    servers' route back to the subscribers for the test's length."""
+def router(natrix, tmp_path):
+    """natrix in router mode with seed 000 section 8's policy (its JSON log
+    in tmp_path/events.jsonl), and the servers' route back to the
+    subscribers for the test's length."""
     routed = []
     try:
         for ns in (NS_SRV1, NS_SRV2, NS_SRV3):
             r = h.run_in(ns, "ip", "route", "replace", SUBSCRIBERS, "via", NAT_OUTSIDE)
             assert r.returncode == 0, r.stderr
             routed.append(ns)
-        rules = [h.Inline(option="wing", value="1000-2000", action="drop"), h.Inline(option="any", action="strip")]
-        yield natrix({"nat": h.Inline(mode="off"), "host_id": {"rule": rules}})
+        rules = [h.Inline(option="wing", value="1000-2000", action="drop"), h.Inline(option="wing", value="0x0fa0", action="log"),
+                 h.Inline(option="any", action="strip")]
+        log = tmp_path / "events.jsonl"
+        yield natrix({"nat": h.Inline(mode="off"), "host_id": {"rule": rules}, "logging": {"json": str(log)}})
     finally:
         for ns in routed:
             h.run_in(ns, "ip", "route", "del", SUBSCRIBERS, "via", NAT_OUTSIDE)
@@ -139,6 +142,21 @@ def test_policy_in_front_of_a_kernel_server_drops_a_range_and_strips_the_rest(ro
     assert WING not in kinds, f"stripped: tshark's option kinds {kinds}"
     # WING's 4 bytes are NOPs, after them the client's own 2 NOPs and scapy's zero padding.
     assert options == bytes([2, 4, 5, 180]) + b"\x01" * 6 + b"\x00\x00", options.hex()
+
+
+def test_a_log_rule_writes_the_event_log_under_natrix_run(router, servers, tmp_path):
+    """`action = "log"` (seed 000 section 8.4): the SYN passes with its WING,
+    and natrix run's JSON event log gets {"event": "host_id", ...}."""
+    import json
+
+    assert scapy_syn(41002, 4000) == "synack"
+    assert router.stop() == 0, router.output()
+    router.reported = True
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    logged = [e for e in events if e.get("event") == "host_id"]
+    assert len(logged) == 1, events
+    e = logged[0]
+    assert (e["rule"], e["option"], e["value"], e["src"], e["src_port"], e["dst"], e["dst_port"]) == (1, "wing", 4000, SUB1, 41002, SRV1, h.TCP_REPORT)
 
 
 # Seed 000 section 6: connection success and setup delay with and without
