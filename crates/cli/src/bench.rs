@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::Failure;
 
+mod host_id;
 mod nptv6;
 mod sctp;
 mod syn_accel;
@@ -61,6 +62,10 @@ enum Mode {
     /// SCTP associations (seed 001): setup (INIT, INIT-ACK) and established
     /// (DATA both ways) passes; `--flows` associations (default 1M), one worker.
     Sctp,
+    /// HOST_ID (seed 000): first SYNs with and without HOST_ID_WING and
+    /// HOST_ID_BOUCADAIR inserted, then their data segments; `--flows` SYNs
+    /// (default 1M), one worker.
+    HostId,
 }
 
 /// The order in which a pass presents its flows.
@@ -133,6 +138,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         Mode::Nptv6 => &nptv6::DEFAULT_FLOWS[..],
         Mode::SynAccel => return syn_accel::run(args.flows, args.answered, args.rate, args.json),
         Mode::Sctp => return sctp::run(args.flows, args.json),
+        Mode::HostId => return host_id::run(args.flows, args.json),
     };
     let sizes: Vec<u64> = args.flows.map_or(defaults.to_vec(), |n| vec![n]);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
@@ -155,7 +161,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
             let lines = match args.mode {
                 Mode::Nat44 => bench_one(flows, workers, args.order)?,
                 Mode::Nptv6 => vec![nptv6::bench_one(flows, workers)?],
-                Mode::SynAccel | Mode::Sctp => unreachable!("--mode syn-accel and sctp returned at the start of run"),
+                Mode::SynAccel | Mode::Sctp | Mode::HostId => unreachable!("--mode syn-accel, sctp and host-id returned at the start of run"),
             };
             for line in lines {
                 errors += line.errors;

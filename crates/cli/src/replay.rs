@@ -76,6 +76,9 @@ impl Sinks {
             report.on_event(&e);
             logs.write(&e);
         });
+        engine.drain_function_records(|r| {
+            logs.write_record(&r);
+        });
         // IPFIX and syslog losses are counted; a log file that fails ends the replay.
         logs.take_json_error().map_or(Ok(()), |e| Err(Failure::Other(format!("event log: {e}"))))
     }

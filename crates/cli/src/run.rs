@@ -17,8 +17,7 @@ use natrix_control::cluster::bgp::Announcement;
 use natrix_control::cluster::node::{ClusterNode, EventTee, NodeSettings};
 use natrix_control::config::cluster::ClusterConfig;
 use natrix_control::{api, Config, IoBackend, LoggingConfig};
-use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Settings, StartOptions};
-use natrix_engine::Event;
+use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Logged, Settings, StartOptions};
 use natrix_io::{InterfaceLock, LOCK_DIR};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -280,8 +279,8 @@ enum LoggerCommand {
 }
 
 impl Logger {
-    /// `tee`: the cluster node, handed every event for session sync.
-    fn start(events: Option<Receiver<Event>>, cfg: &LoggingConfig, tee: Option<EventTee>) -> Result<Logger, String> {
+    /// `tee`: the cluster node, handed every NAT event for session sync.
+    fn start(events: Option<Receiver<Logged>>, cfg: &LoggingConfig, tee: Option<EventTee>) -> Result<Logger, String> {
         let events = events.ok_or("the event stream was already taken")?;
         let lost = LossCounter::default();
         let recorded = LossCounter::default();
@@ -299,10 +298,10 @@ impl Logger {
                 loop {
                     match events.recv_timeout(LOG_FLUSH_EVERY) {
                         Ok(e) => {
-                            if let Some(t) = &tee {
-                                t.send(&e);
+                            if let (Some(t), Logged::Nat(event)) = (&tee, &e) {
+                                t.send(event);
                             }
-                            if sinks.write(&e) {
+                            if write(&mut sinks, &e) {
                                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             }
                             report_json_error(&mut sinks);
@@ -329,7 +328,7 @@ impl Logger {
                     }
                 }
                 while let Ok(e) = events.try_recv() {
-                    if sinks.write(&e) {
+                    if write(&mut sinks, &e) {
                         counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
@@ -356,6 +355,14 @@ impl Logger {
         if lost > 0 {
             warn!("{lost} log records lost by the exporters (collector or syslog unreachable, or the log file failing)");
         }
+    }
+}
+
+/// Hands a worker's log item to the sinks; whether it is a record they keep.
+fn write(sinks: &mut LogSinks, item: &Logged) -> bool {
+    match item {
+        Logged::Nat(e) => sinks.write(e),
+        Logged::Function(r) => sinks.write_record(r),
     }
 }
 

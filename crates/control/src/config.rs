@@ -18,6 +18,7 @@ use toml::{Table, Value};
 use crate::duration;
 
 pub mod cluster;
+mod host_id;
 mod sctp;
 mod syn_accel;
 
@@ -177,6 +178,7 @@ impl Config {
             s.finish()?;
         }
         engine.syn_accel = syn_accel::parse(&mut root, &mut warnings)?;
+        engine.host_id = host_id::parse(&mut root, &mut warnings)?;
         let cluster = cluster::parse(&mut root, &engine)?;
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
@@ -835,7 +837,7 @@ impl<'a> Section<'a> {
 /// Every key the parser reads, by section ("" is the top level); a test
 /// holds this list to the parser. Used only to explain unknown keys.
 const KNOWN_KEYS: &[(&str, &[&str])] = &[
-    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll", "nptv6", "syn_accel", "sctp", "cluster"]),
+    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll", "nptv6", "syn_accel", "sctp", "host_id", "cluster"]),
     ("inside", &["interface", "address", "address6"]),
     ("outside", &["interface", "address", "gateway", "address6", "gateway6"]),
     (
@@ -874,6 +876,9 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
     ("pcp", &["enabled", "max_lifetime"]),
     ("management", &["listen"]),
     ("syn_accel", &["destinations", "interval", "attempts", "deadline"]),
+    ("host_id", &["mode", "wing", "wing_data", "boucadair", "lifetime", "enabled", "kinds", "rule"]),
+    ("host_id.kinds", &["wing", "boucadair", "enabled"]),
+    ("host_id.rule", &["option", "value", "action"]),
     ("nptv6", &["inside", "outside"]),
     ("cluster", &["node", "partition", "role", "subscribers", "subscriber_space", "pool_space", "sync_listen", "sync_peer", "peer_timeout", "bgp"]),
     ("cluster.bgp", &["local_as", "peer", "peer_as", "router_id", "hold_time", "standby_prepend", "bird"]),
@@ -889,7 +894,7 @@ fn unknown_key_problem(section: &str, key: &str) -> String {
     if let Some(near) = here.iter().filter(|k| edit_distance(k, key) <= 2.min(k.len() / 3)).min_by_key(|k| edit_distance(k, key)) {
         return format!("unknown key; did you mean `{near}`?");
     }
-    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "syn_accel", "sctp", "cluster"];
+    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "syn_accel", "sctp", "host_id", "cluster"];
     if let Some((home, _)) = KNOWN_KEYS.iter().find(|(s, keys)| *s != section && top_level.contains(s) && keys.contains(&key)) {
         return match *home {
             "" => format!("unknown key here: `{key}` is a top-level key (put it above the first [section])"),

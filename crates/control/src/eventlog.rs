@@ -7,6 +7,7 @@ use std::io::{self, BufWriter, Write};
 use std::net::Ipv4Addr;
 use std::path::Path;
 
+use natrix_engine::host_id::{HostIdEvent, Which};
 use natrix_engine::{Event, EventKind};
 
 use crate::config::LogUnit;
@@ -31,6 +32,27 @@ struct Line {
     remote: Option<Ipv4Addr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     remote_port: Option<u16>,
+}
+
+/// A `[[host_id.rule]]` with `action = "log"` (seed 000 section 8.4):
+/// the segment's endpoints as it arrived, the option and its value.
+#[derive(Serialize)]
+struct HostIdLine {
+    time: String,
+    event: &'static str,
+    rule: usize,
+    option: &'static str,
+    /// WING's 2 data bytes or BOUCADAIR's 8 bytes after the length, as
+    /// the rules compare them; absent for ENABLED.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value_hex: Option<String>,
+    side: &'static str,
+    src: Ipv4Addr,
+    src_port: u16,
+    dst: Ipv4Addr,
+    dst_port: u16,
 }
 
 pub struct EventLog {
@@ -67,6 +89,30 @@ impl EventLog {
         self.out.write_all(&line)?;
         self.written += 1;
         self.bytes += line.len() as u64;
+        Ok(())
+    }
+
+    /// Writes a HOST_ID policy event (every unit records them: a rule asked for it).
+    pub fn write_host_id(&mut self, e: &HostIdEvent) -> io::Result<()> {
+        let hex_digits = if e.option == Which::Boucadair { 16 } else { 4 };
+        let line = HostIdLine {
+            time: rfc3339(e.time_ns),
+            event: "host_id",
+            rule: e.rule,
+            option: e.option.name(),
+            value: e.value,
+            value_hex: e.value.map(|v| format!("0x{v:0hex_digits$x}")),
+            side: e.side.name(),
+            src: Ipv4Addr::from(e.src),
+            src_port: e.src_port,
+            dst: Ipv4Addr::from(e.dst),
+            dst_port: e.dst_port,
+        };
+        let mut bytes = serde_json::to_vec(&line).map_err(io::Error::other)?;
+        bytes.push(b'\n');
+        self.out.write_all(&bytes)?;
+        self.written += 1;
+        self.bytes += bytes.len() as u64;
         Ok(())
     }
 

@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod config;
 pub mod duration;
 pub mod eventlog;
+pub mod host_id_metrics;
 pub mod ipfix;
 pub mod metrics;
 pub mod report;

@@ -146,6 +146,9 @@ pub fn render(workers: &[WorkerSnapshot], io: &IoSnapshot, log: (u64, u64), clus
     if let Some(syn_accel) = crate::synaccel_metrics::collector(workers) {
         registry.register_collector(Box::new(syn_accel));
     }
+    if let Some(host_id) = crate::host_id_metrics::collector(workers) {
+        registry.register_collector(Box::new(host_id));
+    }
     let mut out = String::with_capacity(16 * 1024);
     let encoded = match format {
         Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &registry),

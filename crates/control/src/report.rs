@@ -31,6 +31,57 @@ pub struct Report {
     /// The SYN accelerator's counters, when `[syn_accel]` is configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syn_accel: Option<SynAccelUse>,
+    /// SYNs that passed without the HOST_ID options they lacked, for want of
+    /// room (CONTRACTS.md's counter); with `host_id.no_room`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_id_no_room: Option<u64>,
+    /// HOST_ID's counters, when `[host_id]` is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<HostIdUse>,
+}
+
+/// What HOST_ID did (seed 000): segments options were inserted into,
+/// options corrected and removed in place, segments without room or with a
+/// malformed options area, ACK mode's echoes removed and first ACKs
+/// written, and what each `[[host_id.rule]]` decided.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct HostIdUse {
+    pub injected: u64,
+    pub corrected: u64,
+    pub removed: u64,
+    pub no_room: u64,
+    pub malformed: u64,
+    pub echoes_removed: u64,
+    pub acks_injected: u64,
+    pub acks_untracked: u64,
+    pub events_lost: u64,
+    pub rules: Vec<RuleUse>,
+}
+
+/// One rule, as configured, and the segments it decided.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct RuleUse {
+    pub option: &'static str,
+    pub action: &'static str,
+    pub matched: u64,
+}
+
+impl HostIdUse {
+    fn of(st: &natrix_engine::host_id::HostIdStats, cfg: Option<&natrix_engine::host_id::HostIdConfig>) -> HostIdUse {
+        let rules = cfg.map_or(&[][..], |c| &c.rules[..]);
+        HostIdUse {
+            injected: st.injected,
+            corrected: st.corrected,
+            removed: st.removed,
+            no_room: st.no_room,
+            malformed: st.malformed,
+            echoes_removed: st.echoes_removed,
+            acks_injected: st.acks_injected,
+            acks_untracked: st.acks_untracked,
+            events_lost: st.events_lost,
+            rules: rules.iter().zip(&st.rule_matches).map(|(r, &matched)| RuleUse { option: r.option.name(), action: r.action.name(), matched }).collect(),
+        }
+    }
 }
 
 /// What the SYN accelerator did: first SYNs tracked, copies sent, attempts
@@ -159,6 +210,8 @@ impl ReportBuilder {
             log_export: BTreeMap::new(),
             input_truncated: None,
             syn_accel: st.syn_accel.as_ref().map(|a| SynAccelUse { syns: a.syns, retransmits: a.retransmits, answered: a.answered, resets: a.resets, untracked: a.untracked }),
+            host_id_no_room: st.host_id.as_ref().map(|h| h.no_room),
+            host_id: st.host_id.as_ref().map(|h| HostIdUse::of(h, engine.config().host_id.as_ref())),
         }
     }
 }

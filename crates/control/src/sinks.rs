@@ -9,6 +9,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 
+use natrix_engine::pipeline::hooks::FunctionRecord;
 use natrix_engine::Event;
 
 use crate::config::{LogUnit, LoggingConfig};
@@ -93,6 +94,22 @@ impl LogSinks {
             self.lost.fetch_add(self.failed, Ordering::Relaxed);
         }
         is_record && (self.json.is_some() || self.ipfix.is_some() || self.syslog.is_some())
+    }
+
+    /// Writes a middlebox function's record (HOST_ID's `log` events) to
+    /// the JSON log, the one sink with a place for it; whether it was taken.
+    pub fn write_record(&mut self, r: &FunctionRecord) -> bool {
+        let Some(l) = &mut self.json else { return false };
+        let written = match r {
+            FunctionRecord::HostId(e) => l.write_host_id(e),
+        };
+        match written {
+            Ok(()) => true,
+            Err(err) => {
+                self.json_failed(err);
+                false
+            }
+        }
     }
 
     /// Hands over what the JSON log buffered and a partly filled IPFIX message.

@@ -174,6 +174,8 @@ pub struct EngineConfig {
     pub nptv6: Vec<crate::nptv6::Binding>,
     /// The SYN accelerator (seed 003, `[syn_accel]`); None: off.
     pub syn_accel: Option<crate::syn_accel::SynAccelConfig>,
+    /// HOST_ID options and policy (seed 000, `[host_id]`); None: off.
+    pub host_id: Option<crate::host_id::HostIdConfig>,
 }
 
 impl Default for EngineConfig {
@@ -218,6 +220,7 @@ impl Default for EngineConfig {
             egress_mtu: [0, 0],
             nptv6: Vec::new(),
             syn_accel: None,
+            host_id: None,
         }
     }
 }
@@ -244,6 +247,7 @@ pub fn restart_key_changed(old: &EngineConfig, new: &EngineConfig) -> Option<&'s
         (old.max_subscribers != new.max_subscribers, "nat.max_subscribers"),
         (old.sctp.max_associations != new.sctp.max_associations, "sctp.max_associations"),
         (old.syn_accel != new.syn_accel, "syn_accel"),
+        (old.host_id != new.host_id, "host_id"),
     ]
     .into_iter()
     .find_map(|(changed, key)| changed.then_some(key))

@@ -64,6 +64,7 @@ drop_reasons! {
     FragmentBufferFull => "fragment_buffer_full", "out-of-order fragment buffer at its cap";
     FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports";
     SynAbsorbed => "syn_absorbed", "a caller's own SYN retransmission for a connection attempt the SYN accelerator is retransmitting (seed 003)";
+    HostIdPolicy => "host_id_policy", "a SYN (or, in ACK mode, a first ACK) whose HOST_ID option matched a [[host_id.rule]] with action = \"drop\" (seed 000 section 8.5)";
     Nptv6Unmappable => "nptv6_unmappable", "IPv6 address in an NPTv6 prefix that RFC 6296 cannot map (subnet word, or every interface identifier word, 0xFFFF)";
 }
 

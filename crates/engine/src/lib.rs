@@ -17,6 +17,7 @@ pub mod admin;
 pub mod config;
 pub mod drop;
 pub mod error;
+pub mod host_id;
 pub mod nat44;
 pub mod nptv6;
 pub mod pcp;

@@ -26,7 +26,7 @@ use crate::Failure;
 const BATCH: usize = 64;
 /// Ethernet, IPv4 and TCP with the 20 bytes of options Linux puts in a
 /// SYN (MSS, SACK permitted, timestamps, window scale): 74 bytes.
-const SYN_LEN: usize = 74;
+pub(super) const SYN_LEN: usize = 74;
 const L4: usize = 34;
 const SUBSCRIBER_BASE: u32 = 0x6440_0000;
 /// Servers: 198.18.0.0/16 (RFC 2544 benchmarking space), all accelerated.
@@ -272,7 +272,7 @@ fn drain(engine: &mut Engine, p: &mut Pass, accelerate: bool) {
 
 /// The i-th caller's first SYN: its own subscriber and port, a server in
 /// 198.18.0.0/16, options as Linux sends them.
-fn first_syn(f: &mut [u8; SYN_LEN], i: u64) {
+pub(super) fn first_syn(f: &mut [u8; SYN_LEN], i: u64) {
     let r = Rng::new(i).next_u64();
     let sub = SUBSCRIBER_BASE + (i / FLOWS_PER_SUBSCRIBER) as u32;
     let sport = 1024 + ((i % FLOWS_PER_SUBSCRIBER) * 1000 + (r >> 48) % 1000) as u16;
@@ -293,7 +293,7 @@ fn syn_ack_to(syn: &[u8; SYN_LEN]) -> [u8; SYN_LEN] {
 
 /// Writes an Ethernet/IPv4/TCP segment with Linux's 20 bytes of SYN
 /// options and valid checksums.
-fn segment(f: &mut [u8; SYN_LEN], (src, sport): (u32, u16), (dst, dport): (u32, u16), seq: u32, ack: u32, flags: u8) {
+pub(super) fn segment(f: &mut [u8; SYN_LEN], (src, sport): (u32, u16), (dst, dport): (u32, u16), seq: u32, ack: u32, flags: u8) {
     const OPTIONS: [u8; 20] = [2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0, 0, 0, 1, 0, 0, 0, 0, 1, 3, 3, 7];
     const TCP_LEN: usize = 40;
     *f = [0; SYN_LEN];
@@ -309,7 +309,9 @@ fn segment(f: &mut [u8; SYN_LEN], (src, sport): (u32, u16), (dst, dport): (u32, 
     f[L4 + 13] = flags;
     set_u16_at(f, L4 + 14, 64_240);
     f[L4 + 20..L4 + TCP_LEN].copy_from_slice(&OPTIONS);
-    let sum = checksum::pseudo_header_sum(src, dst, proto::TCP, TCP_LEN as u16) + checksum::sum(&f[L4..L4 + TCP_LEN]);
+    // Each sum folded to 16 bits first: two 32-bit sums can overflow a u32.
+    let pseudo = checksum::fold(checksum::pseudo_header_sum(src, dst, proto::TCP, TCP_LEN as u16));
+    let sum = u32::from(pseudo) + u32::from(checksum::fold(checksum::sum(&f[L4..L4 + TCP_LEN])));
     set_u16_at(f, L4 + 16, !checksum::fold(sum));
 }
 

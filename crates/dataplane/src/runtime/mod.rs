@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 
 use natrix_engine::admin::{Cleared, MappingView, SessionView};
 use natrix_engine::config::prefix_contains;
+use natrix_engine::pipeline::hooks::FunctionRecord;
 use natrix_engine::shard::{Owners, Shard};
 use natrix_engine::{Engine, EngineConfig, Event, Side, Stats};
 use natrix_io::af_packet::AfPacketPort;
@@ -162,6 +163,14 @@ pub struct IoSnapshot {
 pub const PORT_USE_THRESHOLDS: [f64; 4] = [0.5, 0.8, 0.9, 1.0];
 
 /// A running dataplane.
+/// What the workers hand the logger: NAT's events and the middlebox
+/// functions' records (HOST_ID's policy events).
+#[derive(Debug, Clone)]
+pub enum Logged {
+    Nat(Event),
+    Function(FunctionRecord),
+}
+
 pub struct Dataplane {
     stop: Arc<AtomicBool>,
     threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
@@ -170,7 +179,7 @@ pub struct Dataplane {
     io: Control,
     backend: &'static str,
     notes: Vec<String>,
-    events: std::sync::Mutex<Option<Receiver<Event>>>,
+    events: std::sync::Mutex<Option<Receiver<Logged>>>,
     outside_prefix: (u32, u8),
 }
 
@@ -233,7 +242,7 @@ impl Dataplane {
         Ok(dp)
     }
 
-    fn start_single(&mut self, mut engines: Vec<Engine>, mut links: Links, event_tx: SyncSender<Event>, clock: Clock, busy_poll: bool) -> Result<(), DataplaneError> {
+    fn start_single(&mut self, mut engines: Vec<Engine>, mut links: Links, event_tx: SyncSender<Logged>, clock: Clock, busy_poll: bool) -> Result<(), DataplaneError> {
         let (commands, rx) = mpsc::channel();
         let doorbell = self.io.doorbell.clone();
         let engine = engines.remove(0);
@@ -255,7 +264,7 @@ impl Dataplane {
         engines: Vec<Engine>,
         mut links: Links,
         cfg: &EngineConfig,
-        event_tx: SyncSender<Event>,
+        event_tx: SyncSender<Logged>,
         clock: Clock,
         busy_poll: bool,
     ) -> Result<(), DataplaneError> {
@@ -305,9 +314,10 @@ impl Dataplane {
         self.workers.len()
     }
 
-    /// The NAT events (mappings created and deleted, ...), for the logger;
+    /// The NAT events (mappings created and deleted, ...) and the
+    /// functions' records, for the logger;
     /// there is one receiver and this hands it over once.
-    pub fn take_events(&self) -> Option<Receiver<Event>> {
+    pub fn take_events(&self) -> Option<Receiver<Logged>> {
         self.events.lock().ok()?.take()
     }
 

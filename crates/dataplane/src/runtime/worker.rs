@@ -6,26 +6,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::Instant;
 
-use natrix_engine::{Engine, Event, Side, Verdict};
+use natrix_engine::{Engine, Side, Verdict};
 
 use super::clock::{Clock, Idle, SLEEP_MS};
 use super::commands::Command;
 use super::links::Links;
-use super::{WorkerSnapshot, PORT_USE_THRESHOLDS};
+use super::{Logged, WorkerSnapshot, PORT_USE_THRESHOLDS};
 use crate::ring::{wait_readable, Consumer, Doorbell, Producer, MAX_POP};
 
 /// A worker's engine and its links to the control plane.
 pub(super) struct EngineWorker {
     engine: Engine,
     pub(super) commands: Receiver<Command>,
-    events: SyncSender<Event>,
+    events: SyncSender<Logged>,
     events_lost: u64,
     pub(super) busy_ns: u64,
     pub(super) handoff_dropped: u64,
 }
 
 impl EngineWorker {
-    pub(super) fn new(engine: Engine, commands: Receiver<Command>, events: SyncSender<Event>) -> EngineWorker {
+    pub(super) fn new(engine: Engine, commands: Receiver<Command>, events: SyncSender<Logged>) -> EngineWorker {
         EngineWorker { engine, commands, events, events_lost: 0, busy_ns: 0, handoff_dropped: 0 }
     }
 
@@ -48,12 +48,14 @@ impl EngineWorker {
         self.engine.advance(now);
         self.engine.drain_output(|o| out(o.side, &o.data));
         let (events, lost) = (&self.events, &mut self.events_lost);
-        self.engine.drain_events(|e| {
-            // Disconnected means no log is configured: nothing is lost.
-            if let Err(TrySendError::Full(_)) = events.try_send(e) {
+        // Disconnected means no log is configured: nothing is lost.
+        let mut send = |item| {
+            if let Err(TrySendError::Full(_)) = events.try_send(item) {
                 *lost += 1;
             }
-        });
+        };
+        self.engine.drain_events(|e| send(Logged::Nat(e)));
+        self.engine.drain_function_records(|r| send(Logged::Function(r)));
     }
 
     pub(super) fn command(&mut self, cmd: Command, io: Option<&mut Links>) {
@@ -107,7 +109,10 @@ impl EngineWorker {
         self.engine.release_all();
         let events = &self.events;
         self.engine.drain_events(|e| {
-            let _ = events.send(e);
+            let _ = events.send(Logged::Nat(e));
+        });
+        self.engine.drain_function_records(|r| {
+            let _ = events.send(Logged::Function(r));
         });
     }
 

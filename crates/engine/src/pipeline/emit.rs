@@ -29,6 +29,11 @@ impl OutQueue {
         b
     }
 
+    /// Takes back a buffer from `buffer` that was not queued after all.
+    pub fn recycle(&mut self, b: Vec<u8>) {
+        self.spare.push(b);
+    }
+
     pub fn push(&mut self, side: Side, time_ns: u64, data: Vec<u8>) {
         self.frames.push(OutFrame { side, time_ns, data });
     }

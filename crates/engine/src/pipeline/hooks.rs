@@ -99,6 +99,18 @@ pub struct FrameInfo {
 pub enum HookVerdict {
     Continue,
     Drop(DropReason),
+    /// The frame needs up to this many more bytes than it has (options
+    /// inserted, a header added): the pipeline hands the function a longer
+    /// copy through `grow`, and that copy leaves in the frame's place,
+    /// through the output queue. Honoured after translation only, where
+    /// nothing rewrites the frame any more; before, it counts as `Continue`.
+    Grow(usize),
+}
+
+/// A record a function writes to the event log, beside NAT's events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FunctionRecord {
+    HostId(crate::host_id::HostIdEvent),
 }
 
 /// A middlebox function.
@@ -108,6 +120,14 @@ pub trait Middlebox: Send {
     /// Looks at (and may change, without changing its length) a frame it
     /// declared an interest in.
     fn on_frame(&mut self, frame: &mut [u8], info: &FrameInfo) -> HookVerdict;
+
+    /// After `on_frame` answered `Grow(n)`: `frame` is a copy of the frame
+    /// followed by `n` zero bytes; the function writes the longer frame and
+    /// truncates it to its length. Functions after it see the copy.
+    fn grow(&mut self, _frame: &mut Vec<u8>, _info: &FrameInfo) {}
+
+    /// Hands over the log records queued since the last call.
+    fn drain_records(&mut self, _f: &mut dyn FnMut(FunctionRecord)) {}
 
     /// A batch is about to run: start loading whatever `on_frame` will read
     /// for `frame` (arrived on `side`), as NAPT44 prefetches its table
@@ -163,11 +183,14 @@ pub(crate) struct Hooks {
     interest: Interest,
     /// The earliest `next_wake_ns` of every function.
     wake_ns: u64,
+    /// The longer copy of the frame a function grew, from the router's
+    /// buffers, until the pipeline sends it in the frame's place.
+    grown: Option<Vec<u8>>,
 }
 
 impl Default for Hooks {
     fn default() -> Self {
-        Hooks { functions: Vec::new(), interest: Interest::default(), wake_ns: u64::MAX }
+        Hooks { functions: Vec::new(), interest: Interest::default(), wake_ns: u64::MAX, grown: None }
     }
 }
 
@@ -235,22 +258,61 @@ impl Hooks {
     }
 
     /// Runs the functions of `at` that want the frame, in the order they
-    /// were added; the first drop ends it.
-    pub fn run(&mut self, at: Point, frame: &mut [u8], ip: &Ip, side: Side, now_ns: u64) -> HookVerdict {
+    /// were added; the first drop ends it. A function that grows the frame
+    /// (after translation) leaves the longer copy in `take_grown`, and the
+    /// functions after it work on that copy.
+    pub fn run(&mut self, at: Point, frame: &mut [u8], ip: &Ip, side: Side, now_ns: u64, router: &mut Router) -> HookVerdict {
         if !self.interest.wants(ip.proto, ip.tcp_flags) {
             return HookVerdict::Continue;
         }
         // Read from the frame, not the parse: after translation they are the rewritten ones.
         let (src, dst) = natrix_wire::ipv4::Packet::new_lax(&frame[ip.l3..]).map_or((ip.src, ip.dst), |p| (p.src_addr(), p.dst_addr()));
-        let info = FrameInfo { l3: ip.l3, l4: ip.l4, l4_len: ip.l4_len, proto: ip.proto, src, dst, tcp_flags: ip.tcp_flags, side, point: at, now_ns };
+        let mut info = FrameInfo { l3: ip.l3, l4: ip.l4, l4_len: ip.l4_len, proto: ip.proto, src, dst, tcp_flags: ip.tcp_flags, side, point: at, now_ns };
+        let grown = &mut self.grown;
         for f in self.functions.iter_mut().filter(|f| f.point().includes(at) && f.interest().wants(ip.proto, ip.tcp_flags)) {
-            let verdict = f.on_frame(frame, &info);
+            let current: &mut [u8] = match grown {
+                Some(g) => g,
+                None => frame,
+            };
+            let verdict = f.on_frame(current, &info);
             self.wake_ns = self.wake_ns.min(f.next_wake_ns());
-            if let HookVerdict::Drop(r) = verdict {
-                return HookVerdict::Drop(r);
+            match verdict {
+                HookVerdict::Continue => {}
+                HookVerdict::Drop(r) => {
+                    if let Some(g) = grown.take() {
+                        router.recycle(g);
+                    }
+                    return HookVerdict::Drop(r);
+                }
+                HookVerdict::Grow(_) if at == Point::BeforeTranslation => {}
+                HookVerdict::Grow(by) => {
+                    let mut copy = router.buffer();
+                    copy.extend_from_slice(current);
+                    copy.resize(current.len() + by, 0);
+                    f.grow(&mut copy, &info);
+                    // The IP header now says how long the transport is.
+                    if let Ok(p) = natrix_wire::ipv4::Packet::new_lax(&copy[info.l3..]) {
+                        info.l4_len = usize::from(p.total_len()).saturating_sub(info.l4 - info.l3);
+                    }
+                    if let Some(old) = grown.replace(copy) {
+                        router.recycle(old);
+                    }
+                }
             }
         }
         HookVerdict::Continue
+    }
+
+    /// The longer frame a function grew during the last `run`, if any.
+    pub fn take_grown(&mut self) -> Option<Vec<u8>> {
+        self.grown.take()
+    }
+
+    /// Every function's log records queued since the last call.
+    pub fn drain_records(&mut self, mut f: impl FnMut(FunctionRecord)) {
+        for m in &mut self.functions {
+            m.drain_records(&mut f);
+        }
     }
 }
 

@@ -48,8 +48,10 @@ pub enum Verdict {
     /// Rewritten in place; send it on this side.
     Forward(Side),
     Drop(DropReason),
-    /// Kept by the engine (a fragment waiting for its first fragment); it may
-    /// come out later through the output queue.
+    /// Taken by the engine: kept (a fragment waiting for its first
+    /// fragment), to come out later through the output queue; or forwarded
+    /// already, as a longer frame a middlebox function rebuilt from it
+    /// (HOST_ID options inserted), which waits in the output queue.
     Held,
 }
 
@@ -70,6 +72,8 @@ pub struct Stats {
     pub nptv6_translated: [u64; 2],
     /// The SYN accelerator's counters, when `[syn_accel]` is configured.
     pub syn_accel: Option<crate::syn_accel::SynAccelStats>,
+    /// HOST_ID's counters, when `[host_id]` is configured.
+    pub host_id: Option<crate::host_id::HostIdStats>,
 }
 
 /// The frames' own counters; the translator's and the router's are added
@@ -98,7 +102,9 @@ impl Engine {
         Ok(Engine {
             router: Router::new(&cfg),
             pcp: PcpServer::new(cfg.pcp, cfg.inside_addr),
-            hooks: crate::syn_accel::install(&cfg, Hooks::default())?,
+            // HOST_ID first: its policy drops a SYN before the accelerator
+            // tracks it, and the accelerator's copy is the SYN with HOST_ID.
+            hooks: crate::syn_accel::install(&cfg, crate::host_id::install(&cfg, Hooks::default()))?,
             nptv6: Nptv6::new(&cfg.nptv6)?,
             counters: FrameCounters::default(),
             now_ns: 0,
@@ -171,6 +177,7 @@ impl Engine {
             peak_ports_in_use: n.peak_ports_in_use,
             nptv6_translated: self.nptv6.translated,
             syn_accel: None,
+            host_id: None,
         };
         self.hooks.add_stats(&mut stats);
         stats
@@ -196,6 +203,12 @@ impl Engine {
     /// Takes the NAT events queued since the last call.
     pub fn drain_events(&mut self, f: impl FnMut(Event)) {
         self.nat.drain_events().for_each(f);
+    }
+
+    /// Takes the log records the middlebox functions queued (HOST_ID's
+    /// policy events) since the last call.
+    pub fn drain_function_records(&mut self, f: impl FnMut(hooks::FunctionRecord)) {
+        self.hooks.drain_records(f);
     }
 
     /// Takes the frames the engine generated or released.
@@ -331,6 +344,15 @@ impl Engine {
 
     fn ipv4(&mut self, frame: &mut [u8], ip: &Ip, side: Side) -> Verdict {
         let result = self.ipv4_stages(frame, ip, side);
+        if let Some(mut grown) = self.hooks.take_grown() {
+            // Grown after translation: only the router's TTL is still to do.
+            if let Ok(Some(out)) = result {
+                self.router.decrement_ttl(&mut grown, ip.l3);
+                self.router.forward_rebuilt(out, grown);
+                return Verdict::Held;
+            }
+            self.router.recycle(grown);
+        }
         self.settle(frame, ip.l3, side, result)
     }
 
@@ -385,9 +407,9 @@ impl Engine {
         if self.hooks.is_empty() {
             return Ok(());
         }
-        match self.hooks.run(at, frame, ip, side, self.now_ns) {
-            HookVerdict::Continue => Ok(()),
+        match self.hooks.run(at, frame, ip, side, self.now_ns, &mut self.router) {
             HookVerdict::Drop(r) => Err(r),
+            HookVerdict::Continue | HookVerdict::Grow(_) => Ok(()),
         }
     }
 

@@ -221,6 +221,24 @@ impl Router {
         true
     }
 
+    /// A cleared buffer from the output queue's, for a frame about to be
+    /// built (`forward_rebuilt`) or given back (`recycle`).
+    pub fn buffer(&mut self) -> Vec<u8> {
+        self.out.buffer()
+    }
+
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.out.recycle(buf);
+    }
+
+    /// Forwards, in place of the frame it was built from, a frame that a
+    /// middlebox function made longer than it arrived (options inserted, a
+    /// header added): it leaves now on `side`, counted as forwarded.
+    pub fn forward_rebuilt(&mut self, side: Side, frame: Vec<u8>) {
+        self.out.push(side, self.now_ns, frame);
+        self.released[side as usize] += 1;
+    }
+
     /// Queues a frame natrix held (a fragment that waited for its first
     /// fragment) and now forwards.
     pub fn release(&mut self, side: Side, frame: &[u8]) {

@@ -1,0 +1,195 @@
+//! `natrix bench --mode host-id`: what HOST_ID (seed 000) costs, on one
+//! core. A SYN-heavy pass offers `--flows` first SYNs (Linux's 74-byte
+//! SYN, each opening its NAPT44 session) to three engines: one without
+//! `[host_id]`; one with `mode = "syn"` and no option enabled, which looks
+//! at every SYN and inserts nothing (SYNs then take the full path, as with
+//! any function that wants them); and one that inserts HOST_ID_WING and
+//! HOST_ID_BOUCADAIR (port then IPv4) into every SYN, which grows it by 16
+//! bytes through the output queue. Insertion's own cost is the third less
+//! the second. Then an established pass of the same flows' data segments
+//! (ACKs), which HOST_ID in SYN mode must leave to NAPT44's fast path. The
+//! engines run in alternation, `ROUNDS` times, and each figure is the
+//! median of its rounds, so a noisy neighbour hits all alike. Time is the
+//! thread's CPU time, so a shared host's preemptions do not count. Every SYN is
+//! checked to leave with the 16 bytes (or without), every data segment to
+//! be forwarded.
+
+use natrix_engine::host_id::{HostIdConfig, Kinds, Mode, Origin, WingData};
+use natrix_engine::{Engine, EngineConfig, Side, Verdict};
+use serde::Serialize;
+
+use super::syn_accel::{first_syn, segment, SYN_LEN};
+use crate::Failure;
+
+const BATCH: usize = 64;
+const ROUNDS: usize = 5;
+const DEFAULT_FLOWS: u64 = 1 << 20;
+const POOL_BASE: u32 = 0xc613_0000;
+const FLOWS_PER_SUBSCRIBER: u64 = 64;
+/// WING (4) and BOUCADAIR (10) and 2 NOPs.
+const GROWTH: usize = 16;
+const L4: usize = 34;
+
+#[derive(Serialize)]
+struct Line {
+    mode: &'static str,
+    flows: u64,
+    rounds: usize,
+    /// A first SYN through NAPT44: without `[host_id]`; with HOST_ID
+    /// looking but inserting nothing; with WING and BOUCADAIR inserted.
+    /// Medians of the rounds.
+    ns_per_syn_without: f64,
+    ns_per_syn_looked_at: f64,
+    ns_per_syn_with: f64,
+    /// What inserting costs a SYN: `with` less `looked_at`.
+    added_ns_per_syn: f64,
+    /// An established data segment, without and with `[host_id]` (inserting, SYN mode).
+    ns_per_established_without: f64,
+    ns_per_established_with: f64,
+    errors: u64,
+}
+
+/// The engines a round compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    Without,
+    LookedAt,
+    Inserting,
+}
+
+pub fn run(flows: Option<u64>, json: bool) -> Result<(), Failure> {
+    let flows = flows.unwrap_or(DEFAULT_FLOWS).max(BATCH as u64);
+    let (mut syn, mut est) = ([Vec::new(), Vec::new(), Vec::new()], [Vec::new(), Vec::new(), Vec::new()]);
+    let mut errors = 0;
+    for _ in 0..ROUNDS {
+        for (k, setup) in [Setup::Without, Setup::LookedAt, Setup::Inserting].into_iter().enumerate() {
+            let r = round(flows, setup)?;
+            syn[k].push(r.syn_ns);
+            est[k].push(r.established_ns);
+            errors += r.errors;
+        }
+    }
+    let [s0, s1, s2] = syn.map(median);
+    let [e0, _, e2] = est.map(median);
+    let line = Line {
+        mode: "host-id",
+        flows,
+        rounds: ROUNDS,
+        ns_per_syn_without: s0,
+        ns_per_syn_looked_at: s1,
+        ns_per_syn_with: s2,
+        added_ns_per_syn: s2 - s1,
+        ns_per_established_without: e0,
+        ns_per_established_with: e2,
+        errors,
+    };
+    if json {
+        println!("{}", serde_json::to_string(&line).expect("serializable"));
+    } else {
+        println!("HOST_ID (seed 000): {flows} first SYNs (74 bytes, NAPT44) and their data segments, one core, median of {ROUNDS} alternating rounds");
+        println!("{:>22} {:>12} {:>12} {:>12} {:>12}", "", "no host_id", "looked at", "inserting", "insertion");
+        println!("{:>22} {:>12.1} {:>12.1} {:>12.1} {:>+12.1}", "ns per first SYN", s0, s1, s2, s2 - s1);
+        println!("{:>22} {:>12.1} {:>12} {:>12.1} {:>+12.1}", "ns per established", e0, "", e2, e2 - e0);
+    }
+    if errors > 0 {
+        return Err(Failure::Other(format!("{errors} frames did not come out as expected")));
+    }
+    Ok(())
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn config(flows: u64, setup: Setup) -> EngineConfig {
+    let inserting = setup == Setup::Inserting;
+    EngineConfig {
+        pool: (POOL_BASE..POOL_BASE + 1024).collect(),
+        max_sessions: u32::try_from(flows).unwrap_or(u32::MAX),
+        max_subscribers: u32::try_from(flows / FLOWS_PER_SUBSCRIBER + 16).unwrap_or(u32::MAX),
+        max_ports_per_subscriber: 2 * FLOWS_PER_SUBSCRIBER as u32,
+        event_capacity: 1024,
+        host_id: (setup != Setup::Without).then_some(HostIdConfig {
+            mode: Mode::Syn,
+            wing: inserting.then_some(WingData::Ipv4Low16),
+            boucadair: inserting.then_some(Origin::PortIpv4),
+            lifetime: 0,
+            enabled: false,
+            kinds: Kinds::DEFAULT,
+            rules: Vec::new(),
+        }),
+        ..EngineConfig::default()
+    }
+}
+
+struct Round {
+    syn_ns: f64,
+    established_ns: f64,
+    errors: u64,
+}
+
+fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
+    let inserting = setup == Setup::Inserting;
+    // Each engine starts from a heap the one before gave back, as the others do.
+    super::release_free_heap();
+    let mut engine = Engine::new(config(flows, setup)).map_err(|e| Failure::Other(e.to_string()))?;
+    let mut frames = vec![[0u8; SYN_LEN]; BATCH];
+    let mut verdicts = [Verdict::Held; BATCH];
+    let (mut syn_busy, mut est_busy, mut errors) = (0u64, 0u64, 0u64);
+    let now = 1_000_000_000u64;
+    let mut i = 0;
+    while i < flows {
+        let n = (flows - i).min(BATCH as u64) as usize;
+        frames.iter_mut().take(n).enumerate().for_each(|(k, f)| first_syn(f, i + k as u64));
+        let t = thread_cpu_ns();
+        engine.process_batch(&mut frames[..n], Side::Inside, now, &mut verdicts[..n]);
+        let mut grown = 0;
+        engine.drain_output(|o| grown += usize::from(o.side == Side::Outside && o.data.len() == SYN_LEN + GROWTH));
+        syn_busy += thread_cpu_ns() - t;
+        let in_place = verdicts[..n].iter().filter(|v| **v == Verdict::Forward(Side::Outside)).count();
+        errors += if inserting { (n - grown) as u64 } else { (n - in_place) as u64 };
+        i += n as u64;
+    }
+    engine.drain_events(|_| {});
+    let mut i = 0;
+    while i < flows {
+        let n = (flows - i).min(BATCH as u64) as usize;
+        for (k, f) in frames.iter_mut().take(n).enumerate() {
+            first_syn(f, i + k as u64);
+            let (src, dst) = (natrix_wire::get_u32_at(f, 26), natrix_wire::get_u32_at(f, 30));
+            let (sport, dport) = (natrix_wire::get_u16_at(f, L4), natrix_wire::get_u16_at(f, L4 + 2));
+            let seq = natrix_wire::get_u32_at(f, L4 + 4).wrapping_add(1);
+            segment(f, (src, sport), (dst, dport), seq, 1, 0x10);
+        }
+        let t = thread_cpu_ns();
+        engine.process_batch(&mut frames[..n], Side::Inside, now, &mut verdicts[..n]);
+        est_busy += thread_cpu_ns() - t;
+        errors += verdicts[..n].iter().filter(|v| **v != Verdict::Forward(Side::Outside)).count() as u64;
+        i += n as u64;
+    }
+    Ok(Round { syn_ns: syn_busy as f64 / flows as f64, established_ns: est_busy as f64 / flows as f64, errors })
+}
+
+/// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given; the clock id is a constant.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_syn_grows_with_host_id_and_every_segment_is_forwarded() {
+        for setup in [Setup::Without, Setup::LookedAt, Setup::Inserting] {
+            let r = round(4096, setup).unwrap();
+            assert_eq!(r.errors, 0, "{setup:?}");
+        }
+    }
+}

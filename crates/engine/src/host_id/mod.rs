@@ -1,0 +1,570 @@
+//! HOST_ID TCP options (seed 000): natrix, as a CGN, tells servers which
+//! subscriber sits behind a shared address by writing HOST_ID_WING,
+//! HOST_ID_BOUCADAIR or HOST_ID_ENABLED into the SYNs its subscribers send;
+//! in front of servers it applies their policy on those options.
+//!
+//! ```text
+//!  before translation, either side:  SYN (and, in ACK mode, an ACK carrying HOST_ID)
+//!      ──> [[host_id.rule]]: first match accept / log / drop / strip; no match accepts
+//!  before translation, inside:       the subscriber's own address and port are staged
+//!  after translation, leaving outside (a subscriber's segment):
+//!      SYN ──> enabled options verified and corrected in place, others NOPed out,
+//!              the missing ones inserted after the host's own (the frame grows)
+//!      ACK mode, the first ACK after an echoed ENABLED ──> HOST_ID_BOUCADAIR the same way
+//!  after translation, leaving inside (ACK mode): the server's SYN-ACK loses its echo of ENABLED
+//! ```
+//!
+//! Values come from the subscriber's addresses as it sent the segment (the
+//! staged ones), so NAPT44's rewrite never leaks into them; in router mode
+//! (`[nat] mode = "off"`) they are the same. Corrections, removals and
+//! strips overwrite bytes in place (NOPs, seed 000 section 8.3), so lengths
+//! never shrink; insertion that needs more room asks the pipeline for a
+//! longer copy (`HookVerdict::Grow`). Options never exceed 40 bytes: what
+//! does not fit is not inserted, and counted (`no_room`).
+//!
+//! Speed: in SYN mode only SYNs are looked at, so established traffic keeps
+//! NAPT44's fast path; ACK mode must see each client's first ACK, so every
+//! TCP segment takes the full path there.
+
+mod ack_mode;
+mod options;
+mod policy;
+
+use natrix_wire::checksum::Delta;
+use natrix_wire::tcp::{self, flags};
+use natrix_wire::tcp_options::{self, Options};
+
+use crate::config::EngineConfig;
+use crate::drop::DropReason;
+use crate::pipeline::hooks::{FrameInfo, FunctionRecord, HookVerdict, Hooks, Interest, Middlebox, Point};
+use crate::pipeline::Stats;
+use crate::Side;
+
+use ack_mode::{Connection, Echoed};
+pub use options::Which;
+use options::{OptionBytes, Scan, Subscriber};
+pub use policy::{Action, Rule, RuleOption};
+
+/// `[host_id] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Nothing written; only the rules apply.
+    Off,
+    /// The enabled options in SYNs (seed 000 figure 5).
+    Syn,
+    /// HOST_ID_ENABLED in the SYN, HOST_ID_BOUCADAIR in the first ACK after
+    /// a SYN-ACK that echoed it (seed 000 figure 6).
+    Ack,
+}
+
+/// `[host_id] wing_data`: what HOST_ID_WING's 2 bytes carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WingData {
+    /// The last 16 bits of the private IPv4 source (seed 000 section 8.4).
+    Ipv4Low16,
+    /// The internal source port.
+    Port,
+}
+
+/// `[host_id] boucadair`: HOST_ID_BOUCADAIR's origin (seed 000 section 3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Port,
+    Ipv4,
+    PortIpv4,
+}
+
+impl Origin {
+    /// The origin field's value.
+    pub fn number(self) -> u8 {
+        match self {
+            Origin::Port => 0,
+            Origin::Ipv4 => 1,
+            Origin::PortIpv4 => 2,
+        }
+    }
+}
+
+/// The options' kind numbers: the draft never got any ("Kind=TBD").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kinds {
+    pub wing: u8,
+    pub boucadair: u8,
+    pub enabled: u8,
+}
+
+impl Kinds {
+    /// CONTRACTS.md's defaults: unassigned values, for labs.
+    pub const DEFAULT: Kinds = Kinds { wing: 200, boucadair: 201, enabled: 202 };
+}
+
+/// `[host_id]`, as the control plane validated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostIdConfig {
+    pub mode: Mode,
+    /// HOST_ID_WING and what it carries; None: not enabled.
+    pub wing: Option<WingData>,
+    /// HOST_ID_BOUCADAIR's origin; None: not enabled.
+    pub boucadair: Option<Origin>,
+    /// BOUCADAIR's lifetime (0 = permanent), a nibble.
+    pub lifetime: u8,
+    /// HOST_ID_ENABLED in SYNs (always, in ACK mode).
+    pub enabled: bool,
+    pub kinds: Kinds,
+    /// `[[host_id.rule]]`, in order.
+    pub rules: Vec<Rule>,
+}
+
+impl HostIdConfig {
+    /// The largest lifetime: it fills a nibble.
+    pub const MAX_LIFETIME: u8 = 15;
+
+    /// Whether it does anything: writes options, or has rules.
+    pub fn is_active(&self) -> bool {
+        self.mode != Mode::Off || !self.rules.is_empty()
+    }
+}
+
+/// HOST_ID's counters (report `host_id`, metrics `natrix_host_id_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostIdStats {
+    /// Segments natrix inserted options into.
+    pub injected: u64,
+    /// Enabled options present with wrong content, corrected in place.
+    pub corrected: u64,
+    /// Options present but not enabled (or malformed), overwritten with NOPs.
+    pub removed: u64,
+    /// Segments whose missing options did not fit in 40 bytes: passed without them.
+    pub no_room: u64,
+    /// Segments whose options area is malformed: nothing inserted.
+    pub malformed: u64,
+    /// ACK mode: servers' echoes of ENABLED removed from SYN-ACKs.
+    pub echoes_removed: u64,
+    /// ACK mode: first ACKs HOST_ID_BOUCADAIR was written into.
+    pub acks_injected: u64,
+    /// ACK mode: echoes not remembered, the table full of waiting ones.
+    pub acks_untracked: u64,
+    /// Segments each rule decided, by rule index.
+    pub rule_matches: Vec<u64>,
+    /// `log` events dropped because the queue was full.
+    pub events_lost: u64,
+}
+
+impl HostIdStats {
+    /// Adds another worker's.
+    pub fn merge(&mut self, o: &HostIdStats) {
+        self.injected += o.injected;
+        self.corrected += o.corrected;
+        self.removed += o.removed;
+        self.no_room += o.no_room;
+        self.malformed += o.malformed;
+        self.echoes_removed += o.echoes_removed;
+        self.acks_injected += o.acks_injected;
+        self.acks_untracked += o.acks_untracked;
+        self.events_lost += o.events_lost;
+        if self.rule_matches.len() < o.rule_matches.len() {
+            self.rule_matches.resize(o.rule_matches.len(), 0);
+        }
+        self.rule_matches.iter_mut().zip(&o.rule_matches).for_each(|(a, b)| *a += b);
+    }
+}
+
+/// A `log` rule's event: the segment, the option and its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostIdEvent {
+    pub time_ns: u64,
+    /// Index of the rule in `[[host_id.rule]]`.
+    pub rule: usize,
+    pub option: Which,
+    /// WING's 2 data bytes or BOUCADAIR's 8 bytes after the length, as the
+    /// rules compare them; None for ENABLED or an option of the wrong length.
+    pub value: Option<u64>,
+    pub side: Side,
+    pub src: u32,
+    pub src_port: u16,
+    pub dst: u32,
+    pub dst_port: u16,
+}
+
+/// `log` events waiting for the logger, at most.
+const EVENT_CAPACITY: usize = 4096;
+
+/// Installs HOST_ID in `hooks` when `cfg` configures it.
+pub(crate) fn install(cfg: &EngineConfig, mut hooks: Hooks) -> Hooks {
+    if let Some(h) = cfg.host_id.as_ref().filter(|h| h.is_active()) {
+        hooks.add(Box::new(HostId::new(h.clone(), echo_capacity(cfg))));
+    }
+    hooks
+}
+
+/// ACK mode's table holds connections between a SYN-ACK and the first ACK:
+/// a small share of the sessions.
+fn echo_capacity(cfg: &EngineConfig) -> usize {
+    (cfg.max_sessions as usize).clamp(1, 1 << 16)
+}
+
+/// The TCP facts HOST_ID reads from a segment.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    src_port: u16,
+    dst_port: u16,
+    seq: u32,
+    flags: u8,
+    header_len: usize,
+}
+
+impl Segment {
+    fn read(frame: &[u8], info: &FrameInfo) -> Option<Segment> {
+        let t = tcp::Packet::new_checked(frame.get(info.l4..info.l4 + info.l4_len)?).ok()?;
+        Some(Segment { src_port: t.src_port(), dst_port: t.dst_port(), seq: t.seq_number(), flags: t.flags(), header_len: t.header_len() })
+    }
+
+    /// A connection's opening SYN: SYN without ACK, RST or FIN.
+    fn is_opening_syn(&self) -> bool {
+        self.flags & (flags::SYN | flags::ACK | flags::RST | flags::FIN) == flags::SYN
+    }
+
+    fn is_syn_ack(&self) -> bool {
+        self.flags & (flags::SYN | flags::ACK | flags::RST) == flags::SYN | flags::ACK
+    }
+
+    /// An ACK that may be a client's first: ACK without SYN or RST.
+    fn is_plain_ack(&self) -> bool {
+        self.flags & (flags::SYN | flags::ACK | flags::RST) == flags::ACK
+    }
+
+    fn has_options(&self) -> bool {
+        self.header_len > tcp::MIN_HEADER_LEN
+    }
+}
+
+/// A subscriber's segment seen before translation, waiting to be seen leaving.
+#[derive(Debug, Clone, Copy)]
+struct Staged {
+    subscriber: Subscriber,
+    server: u32,
+    server_port: u16,
+    seq: u32,
+    /// ACK mode: the first ACK after the server echoed ENABLED.
+    first_ack: bool,
+}
+
+/// The options a segment must carry, in the order natrix inserts them.
+#[derive(Debug, Clone, Copy, Default)]
+struct Wanted {
+    options: [Option<(Which, OptionBytes)>; 3],
+}
+
+impl Wanted {
+    fn add(&mut self, which: Which, bytes: OptionBytes) {
+        self.options[which as usize] = Some((which, bytes));
+    }
+
+    fn get(&self, which: Which) -> Option<&OptionBytes> {
+        self.options[which as usize].as_ref().map(|(_, b)| b)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(Which, OptionBytes)> {
+        self.options.iter().flatten()
+    }
+}
+
+pub struct HostId {
+    cfg: HostIdConfig,
+    stats: HostIdStats,
+    staged: Option<Staged>,
+    echoed: Echoed,
+    events: Vec<HostIdEvent>,
+    /// The options `grow` inserts, decided by `on_frame`.
+    pending: [u8; tcp_options::MAX_LEN],
+    pending_len: usize,
+    /// Whether `pending` goes into an ACK mode first ACK.
+    pending_first_ack: bool,
+}
+
+impl HostId {
+    pub fn new(cfg: HostIdConfig, echo_capacity: usize) -> HostId {
+        let stats = HostIdStats { rule_matches: vec![0; cfg.rules.len()], ..HostIdStats::default() };
+        HostId { cfg, stats, staged: None, echoed: Echoed::new(echo_capacity), events: Vec::new(), pending: [0; tcp_options::MAX_LEN], pending_len: 0, pending_first_ack: false }
+    }
+
+    /// The options a subscriber's opening SYN carries: WING and ENABLED in
+    /// both modes, BOUCADAIR in SYN mode only (ACK mode puts it in the first ACK).
+    fn syn_options(&self, s: Subscriber) -> Wanted {
+        let (c, k) = (&self.cfg, &self.cfg.kinds);
+        let mut w = Wanted::default();
+        if let Some(data) = c.wing {
+            w.add(Which::Wing, options::wing(k.wing, data, s));
+        }
+        if let (Some(origin), Mode::Syn) = (c.boucadair, c.mode) {
+            w.add(Which::Boucadair, options::boucadair(k.boucadair, origin, c.lifetime, s));
+        }
+        if c.enabled || c.mode == Mode::Ack {
+            w.add(Which::Enabled, options::enabled(k.enabled));
+        }
+        w
+    }
+
+    fn first_ack_options(&self, s: Subscriber) -> Wanted {
+        let mut w = Wanted::default();
+        if let Some(origin) = self.cfg.boucadair {
+            w.add(Which::Boucadair, options::boucadair(self.cfg.kinds.boucadair, origin, self.cfg.lifetime, s));
+        }
+        w
+    }
+
+    /// Seed 000 section 8: the first rule matching a SYN (or, in ACK mode,
+    /// an ACK carrying HOST_ID) as it arrived decides it.
+    fn apply_policy(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) -> HookVerdict {
+        let inspected = seg.is_opening_syn() || (self.cfg.mode == Mode::Ack && seg.is_plain_ack() && seg.has_options());
+        if self.cfg.rules.is_empty() || !inspected {
+            return HookVerdict::Continue;
+        }
+        let header = &frame[info.l4..info.l4 + seg.header_len];
+        let scan = Scan::of(header, &self.cfg.kinds);
+        let Some(d) = policy::decide(&self.cfg.rules, header, &scan) else { return HookVerdict::Continue };
+        self.stats.rule_matches[d.rule] += 1;
+        let rule = self.cfg.rules[d.rule];
+        match rule.action {
+            Action::Accept => {}
+            Action::Log => {
+                let value = options::value_of(header, &d.matched);
+                self.log(HostIdEvent {
+                    time_ns: info.now_ns,
+                    rule: d.rule,
+                    option: d.matched.which,
+                    value,
+                    side: info.side,
+                    src: info.src,
+                    src_port: seg.src_port,
+                    dst: info.dst,
+                    dst_port: seg.dst_port,
+                });
+            }
+            Action::Drop => return HookVerdict::Drop(DropReason::HostIdPolicy),
+            Action::Strip => {
+                let spans = scan.iter().filter(|p| rule.option.covers(p.which)).map(|p| (p.offset(), p.len()));
+                nop_out(frame, info.l4, seg.header_len, spans);
+            }
+        }
+        HookVerdict::Continue
+    }
+
+    fn log(&mut self, e: HostIdEvent) {
+        if self.events.len() < EVENT_CAPACITY {
+            self.events.push(e);
+        } else {
+            self.stats.events_lost += 1;
+        }
+    }
+
+    /// A subscriber's segment before translation: its own address and port,
+    /// and in ACK mode whether it is the first ACK after an echo.
+    fn stage(&mut self, info: &FrameInfo, seg: &Segment) {
+        let subscriber = Subscriber { addr: info.src, port: seg.src_port };
+        let first_ack = self.cfg.mode == Mode::Ack && seg.is_plain_ack() && !self.echoed.is_empty() && {
+            let c = Connection { client: info.src, client_port: seg.src_port, server: info.dst, server_port: seg.dst_port };
+            self.echoed.take(&c, info.now_ns)
+        };
+        self.staged = Some(Staged { subscriber, server: info.dst, server_port: seg.dst_port, seq: seg.seq, first_ack });
+    }
+
+    /// A subscriber's segment leaving outside, translated: the options it
+    /// must carry, verified, corrected, removed and inserted.
+    fn on_leaving_outside(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) -> HookVerdict {
+        let Some(st) = self.staged.take() else { return HookVerdict::Continue };
+        if (st.seq, st.server, st.server_port) != (seg.seq, info.dst, seg.dst_port) {
+            return HookVerdict::Continue;
+        }
+        let wanted = if seg.is_opening_syn() {
+            self.syn_options(st.subscriber)
+        } else if st.first_ack {
+            self.first_ack_options(st.subscriber)
+        } else if self.cfg.mode == Mode::Ack && seg.has_options() {
+            // Any other client segment: HOST_ID a host wrote itself goes.
+            Wanted::default()
+        } else {
+            return HookVerdict::Continue;
+        };
+        self.pending_first_ack = st.first_ack;
+        self.enforce(frame, info, seg, &wanted)
+    }
+
+    /// `pending` went in.
+    fn count_inserted(&mut self) {
+        self.stats.injected += 1;
+        if self.pending_first_ack {
+            self.stats.acks_injected += 1;
+        }
+    }
+
+    /// Seed 000 section 7.2: an enabled option present is verified and
+    /// corrected in place, one present but not enabled (or of the wrong
+    /// length) is overwritten with NOPs; what is missing is inserted, all
+    /// of it or, without room, none.
+    fn enforce(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment, wanted: &Wanted) -> HookVerdict {
+        let (tcp_at, hl) = (info.l4, seg.header_len);
+        if is_fragment(frame, info.l3) {
+            return HookVerdict::Continue;
+        }
+        let scan = Scan::of(&frame[tcp_at..tcp_at + hl], &self.cfg.kinds);
+        let mut kept = [false; 3];
+        let mut delta = Delta::default();
+        for p in scan.iter() {
+            let correct = wanted.get(p.which).filter(|_| p.well_formed() && !kept[p.which as usize]);
+            let mut view = Options::new_checked(&mut frame[tcp_at..tcp_at + hl]).expect("parsed by Segment::read");
+            match correct {
+                Some(bytes) => {
+                    kept[p.which as usize] = true;
+                    if view.area()[p.offset() - tcp::MIN_HEADER_LEN..][..p.len()] != *bytes.as_slice() {
+                        delta = delta.plus(view.overwrite(p.offset(), bytes.as_slice()).expect("within the header"));
+                        self.stats.corrected += 1;
+                    }
+                }
+                None => {
+                    delta = delta.plus(view.nop_out(p.offset(), p.len()).expect("within the header"));
+                    self.stats.removed += 1;
+                }
+            }
+        }
+        apply_tcp_checksum(frame, tcp_at, delta);
+
+        self.pending_len = 0;
+        for (_, b) in wanted.iter().filter(|(w, _)| !kept[*w as usize]) {
+            let b = b.as_slice();
+            self.pending[self.pending_len..self.pending_len + b.len()].copy_from_slice(b);
+            self.pending_len += b.len();
+        }
+        if self.pending_len == 0 {
+            return HookVerdict::Continue;
+        }
+        if scan.malformed {
+            self.stats.malformed += 1;
+            return HookVerdict::Continue;
+        }
+        let Ok(end) = Options::new_checked(&frame[tcp_at..tcp_at + hl]).and_then(|o| o.options_end()) else { return HookVerdict::Continue };
+        let padded = (end + self.pending_len).next_multiple_of(4);
+        if padded > tcp::MIN_HEADER_LEN + tcp_options::MAX_LEN {
+            self.stats.no_room += 1;
+            return HookVerdict::Continue;
+        }
+        match padded.saturating_sub(hl) {
+            // It fits where the host's EOL padding was: no growth.
+            0 => {
+                if tcp_options::insert_ipv4(frame, info.l3, &self.pending[..self.pending_len]).is_ok() {
+                    self.count_inserted();
+                }
+                HookVerdict::Continue
+            }
+            added => HookVerdict::Grow(added),
+        }
+    }
+
+    /// ACK mode: the server's SYN-ACK, leaving towards the client, loses its
+    /// echo of ENABLED, and the connection is remembered for its first ACK.
+    fn remove_echo(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) {
+        if !seg.is_syn_ack() || !seg.has_options() {
+            return;
+        }
+        let scan = Scan::of(&frame[info.l4..info.l4 + seg.header_len], &self.cfg.kinds);
+        let echoes = scan.iter().filter(|p| p.which == Which::Enabled).map(|p| (p.offset(), p.len()));
+        if nop_out(frame, info.l4, seg.header_len, echoes) == 0 {
+            return;
+        }
+        self.stats.echoes_removed += 1;
+        let c = Connection { client: info.dst, client_port: seg.dst_port, server: info.src, server_port: seg.src_port };
+        if !self.echoed.remember(c, info.now_ns) {
+            self.stats.acks_untracked += 1;
+        }
+    }
+}
+
+/// Overwrites each (offset, length) span of the TCP header at `tcp_at`
+/// with NOPs and fixes the checksum; how many spans there were.
+fn nop_out(frame: &mut [u8], tcp_at: usize, hl: usize, spans: impl Iterator<Item = (usize, usize)>) -> usize {
+    let mut delta = Delta::default();
+    let mut n = 0;
+    let mut view = Options::new_checked(&mut frame[tcp_at..tcp_at + hl]).expect("parsed by Segment::read");
+    for (offset, len) in spans {
+        delta = delta.plus(view.nop_out(offset, len).expect("within the header"));
+        n += 1;
+    }
+    apply_tcp_checksum(frame, tcp_at, delta);
+    n
+}
+
+fn apply_tcp_checksum(frame: &mut [u8], tcp_at: usize, delta: Delta) {
+    let at = tcp_at + 16;
+    let c = delta.apply(u16::from_be_bytes([frame[at], frame[at + 1]]));
+    frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
+}
+
+/// A fragment's TCP header cannot grow (the offsets of the later fragments
+/// would move), and a later fragment has none: left as it is.
+fn is_fragment(frame: &[u8], l3: usize) -> bool {
+    natrix_wire::ipv4::Packet::new_lax(&frame[l3..]).map_or(true, |p| p.is_fragment())
+}
+
+impl Middlebox for HostId {
+    fn point(&self) -> Point {
+        Point::Both
+    }
+
+    /// SYNs only in SYN mode (and for the rules alone), so established
+    /// traffic keeps NAPT44's fast path; every TCP segment in ACK mode,
+    /// which must find each client's first ACK.
+    fn interest(&self) -> Interest {
+        match self.cfg.mode {
+            Mode::Ack => Interest::tcp(0),
+            Mode::Off | Mode::Syn => Interest::tcp(flags::SYN),
+        }
+    }
+
+    fn on_frame(&mut self, frame: &mut [u8], info: &FrameInfo) -> HookVerdict {
+        let Some(seg) = Segment::read(frame, info) else { return HookVerdict::Continue };
+        match (info.point, info.side) {
+            (Point::BeforeTranslation, side) => {
+                self.staged = None;
+                let verdict = self.apply_policy(frame, info, &seg);
+                if verdict == HookVerdict::Continue && side == Side::Inside && self.cfg.mode != Mode::Off {
+                    self.stage(info, &seg);
+                }
+                verdict
+            }
+            (_, Side::Outside) => self.on_leaving_outside(frame, info, &seg),
+            (_, Side::Inside) => {
+                if self.cfg.mode == Mode::Ack {
+                    self.remove_echo(frame, info, &seg);
+                }
+                HookVerdict::Continue
+            }
+        }
+    }
+
+    /// Inserts the options `on_frame` decided into the longer copy.
+    fn grow(&mut self, frame: &mut Vec<u8>, info: &FrameInfo) {
+        match tcp_options::insert_ipv4(frame, info.l3, &self.pending[..self.pending_len]) {
+            Ok(_) => self.count_inserted(),
+            // Checked by `enforce`; the copy stays as the frame was.
+            Err(_) => self.stats.no_room += 1,
+        }
+        if let Ok(p) = natrix_wire::ipv4::Packet::new_lax(&frame[info.l3..]) {
+            let end = info.l3 + usize::from(p.total_len());
+            frame.truncate(end);
+        }
+    }
+
+    fn drain_records(&mut self, f: &mut dyn FnMut(FunctionRecord)) {
+        for e in self.events.drain(..) {
+            f(FunctionRecord::HostId(e));
+        }
+    }
+
+    fn add_stats(&self, stats: &mut Stats) {
+        stats.host_id = Some(self.stats.clone());
+    }
+
+    fn memory_bytes(&self) -> usize {
+        self.echoed.memory_bytes() + self.events.capacity() * std::mem::size_of::<HostIdEvent>()
+    }
+}

@@ -1,0 +1,225 @@
+//! The three HOST_ID options of seed 000 section 3 as bytes: what natrix
+//! writes, and where a segment already carries them.
+//!
+//! ```text
+//!  HOST_ID_WING       kind | 4  | data (2 bytes)
+//!  HOST_ID_BOUCADAIR  kind | 10 | lifetime<<4 | origin | data (7 bytes, value left-aligned, zero-padded)
+//!  HOST_ID_ENABLED    kind | 2
+//! ```
+
+use natrix_wire::tcp_options::Iter;
+
+use super::{Kinds, Origin, WingData};
+
+/// Which HOST_ID option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Which {
+    Wing = 0,
+    Boucadair = 1,
+    Enabled = 2,
+}
+
+impl Which {
+    pub const ALL: [Which; 3] = [Which::Wing, Which::Boucadair, Which::Enabled];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Which::Wing => "wing",
+            Which::Boucadair => "boucadair",
+            Which::Enabled => "enabled",
+        }
+    }
+
+    /// The option's whole length, kind and length bytes included.
+    pub const fn option_len(self) -> usize {
+        match self {
+            Which::Wing => 4,
+            Which::Boucadair => 10,
+            Which::Enabled => 2,
+        }
+    }
+
+    pub fn kind(self, kinds: &Kinds) -> u8 {
+        match self {
+            Which::Wing => kinds.wing,
+            Which::Boucadair => kinds.boucadair,
+            Which::Enabled => kinds.enabled,
+        }
+    }
+
+    fn of_kind(kind: u8, kinds: &Kinds) -> Option<Which> {
+        Which::ALL.into_iter().find(|w| w.kind(kinds) == kind)
+    }
+}
+
+/// A HOST_ID option a segment carries. Small (a scan holds 20 and is
+/// made for every SYN): offsets and lengths within a 60-byte header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Present {
+    pub which: Which,
+    offset: u8,
+    len: u8,
+}
+
+impl Present {
+    /// Offset of its kind byte from the TCP header's start.
+    pub fn offset(&self) -> usize {
+        usize::from(self.offset)
+    }
+
+    /// Its length byte (the seed's lengths, or whatever a host wrote).
+    pub fn len(&self) -> usize {
+        usize::from(self.len)
+    }
+
+    /// Whether its length is the one seed 000 gives the option.
+    pub fn well_formed(&self) -> bool {
+        self.len() == self.which.option_len()
+    }
+}
+
+/// Every HOST_ID option in a TCP header, in order (at most 20: each takes
+/// two of the 40 option bytes), and whether the options area is malformed
+/// (a length below 2, or an option running past the header: seed 000
+/// section 6.1.4's servers and boxes refuse such segments). Options after a
+/// malformed one cannot be told apart from padding and are not listed.
+#[derive(Debug, Clone, Copy)]
+pub struct Scan {
+    found: [Present; 20],
+    count: u8,
+    pub malformed: bool,
+}
+
+impl Scan {
+    /// Scans `header`, a TCP header with its options.
+    pub fn of(header: &[u8], kinds: &Kinds) -> Scan {
+        const NONE: Present = Present { which: Which::Enabled, offset: 0, len: 0 };
+        let mut scan = Scan { found: [NONE; 20], count: 0, malformed: false };
+        let area = header.get(natrix_wire::tcp::MIN_HEADER_LEN..).unwrap_or(&[]);
+        for o in Iter::new(area) {
+            let Ok(o) = o else {
+                scan.malformed = true;
+                break;
+            };
+            if let Some(which) = Which::of_kind(o.kind, kinds) {
+                // Offsets and lengths fit a byte: the header is at most 60 bytes.
+                if let (Some(slot), Ok(offset), Ok(len)) = (scan.found.get_mut(usize::from(scan.count)), u8::try_from(o.offset), u8::try_from(o.bytes.len())) {
+                    *slot = Present { which, offset, len };
+                    scan.count += 1;
+                }
+            }
+        }
+        scan
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Present> + '_ {
+        self.found[..usize::from(self.count)].iter().copied()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// What a HOST_ID option says about a subscriber, read from its own
+/// addresses and port as it sent the segment (before translation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Subscriber {
+    pub addr: u32,
+    pub port: u16,
+}
+
+/// Option bytes natrix writes: up to the 40 bytes of an options area.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionBytes {
+    bytes: [u8; 10],
+    len: usize,
+}
+
+impl OptionBytes {
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// HOST_ID_WING: the last 16 bits of the private IPv4 source (seed 000
+/// section 8.4), or the internal source port.
+pub fn wing(kind: u8, data: WingData, s: Subscriber) -> OptionBytes {
+    let v = match data {
+        WingData::Ipv4Low16 => s.addr as u16,
+        WingData::Port => s.port,
+    };
+    let [a, b] = v.to_be_bytes();
+    OptionBytes { bytes: [kind, 4, a, b, 0, 0, 0, 0, 0, 0], len: 4 }
+}
+
+/// HOST_ID_BOUCADAIR: lifetime in the high nibble and origin in the low
+/// nibble of one byte, then 7 data bytes, the value left-aligned and
+/// zero-padded (CONTRACTS.md, "HOST_ID TCP options").
+pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> OptionBytes {
+    let mut b = [kind, 10, (lifetime << 4) | origin.number(), 0, 0, 0, 0, 0, 0, 0];
+    let (port, addr) = (s.port.to_be_bytes(), s.addr.to_be_bytes());
+    match origin {
+        Origin::Port => b[3..5].copy_from_slice(&port),
+        Origin::Ipv4 => b[3..7].copy_from_slice(&addr),
+        Origin::PortIpv4 => {
+            b[3..5].copy_from_slice(&port);
+            b[5..9].copy_from_slice(&addr);
+        }
+    }
+    OptionBytes { bytes: b, len: 10 }
+}
+
+/// HOST_ID_ENABLED: kind and length 2, no data.
+pub fn enabled(kind: u8) -> OptionBytes {
+    OptionBytes { bytes: [kind, 2, 0, 0, 0, 0, 0, 0, 0, 0], len: 2 }
+}
+
+/// The value a policy rule compares: WING's 2 data bytes, BOUCADAIR's 8
+/// bytes after the length (lifetime/origin byte and data), as big-endian
+/// numbers (seed 000 section 8.1); None for ENABLED and for an option whose
+/// length is not the seed's.
+pub fn value_of(header: &[u8], p: &Present) -> Option<u64> {
+    if !p.well_formed() || p.which == Which::Enabled {
+        return None;
+    }
+    let data = header.get(p.offset() + 2..p.offset() + p.len())?;
+    Some(data.iter().fold(0u64, |v, &b| v << 8 | u64::from(b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KINDS: Kinds = Kinds { wing: 200, boucadair: 201, enabled: 202 };
+    const SUB: Subscriber = Subscriber { addr: 0x6440_000a, port: 5482 };
+
+    #[test]
+    fn the_layouts_of_section_3() {
+        assert_eq!(wing(200, WingData::Ipv4Low16, SUB).as_slice(), [200, 4, 0x00, 0x0a]);
+        assert_eq!(wing(200, WingData::Port, SUB).as_slice(), [200, 4, 0x15, 0x6a]);
+        assert_eq!(enabled(202).as_slice(), [202, 2]);
+        assert_eq!(boucadair(201, Origin::Port, 0, SUB).as_slice(), [201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0]);
+        assert_eq!(boucadair(201, Origin::Ipv4, 3, SUB).as_slice(), [201, 10, 0x31, 100, 64, 0, 10, 0, 0, 0]);
+        assert_eq!(boucadair(201, Origin::PortIpv4, 15, SUB).as_slice(), [201, 10, 0xf2, 0x15, 0x6a, 100, 64, 0, 10, 0]);
+    }
+
+    #[test]
+    fn a_scan_lists_host_id_options_and_stops_at_a_malformed_one() {
+        let mut h = vec![0u8; 20];
+        h.extend([2, 4, 5, 180, 200, 4, 0, 10, 1, 202, 2, 1]);
+        h[12] = 8 << 4;
+        let s = Scan::of(&h, &KINDS);
+        let found: Vec<_> = s.iter().collect();
+        assert_eq!(found.iter().map(|p| (p.which, p.offset(), p.len())).collect::<Vec<_>>(), [(Which::Wing, 24, 4), (Which::Enabled, 29, 2)]);
+        assert!(!s.malformed);
+        assert_eq!(value_of(&h, &found[0]), Some(10));
+        assert_eq!(value_of(&h, &found[1]), None);
+        // A zero length after the WING: the area is malformed and the scan ends there.
+        h[29] = 8;
+        h[30] = 0;
+        let s = Scan::of(&h, &KINDS);
+        assert!(s.malformed);
+        assert_eq!(s.iter().count(), 1);
+    }
+}

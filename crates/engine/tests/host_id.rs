@@ -1,0 +1,108 @@
+//! HOST_ID through the engine (seed 000, CONTRACTS.md "HOST_ID TCP
+//! options"), judged by etherparse: a SYN that grows leaves through the
+//! output queue in the original's place (verdict `Held`, counted as
+//! forwarded), with every checksum and length right and the TTL
+//! decremented once; the batch path decides as the frame path; established
+//! traffic keeps the fast path's bytes; a policy drop is counted.
+
+mod common;
+
+use common::*;
+use etherparse::{PacketBuilder, TcpOptionElement};
+use natrix_engine::host_id::{Action, HostIdConfig, Kinds, Mode, Rule, RuleOption, WingData};
+use natrix_engine::{DropReason, Engine, EngineConfig, Side, Verdict};
+
+const SUB: [u8; 4] = [100, 64, 0, 10];
+const SERVER: [u8; 4] = [198, 51, 100, 7];
+const T0: u64 = 1_000 * SEC;
+const ISN: u32 = 77;
+
+fn host_id(mode: Mode, rules: Vec<Rule>) -> HostIdConfig {
+    HostIdConfig { mode, wing: Some(WingData::Ipv4Low16), boucadair: None, lifetime: 0, enabled: false, kinds: Kinds::DEFAULT, rules }
+}
+
+fn with_host_id(mut cfg: EngineConfig, h: HostIdConfig) -> Engine {
+    cfg.host_id = Some(h);
+    engine(cfg)
+}
+
+/// A subscriber's SYN with an MSS option (4 bytes), as Linux would start it.
+fn syn(sport: u16) -> Vec<u8> {
+    let (ms, md) = macs(Side::Inside);
+    let b = PacketBuilder::ethernet2(ms, md).ipv4(SUB, SERVER, 64).tcp(sport, 80, ISN, 64240).syn().options(&[TcpOptionElement::MaximumSegmentSize(1460)]).unwrap();
+    let mut v = Vec::new();
+    b.write(&mut v, b"").unwrap();
+    v
+}
+
+/// The TCP options area of a decoded frame's header.
+fn options_of(frame: &[u8]) -> Vec<u8> {
+    let d = must_decode(frame);
+    d.tcp().options.as_slice().to_vec()
+}
+
+#[test]
+fn a_grown_syn_leaves_through_the_output_queue_counted_as_forwarded() {
+    let mut e = with_host_id(config(), host_id(Mode::Syn, vec![]));
+    let mut f = syn(40000);
+    assert_eq!(run(&mut e, &mut f, Side::Inside, T0), Verdict::Held);
+    let out = outputs(&mut e);
+    assert_eq!(out.len(), 1);
+    let (side, at, frame) = &out[0];
+    assert_eq!((*side, *at), (Side::Outside, T0));
+    let d = must_decode(frame);
+    assert_eq!(d.ip.time_to_live, 63, "the router's TTL, once");
+    assert_eq!(usize::from(d.ip.total_len), 20 + 28);
+    assert!(in_pool(e.config(), d.src()));
+    assert_eq!(options_of(frame), [2, 4, 5, 180, 200, 4, 0, 10], "MSS kept, WING = the subscriber's low 16 bits");
+    let st = e.stats();
+    assert_eq!((st.forwarded[Side::Outside as usize], st.held, st.generated), (1, 0, [0, 0]));
+    assert_eq!(st.host_id.unwrap().injected, 1);
+}
+
+#[test]
+fn the_batch_path_decides_as_the_frame_path() {
+    let mut one = with_host_id(config(), host_id(Mode::Syn, vec![]));
+    let mut batched = with_host_id(config(), host_id(Mode::Syn, vec![]));
+    let frames: Vec<Vec<u8>> = (0..6u16).map(|i| syn(41000 + i)).collect();
+    let mut singles = Vec::new();
+    for f in &frames {
+        let mut f = f.clone();
+        singles.push(run(&mut one, &mut f, Side::Inside, T0));
+    }
+    let mut fs = frames.clone();
+    let mut verdicts = vec![Verdict::Held; fs.len()];
+    batched.process_batch(&mut fs, Side::Inside, T0, &mut verdicts);
+    assert_eq!(verdicts, singles);
+    assert_eq!(outputs(&mut one), outputs(&mut batched));
+}
+
+#[test]
+fn established_traffic_keeps_its_bytes_in_syn_mode() {
+    let mut plain = engine(config());
+    let mut hid = with_host_id(config(), host_id(Mode::Syn, vec![]));
+    let mut a = syn(40000);
+    run(&mut plain, &mut a, Side::Inside, T0);
+    let mut b = syn(40000);
+    run(&mut hid, &mut b, Side::Inside, T0);
+    outputs(&mut hid);
+    let data = tcp_frame(Side::Inside, SUB, 40000, SERVER, 80, 64, TcpKind::Ack, ISN + 1, 1, b"payload");
+    let (mut x, mut y) = (data.clone(), data);
+    assert_eq!(run(&mut plain, &mut x, Side::Inside, T0), run(&mut hid, &mut y, Side::Inside, T0));
+    assert_eq!(x, y);
+}
+
+#[test]
+fn a_policy_drop_in_router_mode_is_counted() {
+    let rule = Rule { option: RuleOption::Wing, value: Some((10, 10)), action: Action::Drop };
+    let mut cfg = EngineConfig { translate: false, ..EngineConfig::default() };
+    cfg.pool.clear();
+    let mut e = with_host_id(cfg, host_id(Mode::Off, vec![rule]));
+    let (ms, md) = macs(Side::Outside);
+    let b = PacketBuilder::ethernet2(ms, md).ipv4(SERVER, SUB, 64).tcp(5000, 80, 1, 1024).syn();
+    let mut f = Vec::new();
+    b.options_raw(&[200, 4, 0, 10]).unwrap().write(&mut f, b"").unwrap();
+    assert_eq!(run(&mut e, &mut f, Side::Outside, T0), Verdict::Drop(DropReason::HostIdPolicy));
+    assert!(outputs(&mut e).is_empty());
+    assert_eq!(e.stats().host_id.unwrap().rule_matches, [1]);
+}
