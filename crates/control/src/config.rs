@@ -17,6 +17,7 @@ use toml::{Table, Value};
 
 use crate::duration;
 
+mod dslite;
 mod sctp;
 mod syn_accel;
 
@@ -174,6 +175,7 @@ impl Config {
             s.finish()?;
         }
         engine.syn_accel = syn_accel::parse(&mut root, &mut warnings)?;
+        engine.dslite = dslite::parse(&mut root, &engine, &mut warnings)?;
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
@@ -830,7 +832,7 @@ impl<'a> Section<'a> {
 /// Every key the parser reads, by section ("" is the top level); a test
 /// holds this list to the parser. Used only to explain unknown keys.
 const KNOWN_KEYS: &[(&str, &[&str])] = &[
-    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll", "nptv6", "syn_accel", "sctp"]),
+    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll", "nptv6", "syn_accel", "sctp", "dslite"]),
     ("inside", &["interface", "address", "address6"]),
     ("outside", &["interface", "address", "gateway", "address6", "gateway6"]),
     (
@@ -870,6 +872,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
     ("management", &["listen"]),
     ("syn_accel", &["destinations", "interval", "attempts", "deadline"]),
     ("nptv6", &["inside", "outside"]),
+    ("dslite", &["aftr", "b4_prefixes", "mtu", "mss_clamp"]),
     ("sctp", &["max_chunks", "max_params", "track_global_addresses", "reply_ootb", "max_associations"]),
 ];
 
@@ -882,7 +885,7 @@ fn unknown_key_problem(section: &str, key: &str) -> String {
     if let Some(near) = here.iter().filter(|k| edit_distance(k, key) <= 2.min(k.len() / 3)).min_by_key(|k| edit_distance(k, key)) {
         return format!("unknown key; did you mean `{near}`?");
     }
-    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "syn_accel", "sctp"];
+    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "syn_accel", "sctp", "dslite"];
     if let Some((home, _)) = KNOWN_KEYS.iter().find(|(s, keys)| *s != section && top_level.contains(s) && keys.contains(&key)) {
         return match *home {
             "" => format!("unknown key here: `{key}` is a top-level key (put it above the first [section])"),

@@ -444,6 +444,7 @@ mod tests {
             ext_port_end: port + 1,
             rem_addr: 0,
             rem_port: 0,
+            b4: None,
         }
     }
 

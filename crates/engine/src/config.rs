@@ -174,6 +174,8 @@ pub struct EngineConfig {
     pub nptv6: Vec<crate::nptv6::Binding>,
     /// The SYN accelerator (seed 003, `[syn_accel]`); None: off.
     pub syn_accel: Option<crate::syn_accel::SynAccelConfig>,
+    /// The DS-Lite AFTR (RFC 6333, `[dslite]`); None: off.
+    pub dslite: Option<crate::dslite::DsliteConfig>,
 }
 
 impl Default for EngineConfig {
@@ -218,6 +220,7 @@ impl Default for EngineConfig {
             egress_mtu: [0, 0],
             nptv6: Vec::new(),
             syn_accel: None,
+            dslite: None,
         }
     }
 }
@@ -244,6 +247,7 @@ pub fn restart_key_changed(old: &EngineConfig, new: &EngineConfig) -> Option<&'s
         (old.max_subscribers != new.max_subscribers, "nat.max_subscribers"),
         (old.sctp.max_associations != new.sctp.max_associations, "sctp.max_associations"),
         (old.syn_accel != new.syn_accel, "syn_accel"),
+        (old.dslite.is_some() != new.dslite.is_some(), "dslite.aftr (turning DS-Lite on or off)"),
     ]
     .into_iter()
     .find_map(|(changed, key)| changed.then_some(key))

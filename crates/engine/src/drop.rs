@@ -64,6 +64,9 @@ drop_reasons! {
     FragmentBufferFull => "fragment_buffer_full", "out-of-order fragment buffer at its cap";
     FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports";
     SynAbsorbed => "syn_absorbed", "a caller's own SYN retransmission for a connection attempt the SYN accelerator is retransmitting (seed 003)";
+    DsliteWrongAftr => "dslite_wrong_aftr", "IPv4-in-IPv6 on the inside addressed to another address than dslite.aftr";
+    DsliteB4Refused => "dslite_b4_refused", "softwire packet from a B4 outside dslite.b4_prefixes";
+    DsliteBadFragment => "dslite_bad_fragment", "softwire fragment that overlaps another (RFC 5722), runs past 65535 bytes, or is not a multiple of 8 bytes before the last";
     Nptv6Unmappable => "nptv6_unmappable", "IPv6 address in an NPTv6 prefix that RFC 6296 cannot map (subnet word, or every interface identifier word, 0xFFFF)";
 }
 

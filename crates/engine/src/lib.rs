@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod config;
 pub mod drop;
+pub mod dslite;
 pub mod error;
 pub mod nat44;
 pub mod nptv6;

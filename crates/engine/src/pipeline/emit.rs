@@ -37,6 +37,16 @@ impl OutQueue {
         self.frames.is_empty()
     }
 
+    /// Takes out the queued frames `pick` chooses, keeping the others in order.
+    pub fn take(&mut self, mut pick: impl FnMut(&OutFrame) -> bool) -> Vec<OutFrame> {
+        self.frames.extract_if(.., |f| pick(f)).collect()
+    }
+
+    /// Keeps a buffer for reuse.
+    pub fn recycle(&mut self, data: Vec<u8>) {
+        self.spare.push(data);
+    }
+
     /// Hands each queued frame to `f` in order and keeps the buffers.
     pub fn drain(&mut self, mut f: impl FnMut(&OutFrame)) {
         for fr in self.frames.drain(..) {

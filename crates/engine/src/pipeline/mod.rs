@@ -28,11 +28,14 @@ pub(crate) mod router;
 
 use crate::config::EngineConfig;
 use crate::drop::{DropCounters, DropReason};
+use crate::dslite::{decap, encap, mss, stand_in, Claim, Dslite, DsliteStats};
 use crate::error::EngineError;
 use crate::nat44::{self, Nat44, MAX_BATCH};
 use crate::nptv6::Nptv6;
 use crate::pcp::{PcpHoldView, PcpServer, PcpStats};
+use crate::rewrite::Which;
 use crate::state::events::Event;
+use crate::state::identity::{self, Identity};
 use crate::Side;
 
 use emit::OutFrame;
@@ -51,6 +54,10 @@ pub enum Verdict {
     /// Kept by the engine (a fragment waiting for its first fragment); it may
     /// come out later through the output queue.
     Held,
+    /// Replaced by a frame of another shape that leaves through the output
+    /// queue (a softwire packet decapsulated, or a packet encapsulated
+    /// towards a B4); counted as forwarded.
+    Consumed,
 }
 
 /// What the engine has done, for reports and metrics.
@@ -70,6 +77,8 @@ pub struct Stats {
     pub nptv6_translated: [u64; 2],
     /// The SYN accelerator's counters, when `[syn_accel]` is configured.
     pub syn_accel: Option<crate::syn_accel::SynAccelStats>,
+    /// DS-Lite's counters, when `[dslite]` is configured.
+    pub dslite: Option<DsliteStats>,
 }
 
 /// The frames' own counters; the translator's and the router's are added
@@ -88,6 +97,8 @@ pub struct Engine {
     pcp: PcpServer,
     hooks: Hooks,
     nptv6: Nptv6,
+    /// The DS-Lite AFTR, when `[dslite]` is configured.
+    dslite: Option<Dslite>,
     counters: FrameCounters,
     now_ns: u64,
     now_s: u32,
@@ -100,6 +111,7 @@ impl Engine {
             pcp: PcpServer::new(cfg.pcp, cfg.inside_addr),
             hooks: crate::syn_accel::install(&cfg, Hooks::default())?,
             nptv6: Nptv6::new(&cfg.nptv6)?,
+            dslite: cfg.dslite.clone().map(|d| Dslite::new(d, cfg.max_held_fragments, cfg.max_held_fragment_bytes, cfg.timeouts.fragment_ns)),
             counters: FrameCounters::default(),
             now_ns: 0,
             now_s: 0,
@@ -171,6 +183,7 @@ impl Engine {
             peak_ports_in_use: n.peak_ports_in_use,
             nptv6_translated: self.nptv6.translated,
             syn_accel: None,
+            dslite: self.dslite.as_ref().map(|d| DsliteStats { softwires: self.nat.subs.identities().b4_count() as u64, ..d.stats }),
         };
         self.hooks.add_stats(&mut stats);
         stats
@@ -180,13 +193,18 @@ impl Engine {
         self.nat.events_lost()
     }
 
-    /// Takes the NAT events queued since the last call.
+    /// Takes the NAT events queued since the last call; a softwire host's
+    /// events name its B4 and inner address.
     pub fn drain_events(&mut self, f: impl FnMut(Event)) {
-        self.nat.drain_events().for_each(f);
+        self.nat.drain_events_resolved(f);
     }
 
-    /// Takes the frames the engine generated or released.
+    /// Takes the frames the engine generated or released. Those for a
+    /// softwire host (ICMP errors, released fragments) are encapsulated first.
     pub fn drain_output(&mut self, f: impl FnMut(&OutFrame)) {
+        if self.dslite.is_some() {
+            self.encapsulate_queued();
+        }
         self.router.drain(f);
     }
 
@@ -196,7 +214,7 @@ impl Engine {
 
     /// Bytes held by tables, allocator and subscriber state.
     pub fn memory_bytes(&self) -> usize {
-        self.nat.memory_bytes() + self.hooks.memory_bytes()
+        self.nat.memory_bytes() + self.hooks.memory_bytes() + self.dslite.as_ref().map_or(0, |d| d.memory_bytes())
     }
 
     /// Moves the clock: expires sessions, ends hold-downs, answers held SYNs
@@ -214,6 +232,10 @@ impl Engine {
         }
         let timed_out = self.nat.run_timers(&mut self.router);
         self.count_drops(DropReason::FragmentTimeout, timed_out);
+        if let Some(ds) = self.dslite.as_mut().filter(|d| !d.reassembly.is_empty()) {
+            let stale = ds.reassembly.expire(self.now_ns);
+            self.count_drops(DropReason::FragmentTimeout, stale);
+        }
         self.hooks.tick(self.now_ns, &mut self.router);
     }
 
@@ -224,6 +246,10 @@ impl Engine {
     pub fn finish(&mut self) {
         let dropped = self.nat.finish(&mut self.router);
         self.count_drops(DropReason::FragmentTimeout, dropped);
+        if let Some(ds) = self.dslite.as_mut() {
+            let waiting = ds.reassembly.clear();
+            self.count_drops(DropReason::FragmentTimeout, waiting);
+        }
         self.hooks.finish(&mut self.router);
     }
 
@@ -297,7 +323,11 @@ impl Engine {
 
     #[inline(always)]
     fn decide(&mut self, frame: &mut [u8], side: Side, c: &nat44::Candidate) -> Verdict {
+        if let Some(ds) = self.dslite.as_mut().filter(|_| side == Side::Outside) {
+            ds.keep_if_large(frame, nat44::fast::L3);
+        }
         match self.nat.decide(frame, side, c) {
+            Some(Ok(Side::Inside)) if self.dslite.is_some() && to_softwire(frame, nat44::fast::L3) => self.send_into_softwire(frame, nat44::fast::L3, side),
             Some(Ok(out)) => {
                 self.counters.forwarded[out as usize] += 1;
                 Verdict::Forward(out)
@@ -311,14 +341,161 @@ impl Engine {
         let result = match frame::parse(frame) {
             Err(r) => Err(r),
             Ok(Net::V4(ip)) => return self.ipv4(frame, &ip, side),
+            Ok(Net::V6(ip)) if side == Side::Inside && self.dslite.is_some() => return self.inside_ipv6(frame, &ip),
             Ok(Net::V6(ip)) => self.ipv6(frame, &ip, side),
         };
         self.verdict_of(result)
     }
 
     fn ipv4(&mut self, frame: &mut [u8], ip: &Ip, side: Side) -> Verdict {
+        if let Some(ds) = self.dslite.as_mut().filter(|_| side == Side::Outside) {
+            ds.keep_if_large(frame, ip.l3);
+        }
         let result = self.ipv4_stages(frame, ip, side);
+        if result == Ok(Some(Side::Inside)) && self.dslite.is_some() && to_softwire(frame, ip.l3) {
+            return self.send_into_softwire(frame, ip.l3, side);
+        }
         self.settle(frame, ip.l3, side, result)
+    }
+
+    /// An IPv6 frame on the inside with DS-Lite on: a softwire packet, a
+    /// message for the AFTR, a softwire for another AFTR, or plain IPv6.
+    fn inside_ipv6(&mut self, frame: &mut [u8], ip: &Ip6) -> Verdict {
+        let Some(ds) = self.dslite.as_mut() else { return self.full_path(frame, Side::Inside) };
+        let result = match ds.claim(frame, ip) {
+            Claim::Softwire => return self.softwire_in(frame, ip),
+            Claim::ToAftr => {
+                if ds.mtus.on_icmpv6(frame, ip, ds.cfg.aftr, ds.cfg.mtu) {
+                    ds.stats.mtu_lowered += 1;
+                }
+                Err(DropReason::LocalDestination)
+            }
+            Claim::WrongAftr => Err(DropReason::DsliteWrongAftr),
+            Claim::None => self.ipv6(frame, ip, Side::Inside),
+        };
+        self.verdict_of(result)
+    }
+
+    /// A softwire packet from a B4: decapsulated, its host's address
+    /// replaced by the stand-in for (B4, host), then through the IPv4 stages
+    /// as any subscriber's packet.
+    fn softwire_in(&mut self, frame: &[u8], ip6: &Ip6) -> Verdict {
+        let Some(ds) = self.dslite.as_mut() else { return self.verdict_of(Err(DropReason::DsliteWrongAftr)) };
+        let mut buf = self.router.buffer();
+        let clamp = ds.cfg.mss_clamp;
+        let decapsulated = decap::decapsulate(ds, frame, ip6, self.now_ns, &mut buf);
+        let ip = match decapsulated.and_then(|b4| b4.map(|b4| self.host_behind(&mut buf, b4, clamp)).transpose()) {
+            Ok(Some(ip)) => ip,
+            // A fragment waiting for the rest of its packet.
+            Ok(None) => {
+                self.router.recycle(buf);
+                return self.verdict_of(Ok(None));
+            }
+            Err(r) => {
+                self.router.recycle(buf);
+                return self.verdict_of(Err(r));
+            }
+        };
+        let result = self.ipv4_stages(&mut buf, &ip, Side::Inside);
+        match self.settle(&buf, ip.l3, Side::Inside, result) {
+            Verdict::Forward(out) => {
+                self.send_rebuilt(out, buf, ip.l3);
+                Verdict::Consumed
+            }
+            v => {
+                self.router.recycle(buf);
+                v
+            }
+        }
+    }
+
+    /// The decapsulated packet in `buf`, its source replaced by the stand-in
+    /// for (`b4`, source), its SYN's MSS clamped.
+    fn host_behind(&mut self, buf: &mut [u8], b4: std::net::Ipv6Addr, clamp: Option<u16>) -> Result<Ip, DropReason> {
+        let Net::V4(mut ip) = frame::parse(buf)? else { return Err(DropReason::Ipv4BadVersion) };
+        let stand_in = self.nat.subs.identities_mut().intern_softwire(b4, ip.src).ok_or(DropReason::SubscriberTableFull)?;
+        stand_in::replace(buf, &ip, Which::Src, stand_in);
+        ip.src = stand_in;
+        if let Some(c) = clamp {
+            mss::clamp(buf, &ip, c);
+        }
+        Ok(ip)
+    }
+
+    /// A decapsulated packet after translation: to a softwire host (a
+    /// hairpin) it is encapsulated again, else it leaves as it is.
+    fn send_rebuilt(&mut self, out: Side, buf: Vec<u8>, l3: usize) {
+        if out == Side::Inside && to_softwire(&buf, l3) {
+            // The stages counted it forwarded; an encapsulation refused here only drops it.
+            let _ = self.encapsulate(buf, l3, self.now_ns, Origin::Hairpin);
+        } else {
+            self.router.queue_rebuilt(out, self.now_ns, buf);
+        }
+    }
+
+    /// An IPv4 frame that arrived on `side` and that NAPT44 translated
+    /// towards a softwire host: encapsulated to its B4.
+    fn send_into_softwire(&mut self, frame: &[u8], l3: usize, side: Side) -> Verdict {
+        let mut buf = self.router.buffer();
+        buf.extend_from_slice(frame);
+        let origin = if side == Side::Outside { Origin::Outside } else { Origin::Hairpin };
+        let result = self.encapsulate(buf, l3, self.now_ns, origin).map(|()| Some(Side::Inside));
+        match self.verdict_of(result) {
+            Verdict::Forward(_) => Verdict::Consumed,
+            v => v,
+        }
+    }
+
+    /// Frames natrix queued for softwire hosts, encapsulated in their place.
+    fn encapsulate_queued(&mut self) {
+        for f in self.router.take_queued(|f| f.side == Side::Inside && ethernet_l3(&f.data).is_some_and(|l3| to_softwire(&f.data, l3))) {
+            let l3 = ethernet_l3(&f.data).unwrap_or(0);
+            // Frames natrix made itself: one it cannot encapsulate is not sent.
+            let _ = self.encapsulate(f.data, l3, f.time_ns, Origin::Natrix);
+        }
+    }
+
+    /// Encapsulates the IPv4 packet in `buf` (translated, addressed to a
+    /// softwire host's stand-in) to the host's B4, fragmenting the outer
+    /// packet past the softwire's MTU; with DF set, a packet from outside
+    /// that would need that is refused with fragmentation needed quoting it
+    /// as it arrived (RFC 2473 section 7).
+    fn encapsulate(&mut self, mut buf: Vec<u8>, l3: usize, at_ns: u64, origin: Origin) -> Result<(), DropReason> {
+        let Some(ds) = self.dslite.as_mut() else { return Err(DropReason::NoMapping) };
+        let mut ip = frame::parse_ipv4_any_address(&buf, l3)?;
+        let Identity::Softwire { b4, inner } = self.nat.subs.identities().resolve(ip.dst) else { return Err(DropReason::NoMapping) };
+        if origin == Origin::Natrix && ip.src == self.router.source(Side::Inside) && ip.proto == natrix_wire::proto::ICMP {
+            stand_in::replace(&mut buf, &ip, Which::Src, crate::dslite::AFTR_IPV4);
+            ip.src = crate::dslite::AFTR_IPV4;
+        }
+        stand_in::replace(&mut buf, &ip, Which::Dst, inner);
+        if let Some(c) = ds.cfg.mss_clamp {
+            mss::clamp(&mut buf, &ip, c);
+        }
+        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(b4, ds.cfg.mtu) };
+        let total = ip.total_len();
+        if !softwire.fits(total) && ip.dont_fragment && origin == Origin::Outside && !ds.original.is_empty() {
+            let from = self.router.source(Side::Outside);
+            let mtu = softwire.mtu - crate::dslite::OVERHEAD as u16;
+            self.router.send_icmp_error(&ds.original, l3, from, Side::Outside, (natrix_wire::icmp::kind::DEST_UNREACHABLE, natrix_wire::icmp::unreachable::FRAG_NEEDED), mtu);
+            self.router.recycle(buf);
+            return Err(DropReason::FragmentationNeeded);
+        }
+        let ident = if softwire.fits(total) { 0 } else { ds.next_frag_ident() };
+        let router = &mut self.router;
+        let mut frames = 0;
+        softwire.encapsulate(&buf[l3..l3 + total], ident, |write| {
+            let mut b = router.buffer();
+            write(&mut b);
+            router.queue_rebuilt(Side::Inside, at_ns, b);
+            frames += 1;
+        });
+        ds.stats.encapsulated += 1;
+        if frames > 1 {
+            ds.stats.fragmented += frames;
+        }
+        self.router.recycle(buf);
+        Ok(())
     }
 
     /// The stages of an IPv4 frame, up to its verdict.
@@ -435,6 +612,9 @@ impl Engine {
         self.nat.reconfigure(new)?;
         self.nptv6.replace_table(bindings);
         self.router.reconfigure(self.nat.config());
+        if let (Some(ds), Some(cfg)) = (self.dslite.as_mut(), self.nat.config().dslite.clone()) {
+            ds.cfg = cfg;
+        }
         self.pcp.reconfigure(self.nat.config().pcp, self.nat.config().inside_addr);
         Ok(())
     }
@@ -454,4 +634,27 @@ impl Engine {
     pub fn release_all(&mut self) -> crate::admin::Cleared {
         self.nat.release_all()
     }
+}
+
+/// Who made a frame that goes into a softwire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A host outside: a packet that needs fragmenting with DF set is refused.
+    Outside,
+    /// A subscriber, through NAPT44's hairpinning.
+    Hairpin,
+    /// natrix itself (an ICMP error, a released fragment).
+    Natrix,
+}
+
+/// Whether the IPv4 frame's destination (at `l3`) is a softwire host's stand-in.
+#[inline(always)]
+fn to_softwire(frame: &[u8], l3: usize) -> bool {
+    frame.len() >= l3 + 20 && identity::is_softwire(natrix_wire::get_u32_at(frame, l3 + natrix_wire::ipv4::DST_OFFSET))
+}
+
+/// Where the IPv4 header of an Ethernet/IPv4 frame starts.
+fn ethernet_l3(frame: &[u8]) -> Option<usize> {
+    let eth = natrix_wire::ethernet::Frame::new_checked(frame).ok()?;
+    (eth.ethertype() == natrix_wire::ethernet::ETHERTYPE_IPV4).then(|| eth.payload_offset())
 }

@@ -221,6 +221,29 @@ impl Router {
         true
     }
 
+    /// A cleared buffer from the output queue's spares, for a frame the
+    /// pipeline builds in place of one it received.
+    pub fn buffer(&mut self) -> Vec<u8> {
+        self.out.buffer()
+    }
+
+    /// Queues a frame the pipeline built in place of one it received (a
+    /// softwire packet decapsulated or encapsulated), stamped `at_ns`. The
+    /// pipeline counts it as forwarded.
+    pub fn queue_rebuilt(&mut self, side: Side, at_ns: u64, buf: Vec<u8>) {
+        self.out.push(side, at_ns, buf);
+    }
+
+    /// A buffer the pipeline took and no longer needs.
+    pub fn recycle(&mut self, buf: Vec<u8>) {
+        self.out.recycle(buf);
+    }
+
+    /// Takes out the queued frames `pick` chooses, to be rebuilt.
+    pub fn take_queued(&mut self, pick: impl FnMut(&OutFrame) -> bool) -> Vec<OutFrame> {
+        self.out.take(pick)
+    }
+
     /// Queues a frame natrix held (a fragment that waited for its first
     /// fragment) and now forwards.
     pub fn release(&mut self, side: Side, frame: &[u8]) {

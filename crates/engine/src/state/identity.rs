@@ -91,10 +91,15 @@ impl Identities {
         Some(B4S + id)
     }
 
+    /// How many B4s have a stand-in.
+    pub fn b4_count(&self) -> usize {
+        self.b4s.len()
+    }
+
     /// What an internal address (or a subscriber key) stands for.
     pub fn resolve(&self, addr: u32) -> Identity {
         match addr {
-            a if is_softwire(a) => {
+            a if is_softwire(a) && ((a - ENDPOINTS) as usize) < self.endpoints.len() => {
                 let (b4, inner) = self.endpoints[(a - ENDPOINTS) as usize];
                 Identity::Softwire { b4: self.b4s[(b4 - B4S) as usize], inner }
             }
