@@ -219,7 +219,7 @@ def test_without_df_the_outer_packet_is_fragmented_towards_the_b4(replay_files):
     frames = [(T0, "inside", udp_from_host(B4_1))]
     port = mapped_port(replay_files, config(), frames)
     frames.append((T0 + 1, "outside", udp_reply(port, size=1480)))
-    outs, _ = replay(replay_files, config(), frames)
+    outs, rep = replay(replay_files, config(), frames)
     frags = to_b4(outs, B4_1)
     assert len(frags) == 2 and all(IPv6ExtHdrFragment in p for p in frags), show(outs)
     assert all(len(bytes(p[IPv6])) <= 1500 for p in frags), "each fragment fits the softwire MTU"
@@ -227,6 +227,7 @@ def test_without_df_the_outer_packet_is_fragmented_towards_the_b4(replay_files):
     i = IP(bytes(whole[IPv6].payload))
     h.verify_ipv4_checksums(bytes(i), "reassembled inner packet")
     assert (i.dst, i[UDP].dport, i.len) == (HOST, 5000, 1480)
+    assert rep["dslite"] == {"softwires": 1, "decapsulated": 1, "encapsulated": 1, "outer_fragments": 2, "reassembled": 0, "mtu_lowered": 0}
 
 
 def test_fragmented_softwire_packets_from_a_b4_are_reassembled(replay_files):
@@ -241,6 +242,7 @@ def test_fragmented_softwire_packets_from_a_b4_are_reassembled(replay_files):
     assert bytes(sent[0][UDP].payload) == bytes(range(256)) * 6
     assert (sent[0][IP].src, sent[0][UDP].dport) == (POOL, 53)
     assert rep["packets"]["dropped"] == 0, rep["drops"]
+    assert (rep["dslite"]["reassembled"], rep["dslite"]["decapsulated"]) == (1, 1)
 
 
 def test_packet_too_big_lowers_the_mtu_towards_that_b4_only(replay_files):
@@ -255,6 +257,7 @@ def test_packet_too_big_lowers_the_mtu_towards_that_b4_only(replay_files):
     assert len(errs) == 1 and errs[0][ICMP].nexthopmtu == 1240, show(outs)
     assert len(to_b4(outs, B4_2)) == 1, "B4 2 keeps the configured MTU"
     assert not to_b4(outs, B4_1)
+    assert rep["dslite"]["mtu_lowered"] == 1
 
 
 def test_bad_softwires_are_dropped_by_reason(replay_files):
@@ -278,3 +281,21 @@ def test_replay_is_deterministic(replay_files):
     a, _ = replay(replay_files, config(), frames)
     b, _ = replay(replay_files, config(), frames)
     assert [bytes(p) for _, p in a] == [bytes(p) for _, p in b]
+
+
+def test_ipfix_records_of_softwire_hosts_carry_the_b4_as_source_ipv6_address(natrix_bin, tmp_path):
+    """Contract: IPFIX records carry sourceIPv6Address (IE 27) in their own
+    templates; decoded by tshark's cflow dissector."""
+    from test_ipfix import check_stream, export
+    capture = tmp_path / "in.pcapng"
+    h.write_pcapng(capture, [(T0, "inside", udp_from_host(B4_1)), (T0 + 0.1, "inside", h.udp_out(h.SUB_A, 5000, SERVER, 53))])
+    _records, messages = export(natrix_bin, tmp_path, config(), capture)
+    check_stream(messages)
+    data = [rec for m in messages for _set, rec in m["data"]]
+    assert len(data) == 2, data
+    softwire_rec = [r for r in data if "cflow.srcaddrv6" in r]
+    plain_rec = [r for r in data if "cflow.srcaddrv6" not in r]
+    assert len(softwire_rec) == 1 and len(plain_rec) == 1, data
+    assert softwire_rec[0]["cflow.srcaddrv6"] == B4_1
+    assert softwire_rec[0]["cflow.srcaddr"] == HOST
+    assert plain_rec[0]["cflow.srcaddr"] == h.SUB_A

@@ -31,6 +31,22 @@ pub struct Report {
     /// The SYN accelerator's counters, when `[syn_accel]` is configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syn_accel: Option<SynAccelUse>,
+    /// DS-Lite's counters, when `[dslite]` is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dslite: Option<DsliteUse>,
+}
+
+/// What the DS-Lite AFTR did: B4s seen, packets decapsulated and
+/// encapsulated, outer fragments sent, softwire packets reassembled, and
+/// packet-too-big messages that lowered a softwire's MTU.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct DsliteUse {
+    pub softwires: u64,
+    pub decapsulated: u64,
+    pub encapsulated: u64,
+    pub outer_fragments: u64,
+    pub reassembled: u64,
+    pub mtu_lowered: u64,
 }
 
 /// What the SYN accelerator did: first SYNs tracked, copies sent, attempts
@@ -159,6 +175,14 @@ impl ReportBuilder {
             log_export: BTreeMap::new(),
             input_truncated: None,
             syn_accel: st.syn_accel.as_ref().map(|a| SynAccelUse { syns: a.syns, retransmits: a.retransmits, answered: a.answered, resets: a.resets, untracked: a.untracked }),
+            dslite: st.dslite.map(|d| DsliteUse {
+                softwires: d.softwires,
+                decapsulated: d.decapsulated,
+                encapsulated: d.encapsulated,
+                outer_fragments: d.fragmented,
+                reassembled: d.reassembled,
+                mtu_lowered: d.mtu_lowered,
+            }),
         }
     }
 }
