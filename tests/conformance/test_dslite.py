@@ -299,3 +299,18 @@ def test_ipfix_records_of_softwire_hosts_carry_the_b4_as_source_ipv6_address(nat
     assert softwire_rec[0]["cflow.srcaddrv6"] == B4_1
     assert softwire_rec[0]["cflow.srcaddr"] == HOST
     assert plain_rec[0]["cflow.srcaddr"] == h.SUB_A
+
+
+def test_whois_names_the_b4_and_the_inner_address_and_port(replay_files, natrix, tmp_path):
+    log = tmp_path / "events.jsonl"
+    cfg = config() + f'[logging]\njson = "{log}"\n'
+    frames = [(T0, "inside", udp_from_host(B4_1)), (T0 + 0.1, "inside", udp_from_host(B4_2))]
+    outs, _ = replay(replay_files, cfg, frames)
+    ports = [p[UDP].sport for p in outside(outs)]
+    for b4, port in zip([B4_1, B4_2], ports):
+        p = natrix("whois", f"{POOL}:{port}", "--proto", "udp", "--at", str(int(T0) + 1), "--log", str(log), "--json")
+        assert p.returncode == 0, h.proc_text(p)
+        answers = json.loads(p.stdout)["answers"]
+        assert [(a["b4"], a["subscriber"], a["subscriber_port"]) for a in answers] == [(b4, HOST, 5000)]
+        text = natrix("whois", f"{POOL}:{port}", "--proto", "udp", "--at", str(int(T0) + 1), "--log", str(log)).stdout.decode()
+        assert f"subscriber {HOST}:5000 behind B4 {b4}" in text, text
