@@ -197,6 +197,9 @@ impl Config {
         if self.live.outside_interface.is_none() {
             need("outside.interface", "the interface towards the internet");
         }
+        if self.engine.dslite.is_some() && self.engine.inside_addr6.is_none() {
+            need("inside.address6", "DS-Lite: natrix answers Neighbor Discovery for the AFTR and reaches the B4s on the inside IPv6 prefix");
+        }
         if self.engine.outside_addr.is_none() {
             need("outside.address", "natrix's address and prefix on the outside link, to answer ARP and find next hops");
         }
