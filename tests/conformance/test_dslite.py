@@ -10,7 +10,6 @@ scapy's defragment6.
 """
 
 import json
-import struct
 
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import ICMPv6PacketTooBig, IPv6, IPv6ExtHdrDestOpt, IPv6ExtHdrFragment, defragment6, fragment6
