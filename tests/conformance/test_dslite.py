@@ -10,6 +10,7 @@ scapy's defragment6.
 """
 
 import json
+import struct
 
 from scapy.layers.inet import ICMP, IP, TCP, UDP
 from scapy.layers.inet6 import ICMPv6PacketTooBig, IPv6, IPv6ExtHdrDestOpt, IPv6ExtHdrFragment, defragment6, fragment6
@@ -313,3 +314,32 @@ def test_whois_names_the_b4_and_the_inner_address_and_port(replay_files, natrix,
         assert [(a["b4"], a["subscriber"], a["subscriber_port"]) for a in answers] == [(b4, HOST, 5000)]
         text = natrix("whois", f"{POOL}:{port}", "--proto", "udp", "--at", str(int(T0) + 1), "--log", str(log)).stdout.decode()
         assert f"subscriber {HOST}:5000 behind B4 {b4}" in text, text
+
+
+def pcp_map_request(client, iport, lifetime=3600):
+    """RFC 6887 figures 2 and 9: a MAP request for UDP `iport`."""
+    mapped = b"\x00" * 10 + b"\xff\xff" + bytes(int(x) for x in client.split("."))
+    return struct.pack("!BBHI", 2, 1, 0, lifetime) + mapped + b"dslite-nonce" + struct.pack("!B3xHH", 17, iport, 0) + b"\x00" * 16
+
+
+def test_pcp_through_the_softwire_maps_for_that_b4(replay_files):
+    """A host behind a B4 asks the AFTR (192.0.0.1, RFC 6333 section 5.7)
+    for a mapping, naming its own inner address: the answer comes back
+    through its softwire, and an outside host reaches it at the mapped
+    endpoint; another B4's host with the same address is not reached."""
+    cfg = config() + '[pcp]\nenabled = true\n'
+    req = softwire(B4_1, IP(src=HOST, dst=AFTR_V4) / UDP(sport=40404, dport=5351) / Raw(pcp_map_request(HOST, 6000)))
+    outs, rep = replay(replay_files, cfg, [(T0, "inside", req)])
+    answers = to_b4(outs, B4_1)
+    assert len(answers) == 1, show(outs)
+    i = inner_of(answers[0])
+    assert (i.src, i.dst, i[UDP].sport, i[UDP].dport) == (AFTR_V4, HOST, 5351, 40404), i.summary()
+    body = bytes(i[UDP].payload)
+    assert body[1] == 0x81 and body[3] == 0, f"MAP response with result SUCCESS expected: {body[:4].hex()}"
+    ext_port = struct.unpack("!H", body[24 + 18:24 + 20])[0]
+    assert body[24 + 20:24 + 36][-4:] == bytes(int(x) for x in POOL.split("."))
+    knock = h.eth_out() / IP(src=SERVER, dst=POOL) / UDP(sport=7777, dport=ext_port) / Raw(b"knock")
+    outs, rep = replay(replay_files, cfg, [(T0, "inside", req), (T0 + 1, "outside", knock)])
+    hits = [p for p in to_b4(outs) if UDP in inner_of(p) and bytes(inner_of(p)[UDP].payload) == b"knock"]
+    assert len(hits) == 1 and hits[0][IPv6].dst == B4_1, show(outs)
+    assert inner_of(hits[0])[UDP].dport == 6000

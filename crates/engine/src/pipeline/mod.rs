@@ -519,10 +519,15 @@ impl Engine {
     /// NAPT44 says which frames from outside it takes.
     fn ipv4_local_and_admission(&mut self, frame: &[u8], ip: &Ip, side: Side) -> Result<Option<nat44::Inbound>, DropReason> {
         match side {
-            Side::Inside if ip.dst == self.router.source(Side::Inside) => {
+            Side::Inside if ip.dst == self.router.source(Side::Inside) || (identity::is_softwire(ip.src) && ip.dst == crate::dslite::AFTR_IPV4) => {
                 if self.pcp.is_enabled() {
+                    // A softwire host names its own inner address in its requests.
+                    let client = match self.nat.subs.identities().resolve(ip.src) {
+                        Identity::Softwire { inner, .. } => inner,
+                        Identity::Ipv4(a) => a,
+                    };
                     // Answered through the output queue; the request itself ends here.
-                    self.pcp.request(frame, ip, &mut self.nat, &mut self.router);
+                    self.pcp.request(frame, ip, client, &mut self.nat, &mut self.router);
                 }
                 Err(DropReason::LocalDestination)
             }
