@@ -343,3 +343,39 @@ def test_pcp_through_the_softwire_maps_for_that_b4(replay_files):
     hits = [p for p in to_b4(outs) if UDP in inner_of(p) and bytes(inner_of(p)[UDP].payload) == b"knock"]
     assert len(hits) == 1 and hits[0][IPv6].dst == B4_1, show(outs)
     assert inner_of(hits[0])[UDP].dport == 6000
+
+
+def test_an_icmp_error_from_outside_reaches_the_host_through_its_softwire(replay_files):
+    """RFC 5508 through a softwire: the server's port unreachable about the
+    host's datagram arrives for the pool address and leaves encapsulated to
+    the B4, outer destination and quoted source both the host's inner
+    address again."""
+    frames = [(T0, "inside", udp_from_host(B4_1))]
+    outs, _ = replay(replay_files, config(), frames)
+    sent = outside(outs)[0]
+    quote = bytes(sent[IP])[:28]
+    err = h.icmp_error(h.eth_out(), SERVER, POOL, quote, icmp_type=3, code=3)
+    frames.append((T0 + 1, "outside", err))
+    outs, rep = replay(replay_files, config(), frames)
+    back = to_b4(outs, B4_1)
+    assert len(back) == 1, show(outs)
+    i = inner_of(back[0])
+    assert (i.src, i.dst, i[ICMP].type, i[ICMP].code) == (SERVER, HOST, 3, 3), i.summary()
+    q = IP(bytes(i[ICMP].payload))
+    assert (q.src, q.dst, q.sport) == (HOST, SERVER, 5000), "the quote is the host's datagram as it sent it"
+    assert rep["packets"]["dropped"] == 0, rep["drops"]
+
+
+def test_hairpinning_between_two_softwire_hosts(replay_files):
+    """B4 2's host sends to B4 1's host's external endpoint: it arrives
+    through B4 1's softwire from B4 2's host's external endpoint."""
+    frames = [(T0, "inside", udp_from_host(B4_1)), (T0 + 0.1, "inside", udp_from_host(B4_2, sport=6000))]
+    outs, _ = replay(replay_files, config(), frames)
+    p1, p2 = [p[UDP].sport for p in outside(outs)]
+    hairpin = softwire(B4_2, IP(src=HOST, dst=POOL) / UDP(sport=6000, dport=p1) / Raw(b"neighbour"))
+    frames.append((T0 + 1, "inside", hairpin))
+    outs, rep = replay(replay_files, config(), frames)
+    hits = [p for p in to_b4(outs) if bytes(inner_of(p)[UDP].payload) == b"neighbour"]
+    assert len(hits) == 1 and hits[0][IPv6].dst == B4_1, show(outs)
+    i = inner_of(hits[0])
+    assert (i.src, i[UDP].sport, i.dst, i[UDP].dport) == (POOL, p2, HOST, 5000), i.summary()
