@@ -149,3 +149,12 @@ def test_metrics_count_the_softwires(homes):
     assert values.get("natrix_dslite_softwires") == 2, values
     assert values.get("natrix_dslite_decapsulated_packets_total", 0) >= 2, values
     assert values.get("natrix_dslite_encapsulated_packets_total", 0) >= 2, values
+
+
+def test_show_filters_by_b4_and_names_the_inner_address(homes):
+    both(lambda ns: in_home(ns, "ping", "-c", "1", "-W", "2", "-I", "192.0.0.2", SRV1))
+    r = h.run_in(h.NS_NAT, str(h.natrix_bin()), "show", "mappings", "--b4", "2001:db8:1::2", "--json", "--api", h.DEFAULT_API)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows and all((m["b4"], m["subscriber"]) == ("2001:db8:1::2", "192.0.0.2") for m in rows), rows
+    assert all(h.in_pool(m["outside"].rsplit(":", 1)[0], homes.pool) for m in rows), rows
