@@ -212,6 +212,7 @@ def test_a_df_packet_too_big_for_the_softwire_gets_fragmentation_needed_with_mtu
     assert (e[IP].dst, e[ICMP].type, e[ICMP].code, e[ICMP].nexthopmtu) == (SERVER, 3, 4, 1460), e.summary()
     quoted = IP(bytes(e[ICMP].payload))
     assert (quoted.dst, quoted[UDP].dport) == (POOL, port), "quoted as the server sent it"
+    assert len(bytes(e[ICMP].payload)) == 128, "REPLAY-CONTRACT: the first 128 bytes of the packet"
     assert rep["drops"] == {"fragmentation_needed": 1}
 
 

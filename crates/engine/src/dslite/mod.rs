@@ -32,6 +32,10 @@ pub const AFTR_IPV4: u32 = 0xc000_0001;
 pub const HOP_LIMIT: u8 = 64;
 /// Bytes encapsulation adds: the outer IPv6 header.
 pub const OVERHEAD: usize = ipv6::HEADER_LEN;
+/// Bytes of a packet too big for its softwire that its fragmentation
+/// needed quotes: the IPv4 and transport headers with their options (RFC
+/// 792 asks for the IPv4 header and 8 bytes).
+const QUOTED: usize = 128;
 
 /// A prefix of accepted B4 addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +114,9 @@ pub(crate) struct Dslite {
     pub stats: DsliteStats,
     /// Identification of the next outer fragment set (RFC 8200 section 4.5).
     frag_ident: u32,
-    /// A large inbound frame as it arrived, kept until it is known whether
-    /// it goes into a softwire, so a fragmentation needed can quote it.
+    /// The head of a large inbound frame as it arrived, kept until it is
+    /// known whether it goes into a softwire, so a fragmentation needed can
+    /// quote it.
     pub original: Vec<u8>,
 }
 
@@ -148,14 +153,15 @@ impl Dslite {
         self.mtus.memory_bytes() + self.reassembly.memory_bytes() + self.original.capacity()
     }
 
-    /// Keeps a copy of an inbound frame that may be too large for a softwire.
+    /// Keeps the head of an inbound frame that may be too large for a
+    /// softwire: its first `QUOTED` bytes of IPv4 (every header), all a
+    /// fragmentation needed quotes. A short copy, since most large frames
+    /// go to plain subscribers or fit.
     #[inline]
     pub fn keep_if_large(&mut self, frame: &[u8], l3: usize) {
+        self.original.clear();
         if frame.len() - l3 + OVERHEAD > ipv6::MIN_MTU {
-            self.original.clear();
-            self.original.extend_from_slice(frame);
-        } else {
-            self.original.clear();
+            self.original.extend_from_slice(&frame[..frame.len().min(l3 + QUOTED)]);
         }
     }
 }
