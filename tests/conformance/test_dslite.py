@@ -380,3 +380,14 @@ def test_hairpinning_between_two_softwire_hosts(replay_files):
     assert len(hits) == 1 and hits[0][IPv6].dst == B4_1, show(outs)
     i = inner_of(hits[0])
     assert (i.src, i[UDP].sport, i.dst, i[UDP].dport) == (POOL, p2, HOST, 5000), i.summary()
+
+
+def test_bytes_after_the_inner_packet_are_not_forwarded(replay_files):
+    """RFC 2473: the payload is the IPv4 packet; bytes past its total length
+    (a B4 padding its payload) do not leave with it."""
+    inner = bytes(IP(src=HOST, dst=SERVER) / UDP(sport=5000, dport=53) / Raw(b"query"))
+    padded = Ether(src=B4_MAC, dst=h.NAT_IN_MAC) / IPv6(src=B4_1, dst=AFTR, nh=4) / Raw(inner + b"\xee" * 40)
+    outs, _ = replay(replay_files, config(), [(T0, "inside", padded)])
+    (sent,) = outside(outs)
+    assert len(bytes(sent)) == 14 + len(inner) or len(bytes(sent)) == 60, f"{len(bytes(sent))} bytes left for a {len(inner)}-byte packet"
+    assert b"\xee" * 8 not in bytes(sent)

@@ -380,6 +380,7 @@ impl Engine {
     /// replaced by the stand-in for (B4, host), then through the IPv4 stages
     /// as any subscriber's packet.
     fn softwire_in(&mut self, frame: &[u8], ip6: &Ip6) -> Verdict {
+        // Called only with DS-Lite on (`inside_ipv6`).
         let Some(ds) = self.dslite.as_mut() else { return self.verdict_of(Err(DropReason::DsliteWrongAftr)) };
         let mut buf = self.router.buffer();
         let clamp = ds.cfg.mss_clamp;
@@ -396,6 +397,8 @@ impl Engine {
                 return self.verdict_of(Err(r));
             }
         };
+        // Bytes past the inner packet's total length are not part of it.
+        buf.truncate(ip.l3 + ip.total_len());
         let result = self.ipv4_stages(&mut buf, &ip, Side::Inside);
         match self.settle(&buf, ip.l3, Side::Inside, result) {
             Verdict::Forward(out) => {
