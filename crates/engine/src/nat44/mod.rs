@@ -161,6 +161,8 @@ impl Nat44 {
             now_s: 0,
             cfg,
         };
+        // A softwire host needs a session to matter: no more of them than sessions.
+        nat.subs.identities_mut().limit_endpoints(sessions);
         nat.install_statics()?;
         Ok(nat)
     }

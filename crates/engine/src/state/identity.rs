@@ -42,12 +42,21 @@ pub struct Identities {
     /// (B4 stand-in, inner IPv4) of each endpoint stand-in.
     endpoints: Vec<(u32, u32)>,
     endpoint_index: FlowIndex,
+    /// The most endpoints interned: stand-ins are never recycled, so this
+    /// bounds what hosts behind B4s (or B4s lying about them) can make
+    /// natrix keep.
+    max_endpoints: u32,
     seed: u64,
 }
 
 impl Identities {
     pub fn new(seed: u64) -> Identities {
-        Identities { b4s: Vec::new(), b4_index: FlowIndex::with_capacity(16), endpoints: Vec::new(), endpoint_index: FlowIndex::with_capacity(16), seed }
+        Identities { b4s: Vec::new(), b4_index: FlowIndex::with_capacity(16), endpoints: Vec::new(), endpoint_index: FlowIndex::with_capacity(16), max_endpoints: RANGE, seed }
+    }
+
+    /// Interns at most `n` endpoints (at most the 2^27 of their range).
+    pub fn limit_endpoints(&mut self, n: u32) {
+        self.max_endpoints = n.min(RANGE);
     }
 
     /// The subscriber an internal address belongs to: itself, or for a
@@ -70,7 +79,7 @@ impl Identities {
         if let Some(id) = self.endpoint_index.find(h, |i| endpoints[i as usize] == (b4_key, inner)) {
             return Some(ENDPOINTS + id);
         }
-        let id = u32::try_from(self.endpoints.len()).ok().filter(|&i| i < RANGE)?;
+        let id = u32::try_from(self.endpoints.len()).ok().filter(|&i| i < self.max_endpoints)?;
         grow_if_full(&mut self.endpoint_index, self.endpoints.len(), |i| self.endpoints[i as usize], |&(b, a)| hash::five_tuple(self.seed, 4, b, 0, a, 0));
         self.endpoint_index.insert(h, id).ok()?;
         self.endpoints.push((b4_key, inner));
@@ -152,6 +161,16 @@ mod tests {
         for id in [a, b, c, ids.subscriber_key(a)] {
             assert!(is_martian(id), "a stand-in can never arrive on the wire");
         }
+    }
+
+    #[test]
+    fn endpoints_past_the_limit_are_refused_and_known_ones_still_found() {
+        let mut ids = Identities::new(7);
+        ids.limit_endpoints(2);
+        let a = ids.intern_softwire(b4(1), 1).unwrap();
+        ids.intern_softwire(b4(2), 1).unwrap();
+        assert_eq!(ids.intern_softwire(b4(3), 1), None);
+        assert_eq!(ids.intern_softwire(b4(1), 1), Some(a));
     }
 
     #[test]
