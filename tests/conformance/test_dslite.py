@@ -391,3 +391,23 @@ def test_bytes_after_the_inner_packet_are_not_forwarded(replay_files):
     (sent,) = outside(outs)
     assert len(bytes(sent)) == 14 + len(inner) or len(bytes(sent)) == 60, f"{len(bytes(sent))} bytes left for a {len(inner)}-byte packet"
     assert b"\xee" * 8 not in bytes(sent)
+
+
+def test_check_config_takes_the_contract_keys_and_names_the_key_at_fault(natrix, tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(config(dslite='b4_prefixes = ["2001:db8:100::/40"]\nmtu = 1540\nmss_clamp = 0\n'))
+    p = natrix("check-config", str(good))
+    assert p.returncode == 0, h.proc_text(p)
+    assert f"DS-Lite AFTR {AFTR} (B4s in 1 prefix, softwire MTU 1540, MSS clamp 1460)" in p.stdout.decode()
+    for body, key in [
+        ('[nat]\npool = ["203.0.113.1/32"]\n[dslite]\naftr = "2001:db8::1"\nmtu = 1279\n', "dslite.mtu"),
+        ('[nat]\npool = ["203.0.113.1/32"]\n[dslite]\nmtu = 1500\n', "dslite.aftr"),
+        ('[nat]\npool = ["203.0.113.1/32"]\n[dslite]\naftr = "not-an-address"\n', "dslite.aftr"),
+        ('[nat]\npool = ["203.0.113.1/32"]\n[dslite]\naftr = "2001:db8::1"\nmss_clamp = "on"\n', "dslite.mss_clamp"),
+        ('[nat]\npool = ["203.0.113.1/32"]\n[dslite]\naftr = "2001:db8::1"\nb4_prefixes = ["2001:db8:100::1/40"]\n', "dslite.b4_prefixes[0]"),
+        ('[nat]\nmode = "off"\n[dslite]\naftr = "2001:db8::1"\n', "dslite.aftr"),
+    ]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(body)
+        p = natrix("check-config", str(bad))
+        assert p.returncode != 0 and key in h.proc_text(p), (body, h.proc_text(p))
