@@ -32,7 +32,27 @@ pub(super) fn parse(root: &mut Section, e: &EngineConfig, warnings: &mut Vec<Str
     if e.deterministic.is_some() {
         return err("dslite.aftr", "not supported with [nat] mode = \"deterministic\": its formula numbers IPv4 subscribers, not B4s; use mode = \"dynamic\"");
     }
+    check_apart_from_nptv6(&b4_prefixes, e)?;
     Ok(Some(DsliteConfig { aftr, b4_prefixes, mtu, mss_clamp }))
+}
+
+/// NPTv6 translates what comes from its inside prefixes, so softwires from
+/// B4s there would leave translated instead of being terminated: with
+/// `[[nptv6]]` bindings the B4s must be listed, apart from them (two
+/// prefixes overlap when they agree on the shorter one's bits).
+fn check_apart_from_nptv6(b4_prefixes: &[B4Prefix], e: &EngineConfig) -> Result<(), ConfigError> {
+    if e.nptv6.is_empty() {
+        return Ok(());
+    }
+    if b4_prefixes.is_empty() {
+        return err("dslite.b4_prefixes", "needed with [[nptv6]] bindings: list the B4 prefixes, apart from the bindings' inside prefixes");
+    }
+    for (i, p) in b4_prefixes.iter().enumerate() {
+        if let Some((j, _)) = e.nptv6.iter().enumerate().find(|(_, b)| super::prefix6_contains(b.inside, b.prefix_len.min(p.len), p.network)) {
+            return err(format!("dslite.b4_prefixes[{i}]"), format!("overlaps nptv6[{j}].inside: NPTv6 would translate those B4s' softwires"));
+        }
+    }
+    Ok(())
 }
 
 fn parse_aftr(t: &str) -> Result<Ipv6Addr, String> {
@@ -125,6 +145,15 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(det.key, "dslite.aftr");
+    }
+
+    #[test]
+    fn b4s_must_be_apart_from_nptv6_sites() {
+        let nptv6 = "[[nptv6]]\ninside = \"fd01:203:405::/48\"\noutside = \"2001:db8:1::/48\"\n";
+        let with = |b4s: &str| Config::parse(&format!("{BASE}{nptv6}[dslite]\naftr = \"2001:db8:0:1::1\"\n{b4s}"));
+        assert_eq!(with("").unwrap_err().key, "dslite.b4_prefixes");
+        assert_eq!(with("b4_prefixes = [\"2001:db8:100::/40\", \"fd01:203:405:7::/64\"]\n").unwrap_err().key, "dslite.b4_prefixes[1]");
+        assert!(with("b4_prefixes = [\"2001:db8:100::/40\"]\n").is_ok());
     }
 
     #[test]
