@@ -271,10 +271,12 @@ def test_bad_softwires_are_dropped_by_reason(replay_files):
     lying = Ether(src=B4_MAC, dst=h.NAT_IN_MAC) / IPv6(src=B4_1, dst=AFTR, nh=4, plen=400) / inner
     opts = IPv6ExtHdrDestOpt(nh=60)
     endless = Ether(src=B4_MAC, dst=h.NAT_IN_MAC) / IPv6(src=B4_1, dst=AFTR, nh=60) / (opts / opts / opts / opts / opts / opts / opts / opts / opts / IPv6ExtHdrDestOpt(nh=4)) / inner
-    frames = [(T0 + k * 0.1, "inside", f) for k, f in enumerate([wrong_aftr, foreign_b4, not_ipv4, truncated, lying, endless])]
+    udp_to_aftr = Ether(src=B4_MAC, dst=h.NAT_IN_MAC) / IPv6(src=B4_1, dst=AFTR) / UDP(sport=1, dport=2)
+    frames = [(T0 + k * 0.1, "inside", f) for k, f in enumerate([wrong_aftr, foreign_b4, not_ipv4, truncated, lying, endless, udp_to_aftr])]
     outs, rep = replay(replay_files, cfg, frames)
     assert not outs, show(outs)
-    assert rep["drops"] == {"dslite_wrong_aftr": 1, "dslite_b4_refused": 1, "ipv4_bad_version": 1, "ipv6_truncated": 2, "ipv6_bad_header": 1}, rep["drops"]
+    assert rep["drops"] == {"dslite_wrong_aftr": 1, "dslite_b4_refused": 1, "ipv4_bad_version": 1, "ipv6_truncated": 2, "ipv6_bad_header": 1,
+                            "local_destination": 1}, rep["drops"]
 
 
 def test_replay_is_deterministic(replay_files):

@@ -100,7 +100,8 @@ pub(crate) enum Claim {
     None,
     /// IPv4 in IPv6 to the AFTR (whole or a fragment).
     Softwire,
-    /// ICMPv6 to the AFTR: a packet too big about a softwire, or anything else for natrix.
+    /// Anything else to the AFTR: natrix's own (a packet too big about a
+    /// softwire is read; nothing is forwarded).
     ToAftr,
     /// IPv4 in IPv6 for another address: not a softwire natrix serves.
     WrongAftr,
@@ -139,7 +140,7 @@ impl Dslite {
         match ip.proto {
             ipv6::next_header::IPV4 if to_aftr => Claim::Softwire,
             ipv6::next_header::IPV4 => Claim::WrongAftr,
-            natrix_wire::proto::ICMPV6 if to_aftr => Claim::ToAftr,
+            _ if to_aftr => Claim::ToAftr,
             _ => Claim::None,
         }
     }

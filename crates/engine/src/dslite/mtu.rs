@@ -49,7 +49,7 @@ impl SoftwireMtus {
 /// quoted next header IPv4 in IPv6 (or a fragment header, for a packet
 /// natrix fragmented).
 fn packet_too_big(frame: &[u8], ip: &Ip6, aftr: Ipv6Addr) -> Option<(Ipv6Addr, u32)> {
-    if !ip.l4_header {
+    if !ip.l4_header || ip.proto != natrix_wire::proto::ICMPV6 {
         return None;
     }
     let end = ip.l3 + ip.total;
