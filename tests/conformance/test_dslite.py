@@ -12,7 +12,7 @@ scapy's defragment6.
 import json
 import struct
 
-from scapy.layers.inet import ICMP, IP, TCP, UDP
+from scapy.layers.inet import ICMP, IP, TCP, UDP, fragment
 from scapy.layers.inet6 import ICMPv6PacketTooBig, IPv6, IPv6ExtHdrDestOpt, IPv6ExtHdrFragment, defragment6, fragment6
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
@@ -413,3 +413,22 @@ def test_check_config_takes_the_contract_keys_and_names_the_key_at_fault(natrix,
         bad.write_text(body)
         p = natrix("check-config", str(bad))
         assert p.returncode != 0 and key in h.proc_text(p), (body, h.proc_text(p))
+
+
+def test_inbound_ipv4_fragments_reach_the_host_through_its_softwire_even_out_of_order(replay_files):
+    """Fragments translated without reassembly, a later one held until the
+    first (natrix's [fragments] rule), each encapsulated to the B4."""
+    frames = [(T0, "inside", udp_from_host(B4_1))]
+    port = mapped_port(replay_files, config(), frames)
+    whole = IP(src=SERVER, dst=POOL, id=4242) / UDP(sport=53, dport=port) / Raw(bytes(range(200)) * 5)
+    first, second = fragment(whole, fragsize=600)
+    frames += [(T0 + 1, "outside", h.eth_out() / second), (T0 + 1.1, "outside", h.eth_out() / first)]
+    outs, rep = replay(replay_files, config(), frames)
+    back = to_b4(outs, B4_1)
+    assert len(back) == 2, show(outs)
+    inner = [inner_of(p) for p in back]
+    assert all(i.dst == HOST for i in inner), [i.summary() for i in inner]
+    data = b"".join(bytes(i.payload) for i in sorted(inner, key=lambda i: i.frag))
+    udp = UDP(data)
+    assert (udp.dport, bytes(udp.payload)) == (5000, bytes(range(200)) * 5)
+    h.verify_output_fragments([("inside", bytes(Ether(src=h.NAT_IN_MAC, dst=B4_MAC) / i)) for i in inner])
