@@ -22,6 +22,8 @@ const ENDPOINTS: u32 = 0xf000_0000;
 const B4S: u32 = 0xf800_0000;
 /// Each kind's range: 2^27 stand-ins, less the broadcast address at the top of the B4 range.
 const RANGE: u32 = 0x0800_0000;
+/// Entries the indexes start with; they double as identities are interned.
+const FIRST_INDEX: usize = 16;
 
 /// What an internal address stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +53,19 @@ pub struct Identities {
 
 impl Identities {
     pub fn new(seed: u64) -> Identities {
-        Identities { b4s: Vec::new(), b4_index: FlowIndex::with_capacity(16), endpoints: Vec::new(), endpoint_index: FlowIndex::with_capacity(16), max_endpoints: RANGE, seed }
+        Identities {
+            b4s: Vec::new(),
+            b4_index: FlowIndex::with_capacity(FIRST_INDEX),
+            endpoints: Vec::new(),
+            endpoint_index: FlowIndex::with_capacity(FIRST_INDEX),
+            max_endpoints: RANGE,
+            seed,
+        }
+    }
+
+    /// Bytes a new `Identities` holds: its two first indexes.
+    pub fn reserved_bytes() -> usize {
+        2 * FlowIndex::bytes_for(FIRST_INDEX)
     }
 
     /// Interns at most `n` endpoints (at most the 2^27 of their range).
@@ -98,6 +112,14 @@ impl Identities {
         self.b4_index.insert(h, id).ok()?;
         self.b4s.push(b4);
         Some(B4S + id)
+    }
+
+    /// Bytes held by the interned identities and their indexes.
+    pub fn memory_bytes(&self) -> usize {
+        self.b4s.capacity() * std::mem::size_of::<Ipv6Addr>()
+            + self.endpoints.capacity() * std::mem::size_of::<(u32, u32)>()
+            + self.b4_index.memory_bytes()
+            + self.endpoint_index.memory_bytes()
     }
 
     /// How many B4s have a stand-in.
