@@ -3,8 +3,9 @@
 //! bounds (sessions, held fragments, output queue).
 //!
 //! Input: records of [flags][len_hi][len_lo][frame...]. flags bit 0: side
-//! (1 = outside); bit 1: repair the IPv4 header and ICMP checksums so the
-//! fuzzer reaches past checksum validation; bits 2-7: seconds to advance.
+//! (1 = outside); bit 1: repair the IPv4 header and ICMP checksums (of the
+//! frame's IPv4 packet, or of the one a DS-Lite softwire packet carries) so
+//! the fuzzer reaches past checksum validation; bits 2-7: seconds to advance.
 
 #![no_main]
 
@@ -32,25 +33,42 @@ fn config() -> EngineConfig {
             natrix_engine::nptv6::Binding { inside: "fd01:203:405::".parse().expect("address"), outside: "2001:db8:1::".parse().expect("address"), prefix_len: 48 },
             natrix_engine::nptv6::Binding { inside: "fd02:0:0:600::".parse().expect("address"), outside: "2001:db8:2:100::".parse().expect("address"), prefix_len: 56 },
         ],
+        // DS-Lite (RFC 6333): softwire packets to this AFTR from B4s in one
+        // prefix, with a small MTU so outer fragmentation is reached.
+        dslite: Some(natrix_engine::dslite::DsliteConfig {
+            aftr: "2001:db8:0:1::1".parse().expect("address"),
+            b4_prefixes: vec![natrix_engine::dslite::B4Prefix { network: "2001:db8:100::".parse().expect("address"), len: 40 }],
+            mtu: 1280,
+            mss_clamp: Some(1200),
+        }),
         ..EngineConfig::default()
     }
 }
 
-/// Recomputes the IPv4 header checksum and, for ICMP, the message checksum.
+/// Recomputes the IPv4 header checksum and, for ICMP, the message checksum,
+/// of an Ethernet/IPv4 frame or of the packet in an IPv4-in-IPv6 one.
 fn repair(frame: &mut [u8]) {
-    if frame.len() < 34 || frame[12..14] != [0x08, 0x00] || frame[14] >> 4 != 4 {
+    match frame.get(12..14) {
+        Some([0x08, 0x00]) => repair_ipv4(&mut frame[14..]),
+        Some([0x86, 0xdd]) if frame.len() > 54 && frame[20] == 4 => repair_ipv4(&mut frame[54..]),
+        _ => {}
+    }
+}
+
+fn repair_ipv4(ip: &mut [u8]) {
+    if ip.len() < 20 || ip[0] >> 4 != 4 {
         return;
     }
-    let ihl = usize::from(frame[14] & 0x0f) * 4;
-    if ihl < 20 || frame.len() < 14 + ihl {
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if ihl < 20 || ip.len() < ihl {
         return;
     }
-    frame[24..26].copy_from_slice(&[0, 0]);
-    let c = checksum::checksum(&frame[14..14 + ihl]);
-    frame[24..26].copy_from_slice(&c.to_be_bytes());
-    let total = usize::from(u16::from_be_bytes([frame[16], frame[17]])).min(frame.len() - 14);
-    if frame[23] == 1 && total >= ihl + 4 {
-        let icmp = &mut frame[14 + ihl..14 + total];
+    ip[10..12].copy_from_slice(&[0, 0]);
+    let c = checksum::checksum(&ip[..ihl]);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]])).min(ip.len());
+    if ip[9] == 1 && total >= ihl + 4 {
+        let icmp = &mut ip[ihl..total];
         icmp[2..4].copy_from_slice(&[0, 0]);
         let c = checksum::checksum(icmp);
         icmp[2..4].copy_from_slice(&c.to_be_bytes());

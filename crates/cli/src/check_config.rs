@@ -111,6 +111,15 @@ fn check_file(path: &Path, live: bool) -> Result<Config, Failure> {
         e.max_sessions,
         if workers > 1 { format!(" in each of {workers} workers") } else { String::new() }
     );
+    if let Some(d) = &e.dslite {
+        let clamp = d.mss_clamp.map_or("off".to_owned(), |m| m.to_string());
+        let b4s = match d.b4_prefixes.len() {
+            0 => "any B4".to_owned(),
+            1 => "B4s in 1 prefix".to_owned(),
+            n => format!("B4s in {n} prefixes"),
+        };
+        println!("  DS-Lite AFTR {} ({b4s}, softwire MTU {}, MSS clamp {clamp})", d.aftr, d.mtu);
+    }
     if let Some(total) = physical_memory() {
         if reserved > total {
             eprintln!("natrix: warning: {}: the configuration reserves {} but this host has {}: lower nat.max_sessions", path.display(), human_bytes(reserved), human_bytes(total));

@@ -28,6 +28,9 @@ pub struct ShowArgs {
     /// Only this subscriber's (inside address) sessions or mappings.
     #[arg(long)]
     subscriber: Option<String>,
+    /// Only the sessions or mappings of the DS-Lite hosts behind this B4.
+    #[arg(long, conflicts_with = "subscriber")]
+    b4: Option<std::net::Ipv6Addr>,
     /// Print the API's JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -62,14 +65,18 @@ pub fn show(args: &ShowArgs) -> Result<(), Failure> {
         What::Stats => "/api/stats",
         What::Cluster => "/api/cluster",
     };
-    let v = request(&args.api, "GET", &format!("{path}{query}"))?;
+    let mut v = request(&args.api, "GET", &format!("{path}{query}"))?;
+    if let (Some(b4), Value::Array(rows)) = (args.b4, &mut v) {
+        let b4 = b4.to_string();
+        rows.retain(|r| r["b4"].as_str() == Some(b4.as_str()));
+    }
     if args.json {
         println!("{v}");
         return Ok(());
     }
     match args.what {
-        What::Sessions => print_table(&v, &["protocol", "inside", "outside", "remote", "idle_s", "timeout_s"]),
-        What::Mappings => print_table(&v, &["protocol", "inside", "outside", "sessions", "static"]),
+        What::Sessions => print_table(&v, &["protocol", "b4", "inside", "outside", "remote", "idle_s", "timeout_s"]),
+        What::Mappings => print_table(&v, &["protocol", "b4", "inside", "outside", "sessions", "static"]),
         What::Stats => println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default()),
         What::Cluster => print_cluster(&v),
     }
@@ -117,10 +124,15 @@ pub fn clear(args: &ClearArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Prints `rows` under `columns`; the `b4` column only when a row has a B4.
 fn print_table(rows: &Value, columns: &[&str]) {
     let rows = rows.as_array().map(Vec::as_slice).unwrap_or_default();
+    let any_b4 = rows.iter().any(|r| r["b4"].is_string());
+    let columns: Vec<&str> = columns.iter().copied().filter(|&c| c != "b4" || any_b4).collect();
+    let columns = &columns[..];
     let cell = |r: &Value, c: &str| match &r[c] {
         Value::String(s) => s.clone(),
+        Value::Null => "-".to_owned(),
         other => other.to_string(),
     };
     let widths: Vec<usize> = columns.iter().map(|c| rows.iter().map(|r| cell(r, c).len()).chain([c.len()]).max().unwrap_or(0)).collect();

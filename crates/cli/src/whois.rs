@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
 use natrix_control::config::parse_endpoint;
@@ -47,6 +47,9 @@ pub struct Args {
 struct Answer {
     proto: &'static str,
     subscriber: Ipv4Addr,
+    /// A DS-Lite host's B4 (RFC 6333); `subscriber` is then its address in the softwire.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    b4: Option<Ipv6Addr>,
     /// The subscriber's own port (mapping records and static mappings).
     #[serde(skip_serializing_if = "Option::is_none")]
     subscriber_port: Option<u16>,
@@ -117,11 +120,14 @@ pub fn run(args: &Args) -> Result<(), Failure> {
 }
 
 fn describe(a: &Answer, at: &str) -> String {
-    let who = match (a.subscriber_port, a.port_range) {
+    let mut who = match (a.subscriber_port, a.port_range) {
         (Some(p), _) => format!("subscriber {}:{p}", a.subscriber),
         (None, Some([f, l])) => format!("subscriber {} (port range {f}-{l})", a.subscriber),
         (None, None) => format!("subscriber {}", a.subscriber),
     };
+    if let Some(b4) = a.b4 {
+        who = format!("{who} behind B4 {b4}");
+    }
     let when = if a.always {
         "always, while this config is in force".to_owned()
     } else {
@@ -233,6 +239,7 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 struct Held {
     proto: Proto,
     subscriber: Ipv4Addr,
+    b4: Option<Ipv6Addr>,
     subscriber_port: Option<u16>,
     first: u16,
     last: u16,
@@ -253,6 +260,7 @@ struct Record {
     create: bool,
     block: bool,
     subscriber: Ipv4Addr,
+    b4: Option<Ipv6Addr>,
     subscriber_port: Option<u16>,
     first: u16,
     last: u16,
@@ -281,6 +289,7 @@ fn record_of(v: &Value, addr: Ipv4Addr, port: u16) -> Option<Record> {
         create,
         block,
         subscriber: v.get("subscriber")?.as_str()?.parse().ok()?,
+        b4: v.get("b4").and_then(Value::as_str).and_then(|b| b.parse().ok()),
         subscriber_port: v.get("subscriber_port").and_then(Value::as_u64).and_then(|p| u16::try_from(p).ok()),
         first,
         last,
@@ -347,8 +356,17 @@ impl Skipped {
 /// Applies one create or delete record to the open and finished holdings.
 fn follow(open: &mut Vec<Held>, done: &mut Vec<Held>, r: Record) {
     let same = |h: &Held| h.proto == r.proto && h.block == r.block && (h.first, h.last) == (r.first, r.last);
-    let held =
-        |from_ns, until_ns| Held { proto: r.proto, subscriber: r.subscriber, subscriber_port: r.subscriber_port, first: r.first, last: r.last, from_ns, until_ns, block: r.block };
+    let held = |from_ns, until_ns| Held {
+        proto: r.proto,
+        subscriber: r.subscriber,
+        b4: r.b4,
+        subscriber_port: r.subscriber_port,
+        first: r.first,
+        last: r.last,
+        from_ns,
+        until_ns,
+        block: r.block,
+    };
     if r.create && r.proto == Proto::Sctp {
         // SCTP translates no port: many associations (of one subscriber or
         // several) hold an external address and port at once, each from its
@@ -362,7 +380,7 @@ fn follow(open: &mut Vec<Held>, done: &mut Vec<Held>, r: Record) {
             done.push(h);
         }
         open.push(held(Some(r.time_ns), None));
-    } else if let Some(i) = open.iter().position(|h| same(h) && h.subscriber == r.subscriber) {
+    } else if let Some(i) = open.iter().position(|h| same(h) && (h.subscriber, h.b4) == (r.subscriber, r.b4)) {
         let mut h = open.remove(i);
         h.until_ns = Some(r.time_ns);
         done.push(h);
@@ -380,6 +398,7 @@ fn from_log(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto>, 
         .map(|h| Answer {
             proto: h.proto.name(),
             subscriber: h.subscriber,
+            b4: h.b4,
             subscriber_port: if h.block { None } else { h.subscriber_port },
             external,
             external_port: port,
@@ -411,6 +430,7 @@ fn from_config(path: &std::path::Path, cfg: &natrix_control::Config, addr: u32, 
         let base = Answer {
             proto: p.name(),
             subscriber: Ipv4Addr::UNSPECIFIED,
+            b4: None,
             subscriber_port: None,
             external,
             external_port: port,

@@ -276,6 +276,7 @@ fn session_json(s: &SessionView) -> Value {
     json!({
         "protocol": s.proto.name(),
         "subscriber": Ipv4Addr::from(s.int_addr).to_string(),
+        "b4": s.b4.map(|b| b.to_string()),
         "inside": format!("{}:{}", Ipv4Addr::from(s.int_addr), s.int_port),
         "outside": format!("{}:{}", Ipv4Addr::from(s.ext_addr), s.ext_port),
         "remote": format!("{}:{}", Ipv4Addr::from(s.rem_addr), s.rem_port),
@@ -289,6 +290,7 @@ fn mapping_json(m: &MappingView) -> Value {
     json!({
         "protocol": m.proto.name(),
         "subscriber": Ipv4Addr::from(m.int_addr).to_string(),
+        "b4": m.b4.map(|b| b.to_string()),
         "inside": format!("{}:{}", Ipv4Addr::from(m.int_addr), m.int_port),
         "outside": format!("{}:{}", Ipv4Addr::from(m.ext_addr), m.ext_port),
         "sessions": m.sessions,

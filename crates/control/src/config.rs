@@ -18,6 +18,7 @@ use toml::{Table, Value};
 use crate::duration;
 
 pub mod cluster;
+mod dslite;
 mod host_id;
 mod sctp;
 mod syn_accel;
@@ -179,6 +180,7 @@ impl Config {
         }
         engine.syn_accel = syn_accel::parse(&mut root, &mut warnings)?;
         engine.host_id = host_id::parse(&mut root, &mut warnings)?;
+        engine.dslite = dslite::parse(&mut root, &engine, &mut warnings)?;
         let cluster = cluster::parse(&mut root, &engine)?;
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
@@ -200,6 +202,9 @@ impl Config {
         }
         if self.live.outside_interface.is_none() {
             need("outside.interface", "the interface towards the internet");
+        }
+        if self.engine.dslite.is_some() && self.engine.inside_addr6.is_none() {
+            need("inside.address6", "DS-Lite: natrix answers Neighbor Discovery for the AFTR and reaches the B4s on the inside IPv6 prefix");
         }
         if self.engine.outside_addr.is_none() {
             need("outside.address", "natrix's address and prefix on the outside link, to answer ARP and find next hops");
@@ -837,7 +842,28 @@ impl<'a> Section<'a> {
 /// Every key the parser reads, by section ("" is the top level); a test
 /// holds this list to the parser. Used only to explain unknown keys.
 const KNOWN_KEYS: &[(&str, &[&str])] = &[
-    ("", &["inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "workers", "io", "busy_poll", "nptv6", "syn_accel", "sctp", "host_id", "cluster"]),
+    (
+        "",
+        &[
+            "inside",
+            "outside",
+            "nat",
+            "timeouts",
+            "fragments",
+            "logging",
+            "pcp",
+            "management",
+            "workers",
+            "io",
+            "busy_poll",
+            "nptv6",
+            "syn_accel",
+            "sctp",
+            "host_id",
+            "dslite",
+            "cluster",
+        ],
+    ),
     ("inside", &["interface", "address", "address6"]),
     ("outside", &["interface", "address", "gateway", "address6", "gateway6"]),
     (
@@ -882,6 +908,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
     ("nptv6", &["inside", "outside"]),
     ("cluster", &["node", "partition", "role", "subscribers", "subscriber_space", "pool_space", "sync_listen", "sync_peer", "peer_timeout", "bgp"]),
     ("cluster.bgp", &["local_as", "peer", "peer_as", "router_id", "hold_time", "standby_prepend", "bird"]),
+    ("dslite", &["aftr", "b4_prefixes", "mtu", "mss_clamp"]),
     ("sctp", &["max_chunks", "max_params", "track_global_addresses", "reply_ootb", "max_associations"]),
 ];
 
@@ -894,7 +921,7 @@ fn unknown_key_problem(section: &str, key: &str) -> String {
     if let Some(near) = here.iter().filter(|k| edit_distance(k, key) <= 2.min(k.len() / 3)).min_by_key(|k| edit_distance(k, key)) {
         return format!("unknown key; did you mean `{near}`?");
     }
-    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "syn_accel", "sctp", "host_id", "cluster"];
+    let top_level = ["", "inside", "outside", "nat", "timeouts", "fragments", "logging", "pcp", "management", "syn_accel", "sctp", "host_id", "dslite", "cluster"];
     if let Some((home, _)) = KNOWN_KEYS.iter().find(|(s, keys)| *s != section && top_level.contains(s) && keys.contains(&key)) {
         return match *home {
             "" => format!("unknown key here: `{key}` is a top-level key (put it above the first [section])"),

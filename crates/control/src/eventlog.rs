@@ -20,6 +20,9 @@ struct Line {
     nat_event: u8,
     proto: &'static str,
     subscriber: Ipv4Addr,
+    /// A DS-Lite host's B4 (RFC 6333); `subscriber` is then its address in the softwire.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    b4: Option<std::net::Ipv6Addr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     subscriber_port: Option<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -162,6 +165,7 @@ fn line_for(e: &Event) -> Line {
         nat_event: e.kind as u8,
         proto: e.proto.name(),
         subscriber: Ipv4Addr::from(e.int_addr),
+        b4: e.b4,
         subscriber_port: (!is_block).then_some(e.int_port),
         external: nonzero_addr(e.ext_addr),
         external_port: (e.ext_addr != 0).then_some(e.ext_port),

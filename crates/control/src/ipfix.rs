@@ -29,6 +29,7 @@ use crate::eventlog::records_event;
 /// IPFIX information element numbers (IANA registry).
 pub mod ie {
     pub const PROTOCOL_IDENTIFIER: u16 = 4;
+    pub const SOURCE_IPV6_ADDRESS: u16 = 27;
     pub const SOURCE_TRANSPORT_PORT: u16 = 7;
     pub const SOURCE_IPV4_ADDRESS: u16 = 8;
     pub const DESTINATION_TRANSPORT_PORT: u16 = 11;
@@ -51,6 +52,12 @@ pub const TEMPLATE_MAPPING: u16 = 256;
 pub const TEMPLATE_SESSION: u16 = 257;
 pub const TEMPLATE_BLOCK: u16 = 258;
 pub const TEMPLATE_LIMIT: u16 = 259;
+/// A DS-Lite host's records (RFC 6333): the IPv4 templates with the B4's
+/// address, sourceIPv6Address, after the host's sourceIPv4Address.
+pub const TEMPLATE_SOFTWIRE_MAPPING: u16 = 260;
+pub const TEMPLATE_SOFTWIRE_SESSION: u16 = 261;
+pub const TEMPLATE_SOFTWIRE_BLOCK: u16 = 262;
+pub const TEMPLATE_SOFTWIRE_LIMIT: u16 = 263;
 /// Whole messages stay under a typical path MTU, so none is fragmented.
 pub const MAX_MESSAGE: usize = 1400;
 pub const TEMPLATE_REFRESH_S: u32 = 60;
@@ -101,16 +108,72 @@ const BLOCK_FIELDS: Fields = &[
 const LIMIT_FIELDS: Fields =
     &[(OBSERVATION_TIME_MILLISECONDS, 8), (NAT_EVENT, 1), (PROTOCOL_IDENTIFIER, 1), (SOURCE_IPV4_ADDRESS, 4), (SOURCE_TRANSPORT_PORT, 2), (POST_NAT_SOURCE_IPV4_ADDRESS, 4)];
 
-/// Every template natrix uses, by id.
-pub const TEMPLATES: [(u16, Fields); 4] = [(TEMPLATE_MAPPING, MAPPING_FIELDS), (TEMPLATE_SESSION, SESSION_FIELDS), (TEMPLATE_BLOCK, BLOCK_FIELDS), (TEMPLATE_LIMIT, LIMIT_FIELDS)];
+const B4: (u16, u16) = (SOURCE_IPV6_ADDRESS, 16);
+const SOFTWIRE_MAPPING_FIELDS: Fields = &[
+    (OBSERVATION_TIME_MILLISECONDS, 8),
+    (NAT_EVENT, 1),
+    (PROTOCOL_IDENTIFIER, 1),
+    (SOURCE_IPV4_ADDRESS, 4),
+    B4,
+    (SOURCE_TRANSPORT_PORT, 2),
+    (POST_NAT_SOURCE_IPV4_ADDRESS, 4),
+    (POST_NAPT_SOURCE_TRANSPORT_PORT, 2),
+];
+const SOFTWIRE_SESSION_FIELDS: Fields = &[
+    (OBSERVATION_TIME_MILLISECONDS, 8),
+    (NAT_EVENT, 1),
+    (PROTOCOL_IDENTIFIER, 1),
+    (SOURCE_IPV4_ADDRESS, 4),
+    B4,
+    (SOURCE_TRANSPORT_PORT, 2),
+    (POST_NAT_SOURCE_IPV4_ADDRESS, 4),
+    (POST_NAPT_SOURCE_TRANSPORT_PORT, 2),
+    (DESTINATION_IPV4_ADDRESS, 4),
+    (DESTINATION_TRANSPORT_PORT, 2),
+    (POST_NAT_DESTINATION_IPV4_ADDRESS, 4),
+    (POST_NAPT_DESTINATION_TRANSPORT_PORT, 2),
+];
+const SOFTWIRE_BLOCK_FIELDS: Fields = &[
+    (OBSERVATION_TIME_MILLISECONDS, 8),
+    (NAT_EVENT, 1),
+    (PROTOCOL_IDENTIFIER, 1),
+    (SOURCE_IPV4_ADDRESS, 4),
+    B4,
+    (POST_NAT_SOURCE_IPV4_ADDRESS, 4),
+    (PORT_RANGE_START, 2),
+    (PORT_RANGE_END, 2),
+    (PORT_RANGE_STEP_SIZE, 2),
+    (PORT_RANGE_NUM_PORTS, 2),
+];
+const SOFTWIRE_LIMIT_FIELDS: Fields =
+    &[(OBSERVATION_TIME_MILLISECONDS, 8), (NAT_EVENT, 1), (PROTOCOL_IDENTIFIER, 1), (SOURCE_IPV4_ADDRESS, 4), B4, (SOURCE_TRANSPORT_PORT, 2), (POST_NAT_SOURCE_IPV4_ADDRESS, 4)];
 
-pub fn template_for(kind: EventKind) -> u16 {
+/// Every template natrix uses, by id.
+pub const TEMPLATES: [(u16, Fields); 8] = [
+    (TEMPLATE_MAPPING, MAPPING_FIELDS),
+    (TEMPLATE_SESSION, SESSION_FIELDS),
+    (TEMPLATE_BLOCK, BLOCK_FIELDS),
+    (TEMPLATE_LIMIT, LIMIT_FIELDS),
+    (TEMPLATE_SOFTWIRE_MAPPING, SOFTWIRE_MAPPING_FIELDS),
+    (TEMPLATE_SOFTWIRE_SESSION, SOFTWIRE_SESSION_FIELDS),
+    (TEMPLATE_SOFTWIRE_BLOCK, SOFTWIRE_BLOCK_FIELDS),
+    (TEMPLATE_SOFTWIRE_LIMIT, SOFTWIRE_LIMIT_FIELDS),
+];
+
+/// The template of the event's record: by its kind, and the softwire
+/// variant when it names a B4.
+pub fn template_for(e: &Event) -> u16 {
     use EventKind::*;
-    match kind {
+    let ipv4 = match e.kind {
         MappingCreated | MappingDeleted => TEMPLATE_MAPPING,
         SessionCreated | SessionDeleted => TEMPLATE_SESSION,
         BlockAllocated | BlockReleased => TEMPLATE_BLOCK,
         AddressesExhausted | PortsExhausted | QuotaExceeded => TEMPLATE_LIMIT,
+    };
+    if e.b4.is_some() {
+        ipv4 + (TEMPLATE_SOFTWIRE_MAPPING - TEMPLATE_MAPPING)
+    } else {
+        ipv4
     }
 }
 
@@ -169,7 +232,7 @@ impl Encoder {
     }
 
     pub fn with_max_len(domain: u32, max_len: usize) -> Self {
-        assert!(max_len >= HEADER_LEN + SET_HEADER_LEN + record_len(TEMPLATE_SESSION));
+        assert!(max_len >= HEADER_LEN + SET_HEADER_LEN + record_len(TEMPLATE_SOFTWIRE_SESSION));
         Encoder { domain, max_len, seq: 0, msg: Vec::new(), set_start: 0, set_id: 0, records: 0 }
     }
 
@@ -198,7 +261,7 @@ impl Encoder {
 
     /// Whether the event's record fits in the message being built.
     pub fn fits(&self, e: &Event) -> bool {
-        let t = template_for(e.kind);
+        let t = template_for(e);
         let used = if self.msg.is_empty() { HEADER_LEN } else { self.msg.len() };
         let set_header = if !self.msg.is_empty() && self.set_id == t { 0 } else { SET_HEADER_LEN };
         used + set_header + record_len(t) <= self.max_len
@@ -208,7 +271,7 @@ impl Encoder {
     /// when it does not [`fit`](Self::fits).
     pub fn add(&mut self, e: &Event) {
         debug_assert!(self.fits(e));
-        let t = template_for(e.kind);
+        let t = template_for(e);
         if self.msg.is_empty() {
             self.msg.reserve(self.max_len);
             put_header(&mut self.msg, 0, 0, self.domain);
@@ -222,6 +285,10 @@ impl Encoder {
             put16(&mut self.msg, 0);
         }
         for &(element, len) in fields_of(t) {
+            if element == SOURCE_IPV6_ADDRESS {
+                self.msg.extend_from_slice(&e.b4.unwrap_or(std::net::Ipv6Addr::UNSPECIFIED).octets());
+                continue;
+            }
             let v = value(e, element);
             self.msg.extend_from_slice(&v.to_be_bytes()[8 - usize::from(len)..]);
         }
@@ -444,6 +511,7 @@ mod tests {
             ext_port_end: port + 1,
             rem_addr: 0,
             rem_port: 0,
+            b4: None,
         }
     }
 
@@ -508,9 +576,12 @@ mod tests {
         let d = decode(&enc.template_message(1234), &HashMap::new());
         assert_eq!((d.export_s, d.seq, d.domain), (1234, 0, 7));
         assert!(d.records.is_empty());
-        assert_eq!(d.templates.len(), 4);
+        assert_eq!(d.templates.len(), 8);
         let mapping = &d.templates[&TEMPLATE_MAPPING];
         assert_eq!(mapping.iter().map(|f| f.0).collect::<Vec<_>>(), vec![323, 230, 4, 8, 7, 225, 227]);
+        let softwire = &d.templates[&TEMPLATE_SOFTWIRE_MAPPING];
+        assert_eq!(softwire.iter().map(|f| f.0).collect::<Vec<_>>(), vec![323, 230, 4, 8, 27, 7, 225, 227], "RFC 6333 hosts: the B4 as sourceIPv6Address");
+        assert!(softwire.contains(&(27, 16)));
         assert!(d.templates[&TEMPLATE_BLOCK].contains(&(361, 2)) && d.templates[&TEMPLATE_BLOCK].contains(&(362, 2)));
         assert!(d.templates[&TEMPLATE_SESSION].contains(&(12, 4)) && d.templates[&TEMPLATE_SESSION].contains(&(11, 2)));
     }
@@ -610,7 +681,7 @@ mod tests {
         let mut buf = [0u8; 2048];
         let n = collector.recv(&mut buf).unwrap();
         let first = decode(&buf[..n], &HashMap::new());
-        assert_eq!(first.templates.len(), 4);
+        assert_eq!(first.templates.len(), 8);
         assert!(first.records.is_empty());
         assert_eq!((first.export_s, first.seq), (1_767_225_600, 0));
         let n = collector.recv(&mut buf).unwrap();
@@ -629,7 +700,7 @@ mod tests {
         x.flush();
         let n = collector.recv(&mut buf).unwrap();
         let again = decode(&buf[..n], &HashMap::new());
-        assert_eq!((again.templates.len(), again.seq, again.records.len()), (4, 11, 0));
+        assert_eq!((again.templates.len(), again.seq, again.records.len()), (8, 11, 0));
         let n = collector.recv(&mut buf).unwrap();
         assert_eq!(decode(&buf[..n], &again.templates).seq, 11);
         assert_eq!(x.stats().records, 12);

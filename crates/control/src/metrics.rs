@@ -128,6 +128,20 @@ impl Collector for Families {
     }
 }
 
+/// DS-Lite's counters (RFC 6333), where `[dslite]` is configured.
+fn dslite_families(o: &mut Families, workers: &[WorkerSnapshot]) {
+    if workers.iter().all(|w| w.stats.dslite.is_none()) {
+        return;
+    }
+    let d = |f: fn(&natrix_engine::dslite::DsliteStats) -> u64| sum(workers, |w| w.stats.dslite.as_ref().map_or(0, f));
+    o.gauge("dslite_softwires", "B4s that have sent softwire packets since natrix started.", d(|s| s.softwires));
+    o.counter("dslite_decapsulated_packets_total", "Softwire packets decapsulated (one per inner packet, after reassembly).", d(|s| s.decapsulated));
+    o.counter("dslite_encapsulated_packets_total", "IPv4 packets encapsulated towards B4s.", d(|s| s.encapsulated));
+    o.counter("dslite_outer_fragments_total", "Outer IPv6 fragments sent towards B4s for packets over their softwire MTU.", d(|s| s.fragmented));
+    o.counter("dslite_reassembled_packets_total", "Softwire packets rebuilt from a B4's fragments.", d(|s| s.reassembled));
+    o.counter("dslite_mtu_lowered_total", "ICMPv6 packet-too-big messages that lowered a softwire's MTU (RFC 2473 section 7).", d(|s| s.mtu_lowered));
+}
+
 fn sum(workers: &[WorkerSnapshot], f: impl Fn(&WorkerSnapshot) -> u64) -> u64 {
     workers.iter().map(f).sum()
 }
@@ -172,6 +186,7 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o.per_side("generated_packets_total", "Frames natrix generated (ICMP errors), by the interface they left on.", [0, 1].map(|i| sum(workers, |w| w.stats.generated[i])));
     let nptv6 = [0, 1].map(|i| sum(workers, |w| w.stats.nptv6_translated[i]));
     o.per_side("nptv6_translated_packets_total", "IPv6 frames NPTv6 (RFC 6296) translated, by the interface they arrived on.", nptv6);
+    dslite_families(&mut o, workers);
     let f = o.family("drops_total", true, "Frames the NAT dropped, by reason.");
     for &r in DropReason::ALL {
         f.sample(&[("reason", r.name().to_owned())], Value::Int(sum(workers, |w| w.stats.drops.get(r))));

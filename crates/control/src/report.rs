@@ -38,6 +38,22 @@ pub struct Report {
     /// HOST_ID's counters, when `[host_id]` is configured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host_id: Option<HostIdUse>,
+    /// DS-Lite's counters, when `[dslite]` is configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dslite: Option<DsliteUse>,
+}
+
+/// What the DS-Lite AFTR did: B4s seen, packets decapsulated and
+/// encapsulated, outer fragments sent, softwire packets reassembled, and
+/// packet-too-big messages that lowered a softwire's MTU.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct DsliteUse {
+    pub softwires: u64,
+    pub decapsulated: u64,
+    pub encapsulated: u64,
+    pub outer_fragments: u64,
+    pub reassembled: u64,
+    pub mtu_lowered: u64,
 }
 
 /// What HOST_ID did (seed 000): segments options were inserted into,
@@ -212,6 +228,14 @@ impl ReportBuilder {
             syn_accel: st.syn_accel.as_ref().map(|a| SynAccelUse { syns: a.syns, retransmits: a.retransmits, answered: a.answered, resets: a.resets, untracked: a.untracked }),
             host_id_no_room: st.host_id.as_ref().map(|h| h.no_room),
             host_id: st.host_id.as_ref().map(|h| HostIdUse::of(h, engine.config().host_id.as_ref())),
+            dslite: st.dslite.map(|d| DsliteUse {
+                softwires: d.softwires,
+                decapsulated: d.decapsulated,
+                encapsulated: d.encapsulated,
+                outer_fragments: d.fragmented,
+                reassembled: d.reassembled,
+                mtu_lowered: d.mtu_lowered,
+            }),
         }
     }
 }

@@ -238,6 +238,7 @@ mod tests {
             ext_port_end: 40000,
             rem_addr: 0,
             rem_port: 0,
+            b4: None,
         }
     }
 

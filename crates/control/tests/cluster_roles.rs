@@ -92,6 +92,7 @@ fn roles_settle_state_flows_the_standby_takes_over_and_nobody_preempts() {
         ext_port_end: 31000,
         rem_addr: 0,
         rem_port: 0,
+        b4: None,
     };
     a.tee().send(&mapping);
     wait("the standby installs the mapping", || b_dp.mappings(None).unwrap().len() == 1);

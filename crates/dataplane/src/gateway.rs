@@ -55,6 +55,9 @@ pub struct Link {
     /// (`address6`): answered in Neighbor Discovery, the source of the
     /// solicitations natrix sends, and the on-link IPv6 prefix.
     pub addr6: Option<Addr6>,
+    /// Other IPv6 addresses natrix answers Neighbor Solicitations for on
+    /// this link: inside, the DS-Lite AFTR's softwire endpoint.
+    pub answers_for6: Vec<Ipv6Addr>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -215,14 +218,15 @@ impl Gateway {
         };
         let mac = self.links[s].mac;
         if msg.is_solicitation() {
-            if msg.target_addr() != own.addr {
+            let target = msg.target_addr();
+            if target != own.addr && !self.links[s].answers_for6.contains(&target) {
                 return;
             }
             // Section 7.2.3: the solicitation's sender becomes a neighbour.
             if let Some(ll) = msg.source_ll_addr().filter(|&ll| !src.is_unspecified() && plausible6(own, src, ll)) {
                 self.v6[s].learn(u128::from(src), ll, now_ns, mac, &mut |f| tx(side, f));
             }
-            let na = NeighborAdvert::answer(src, own.addr, mac, true);
+            let na = NeighborAdvert::answer(src, target, mac, true);
             let to = if src.is_unspecified() { icmpv6::multicast_mac(na.dst) } else { msg.source_ll_addr().unwrap_or(eth_src) };
             let mut f = [0u8; ND_FRAME_LEN];
             write_ethernet(&mut f, to, mac, ethernet::ETHERTYPE_IPV6);
@@ -582,6 +586,8 @@ mod tests {
     const SERVER: u32 = 0xc633_640b; // 198.51.100.11
     const GW: u32 = 0xc633_64fe;
     const INSIDE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 1);
+    /// A DS-Lite AFTR address on the inside link, beside `address6`.
+    const AFTR: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0xaf);
     const OUTSIDE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 1);
     const SERVER6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 0xb);
     const GW6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 0xfe);
@@ -589,8 +595,15 @@ mod tests {
 
     fn gateway() -> Gateway {
         Gateway::new(
-            Link { mac: NAT_IN, addr: INSIDE, prefix_len: 10, answers_for: vec![INSIDE], addr6: Some(Addr6 { addr: INSIDE6, prefix_len: 64 }) },
-            Link { mac: NAT_OUT, addr: OUTSIDE, prefix_len: 24, answers_for: vec![OUTSIDE, ONLINK_POOL], addr6: Some(Addr6 { addr: OUTSIDE6, prefix_len: 64 }) },
+            Link { mac: NAT_IN, addr: INSIDE, prefix_len: 10, answers_for: vec![INSIDE], addr6: Some(Addr6 { addr: INSIDE6, prefix_len: 64 }), answers_for6: vec![AFTR] },
+            Link {
+                mac: NAT_OUT,
+                addr: OUTSIDE,
+                prefix_len: 24,
+                answers_for: vec![OUTSIDE, ONLINK_POOL],
+                addr6: Some(Addr6 { addr: OUTSIDE6, prefix_len: 64 }),
+                answers_for6: vec![],
+            },
             Some(GW),
             Some(GW6),
         )
@@ -772,6 +785,22 @@ mod tests {
         let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut ipv6_to(SERVER6), 1, tx));
         assert_eq!(sent.len(), 1);
         assert_eq!(&sent[0].1[0..12], &[HOST, NAT_OUT].concat()[..]);
+    }
+
+    /// RFC 6333: B4s resolve the AFTR's address on the inside link.
+    #[test]
+    fn answers_neighbor_solicitations_for_the_aftr_on_the_inside_only() {
+        let mut g = gateway();
+        let b4 = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 0xb4);
+        let sent = collect(&mut g, |g, tx| {
+            g.ingress(Side::Inside, &ns_frame(HOST, b4, AFTR, |_| {}), 0, tx);
+        });
+        assert_eq!(sent.len(), 1);
+        let (ip, na) = nd_of(&sent[0].1);
+        assert_eq!((ip.src_addr(), ip.dst_addr()), (AFTR, b4));
+        assert_eq!((na.target_addr(), na.target_ll_addr()), (AFTR, Some(NAT_IN)));
+        let nothing = &mut |_: Side, _: &[u8]| panic!("the AFTR is an inside address");
+        g.ingress(Side::Outside, &ns_frame(HOST, SERVER6, AFTR, |_| {}), 0, nothing);
     }
 
     #[test]

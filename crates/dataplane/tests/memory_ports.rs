@@ -532,6 +532,7 @@ fn synced_mappings_are_installed_on_each_subscribers_worker_and_translate_answer
             ext_port_end: ext_port,
             rem_addr: 0,
             rem_port: 0,
+            b4: None,
         });
         endpoints.push((n, ext_port));
     }

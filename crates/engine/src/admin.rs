@@ -15,7 +15,10 @@ use crate::Proto;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionView {
     pub proto: Proto,
+    /// The subscriber's address: for a DS-Lite host, its address inside the softwire.
     pub int_addr: u32,
+    /// A DS-Lite host's B4 (RFC 6333).
+    pub b4: Option<std::net::Ipv6Addr>,
     pub int_port: u16,
     pub ext_addr: u32,
     pub ext_port: u16,
@@ -32,7 +35,10 @@ pub struct SessionView {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MappingView {
     pub proto: Proto,
+    /// The subscriber's address: for a DS-Lite host, its address inside the softwire.
     pub int_addr: u32,
+    /// A DS-Lite host's B4 (RFC 6333).
+    pub b4: Option<std::net::Ipv6Addr>,
     pub int_port: u16,
     pub ext_addr: u32,
     pub ext_port: u16,
@@ -48,6 +54,15 @@ pub struct Cleared {
 }
 
 impl Nat44 {
+    /// An internal address as an operator knows it: itself, or a DS-Lite
+    /// host's inner address and B4 for its stand-in.
+    fn shown(&self, int_addr: u32) -> (u32, Option<std::net::Ipv6Addr>) {
+        match self.subs.identities().resolve(int_addr) {
+            crate::state::identity::Identity::Softwire { b4, inner } => (inner, Some(b4)),
+            crate::state::identity::Identity::Ipv4(a) => (a, None),
+        }
+    }
+
     /// Live sessions, optionally of one subscriber.
     pub fn session_views(&self, subscriber: Option<u32>) -> Vec<SessionView> {
         let now = self.now_s;
@@ -55,9 +70,11 @@ impl Nat44 {
             .live_sessions()
             .map(|id| self.tables.session(id))
             .filter(|s| subscriber.is_none_or(|a| a == s.int_addr))
-            .map(|s| SessionView {
+            .map(|s| (s, self.shown(s.int_addr)))
+            .map(|(s, (int_addr, b4))| SessionView {
                 proto: s.proto,
-                int_addr: s.int_addr,
+                int_addr,
+                b4,
                 int_port: s.int_port,
                 ext_addr: s.ext_addr,
                 ext_port: s.ext_port,
@@ -76,9 +93,11 @@ impl Nat44 {
     fn association_views(&self, subscriber: Option<u32>) -> impl Iterator<Item = (SessionView, MappingView)> + '_ {
         let now = self.now_s;
         self.assocs.live_ids().map(|id| self.assocs.get(id)).filter(move |a| subscriber.is_none_or(|s| s == a.int_addr)).map(move |a| {
+            let (int_addr, b4) = self.shown(a.int_addr);
             let session = SessionView {
                 proto: Proto::Sctp,
-                int_addr: a.int_addr,
+                int_addr,
+                b4,
                 int_port: a.int_port,
                 ext_addr: a.ext_addr,
                 ext_port: a.int_port,
@@ -88,7 +107,7 @@ impl Nat44 {
                 idle_s: now.saturating_sub(a.last_used),
                 timeout_s: self.timeout_of(a.class),
             };
-            let mapping = MappingView { proto: Proto::Sctp, int_addr: a.int_addr, int_port: a.int_port, ext_addr: a.ext_addr, ext_port: a.int_port, sessions: 1, is_static: false };
+            let mapping = MappingView { proto: Proto::Sctp, int_addr, b4, int_port: a.int_port, ext_addr: a.ext_addr, ext_port: a.int_port, sessions: 1, is_static: false };
             (session, mapping)
         })
     }
@@ -99,9 +118,11 @@ impl Nat44 {
             .live_mappings()
             .map(|id| (self.tables.mapping(id), self.tables.sessions_of(id).count() as u32))
             .filter(|(m, _)| subscriber.is_none_or(|a| a == m.int_addr))
-            .map(|(m, sessions)| MappingView {
+            .map(|(m, sessions)| (m, sessions, self.shown(m.int_addr)))
+            .map(|(m, sessions, (int_addr, b4))| MappingView {
                 proto: m.proto,
-                int_addr: m.int_addr,
+                int_addr,
+                b4,
                 int_port: m.int_port,
                 ext_addr: m.ext_addr,
                 ext_port: m.ext_port,

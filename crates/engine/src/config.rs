@@ -176,6 +176,8 @@ pub struct EngineConfig {
     pub syn_accel: Option<crate::syn_accel::SynAccelConfig>,
     /// HOST_ID options and policy (seed 000, `[host_id]`); None: off.
     pub host_id: Option<crate::host_id::HostIdConfig>,
+    /// The DS-Lite AFTR (RFC 6333, `[dslite]`); None: off.
+    pub dslite: Option<crate::dslite::DsliteConfig>,
 }
 
 impl Default for EngineConfig {
@@ -221,6 +223,7 @@ impl Default for EngineConfig {
             nptv6: Vec::new(),
             syn_accel: None,
             host_id: None,
+            dslite: None,
         }
     }
 }
@@ -248,6 +251,7 @@ pub fn restart_key_changed(old: &EngineConfig, new: &EngineConfig) -> Option<&'s
         (old.sctp.max_associations != new.sctp.max_associations, "sctp.max_associations"),
         (old.syn_accel != new.syn_accel, "syn_accel"),
         (old.host_id != new.host_id, "host_id"),
+        (old.dslite.is_some() != new.dslite.is_some(), "dslite.aftr (turning DS-Lite on or off)"),
     ]
     .into_iter()
     .find_map(|(changed, key)| changed.then_some(key))

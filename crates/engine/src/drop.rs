@@ -65,6 +65,9 @@ drop_reasons! {
     FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports";
     SynAbsorbed => "syn_absorbed", "a caller's own SYN retransmission for a connection attempt the SYN accelerator is retransmitting (seed 003)";
     HostIdPolicy => "host_id_policy", "a SYN (or, in ACK mode, a first ACK) whose HOST_ID option matched a [[host_id.rule]] with action = \"drop\" (seed 000 section 8.5)";
+    DsliteWrongAftr => "dslite_wrong_aftr", "IPv4-in-IPv6 on the inside addressed to another address than dslite.aftr";
+    DsliteB4Refused => "dslite_b4_refused", "softwire packet from a B4 outside dslite.b4_prefixes";
+    DsliteBadFragment => "dslite_bad_fragment", "softwire fragment that overlaps another (RFC 5722), runs past 65535 bytes, or is not a multiple of 8 bytes before the last";
     Nptv6Unmappable => "nptv6_unmappable", "IPv6 address in an NPTv6 prefix that RFC 6296 cannot map (subnet word, or every interface identifier word, 0xFFFF)";
 }
 

@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod config;
 pub mod drop;
+pub mod dslite;
 pub mod error;
 pub mod host_id;
 pub mod nat44;

@@ -199,6 +199,7 @@ fn state_natrix_does_not_sync_is_refused_by_name() {
         ext_port_end: 2000,
         rem_addr: 0,
         rem_port: 0,
+        b4: None,
     };
     let pool = u32_of([203, 0, 113, 1]);
     assert_eq!(stby.install_synced(&e(EventKind::MappingCreated, Proto::Sctp, pool)), Err(SyncRefusal::Unsupported));

@@ -383,7 +383,7 @@ impl Node {
             warn!("cluster: resync: the dataplane did not answer");
             return;
         };
-        let created = |proto, int_addr, int_port, ext_addr, ext_port, rem_addr, rem_port| Event {
+        let created = |proto, int_addr, int_port, ext_addr, ext_port, rem_addr, rem_port, b4| Event {
             kind: EventKind::MappingCreated,
             time_ns: 0,
             proto,
@@ -394,11 +394,13 @@ impl Node {
             ext_port_end: ext_port,
             rem_addr,
             rem_port,
+            b4,
         };
         self.resync.clear();
-        self.resync.extend(mappings.iter().filter(|m| !m.is_static).filter_map(|m| Record::of_event(&created(m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, 0, 0))));
+        self.resync
+            .extend(mappings.iter().filter(|m| !m.is_static).filter_map(|m| Record::of_event(&created(m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, 0, 0, m.b4))));
         self.resync.extend(sessions.iter().filter_map(|v| {
-            let e = Event { kind: EventKind::SessionCreated, ..created(v.proto, v.int_addr, v.int_port, v.ext_addr, v.ext_port, v.rem_addr, v.rem_port) };
+            let e = Event { kind: EventKind::SessionCreated, ..created(v.proto, v.int_addr, v.int_port, v.ext_addr, v.ext_port, v.rem_addr, v.rem_port, v.b4) };
             Record::of_event(&e)
         }));
         info!("cluster: resync of {} records for the standby", self.resync.len());

@@ -201,13 +201,21 @@ impl Dataplane {
         let mut engine_cfg = settings.engine.clone();
         engine_cfg.egress_mtu = [inside.mtu, outside.mtu];
         let gateway = Gateway::new(
-            Link { mac: inside.mac, addr: settings.inside.addr, prefix_len: settings.inside.prefix_len, answers_for: vec![settings.inside.addr], addr6: engine_cfg.inside_addr6 },
+            Link {
+                mac: inside.mac,
+                addr: settings.inside.addr,
+                prefix_len: settings.inside.prefix_len,
+                answers_for: vec![settings.inside.addr],
+                addr6: engine_cfg.inside_addr6,
+                answers_for6: engine_cfg.dslite.iter().map(|d| d.aftr).collect(),
+            },
             Link {
                 mac: outside.mac,
                 addr: settings.outside.addr,
                 prefix_len: settings.outside.prefix_len,
                 answers_for: outside_answers(&settings.outside, &engine_cfg.pool),
                 addr6: engine_cfg.outside_addr6,
+                answers_for6: Vec::new(),
             },
             settings.gateway,
             options.gateway6,

@@ -166,6 +166,8 @@ impl Nat44 {
             standby: false,
             cfg,
         };
+        // A softwire host needs a session to matter: no more of them than sessions.
+        nat.subs.identities_mut().limit_endpoints(sessions);
         nat.install_statics()?;
         Ok(nat)
     }
@@ -206,8 +208,16 @@ impl Nat44 {
         self.tables.memory_bytes() + self.pool.memory_bytes() + self.subs.memory_bytes() + self.assocs.memory_bytes()
     }
 
-    pub(crate) fn drain_events(&mut self) -> std::vec::Drain<'_, Event> {
-        self.events.drain()
+    /// Hands over the queued events, a softwire host's stand-in resolved
+    /// to its B4 and inner address.
+    pub(crate) fn drain_events_resolved(&mut self, mut f: impl FnMut(Event)) {
+        let ids = self.subs.identities();
+        for mut e in self.events.drain() {
+            if let crate::state::identity::Identity::Softwire { b4, inner } = ids.resolve(e.int_addr) {
+                (e.int_addr, e.b4) = (inner, Some(b4));
+            }
+            f(e);
+        }
     }
 
     pub(crate) fn events_lost(&self) -> u64 {
@@ -368,7 +378,7 @@ impl Nat44 {
 
     #[allow(clippy::too_many_arguments)]
     fn event(&mut self, kind: EventKind, proto: Proto, int_addr: u32, int_port: u16, ext_addr: u32, ext_port: u16, ext_port_end: u16, rem_addr: u32, rem_port: u16) {
-        self.events.push(Event { kind, time_ns: self.now_ns, proto, int_addr, int_port, ext_addr, ext_port, ext_port_end, rem_addr, rem_port });
+        self.events.push(Event { kind, time_ns: self.now_ns, proto, int_addr, int_port, ext_addr, ext_port, ext_port_end, rem_addr, rem_port, b4: None });
     }
 }
 

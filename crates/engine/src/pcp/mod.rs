@@ -304,8 +304,11 @@ impl PcpServer {
         due
     }
 
-    /// A UDP datagram to the inside address: answer it if it is PCP.
-    pub(crate) fn request(&mut self, frame: &[u8], ip: &Ip, nat: &mut impl NatOps, router: &mut Router) {
+    /// A UDP datagram to natrix's own address: answer it if it is PCP.
+    /// `client` is the address the client knows itself by, which its
+    /// request must name (section 8.1): its source, or for a DS-Lite host
+    /// its address inside the softwire, the source being its stand-in.
+    pub(crate) fn request(&mut self, frame: &[u8], ip: &Ip, client: u32, nat: &mut impl NatOps, router: &mut Router) {
         if ip.proto != proto::UDP || ip.first_frag || ip.later_frag {
             return;
         }
@@ -330,23 +333,25 @@ impl PcpServer {
             return;
         }
         self.in_window += 1;
-        let Some(answer) = self.answer(ip, &dgram[udp::HEADER_LEN..], nat) else {
+        let Some(answer) = self.answer(ip, client, &dgram[udp::HEADER_LEN..], nat) else {
             self.stats.ignored += 1;
             return;
         };
         self.stats.results[usize::from(answer[3] & 0x0f)] += 1;
-        let (inside, client, cport) = (self.inside_addr, ip.src, u.src_port());
+        // From the address the request went to: the inside address, or a
+        // DS-Lite AFTR's 192.0.0.1.
+        let (server, to, cport) = (ip.dst, ip.src, u.src_port());
         let l3 = ip.l3;
         router.emit(Side::Inside, |buf, ident| {
             buf.extend_from_slice(&frame[..l3]);
             ethernet::swap_addresses(buf);
-            append_udp(buf, inside, client, cport, &answer, 64, ident);
+            append_udp(buf, server, to, cport, &answer, 64, ident);
         });
     }
 
     /// Section 8.3: the answer to a request, or None when it is to be
     /// dropped silently.
-    fn answer(&mut self, ip: &Ip, msg: &[u8], nat: &mut impl NatOps) -> Option<Vec<u8>> {
+    fn answer(&mut self, ip: &Ip, client: u32, msg: &[u8], nat: &mut impl NatOps) -> Option<Vec<u8>> {
         if msg.len() < 2 || msg[1] & wire::RESPONSE_BIT != 0 {
             return None;
         }
@@ -369,7 +374,7 @@ impl PcpServer {
         if body.len() < data_len {
             return Some(self.error(msg, op, result::MALFORMED_REQUEST, now));
         }
-        if wire::v4_of(&req.client_addr()) != Some(ip.src) {
+        if wire::v4_of(&req.client_addr()) != Some(client) {
             return Some(self.error(msg, op, result::ADDRESS_MISMATCH, now));
         }
         // A mapping this request makes and then undoes (a failed request

@@ -29,7 +29,8 @@ impl OutQueue {
         b
     }
 
-    /// Takes back a buffer from `buffer` that was not queued after all.
+    /// Keeps a buffer for reuse: one from `buffer` that was not queued
+    /// after all, or one taken out of the queue.
     pub fn recycle(&mut self, b: Vec<u8>) {
         self.spare.push(b);
     }
@@ -40,6 +41,11 @@ impl OutQueue {
 
     pub fn is_empty(&self) -> bool {
         self.frames.is_empty()
+    }
+
+    /// Takes out the queued frames `pick` chooses, keeping the others in order.
+    pub fn take(&mut self, mut pick: impl FnMut(&OutFrame) -> bool) -> Vec<OutFrame> {
+        self.frames.extract_if(.., |f| pick(f)).collect()
     }
 
     /// Hands each queued frame to `f` in order and keeps the buffers.

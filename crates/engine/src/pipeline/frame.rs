@@ -67,14 +67,21 @@ pub(crate) fn parse(frame: &[u8]) -> Result<Net, DropReason> {
 }
 
 fn parse_ipv4(frame: &[u8], l3: usize) -> Result<Ip, DropReason> {
+    let ip = parse_ipv4_any_address(frame, l3)?;
+    if is_martian(ip.src) || is_martian(ip.dst) {
+        return Err(DropReason::Martian);
+    }
+    Ok(ip)
+}
+
+/// `parse_ipv4` without the address check, for a frame natrix translated
+/// itself (whose destination may be a DS-Lite stand-in).
+pub(crate) fn parse_ipv4_any_address(frame: &[u8], l3: usize) -> Result<Ip, DropReason> {
     let ip = ipv4::Packet::new_checked(&frame[l3..]).map_err(ipv4_reason)?;
     if !ip.verify_checksum() {
         return Err(DropReason::Ipv4BadChecksum);
     }
     let (src, dst) = (ip.src_addr(), ip.dst_addr());
-    if is_martian(src) || is_martian(dst) {
-        return Err(DropReason::Martian);
-    }
     let hl = ip.header_len();
     let (l4, l4_len) = (l3 + hl, usize::from(ip.total_len()) - hl);
     let later_frag = ip.frag_offset() != 0;

@@ -28,11 +28,14 @@ pub(crate) mod router;
 
 use crate::config::EngineConfig;
 use crate::drop::{DropCounters, DropReason};
+use crate::dslite::{decap, encap, mss, stand_in, Claim, Dslite, DsliteStats};
 use crate::error::EngineError;
 use crate::nat44::{self, Nat44, MAX_BATCH};
 use crate::nptv6::Nptv6;
 use crate::pcp::{PcpHoldView, PcpServer, PcpStats};
+use crate::rewrite::Which;
 use crate::state::events::Event;
+use crate::state::identity::{self, Identity};
 use crate::Side;
 
 use emit::OutFrame;
@@ -53,6 +56,10 @@ pub enum Verdict {
     /// already, as a longer frame a middlebox function rebuilt from it
     /// (HOST_ID options inserted), which waits in the output queue.
     Held,
+    /// Replaced by a frame of another shape that leaves through the output
+    /// queue (a softwire packet decapsulated, or a packet encapsulated
+    /// towards a B4); counted as forwarded.
+    Consumed,
 }
 
 /// What the engine has done, for reports and metrics.
@@ -74,6 +81,8 @@ pub struct Stats {
     pub syn_accel: Option<crate::syn_accel::SynAccelStats>,
     /// HOST_ID's counters, when `[host_id]` is configured.
     pub host_id: Option<crate::host_id::HostIdStats>,
+    /// DS-Lite's counters, when `[dslite]` is configured.
+    pub dslite: Option<DsliteStats>,
 }
 
 /// The frames' own counters; the translator's and the router's are added
@@ -92,6 +101,8 @@ pub struct Engine {
     pcp: PcpServer,
     hooks: Hooks,
     nptv6: Nptv6,
+    /// The DS-Lite AFTR, when `[dslite]` is configured.
+    dslite: Option<Dslite>,
     counters: FrameCounters,
     now_ns: u64,
     now_s: u32,
@@ -106,6 +117,7 @@ impl Engine {
             // tracks it, and the accelerator's copy is the SYN with HOST_ID.
             hooks: crate::syn_accel::install(&cfg, crate::host_id::install(&cfg, Hooks::default()))?,
             nptv6: Nptv6::new(&cfg.nptv6)?,
+            dslite: cfg.dslite.clone().map(|d| Dslite::new(d, cfg.max_held_fragments, cfg.max_held_fragment_bytes, cfg.timeouts.fragment_ns)),
             counters: FrameCounters::default(),
             now_ns: 0,
             now_s: 0,
@@ -178,6 +190,7 @@ impl Engine {
             nptv6_translated: self.nptv6.translated,
             syn_accel: None,
             host_id: None,
+            dslite: self.dslite.as_ref().map(|d| DsliteStats { softwires: self.nat.subs.identities().b4_count() as u64, ..d.stats }),
         };
         self.hooks.add_stats(&mut stats);
         stats
@@ -200,9 +213,10 @@ impl Engine {
         self.nat.set_standby(standby);
     }
 
-    /// Takes the NAT events queued since the last call.
+    /// Takes the NAT events queued since the last call; a softwire host's
+    /// events name its B4 and inner address.
     pub fn drain_events(&mut self, f: impl FnMut(Event)) {
-        self.nat.drain_events().for_each(f);
+        self.nat.drain_events_resolved(f);
     }
 
     /// Takes the log records the middlebox functions queued (HOST_ID's
@@ -211,8 +225,12 @@ impl Engine {
         self.hooks.drain_records(f);
     }
 
-    /// Takes the frames the engine generated or released.
+    /// Takes the frames the engine generated or released. Those for a
+    /// softwire host (ICMP errors, released fragments) are encapsulated first.
     pub fn drain_output(&mut self, f: impl FnMut(&OutFrame)) {
+        if self.dslite.is_some() {
+            self.encapsulate_queued();
+        }
         self.router.drain(f);
     }
 
@@ -222,7 +240,7 @@ impl Engine {
 
     /// Bytes held by tables, allocator and subscriber state.
     pub fn memory_bytes(&self) -> usize {
-        self.nat.memory_bytes() + self.hooks.memory_bytes()
+        self.nat.memory_bytes() + self.hooks.memory_bytes() + self.dslite.as_ref().map_or(0, |d| d.memory_bytes())
     }
 
     /// Moves the clock: expires sessions, ends hold-downs, answers held SYNs
@@ -240,6 +258,10 @@ impl Engine {
         }
         let timed_out = self.nat.run_timers(&mut self.router);
         self.count_drops(DropReason::FragmentTimeout, timed_out);
+        if let Some(ds) = self.dslite.as_mut().filter(|d| !d.reassembly.is_empty()) {
+            let stale = ds.reassembly.expire(self.now_ns);
+            self.count_drops(DropReason::FragmentTimeout, stale);
+        }
         self.hooks.tick(self.now_ns, &mut self.router);
     }
 
@@ -250,6 +272,10 @@ impl Engine {
     pub fn finish(&mut self) {
         let dropped = self.nat.finish(&mut self.router);
         self.count_drops(DropReason::FragmentTimeout, dropped);
+        if let Some(ds) = self.dslite.as_mut() {
+            let waiting = ds.reassembly.clear();
+            self.count_drops(DropReason::FragmentTimeout, waiting);
+        }
         self.hooks.finish(&mut self.router);
     }
 
@@ -323,7 +349,11 @@ impl Engine {
 
     #[inline(always)]
     fn decide(&mut self, frame: &mut [u8], side: Side, c: &nat44::Candidate) -> Verdict {
+        if let Some(ds) = self.dslite.as_mut().filter(|_| side == Side::Outside) {
+            ds.keep_if_large(frame, nat44::fast::L3);
+        }
         match self.nat.decide(frame, side, c) {
+            Some(Ok(Side::Inside)) if self.dslite.is_some() && to_softwire(frame, nat44::fast::L3) => self.send_into_softwire(frame, nat44::fast::L3, side),
             Some(Ok(out)) => {
                 self.counters.forwarded[out as usize] += 1;
                 Verdict::Forward(out)
@@ -337,12 +367,16 @@ impl Engine {
         let result = match frame::parse(frame) {
             Err(r) => Err(r),
             Ok(Net::V4(ip)) => return self.ipv4(frame, &ip, side),
+            Ok(Net::V6(ip)) if side == Side::Inside && self.dslite.is_some() => return self.inside_ipv6(frame, &ip),
             Ok(Net::V6(ip)) => self.ipv6(frame, &ip, side),
         };
         self.verdict_of(result)
     }
 
     fn ipv4(&mut self, frame: &mut [u8], ip: &Ip, side: Side) -> Verdict {
+        if let Some(ds) = self.dslite.as_mut().filter(|_| side == Side::Outside) {
+            ds.keep_if_large(frame, ip.l3);
+        }
         let result = self.ipv4_stages(frame, ip, side);
         if let Some(mut grown) = self.hooks.take_grown() {
             // Grown after translation: only the router's TTL is still to do.
@@ -353,7 +387,153 @@ impl Engine {
             }
             self.router.recycle(grown);
         }
+        if result == Ok(Some(Side::Inside)) && self.dslite.is_some() && to_softwire(frame, ip.l3) {
+            return self.send_into_softwire(frame, ip.l3, side);
+        }
         self.settle(frame, ip.l3, side, result)
+    }
+
+    /// An IPv6 frame on the inside with DS-Lite on: a softwire packet, a
+    /// message for the AFTR, a softwire for another AFTR, or plain IPv6.
+    fn inside_ipv6(&mut self, frame: &mut [u8], ip: &Ip6) -> Verdict {
+        let Some(ds) = self.dslite.as_mut() else { return self.full_path(frame, Side::Inside) };
+        let result = match ds.claim(frame, ip) {
+            Claim::Softwire => return self.softwire_in(frame, ip),
+            Claim::ToAftr => {
+                if ds.mtus.on_icmpv6(frame, ip, ds.cfg.aftr, ds.cfg.mtu) {
+                    ds.stats.mtu_lowered += 1;
+                }
+                Err(DropReason::LocalDestination)
+            }
+            Claim::WrongAftr => Err(DropReason::DsliteWrongAftr),
+            Claim::None => self.ipv6(frame, ip, Side::Inside),
+        };
+        self.verdict_of(result)
+    }
+
+    /// A softwire packet from a B4: decapsulated, its host's address
+    /// replaced by the stand-in for (B4, host), then through the IPv4 stages
+    /// as any subscriber's packet.
+    fn softwire_in(&mut self, frame: &[u8], ip6: &Ip6) -> Verdict {
+        // Called only with DS-Lite on (`inside_ipv6`).
+        let Some(ds) = self.dslite.as_mut() else { return self.verdict_of(Err(DropReason::DsliteWrongAftr)) };
+        let mut buf = self.router.buffer();
+        let clamp = ds.cfg.mss_clamp;
+        let decapsulated = decap::decapsulate(ds, frame, ip6, self.now_ns, &mut buf);
+        let ip = match decapsulated.and_then(|b4| b4.map(|b4| self.host_behind(&mut buf, b4, clamp)).transpose()) {
+            Ok(Some(ip)) => ip,
+            // A fragment waiting for the rest of its packet.
+            Ok(None) => {
+                self.router.recycle(buf);
+                return self.verdict_of(Ok(None));
+            }
+            Err(r) => {
+                self.router.recycle(buf);
+                return self.verdict_of(Err(r));
+            }
+        };
+        // Bytes past the inner packet's total length are not part of it.
+        buf.truncate(ip.l3 + ip.total_len());
+        let result = self.ipv4_stages(&mut buf, &ip, Side::Inside);
+        match self.settle(&buf, ip.l3, Side::Inside, result) {
+            Verdict::Forward(out) => {
+                self.send_rebuilt(out, buf, ip.l3);
+                Verdict::Consumed
+            }
+            v => {
+                self.router.recycle(buf);
+                v
+            }
+        }
+    }
+
+    /// The decapsulated packet in `buf`, its source replaced by the stand-in
+    /// for (`b4`, source), its SYN's MSS clamped.
+    fn host_behind(&mut self, buf: &mut [u8], b4: std::net::Ipv6Addr, clamp: Option<u16>) -> Result<Ip, DropReason> {
+        let Net::V4(mut ip) = frame::parse(buf)? else { return Err(DropReason::Ipv4BadVersion) };
+        let stand_in = self.nat.subs.identities_mut().intern_softwire(b4, ip.src).ok_or(DropReason::SubscriberTableFull)?;
+        stand_in::replace(buf, &ip, Which::Src, stand_in);
+        ip.src = stand_in;
+        if let Some(c) = clamp {
+            mss::clamp(buf, &ip, c);
+        }
+        Ok(ip)
+    }
+
+    /// A decapsulated packet after translation: to a softwire host (a
+    /// hairpin) it is encapsulated again, else it leaves as it is.
+    fn send_rebuilt(&mut self, out: Side, buf: Vec<u8>, l3: usize) {
+        if out == Side::Inside && to_softwire(&buf, l3) {
+            // The stages counted it forwarded; an encapsulation refused here only drops it.
+            let _ = self.encapsulate(buf, l3, self.now_ns, Origin::Hairpin);
+        } else {
+            self.router.queue_rebuilt(out, self.now_ns, buf);
+        }
+    }
+
+    /// An IPv4 frame that arrived on `side` and that NAPT44 translated
+    /// towards a softwire host: encapsulated to its B4.
+    fn send_into_softwire(&mut self, frame: &[u8], l3: usize, side: Side) -> Verdict {
+        let mut buf = self.router.buffer();
+        buf.extend_from_slice(frame);
+        let origin = if side == Side::Outside { Origin::Outside } else { Origin::Hairpin };
+        let result = self.encapsulate(buf, l3, self.now_ns, origin).map(|()| Some(Side::Inside));
+        match self.verdict_of(result) {
+            Verdict::Forward(_) => Verdict::Consumed,
+            v => v,
+        }
+    }
+
+    /// Frames natrix queued for softwire hosts, encapsulated in their place.
+    fn encapsulate_queued(&mut self) {
+        for f in self.router.take_queued(|f| f.side == Side::Inside && ethernet_l3(&f.data).is_some_and(|l3| to_softwire(&f.data, l3))) {
+            let l3 = ethernet_l3(&f.data).unwrap_or(0);
+            // Frames natrix made itself: one it cannot encapsulate is not sent.
+            let _ = self.encapsulate(f.data, l3, f.time_ns, Origin::Natrix);
+        }
+    }
+
+    /// Encapsulates the IPv4 packet in `buf` (translated, addressed to a
+    /// softwire host's stand-in) to the host's B4, fragmenting the outer
+    /// packet past the softwire's MTU; with DF set, a packet from outside
+    /// that would need that is refused with fragmentation needed quoting it
+    /// as it arrived (RFC 2473 section 7).
+    fn encapsulate(&mut self, mut buf: Vec<u8>, l3: usize, at_ns: u64, origin: Origin) -> Result<(), DropReason> {
+        let Some(ds) = self.dslite.as_mut() else { return Err(DropReason::NoMapping) };
+        let mut ip = frame::parse_ipv4_any_address(&buf, l3)?;
+        let Identity::Softwire { b4, inner } = self.nat.subs.identities().resolve(ip.dst) else { return Err(DropReason::NoMapping) };
+        if origin == Origin::Natrix && ip.src == self.router.source(Side::Inside) && ip.proto == natrix_wire::proto::ICMP {
+            stand_in::replace(&mut buf, &ip, Which::Src, crate::dslite::AFTR_IPV4);
+            ip.src = crate::dslite::AFTR_IPV4;
+        }
+        stand_in::replace(&mut buf, &ip, Which::Dst, inner);
+        if let Some(c) = ds.cfg.mss_clamp {
+            mss::clamp(&mut buf, &ip, c);
+        }
+        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(b4, ds.cfg.mtu) };
+        let total = ip.total_len();
+        if !softwire.fits(total) && ip.dont_fragment && origin == Origin::Outside && !ds.original.is_empty() {
+            let from = self.router.source(Side::Outside);
+            let mtu = softwire.mtu - crate::dslite::OVERHEAD as u16;
+            self.router.send_icmp_error(&ds.original, l3, from, Side::Outside, (natrix_wire::icmp::kind::DEST_UNREACHABLE, natrix_wire::icmp::unreachable::FRAG_NEEDED), mtu);
+            self.router.recycle(buf);
+            return Err(DropReason::FragmentationNeeded);
+        }
+        let ident = if softwire.fits(total) { 0 } else { ds.next_frag_ident() };
+        let router = &mut self.router;
+        let mut frames = 0;
+        softwire.encapsulate(&buf[l3..l3 + total], ident, |write| {
+            let mut b = router.buffer();
+            write(&mut b);
+            router.queue_rebuilt(Side::Inside, at_ns, b);
+            frames += 1;
+        });
+        ds.stats.encapsulated += 1;
+        if frames > 1 {
+            ds.stats.fragmented += frames;
+        }
+        self.router.recycle(buf);
+        Ok(())
     }
 
     /// The stages of an IPv4 frame, up to its verdict.
@@ -377,10 +557,15 @@ impl Engine {
     /// NAPT44 says which frames from outside it takes.
     fn ipv4_local_and_admission(&mut self, frame: &[u8], ip: &Ip, side: Side) -> Result<Option<nat44::Inbound>, DropReason> {
         match side {
-            Side::Inside if ip.dst == self.router.source(Side::Inside) => {
+            Side::Inside if ip.dst == self.router.source(Side::Inside) || (identity::is_softwire(ip.src) && ip.dst == crate::dslite::AFTR_IPV4) => {
                 if self.pcp.is_enabled() {
+                    // A softwire host names its own inner address in its requests.
+                    let client = match self.nat.subs.identities().resolve(ip.src) {
+                        Identity::Softwire { inner, .. } => inner,
+                        Identity::Ipv4(a) => a,
+                    };
                     // Answered through the output queue; the request itself ends here.
-                    self.pcp.request(frame, ip, &mut self.nat, &mut self.router);
+                    self.pcp.request(frame, ip, client, &mut self.nat, &mut self.router);
                 }
                 Err(DropReason::LocalDestination)
             }
@@ -470,6 +655,9 @@ impl Engine {
         self.nat.reconfigure(new)?;
         self.nptv6.replace_table(bindings);
         self.router.reconfigure(self.nat.config());
+        if let (Some(ds), Some(cfg)) = (self.dslite.as_mut(), self.nat.config().dslite.clone()) {
+            ds.cfg = cfg;
+        }
         self.pcp.reconfigure(self.nat.config().pcp, self.nat.config().inside_addr);
         Ok(())
     }
@@ -489,4 +677,27 @@ impl Engine {
     pub fn release_all(&mut self) -> crate::admin::Cleared {
         self.nat.release_all()
     }
+}
+
+/// Who made a frame that goes into a softwire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// A host outside: a packet that needs fragmenting with DF set is refused.
+    Outside,
+    /// A subscriber, through NAPT44's hairpinning.
+    Hairpin,
+    /// natrix itself (an ICMP error, a released fragment).
+    Natrix,
+}
+
+/// Whether the IPv4 frame's destination (at `l3`) is a softwire host's stand-in.
+#[inline(always)]
+fn to_softwire(frame: &[u8], l3: usize) -> bool {
+    frame.len() >= l3 + 20 && identity::is_softwire(natrix_wire::get_u32_at(frame, l3 + natrix_wire::ipv4::DST_OFFSET))
+}
+
+/// Where the IPv4 header of an Ethernet/IPv4 frame starts.
+fn ethernet_l3(frame: &[u8]) -> Option<usize> {
+    let eth = natrix_wire::ethernet::Frame::new_checked(frame).ok()?;
+    (eth.ethertype() == natrix_wire::ethernet::ETHERTYPE_IPV4).then(|| eth.payload_offset())
 }

@@ -221,12 +221,21 @@ impl Router {
         true
     }
 
-    /// A cleared buffer from the output queue's, for a frame about to be
-    /// built (`forward_rebuilt`) or given back (`recycle`).
+    /// A cleared buffer from the output queue's spares, for a frame the
+    /// pipeline builds in place of one it received (`forward_rebuilt`,
+    /// `queue_rebuilt`) or gives back (`recycle`).
     pub fn buffer(&mut self) -> Vec<u8> {
         self.out.buffer()
     }
 
+    /// Queues a frame the pipeline built in place of one it received (a
+    /// softwire packet decapsulated or encapsulated), stamped `at_ns`. The
+    /// pipeline counts it as forwarded.
+    pub fn queue_rebuilt(&mut self, side: Side, at_ns: u64, buf: Vec<u8>) {
+        self.out.push(side, at_ns, buf);
+    }
+
+    /// A buffer the pipeline took and no longer needs.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         self.out.recycle(buf);
     }
@@ -237,6 +246,11 @@ impl Router {
     pub fn forward_rebuilt(&mut self, side: Side, frame: Vec<u8>) {
         self.out.push(side, self.now_ns, frame);
         self.released[side as usize] += 1;
+    }
+
+    /// Takes out the queued frames `pick` chooses, to be rebuilt.
+    pub fn take_queued(&mut self, pick: impl FnMut(&OutFrame) -> bool) -> Vec<OutFrame> {
+        self.out.take(pick)
     }
 
     /// Queues a frame natrix held (a fragment that waited for its first

@@ -49,6 +49,9 @@ pub struct Event {
     pub ext_port_end: u16,
     pub rem_addr: u32,
     pub rem_port: u16,
+    /// A DS-Lite host's B4 (RFC 6333); `int_addr` is then the host's
+    /// address inside the softwire. Filled in as events are drained.
+    pub b4: Option<std::net::Ipv6Addr>,
 }
 
 pub struct EventQueue {

@@ -22,6 +22,8 @@ const ENDPOINTS: u32 = 0xf000_0000;
 const B4S: u32 = 0xf800_0000;
 /// Each kind's range: 2^27 stand-ins, less the broadcast address at the top of the B4 range.
 const RANGE: u32 = 0x0800_0000;
+/// Entries the indexes start with; they double as identities are interned.
+const FIRST_INDEX: usize = 16;
 
 /// What an internal address stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,12 +44,33 @@ pub struct Identities {
     /// (B4 stand-in, inner IPv4) of each endpoint stand-in.
     endpoints: Vec<(u32, u32)>,
     endpoint_index: FlowIndex,
+    /// The most endpoints interned: stand-ins are never recycled, so this
+    /// bounds what hosts behind B4s (or B4s lying about them) can make
+    /// natrix keep.
+    max_endpoints: u32,
     seed: u64,
 }
 
 impl Identities {
     pub fn new(seed: u64) -> Identities {
-        Identities { b4s: Vec::new(), b4_index: FlowIndex::with_capacity(16), endpoints: Vec::new(), endpoint_index: FlowIndex::with_capacity(16), seed }
+        Identities {
+            b4s: Vec::new(),
+            b4_index: FlowIndex::with_capacity(FIRST_INDEX),
+            endpoints: Vec::new(),
+            endpoint_index: FlowIndex::with_capacity(FIRST_INDEX),
+            max_endpoints: RANGE,
+            seed,
+        }
+    }
+
+    /// Bytes a new `Identities` holds: its two first indexes.
+    pub fn reserved_bytes() -> usize {
+        2 * FlowIndex::bytes_for(FIRST_INDEX)
+    }
+
+    /// Interns at most `n` endpoints (at most the 2^27 of their range).
+    pub fn limit_endpoints(&mut self, n: u32) {
+        self.max_endpoints = n.min(RANGE);
     }
 
     /// The subscriber an internal address belongs to: itself, or for a
@@ -70,7 +93,7 @@ impl Identities {
         if let Some(id) = self.endpoint_index.find(h, |i| endpoints[i as usize] == (b4_key, inner)) {
             return Some(ENDPOINTS + id);
         }
-        let id = u32::try_from(self.endpoints.len()).ok().filter(|&i| i < RANGE)?;
+        let id = u32::try_from(self.endpoints.len()).ok().filter(|&i| i < self.max_endpoints)?;
         grow_if_full(&mut self.endpoint_index, self.endpoints.len(), |i| self.endpoints[i as usize], |&(b, a)| hash::five_tuple(self.seed, 4, b, 0, a, 0));
         self.endpoint_index.insert(h, id).ok()?;
         self.endpoints.push((b4_key, inner));
@@ -91,10 +114,23 @@ impl Identities {
         Some(B4S + id)
     }
 
+    /// Bytes held by the interned identities and their indexes.
+    pub fn memory_bytes(&self) -> usize {
+        self.b4s.capacity() * std::mem::size_of::<Ipv6Addr>()
+            + self.endpoints.capacity() * std::mem::size_of::<(u32, u32)>()
+            + self.b4_index.memory_bytes()
+            + self.endpoint_index.memory_bytes()
+    }
+
+    /// How many B4s have a stand-in.
+    pub fn b4_count(&self) -> usize {
+        self.b4s.len()
+    }
+
     /// What an internal address (or a subscriber key) stands for.
     pub fn resolve(&self, addr: u32) -> Identity {
         match addr {
-            a if is_softwire(a) => {
+            a if is_softwire(a) && ((a - ENDPOINTS) as usize) < self.endpoints.len() => {
                 let (b4, inner) = self.endpoints[(a - ENDPOINTS) as usize];
                 Identity::Softwire { b4: self.b4s[(b4 - B4S) as usize], inner }
             }
@@ -147,6 +183,16 @@ mod tests {
         for id in [a, b, c, ids.subscriber_key(a)] {
             assert!(is_martian(id), "a stand-in can never arrive on the wire");
         }
+    }
+
+    #[test]
+    fn endpoints_past_the_limit_are_refused_and_known_ones_still_found() {
+        let mut ids = Identities::new(7);
+        ids.limit_endpoints(2);
+        let a = ids.intern_softwire(b4(1), 1).unwrap();
+        ids.intern_softwire(b4(2), 1).unwrap();
+        assert_eq!(ids.intern_softwire(b4(3), 1), None);
+        assert_eq!(ids.intern_softwire(b4(1), 1), Some(a));
     }
 
     #[test]

@@ -68,7 +68,7 @@ impl Subscribers {
     /// Bytes reserved up front for `capacity` subscribers (their records
     /// grow with use).
     pub fn reserved_bytes(capacity: u32) -> usize {
-        FlowIndex::bytes_for(capacity as usize)
+        FlowIndex::bytes_for(capacity as usize) + Identities::reserved_bytes()
     }
 
     /// The subscriber holding internal address `int_addr`.
@@ -152,7 +152,7 @@ impl Subscribers {
     }
 
     pub fn memory_bytes(&self) -> usize {
-        self.slab.capacity() * core::mem::size_of::<Subscriber>() + self.index.memory_bytes()
+        self.slab.capacity() * core::mem::size_of::<Subscriber>() + self.index.memory_bytes() + self.ids.memory_bytes()
     }
 }
 

@@ -99,7 +99,13 @@ pub struct Record {
 }
 
 impl Record {
+    /// None also for a DS-Lite softwire host's events: they name the host
+    /// by its inner address and B4, which the records do not carry, and
+    /// softwires are not synced (docs/SCALE-OUT.md).
     pub fn of_event(e: &natrix_engine::Event) -> Option<Record> {
+        if e.b4.is_some() {
+            return None;
+        }
         Some(Record {
             kind: RecordKind::of_event(e.kind)?,
             proto: e.proto,
@@ -134,6 +140,7 @@ impl Record {
             ext_port_end: self.ext_port_end,
             rem_addr: self.rem_addr,
             rem_port: self.rem_port,
+            b4: None,
         }
     }
 
@@ -296,6 +303,26 @@ impl Message {
 pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_softwire_hosts_events_are_not_synced() {
+        let plain = natrix_engine::Event {
+            kind: EventKind::MappingCreated,
+            time_ns: 0,
+            proto: Proto::Udp,
+            int_addr: 0xc000_0002,
+            int_port: 5000,
+            ext_addr: 0xcb00_7101,
+            ext_port: 31000,
+            ext_port_end: 31000,
+            rem_addr: 0,
+            rem_port: 0,
+            b4: None,
+        };
+        assert!(Record::of_event(&plain).is_some());
+        let softwire = natrix_engine::Event { b4: Some("2001:db8:100::2".parse().unwrap()), ..plain };
+        assert_eq!(Record::of_event(&softwire), None, "192.0.0.2 behind a B4 is not the subscriber 192.0.0.2");
+    }
 
     pub fn record() -> impl Strategy<Value = Record> {
         (0..RecordKind::ALL.len(), 0..Proto::ALL.len(), any::<u32>(), any::<u16>(), any::<u32>(), any::<u16>(), any::<u16>(), any::<u32>(), any::<u16>()).prop_map(

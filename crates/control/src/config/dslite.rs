@@ -1,0 +1,164 @@
+//! `[dslite]`: the DS-Lite AFTR (RFC 6333) with the keys of CONTRACTS.md
+//! ("DS-Lite AFTR"). Setting `aftr` turns it on; softwire hosts are
+//! translated by NAPT44, so the section needs translation, and
+//! deterministic mode, whose formula numbers IPv4 subscribers, is refused.
+
+use std::net::Ipv6Addr;
+
+use natrix_engine::dslite::{B4Prefix, DsliteConfig};
+use natrix_engine::EngineConfig;
+
+use super::{err, parse_ipv6, parse_prefix6, ConfigError, Section, NEEDS_TRANSLATION};
+
+/// The IPv6 minimum MTU (RFC 8200 section 5): no softwire is narrower.
+const MIN_MTU: u32 = 1280;
+/// IPv6, IPv4 and TCP headers: what a segment leaves of the outer MTU.
+const HEADERS: u32 = 80;
+
+pub(super) fn parse(root: &mut Section, e: &EngineConfig, warnings: &mut Vec<String>) -> Result<Option<DsliteConfig>, ConfigError> {
+    let Some(mut s) = root.section("dslite")? else { return Ok(None) };
+    let aftr = s.parsed("aftr", parse_aftr)?;
+    let b4_prefixes = parse_b4_prefixes(&mut s)?;
+    let mtu = s.integer("mtu", MIN_MTU, u32::from(u16::MAX))?.unwrap_or(1500) as u16;
+    let mss_clamp = parse_mss_clamp(&mut s, mtu, warnings)?;
+    let any_key = s.has("b4_prefixes") || s.has("mtu") || s.has("mss_clamp");
+    s.finish()?;
+    let Some(aftr) = aftr else {
+        return if any_key { err("dslite.aftr", "missing: the AFTR's softwire address turns DS-Lite on, and the other [dslite] keys need it") } else { Ok(None) };
+    };
+    if !e.translate {
+        return err("dslite.aftr", NEEDS_TRANSLATION);
+    }
+    if e.deterministic.is_some() {
+        return err("dslite.aftr", "not supported with [nat] mode = \"deterministic\": its formula numbers IPv4 subscribers, not B4s; use mode = \"dynamic\"");
+    }
+    check_apart_from_nptv6(&b4_prefixes, e)?;
+    Ok(Some(DsliteConfig { aftr, b4_prefixes, mtu, mss_clamp }))
+}
+
+/// NPTv6 translates what comes from its inside prefixes, so softwires from
+/// B4s there would leave translated instead of being terminated: with
+/// `[[nptv6]]` bindings the B4s must be listed, apart from them (two
+/// prefixes overlap when they agree on the shorter one's bits).
+fn check_apart_from_nptv6(b4_prefixes: &[B4Prefix], e: &EngineConfig) -> Result<(), ConfigError> {
+    if e.nptv6.is_empty() {
+        return Ok(());
+    }
+    if b4_prefixes.is_empty() {
+        return err("dslite.b4_prefixes", "needed with [[nptv6]] bindings: list the B4 prefixes, apart from the bindings' inside prefixes");
+    }
+    for (i, p) in b4_prefixes.iter().enumerate() {
+        if let Some((j, _)) = e.nptv6.iter().enumerate().find(|(_, b)| super::prefix6_contains(b.inside, b.prefix_len.min(p.len), p.network)) {
+            return err(format!("dslite.b4_prefixes[{i}]"), format!("overlaps nptv6[{j}].inside: NPTv6 would translate those B4s' softwires"));
+        }
+    }
+    Ok(())
+}
+
+fn parse_aftr(t: &str) -> Result<Ipv6Addr, String> {
+    let a = parse_ipv6(t)?;
+    if a.is_multicast() || a.is_unspecified() || a.is_loopback() {
+        return Err(format!("\"{t}\" cannot be a softwire endpoint (multicast, unspecified or loopback)"));
+    }
+    Ok(a)
+}
+
+fn parse_b4_prefixes(s: &mut Section) -> Result<Vec<B4Prefix>, ConfigError> {
+    let mut out = Vec::new();
+    for (i, v) in s.array("b4_prefixes")?.into_iter().flatten().enumerate() {
+        let key = format!("dslite.b4_prefixes[{i}]");
+        let Some(t) = v.as_str() else { return err(key, "expected a string like \"2001:db8:100::/40\"") };
+        let (network, len) = parse_prefix6(t).or_else(|m| err(&key, m))?;
+        let host = if len == 0 { u128::MAX } else { u128::MAX >> len };
+        if u128::from(network) & host != 0 {
+            return err(key, format!("\"{t}\" has host bits set; did you mean {}/{len}?", Ipv6Addr::from(u128::from(network) & !host)));
+        }
+        out.push(B4Prefix { network, len });
+    }
+    Ok(out)
+}
+
+/// 0: the MTU less 80 bytes of headers; a number: that; "off": no clamping.
+fn parse_mss_clamp(s: &mut Section, mtu: u16, warnings: &mut Vec<String>) -> Result<Option<u16>, ConfigError> {
+    let problem = "expected 0 (the MTU less 80), an MSS of 1-65495, or \"off\"";
+    match s.get("mss_clamp") {
+        None => Ok(Some(DsliteConfig::default_clamp(mtu))),
+        Some(toml::Value::String(t)) if t == "off" => Ok(None),
+        Some(toml::Value::Integer(0)) => Ok(Some(DsliteConfig::default_clamp(mtu))),
+        Some(toml::Value::Integer(n)) if (1..=65_495).contains(n) => {
+            if *n > i64::from(u32::from(mtu) - HEADERS) {
+                warnings.push(format!("dslite.mss_clamp: {n} is above mtu - 80 ({}): full-sized segments will not fit the softwire unfragmented", u32::from(mtu) - HEADERS));
+            }
+            Ok(Some(*n as u16))
+        }
+        Some(v) => err("dslite.mss_clamp", format!("{problem}, found {v}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use natrix_engine::dslite::{B4Prefix, DsliteConfig};
+
+    const BASE: &str = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+
+    fn dslite(extra: &str) -> Option<DsliteConfig> {
+        Config::parse(&format!("{BASE}[dslite]\n{extra}")).unwrap().engine.dslite
+    }
+
+    fn problem(extra: &str) -> String {
+        Config::parse(&format!("{BASE}[dslite]\n{extra}")).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_contract_defaults() {
+        let d = dslite("aftr = \"2001:db8:0:1::1\"\n").unwrap();
+        assert_eq!(d, DsliteConfig { aftr: "2001:db8:0:1::1".parse().unwrap(), b4_prefixes: vec![], mtu: 1500, mss_clamp: Some(1420) });
+        assert_eq!(dslite(""), None, "no aftr, no DS-Lite");
+        let d = dslite("aftr = \"2001:db8:0:1::1\"\nb4_prefixes = [\"2001:db8:100::/40\"]\nmtu = 1460\nmss_clamp = 0\n").unwrap();
+        assert_eq!((d.mtu, d.mss_clamp), (1460, Some(1380)));
+        assert_eq!(d.b4_prefixes, [B4Prefix { network: "2001:db8:100::".parse().unwrap(), len: 40 }]);
+        assert_eq!(dslite("aftr = \"2001:db8:0:1::1\"\nmss_clamp = \"off\"\n").unwrap().mss_clamp, None);
+        assert_eq!(dslite("aftr = \"2001:db8:0:1::1\"\nmss_clamp = 1200\n").unwrap().mss_clamp, Some(1200));
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        assert!(problem("aftr = \"2001:db8::zz\"\n").starts_with("dslite.aftr: \"2001:db8::zz\" is not an IPv6 address"));
+        assert!(problem("aftr = \"ff02::1\"\n").starts_with("dslite.aftr:"));
+        assert!(problem("mtu = 1400\n").starts_with("dslite.aftr: missing"));
+        let with = |k: &str| problem(&format!("aftr = \"2001:db8:0:1::1\"\n{k}\n"));
+        assert!(with("mtu = 1279").starts_with("dslite.mtu: 1279 is out of range 1280-65535"));
+        assert!(with("mss_clamp = \"on\"").starts_with("dslite.mss_clamp: expected 0"));
+        assert!(with("mss_clamp = -1").starts_with("dslite.mss_clamp: expected 0"));
+        assert!(with("b4_prefixes = [\"2001:db8:100::1/40\"]").starts_with("dslite.b4_prefixes[0]: \"2001:db8:100::1/40\" has host bits set; did you mean 2001:db8:100::/40?"));
+        assert!(with("b4_prefixes = [7]").starts_with("dslite.b4_prefixes[0]: expected a string"));
+        assert!(with("aftr6 = 1").starts_with("dslite.aftr6: unknown key"));
+    }
+
+    #[test]
+    fn modes_without_dynamic_translation_refuse_it() {
+        let off = Config::parse("[nat]\nmode = \"off\"\n[dslite]\naftr = \"2001:db8:0:1::1\"\n").unwrap_err();
+        assert_eq!(off.key, "dslite.aftr");
+        let det = Config::parse(
+            "[nat]\nmode = \"deterministic\"\npool = [\"203.0.113.0/28\"]\nsubscribers = [\"100.64.0.0/24\"]\nports_per_subscriber = 1008\n[dslite]\naftr = \"2001:db8:0:1::1\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(det.key, "dslite.aftr");
+    }
+
+    #[test]
+    fn b4s_must_be_apart_from_nptv6_sites() {
+        let nptv6 = "[[nptv6]]\ninside = \"fd01:203:405::/48\"\noutside = \"2001:db8:1::/48\"\n";
+        let with = |b4s: &str| Config::parse(&format!("{BASE}{nptv6}[dslite]\naftr = \"2001:db8:0:1::1\"\n{b4s}"));
+        assert_eq!(with("").unwrap_err().key, "dslite.b4_prefixes");
+        assert_eq!(with("b4_prefixes = [\"2001:db8:100::/40\", \"fd01:203:405:7::/64\"]\n").unwrap_err().key, "dslite.b4_prefixes[1]");
+        assert!(with("b4_prefixes = [\"2001:db8:100::/40\"]\n").is_ok());
+    }
+
+    #[test]
+    fn a_clamp_above_the_mtu_is_accepted_with_a_warning() {
+        let c = Config::parse(&format!("{BASE}[dslite]\naftr = \"2001:db8:0:1::1\"\nmss_clamp = 1460\n")).unwrap();
+        assert!(c.warnings.iter().any(|w| w.starts_with("dslite.mss_clamp:")), "{:?}", c.warnings);
+    }
+}
