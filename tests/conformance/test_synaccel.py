@@ -111,6 +111,20 @@ def test_the_callers_own_retransmissions_are_absorbed(replay):
     one(outs, "inside", is_rst, "reset")
 
 
+def test_a_retransmission_crossing_the_reset_is_absorbed_and_a_new_connect_starts_anew(replay):
+    """The caller's stack may send a retransmission (Linux: one a second at
+    first) before the reset reaches it: natrix refused that attempt and must
+    not forward its SYN to the server as a new connection. A later connect
+    with a new ISN is a new attempt: forwarded at once."""
+    frames = [(T0, "inside", caller_syn()), (T0 + 2.01, "inside", caller_syn()), (T0 + 2.5, "inside", caller_syn(seq=ISN + 7777))]
+    outs, report = replay(config(), frames)
+    old = [o for o in syns_out(outs) if o.pkt[TCP].seq == ISN]
+    assert [round(o.ts - T0, 6) for o in old] == [0.0, 0.5, 1.0, 1.5], h.dump(outs)
+    assert report["drops"] == {"syn_absorbed": 1}, report["drops"]
+    new = [o for o in syns_out(outs) if o.pkt[TCP].seq == ISN + 7777]
+    assert new and round(new[0].ts - T0, 6) == 2.5, h.dump(outs)
+
+
 def test_a_syn_ack_ends_tracking_and_passes_through(replay):
     """Seed 003 section 4.2.1: the SYN-ACK cancels the timers and reaches the
     caller; nothing more is sent."""

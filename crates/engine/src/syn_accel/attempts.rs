@@ -33,6 +33,10 @@ pub(super) enum State {
     /// retransmission that crossed it passes untracked rather than starting
     /// anew. What fell due before the answer is still sent.
     Answered,
+    /// The caller was sent the reset at the deadline; still indexed for a
+    /// moment, so a retransmission it sent before its stack took the reset
+    /// is absorbed rather than tracked anew and forwarded.
+    Refused,
     /// Replaced by a new attempt with the same endpoints; no longer indexed.
     Retired,
 }
@@ -211,6 +215,14 @@ impl Attempts {
         let a = &mut self.slab[id];
         a.state = State::Answered;
         a.answered_ns = now_ns;
+        self.live -= 1;
+    }
+
+    /// Marks a live attempt whose caller was just reset.
+    pub fn refuse(&mut self, id: u32) {
+        let a = &mut self.slab[id];
+        debug_assert!(a.state == State::Live);
+        a.state = State::Refused;
         self.live -= 1;
     }
 

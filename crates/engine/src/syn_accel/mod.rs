@@ -61,6 +61,11 @@ use crate::pipeline::Stats;
 use crate::Side;
 
 use attempts::{Attempt, Attempts, Key, State};
+
+/// How long a refused attempt stays indexed after its reset: a caller's
+/// retransmission already in flight (Linux retransmits a SYN every second
+/// at first, so one may cross the reset) is absorbed, not forwarded as new.
+const REFUSED_GRACE_NS: u64 = 1_000_000_000;
 use learned::Learned;
 use timers::Timers;
 
@@ -282,7 +287,7 @@ impl SynAccel {
         if let Some(id) = self.attempts.find(&key) {
             let a = self.attempts.get(id);
             match a.state {
-                State::Live if a.isn == seg.seq => return HookVerdict::Drop(DropReason::SynAbsorbed),
+                State::Live | State::Refused if a.isn == seg.seq => return HookVerdict::Drop(DropReason::SynAbsorbed),
                 // Its SYN-ACK is on its way: the crossing retransmission passes untracked.
                 State::Answered if a.isn == seg.seq => return HookVerdict::Continue,
                 // The same endpoints with a new ISN: a new attempt replaces the old.
@@ -384,33 +389,54 @@ impl SynAccel {
             if let Some(&soon) = due.get(i + AHEAD / 2) {
                 self.attempts.prefetch_index_if_ending(soon);
             }
-            self.fire(id, out);
+            self.fire(id, now_ns, out);
         }
         self.due = due;
     }
 
     /// An attempt's timer fell due: the copy or the reset it owes (one that
     /// fell due before any answer), or its record back once it owes nothing.
-    fn fire(&mut self, id: u32, out: &mut Emitter) {
+    /// What falls due again by `now_ns` (time that jumped, as between the
+    /// frames of a sparse capture) is sent at once, each stamped with its
+    /// own time, before anything else can touch the attempt.
+    fn fire(&mut self, id: u32, now_ns: u64, out: &mut Emitter) {
         let attempts_cfg = self.cfg.attempts;
-        let a = self.attempts.get_mut(id);
-        let owed = a.state != State::Retired && a.due_ns <= a.answered_ns;
-        match (owed, a.due_ns < a.deadline_ns) {
-            (true, true) => {
-                out.send_copy(Side::Outside, a.due_ns, a.copy());
-                a.sent += 1;
-                a.due_ns = a.next_due(attempts_cfg);
-                let due = a.due_ns;
-                self.timers.arm(id, due);
-                self.stats.retransmits += 1;
+        loop {
+            let a = self.attempts.get_mut(id);
+            let owed = matches!(a.state, State::Live | State::Answered) && a.due_ns <= a.answered_ns;
+            let next = match (owed, a.due_ns < a.deadline_ns) {
+                (true, true) => {
+                    out.send_copy(Side::Outside, a.due_ns, a.copy());
+                    a.sent += 1;
+                    a.due_ns = a.next_due(attempts_cfg);
+                    self.stats.retransmits += 1;
+                    a.due_ns
+                }
+                (true, false) if a.state == State::Live => {
+                    let at = a.deadline_ns;
+                    out.send_built(Side::Inside, at, |buf, ident| reset::refusal(buf, a, ident));
+                    a.due_ns = at + REFUSED_GRACE_NS;
+                    let until = a.due_ns;
+                    self.stats.resets += 1;
+                    self.attempts.refuse(id);
+                    until
+                }
+                (true, false) => {
+                    let at = a.deadline_ns;
+                    out.send_built(Side::Inside, at, |buf, ident| reset::refusal(buf, a, ident));
+                    self.stats.resets += 1;
+                    self.attempts.release(id);
+                    return;
+                }
+                (false, _) => {
+                    self.attempts.release(id);
+                    return;
+                }
+            };
+            if next > now_ns {
+                self.timers.arm(id, next);
+                return;
             }
-            (true, false) => {
-                let at = a.deadline_ns;
-                out.send_built(Side::Inside, at, |buf, ident| reset::refusal(buf, a, ident));
-                self.stats.resets += 1;
-                self.attempts.release(id);
-            }
-            (false, _) => self.attempts.release(id),
         }
     }
 }
