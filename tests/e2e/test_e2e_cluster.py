@@ -92,7 +92,8 @@ protocol kernel k_p2 { ipv4 { table t_p2; export where source = RTS_BGP; }; kern
 # Pool prefixes go to the main table; each partition's default stays in its own.
 protocol pipe pool_p1 { table master4; peer table t_p1; import where net != 0.0.0.0/0; export none; }
 protocol pipe pool_p2 { table master4; peer table t_p2; import where net != 0.0.0.0/0; export none; }
-template bgp natrix { local as 65000; hold time 3; keepalive time 1; connect retry time 1; error wait time 1, 5; }
+protocol bfd { interface "*" { interval 100 ms; multiplier 5; }; }
+template bgp natrix { local as 65000; hold time 3; keepalive time 1; connect retry time 1; error wait time 1, 5; bfd on; }
 """
 
 
@@ -172,6 +173,7 @@ def node_config(name):
         peer_as = 65000
         router_id = "{mgmt}"
         hold_time = 3
+        bfd = true
         """)
 
 
@@ -347,6 +349,25 @@ def test_sync_keeps_up_with_a_burst_of_new_flows_or_counts_exactly_what_it_lost(
         # Records given up before they were ever sent are counted by a1 alone.
         assert active["records_sent"] <= accounted <= active["records_sent"] + active["records_given_up"]
         assert standby["records_lost"] <= active["records_given_up"]
+
+
+def test_bfd_withdraws_a_silent_node_before_the_hold_time(cluster):
+    """A node that stops answering without closing its BGP session (power
+    lost, here its BIRD frozen with SIGSTOP: no TCP reset, no Cease) is
+    noticed by BFD in about half a second, not at the 3 s hold time; when
+    it answers again its routes come back."""
+    bird = sh("pgrep", "-f", "bird -f -c .*run-b1", check=False).stdout.split()
+    assert len(bird) == 1, f"b1's BIRD: {bird}"
+    pid = int(bird[0])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        stopped_at = time.monotonic()
+        gone_at = wait_until("the router drops b1's default", lambda: "100.64.250.3" not in router_route("0.0.0.0/0", "t_p2"), 10)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    print(f"\nBFD: b1 silent -> router withdrew its routes in {gone_at - stopped_at:.2f} s (hold time 3 s)")
+    assert gone_at - stopped_at < 2.5, "BFD, not the hold time, ended the session"
+    wait_until("b1's routes come back", lambda: "via 100.64.250.3" in router_route("0.0.0.0/0", "t_p2"), 30)
 
 
 def test_sigkill_of_the_active_node_moves_its_partition_and_flows_keep_their_endpoint(cluster):

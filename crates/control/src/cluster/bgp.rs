@@ -66,13 +66,22 @@ pub fn bird_config(cfg: &BgpConfig, routes: &Path) -> String {
     let _ = writeln!(c, "router id {};", cfg.router_id);
     let _ = writeln!(c, "protocol device {{ }}");
     let _ = writeln!(c, "protocol static announce {{\n  ipv4;\n  include \"{}\";\n}}", routes.display());
+    if cfg.bfd {
+        let _ = writeln!(c, "protocol bfd {{\n  interface \"*\" {{ interval {BFD_INTERVAL_MS} ms; multiplier {BFD_MULTIPLIER}; }};\n}}");
+    }
+    let bfd = if cfg.bfd { "  bfd on;\n" } else { "" };
     let _ = writeln!(
         c,
-        "protocol bgp upstream {{\n  local as {};\n  neighbor {} as {};\n  hold time {};\n  keepalive time {keepalive};\n  connect retry time 1;\n  error wait time 1, 5;\n  ipv4 {{ import none; export all; next hop keep; }};\n}}",
+        "protocol bgp upstream {{\n  local as {};\n  neighbor {} as {};\n  hold time {};\n  keepalive time {keepalive};\n  connect retry time 1;\n  error wait time 1, 5;\n{bfd}  ipv4 {{ import none; export all; next hop keep; }};\n}}",
         cfg.local_as, cfg.peer, cfg.peer_as, cfg.hold_time
     );
     c
 }
+
+/// BFD's transmit and receive interval and how many intervals without a
+/// packet end the session: a silent node is noticed in half a second.
+const BFD_INTERVAL_MS: u32 = 100;
+const BFD_MULTIPLIER: u32 = 5;
 
 /// The routes file: one static route per prefix, with its next hop and
 /// prepends as BGP attributes; empty when nothing is announced.
@@ -221,21 +230,26 @@ mod tests {
         }
         let dir = std::env::temp_dir().join(format!("natrix-bird-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let cfg = BgpConfig {
-            local_as: 65001,
-            peer: Ipv4Addr::new(192, 0, 2, 254),
-            peer_as: 65000,
-            router_id: Ipv4Addr::new(192, 0, 2, 1),
-            hold_time: 3,
-            standby_prepend: 3,
-            bird: PathBuf::from("bird"),
-        };
-        let a = Announcement { routes: Announcement::of_node(&[0xcb00_7100, 0xcb00_7101], Ipv4Addr::new(198, 51, 100, 2), Ipv4Addr::new(100, 64, 0, 1)), prepend: 3 };
-        let routes = dir.join("routes.conf");
-        std::fs::write(&routes, routes_file(Some(&a), 65001)).unwrap();
-        std::fs::write(dir.join("bird.conf"), bird_config(&cfg, &routes)).unwrap();
-        let out = Command::new("bird").arg("-p").arg("-c").arg(dir.join("bird.conf")).output().unwrap();
+        for bfd in [false, true] {
+            let cfg = BgpConfig {
+                local_as: 65001,
+                peer: Ipv4Addr::new(192, 0, 2, 254),
+                peer_as: 65000,
+                router_id: Ipv4Addr::new(192, 0, 2, 1),
+                hold_time: 3,
+                standby_prepend: 3,
+                bird: PathBuf::from("bird"),
+                bfd,
+            };
+            let a = Announcement { routes: Announcement::of_node(&[0xcb00_7100, 0xcb00_7101], Ipv4Addr::new(198, 51, 100, 2), Ipv4Addr::new(100, 64, 0, 1)), prepend: 3 };
+            let routes = dir.join("routes.conf");
+            std::fs::write(&routes, routes_file(Some(&a), 65001)).unwrap();
+            let conf = bird_config(&cfg, &routes);
+            assert_eq!(conf.contains("bfd on;") && conf.contains("protocol bfd"), bfd, "{conf}");
+            std::fs::write(dir.join("bird.conf"), conf).unwrap();
+            let out = Command::new("bird").arg("-p").arg("-c").arg(dir.join("bird.conf")).output().unwrap();
+            assert!(out.status.success(), "bfd = {bfd}: {}", String::from_utf8_lossy(&out.stderr));
+        }
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 }

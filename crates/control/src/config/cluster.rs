@@ -82,6 +82,11 @@ pub struct BgpConfig {
     pub standby_prepend: u32,
     /// The BIRD 2 daemon to run.
     pub bird: PathBuf,
+    /// A BFD session (RFC 5880) beside the BGP session, so the router
+    /// notices a node that stops answering (power lost, BIRD frozen, a
+    /// link that dies without taking the interface down) in about half a
+    /// second instead of the hold time. The router must run BFD too.
+    pub bfd: bool,
 }
 
 pub(super) fn parse(root: &mut Section, e: &EngineConfig) -> Result<Option<ClusterConfig>, ConfigError> {
@@ -180,7 +185,8 @@ fn parse_bgp(b: &mut Section) -> Result<BgpConfig, ConfigError> {
     // At least 2: a standby that took over announces with one.
     let standby_prepend = b.integer("standby_prepend", 2, 16)?.unwrap_or(3);
     let bird = b.string("bird")?.map_or_else(|| PathBuf::from("bird"), PathBuf::from);
-    Ok(BgpConfig { local_as, peer, peer_as, router_id, hold_time, standby_prepend, bird })
+    let bfd = b.boolean("bfd")?.unwrap_or(false);
+    Ok(BgpConfig { local_as, peer, peer_as, router_id, hold_time, standby_prepend, bird, bfd })
 }
 
 /// Names appear in messages, metrics labels and routing daemons' configs.
