@@ -41,6 +41,8 @@ TCP_REPORT = 7100
 HTTP_PORT = 8080
 
 DEFAULT_API = "127.0.0.1:9300"
+# What `natrix run` prints once it forwards ("already in use" must not pass for it).
+READY_LINE = "natrix: ready:"
 
 # How long to wait for something that must not happen.
 QUIET = 1.5
@@ -212,7 +214,7 @@ class Natrix:
         while time.monotonic() < deadline:
             for src in (self.out, self.err):
                 with src.cond:
-                    if any("ready" in line for line in src.lines):
+                    if any(READY_LINE in line for line in src.lines):
                         return
             rc = self.proc.poll()
             if rc is not None:

@@ -291,7 +291,7 @@ def cluster(tmp_path_factory):
         for name in NODES:
             nodes[name] = Node(name, paths[name])
         for n in nodes.values():
-            n.wait_for("ready", 30)
+            n.wait_for(h.READY_LINE, 30)
         servers.append(subprocess.Popen(h.netns_cmd("nxc-srv", sys.executable, "-c", UDP_ECHO)))
         servers.append(subprocess.Popen(h.netns_cmd("nxc-srv", "iperf3", "-s", "-p", "5201"),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

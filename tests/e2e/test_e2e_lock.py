@@ -36,7 +36,7 @@ class Run:
         self.err = h._Lines(self.proc.stderr)
 
     def ready(self):
-        return any("ready" in line for src in (self.out, self.err) for line in src.text().splitlines())
+        return any(h.READY_LINE in line for src in (self.out, self.err) for line in src.text().splitlines())
 
     def wait_exit_or_ready(self, timeout):
         """'exited' or 'ready' or 'timeout'."""

@@ -94,7 +94,7 @@ class Natrix:
             for line in proc.stdout:
                 out.write(line)
                 out.flush()
-                if "ready" in line:
+                if "natrix: ready:" in line:
                     ready.set()
 
     def _tail(self):

@@ -80,7 +80,8 @@ impl Natrix {
         let started = Instant::now();
         while started.elapsed() < READY_TIMEOUT {
             let said = self.log_since(offset);
-            if said.lines().any(|l| l.contains("ready")) {
+            // Its own line: "already in use" must not pass for it.
+            if said.lines().any(|l| l.contains("natrix: ready:")) {
                 return Ok(());
             }
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
