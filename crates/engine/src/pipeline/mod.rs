@@ -382,7 +382,8 @@ impl Engine {
             // Grown after translation: only the router's TTL is still to do.
             if let Ok(Some(out)) = result {
                 self.router.decrement_ttl(&mut grown, ip.l3);
-                self.router.forward_rebuilt(out, grown);
+                self.router.queue_rebuilt(out, self.now_ns, grown);
+                self.counters.forwarded[out as usize] += 1;
                 return Verdict::Held;
             }
             self.router.recycle(grown);

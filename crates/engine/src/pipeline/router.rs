@@ -222,15 +222,16 @@ impl Router {
     }
 
     /// A cleared buffer from the output queue's spares, for a frame the
-    /// pipeline builds in place of one it received (`forward_rebuilt`,
-    /// `queue_rebuilt`) or gives back (`recycle`).
+    /// pipeline builds in place of one it received (`queue_rebuilt`) or
+    /// gives back (`recycle`).
     pub fn buffer(&mut self) -> Vec<u8> {
         self.out.buffer()
     }
 
     /// Queues a frame the pipeline built in place of one it received (a
-    /// softwire packet decapsulated or encapsulated), stamped `at_ns`. The
-    /// pipeline counts it as forwarded.
+    /// softwire packet decapsulated or encapsulated, a SYN a middlebox
+    /// function made longer), stamped `at_ns`. The pipeline counts it as
+    /// forwarded.
     pub fn queue_rebuilt(&mut self, side: Side, at_ns: u64, buf: Vec<u8>) {
         self.out.push(side, at_ns, buf);
     }
@@ -238,14 +239,6 @@ impl Router {
     /// A buffer the pipeline took and no longer needs.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         self.out.recycle(buf);
-    }
-
-    /// Forwards, in place of the frame it was built from, a frame that a
-    /// middlebox function made longer than it arrived (options inserted, a
-    /// header added): it leaves now on `side`, counted as forwarded.
-    pub fn forward_rebuilt(&mut self, side: Side, frame: Vec<u8>) {
-        self.out.push(side, self.now_ns, frame);
-        self.released[side as usize] += 1;
     }
 
     /// Takes out the queued frames `pick` chooses, to be rebuilt.
