@@ -23,13 +23,15 @@ def _http_get(ns, url):
     return h.run_in(ns, "python3", "-c", code, url, timeout=15)
 
 
+@pytest.mark.parametrize("io", ["af_xdp", "af_packet"])
 @pytest.mark.parametrize("workers", [1, 2])
-def test_http_fetch_is_translated(natrix, agent, workers):
+def test_http_fetch_is_translated(natrix, agent, workers, io):
     """A subscriber fetches a page over TCP; the server sees a pool address,
     never the subscriber's 100.64/10 address (NAPT44, RFC 5382). With two
     workers the frames cross the I/O thread's rings and each worker
-    translates them in batches."""
-    n = natrix({"workers": workers})
+    translates them in batches; with one, AF_XDP forwards each frame from
+    where it was received, and AF_PACKET from natrix's copy."""
+    n = natrix({"workers": workers, "io": io})
     srv = agent(NS_SRV1)
     body = "natrix-e2e-" + secrets.token_hex(16)
     server = srv.call("http_server", port=h.HTTP_PORT, body=body)["server"]
@@ -45,13 +47,14 @@ def test_http_fetch_is_translated(natrix, agent, workers):
         assert h.in_pool(ip, n.pool), f"server saw {ip}, which is not in the pool {n.pool}"
 
 
+@pytest.mark.parametrize("io", ["af_xdp", "af_packet"])
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("size", [16, 1400])
-def test_udp_echo_round_trip(natrix, agent, servers, size, workers):
+def test_udp_echo_round_trip(natrix, agent, servers, size, workers, io):
     """UDP from a subscriber reaches the server from a pool address, and the
     answer comes back to the subscriber from the server's own address (RFC 4787);
     the kernels on both ends verify the UDP checksums."""
-    n = natrix({"workers": workers})
+    n = natrix({"workers": workers, "io": io})
     sub = agent(NS_SUB1)
     sid = sub.udp_open()
     payload = ("udp-" + secrets.token_hex(size))[:size]

@@ -248,18 +248,28 @@ impl Gateway {
     /// Sends a frame out on `side`, addressed to its next hop; a frame whose
     /// next hop is not known yet waits while natrix asks for it.
     pub fn egress(&mut self, side: Side, frame: &mut [u8], now_ns: u64, tx: &mut dyn FnMut(Side, &[u8])) {
+        if self.address(side, frame, now_ns, tx) {
+            tx(side, frame);
+        }
+    }
+
+    /// Writes the next hop's address into `frame` where it lies and says
+    /// whether it may leave on `side` now; otherwise the gateway keeps a
+    /// copy until the next hop answers (or drops it) and `tx` gets the
+    /// request for the next hop's address.
+    pub fn address(&mut self, side: Side, frame: &mut [u8], now_ns: u64, tx: &mut dyn FnMut(Side, &[u8])) -> bool {
         let s = side as usize;
         let src = self.links[s].mac;
         let (forwarded, hop) = match self.next_hop(side, frame) {
-            Some(hop @ NextHop::V4(a)) => (self.v4[s].forward(a, frame, now_ns, src, &mut |f| tx(side, f)), hop),
-            Some(hop @ NextHop::V6(a)) => (self.v6[s].forward(u128::from(a), frame, now_ns, src, &mut |f| tx(side, f)), hop),
+            Some(hop @ NextHop::V4(a)) => (self.v4[s].forward(a, frame, now_ns, src), hop),
+            Some(hop @ NextHop::V6(a)) => (self.v6[s].forward(u128::from(a), frame, now_ns, src), hop),
             None => {
                 self.counters.no_route += 1;
-                return;
+                return false;
             }
         };
         match forwarded {
-            Forwarded::Sent => return,
+            Forwarded::Sent => return true,
             Forwarded::Refused => self.counters.unresolved += 1,
             Forwarded::SentStale | Forwarded::Queued => {}
         }
@@ -267,6 +277,7 @@ impl Gateway {
             NextHop::V4(a) => self.ask4(side, a, now_ns, tx),
             NextHop::V6(a) => self.ask6(side, a, now_ns, tx),
         }
+        forwarded == Forwarded::SentStale
     }
 
     fn next_hop(&self, side: Side, frame: &[u8]) -> Option<NextHop> {
@@ -379,9 +390,9 @@ impl Gateway {
 /// What became of a frame handed to a neighbour table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Forwarded {
-    /// Sent to a neighbour heard from recently.
+    /// Addressed to a neighbour heard from recently.
     Sent,
-    /// Sent to a neighbour not heard from for a while: time to ask again.
+    /// Addressed to a neighbour not heard from for a while: time to ask again.
     SentStale,
     /// Waiting for its next hop to answer.
     Queued,
@@ -432,13 +443,12 @@ impl<K: Copy + Eq + Hash> Neighbours<K> {
         }
     }
 
-    /// Addresses `frame` from `src` to `hop` and sends it, or queues it
+    /// Addresses `frame` from `src` to `hop` for sending, or queues a copy
     /// until `hop` answers.
-    fn forward(&mut self, hop: K, frame: &mut [u8], now_ns: u64, src: [u8; 6], tx: &mut dyn FnMut(&[u8])) -> Forwarded {
+    fn forward(&mut self, hop: K, frame: &mut [u8], now_ns: u64, src: [u8; 6]) -> Forwarded {
         match self.known.get(&hop).map(|&(mac, learned)| (mac, now_ns.saturating_sub(learned))) {
             Some((mac, age)) if age < NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS => {
                 set_macs(frame, mac, src);
-                tx(frame);
                 if age >= NEIGHBOUR_LIFETIME_NS {
                     Forwarded::SentStale
                 } else {
@@ -681,8 +691,9 @@ mod tests {
         });
         let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut ipv4_to(SERVER), NEIGHBOUR_LIFETIME_NS + 1, tx));
         assert_eq!(sent.len(), 2, "the frame leaves and a new request goes out");
-        assert_eq!(&sent[0].1[0..6], &srv_mac);
-        assert_eq!(arp::Packet::new_checked(&sent[1].1[14..]).unwrap().target_addr(), SERVER);
+        let (request, frame): (Vec<_>, Vec<_>) = sent.iter().partition(|(_, f)| f[12..14] == ethernet::ETHERTYPE_ARP.to_be_bytes());
+        assert_eq!(&frame[0].1[0..6], &srv_mac);
+        assert_eq!(arp::Packet::new_checked(&request[0].1[14..]).unwrap().target_addr(), SERVER);
         let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut ipv4_to(SERVER), NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS + 1, tx));
         assert_eq!(sent.len(), 1, "silent past the grace period: forgotten, the frame waits");
     }

@@ -44,13 +44,15 @@ impl IoThread {
             for side in [Side::Inside, Side::Outside] {
                 let IoThread { links, lanes, steering, .. } = self;
                 let mut dropped = 0;
-                n += links.receive(side, now, &mut |frame, _| {
+                n += links.receive(side, now, &mut |_, frame, _| {
                     let w = usize::from(steering.worker_for(side, frame));
                     if lanes.to_workers[w].push(side, frame) {
                         woken[w] = true;
                     } else {
                         dropped += 1;
                     }
+                    // The worker has its copy.
+                    false
                 });
                 links.snapshot.handoff_dropped += dropped;
             }
@@ -67,8 +69,9 @@ impl IoThread {
             if idle.should_sleep(n > 0) {
                 bell.going_to_sleep();
                 if self.lanes.from_workers.iter().all(Consumer::is_empty) {
-                    let [a, b] = self.links.fds();
-                    wait_readable(&[a, b, bell.fd()], SLEEP_MS);
+                    let mut fds = self.links.fds();
+                    fds.push(bell.fd());
+                    wait_readable(&fds, SLEEP_MS);
                 }
                 bell.woke();
             }

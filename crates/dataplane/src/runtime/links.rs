@@ -3,22 +3,25 @@
 //! owns the interfaces works on.
 
 use natrix_engine::Side;
-use natrix_io::PacketPort;
+use natrix_io::{FrameId, FramePorts};
 
-use super::stage::{Next, Stage};
+use super::stage::{Next, Stage, Staged};
 use super::{IoSnapshot, BATCH};
 use crate::gateway::{Gateway, Ingress};
 
 pub(super) struct Links {
-    pub(super) ports: [Box<dyn PacketPort>; 2],
+    pub(super) ports: Box<dyn FramePorts>,
     pub(super) gateway: Gateway,
     pub(super) stage: Stage,
     pub(super) snapshot: IoSnapshot,
+    /// Frames the gateway makes while a held frame is being addressed
+    /// (requests for next hops), sent after the round's frames.
+    requests: Stage,
 }
 
 impl Links {
-    pub(super) fn new(ports: [Box<dyn PacketPort>; 2], gateway: Gateway) -> Links {
-        Links { ports, gateway, stage: Stage::default(), snapshot: IoSnapshot::default() }
+    pub(super) fn new(ports: Box<dyn FramePorts>, gateway: Gateway) -> Links {
+        Links { ports, gateway, stage: Stage::default(), snapshot: IoSnapshot::default(), requests: Stage::default() }
     }
 
     /// Stages the gateway's announcements of natrix's addresses.
@@ -27,70 +30,97 @@ impl Links {
         gateway.announce(&mut |s, f| stage.push_addressed(s, f));
     }
 
-    /// Receives a batch on `side`; `f` gets each IP frame for the NAT and
-    /// may stage frames to send.
-    pub(super) fn receive(&mut self, side: Side, now: u64, f: &mut dyn FnMut(&mut [u8], &mut Stage)) -> usize {
-        let Links { ports, gateway, stage, snapshot } = self;
+    /// Receives a batch on `side`; `keep` gets each IP frame for the NAT and
+    /// returns whether the frame stays held (its id staged for translation)
+    /// or is done with (copied elsewhere, or dropped).
+    pub(super) fn receive(&mut self, side: Side, now: u64, keep: &mut dyn FnMut(FrameId, &mut [u8], &mut Stage) -> bool) -> usize {
+        let Links { ports, gateway, stage, snapshot, .. } = self;
         let s = side as usize;
-        ports[s]
-            .recv_batch(BATCH, &mut |frame| {
-                snapshot.rx_frames[s] += 1;
-                snapshot.rx_bytes[s] += frame.len() as u64;
-                if gateway.ingress(side, frame, now, &mut |out, f| stage.push_addressed(out, f)) == Ingress::Engine {
-                    f(frame, stage);
-                }
-            })
-            .unwrap_or(0)
+        ports.receive(s, BATCH, &mut |id, frame| {
+            snapshot.rx_frames[s] += 1;
+            snapshot.rx_bytes[s] += frame.len() as u64;
+            gateway.ingress(side, frame, now, &mut |out, f| stage.push_addressed(out, f)) == Ingress::Engine && keep(id, frame, stage)
+        })
     }
 
-    /// Sends a frame through the next-hop logic.
+    /// Sends a copy of a frame through the next-hop logic.
     pub(super) fn send(&mut self, side: Side, frame: &mut [u8], now: u64) {
         let Links { ports, gateway, snapshot, .. } = self;
-        gateway.egress(side, frame, now, &mut |out, f| transmit(ports, snapshot, out, f));
+        gateway.egress(side, frame, now, &mut |out, f| count(snapshot, out, f.len(), ports.send(out as usize, f)));
     }
 
-    /// Sends every staged frame and kicks both interfaces.
+    /// Sends every staged frame (held ones from where they lie) and kicks
+    /// both interfaces.
     pub(super) fn flush(&mut self, now: u64) {
         let mut stage = std::mem::take(&mut self.stage);
-        for &(side, at, len, next) in &stage.frames {
+        for &(side, frame, next) in &stage.frames {
             debug_assert_ne!(next, Next::Translate, "flush: a received frame was never translated");
-            let frame = &mut stage.bytes[at..at + len];
-            match next {
-                Next::Route => self.send(side, frame, now),
-                Next::Send => transmit(&mut self.ports, &mut self.snapshot, side, frame),
-                Next::Translate | Next::Nothing => {}
+            match (frame, next) {
+                (Staged::Held(id), Next::Route) => self.route_held(side, id, now),
+                (Staged::Held(id), _) => self.ports.release(id),
+                (Staged::Made { at, len }, Next::Route) => self.send(side, &mut stage.bytes[at..at + len], now),
+                (Staged::Made { at, len }, Next::Send) => {
+                    let sent = self.ports.send(side as usize, &stage.bytes[at..at + len]);
+                    count(&mut self.snapshot, side, len, sent);
+                }
+                (Staged::Made { .. }, _) => {}
             }
         }
         stage.frames.clear();
         stage.bytes.clear();
         self.stage = stage;
-        for p in &mut self.ports {
-            let _ = p.flush();
-        }
+        self.send_requests();
+        let _ = self.ports.flush();
         self.gateway.expire(now);
+    }
+
+    /// Addresses a held frame to its next hop and transmits it without a
+    /// copy; one whose next hop is unknown waits in the gateway (a copy).
+    fn route_held(&mut self, side: Side, id: FrameId, now: u64) {
+        let Links { ports, gateway, requests, snapshot, .. } = self;
+        let frame = ports.frame(id);
+        let len = frame.len();
+        if gateway.address(side, frame, now, &mut |out, f| requests.push_addressed(out, f)) {
+            let sent = ports.transmit(side as usize, id);
+            count(snapshot, side, len, sent);
+        } else {
+            ports.release(id);
+        }
+    }
+
+    fn send_requests(&mut self) {
+        for &(side, frame, _) in &self.requests.frames {
+            if let Staged::Made { at, len } = frame {
+                let sent = self.ports.send(side as usize, &self.requests.bytes[at..at + len]);
+                count(&mut self.snapshot, side, len, sent);
+            }
+        }
+        self.requests.frames.clear();
+        self.requests.bytes.clear();
     }
 
     pub(super) fn snapshot(&mut self) -> IoSnapshot {
         let mut s = self.snapshot.clone();
-        for (i, p) in self.ports.iter_mut().enumerate() {
-            s.rx_kernel_dropped[i] = p.kernel_dropped();
-            s.rx_refused[i] = p.dropped_on_receive();
-            s.tx_dropped[i] += p.dropped_on_transmit();
+        for i in 0..2 {
+            let c = self.ports.counters(i);
+            s.rx_kernel_dropped[i] = c.kernel_dropped;
+            s.rx_refused[i] = c.refused;
+            s.tx_dropped[i] += c.tx_dropped;
         }
         s.gateway = self.gateway.counters.clone();
         s
     }
 
-    pub(super) fn fds(&self) -> [i32; 2] {
-        [self.ports[0].fd(), self.ports[1].fd()]
+    pub(super) fn fds(&self) -> Vec<i32> {
+        self.ports.fds()
     }
 }
 
-fn transmit(ports: &mut [Box<dyn PacketPort>; 2], snapshot: &mut IoSnapshot, side: Side, frame: &[u8]) {
+fn count(snapshot: &mut IoSnapshot, side: Side, len: usize, sent: bool) {
     let s = side as usize;
-    if ports[s].send(frame) {
+    if sent {
         snapshot.tx_frames[s] += 1;
-        snapshot.tx_bytes[s] += frame.len() as u64;
+        snapshot.tx_bytes[s] += len as u64;
     } else {
         snapshot.tx_dropped[s] += 1;
     }

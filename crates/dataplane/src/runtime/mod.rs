@@ -33,9 +33,9 @@ use natrix_engine::pipeline::hooks::FunctionRecord;
 use natrix_engine::shard::{Owners, Shard};
 use natrix_engine::{Engine, EngineConfig, Event, Side, Stats};
 use natrix_io::af_packet::AfPacketPort;
-use natrix_io::af_xdp::AfXdpPort;
+use natrix_io::af_xdp::{XdpMode, XdpPorts};
 use natrix_io::iface::Interface;
-use natrix_io::{check_frames_fit, IoError, PacketPort};
+use natrix_io::{check_frames_fit, CopyingPorts, FramePorts, IoError, PacketPort};
 
 use crate::gateway::{Gateway, GatewayCounters, Link};
 use crate::ring::{self, Doorbell};
@@ -193,11 +193,14 @@ impl Dataplane {
     /// interfaces `settings` names.
     pub fn start_with(settings: Settings, options: StartOptions) -> Result<Dataplane, DataplaneError> {
         let mut notes = Vec::new();
-        let [inside, outside] = match options.ports {
-            Some(ports) => ports,
+        let (ports, [inside, outside]) = match options.ports {
+            Some([inside, outside]) => {
+                let ports: Box<dyn FramePorts> = Box::new(CopyingPorts::new([inside.port, outside.port]));
+                (ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }])
+            }
             None => open_interfaces(&settings, &mut notes)?,
         };
-        let backend = inside.port.backend();
+        let backend = ports.backend();
         let mut engine_cfg = settings.engine.clone();
         engine_cfg.egress_mtu = [inside.mtu, outside.mtu];
         let gateway = Gateway::new(
@@ -220,7 +223,7 @@ impl Dataplane {
             settings.gateway,
             options.gateway6,
         );
-        let mut links = Links::new([inside.port, outside.port], gateway);
+        let mut links = Links::new(ports, gateway);
         let (event_tx, event_rx) = mpsc::sync_channel(settings.event_buffer.max(1));
         let count = settings.workers.max(1);
         let mut engines = (0..count)
@@ -418,31 +421,52 @@ fn outside_answers(outside: &LinkSettings, pool: &[u32]) -> Vec<u32> {
     v
 }
 
+/// What natrix reads from an interface besides its frames.
+struct LinkLayer {
+    mac: [u8; 6],
+    /// For the engine's egress checks (0: no limit).
+    mtu: u16,
+}
+
 /// Opens both interfaces with the backend `settings` asks for; both are
 /// looked up before either is opened.
-fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<[SuppliedPort; 2], DataplaneError> {
+fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(Box<dyn FramePorts>, [LinkLayer; 2]), DataplaneError> {
     let inside = Interface::lookup(&settings.inside.interface)?;
     let outside = Interface::lookup(&settings.outside.interface)?;
     for iface in [&inside, &outside] {
         check_frames_fit(&iface.name, iface.mtu)?;
     }
-    let inside_port = open_port(&inside, settings.io, notes)?;
-    let outside_port = open_port(&outside, settings.io, notes)?;
-    Ok([SuppliedPort { port: inside_port, mac: inside.mac, mtu: inside.mtu }, SuppliedPort { port: outside_port, mac: outside.mac, mtu: outside.mtu }])
+    let ports = open_ports(&inside, &outside, settings, notes)?;
+    Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }]))
 }
 
-fn open_port(iface: &Interface, choice: IoChoice, notes: &mut Vec<String>) -> Result<Box<dyn PacketPort>, DataplaneError> {
-    match choice {
-        IoChoice::AfPacket => Ok(Box::new(AfPacketPort::open(iface)?)),
-        IoChoice::AfXdp => Ok(Box::new(AfXdpPort::open(&iface.name)?)),
-        IoChoice::Auto => match AfXdpPort::open(&iface.name) {
-            Ok(p) => Ok(Box::new(p)),
+fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, notes: &mut Vec<String>) -> Result<Box<dyn FramePorts>, DataplaneError> {
+    let af_packet = || -> Result<Box<dyn FramePorts>, DataplaneError> {
+        let ports: [Box<dyn PacketPort>; 2] = [Box::new(AfPacketPort::open(inside)?), Box::new(AfPacketPort::open(outside)?)];
+        Ok(Box::new(CopyingPorts::new(ports)))
+    };
+    let af_xdp = || XdpPorts::open(&[&inside.name, &outside.name], settings.busy_poll);
+    match settings.io {
+        IoChoice::AfPacket => af_packet(),
+        IoChoice::AfXdp => Ok(Box::new(described(af_xdp()?, notes))),
+        IoChoice::Auto => match af_xdp() {
+            Ok(p) => Ok(Box::new(described(p, notes))),
             Err(e) => {
-                notes.push(format!("AF_XDP unavailable ({e}); using AF_PACKET on {}", iface.name));
-                Ok(Box::new(AfPacketPort::open(iface)?))
+                notes.push(format!("AF_XDP unavailable ({e}); using AF_PACKET on {} and {}", inside.name, outside.name));
+                af_packet()
             }
         },
     }
+}
+
+/// Notes how the AF_XDP sockets were bound, for the start-up report.
+fn described(ports: XdpPorts, notes: &mut Vec<String>) -> XdpPorts {
+    let mode = match ports.mode() {
+        XdpMode::Copy => "copy mode (the drivers have no zero-copy)",
+        XdpMode::ZeroCopy => "zero-copy",
+    };
+    notes.push(format!("AF_XDP in {mode}: one UMEM for {} inside and {} outside receive queues, frames forwarded where they lie", ports.queues(0), ports.queues(1)));
+    ports
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, DataplaneError> {

@@ -1,19 +1,29 @@
-//! The frames of one round: received frames waiting for the engine, which
-//! translates them in place as a batch, and frames to send, kept in the
-//! order they came so that a flow's frames leave in order.
+//! The frames of one round: received frames held where the backend put
+//! them, waiting for the engine, which translates them in place as a
+//! batch; and frames natrix made, copied here. All are kept in the order
+//! they came so that a flow's frames leave in order.
 
 use natrix_engine::{Side, Verdict};
+use natrix_io::{FrameId, FramePorts};
 
 use crate::ring::MAX_POP;
 
-/// Frames of one round, sent once the receive ring is released: received
-/// frames waiting for the engine (translated in place, as a batch), and
-/// frames to send.
+/// Frames of one round, sent at the end of it.
 #[derive(Default)]
 pub(super) struct Stage {
+    /// The bytes of the frames natrix made.
     pub(super) bytes: Vec<u8>,
-    /// Side, offset, length, and what becomes of the frame.
-    pub(super) frames: Vec<(Side, usize, usize, Next)>,
+    /// Side, the frame, and what becomes of it.
+    pub(super) frames: Vec<(Side, Staged, Next)>,
+}
+
+/// Where a staged frame's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Staged {
+    /// A received frame, in the backend's buffer.
+    Held(FrameId),
+    /// A frame natrix made, in `Stage::bytes`.
+    Made { at: usize, len: usize },
 }
 
 /// What becomes of a staged frame.
@@ -31,11 +41,11 @@ pub(super) enum Next {
 
 impl Stage {
     /// A received frame for the engine: translated in place before it is sent.
-    pub(super) fn hold(&mut self, side: Side, frame: &[u8]) {
-        self.add(side, frame, Next::Translate);
+    pub(super) fn hold(&mut self, side: Side, id: FrameId) {
+        self.frames.push((side, Staged::Held(id), Next::Translate));
     }
 
-    /// A frame the NAT forwards or generates: it goes to its next hop.
+    /// A frame the NAT generates: it goes to its next hop.
     pub(super) fn push(&mut self, side: Side, frame: &[u8]) {
         self.add(side, frame, Next::Route);
     }
@@ -46,62 +56,70 @@ impl Stage {
     }
 
     fn add(&mut self, side: Side, frame: &[u8], next: Next) {
-        self.frames.push((side, self.bytes.len(), frame.len(), next));
+        self.frames.push((side, Staged::Made { at: self.bytes.len(), len: frame.len() }, next));
         self.bytes.extend_from_slice(frame);
     }
 
     /// Hands the frames waiting for the engine to `translate`, up to
-    /// `MAX_POP` at a time with their sides, each writable in place; the
-    /// verdicts it writes decide which are sent and where.
-    pub(super) fn translate_held(&mut self, mut translate: impl FnMut(&[Side], &mut [&mut [u8]], &mut [Verdict])) {
-        let Stage { bytes, frames } = self;
-        let mut first = 0;
-        while let Some(start) = frames[first..].iter().position(|f| f.3 == Next::Translate).map(|i| first + i) {
+    /// `MAX_POP` at a time with their sides, each writable where it lies;
+    /// the verdicts it writes decide which are sent and where.
+    pub(super) fn translate_held(&mut self, ports: &mut dyn FramePorts, mut translate: impl FnMut(&[Side], &mut [&mut [u8]], &mut [Verdict])) {
+        let mut ids = Vec::with_capacity(MAX_POP);
+        let mut next = 0;
+        loop {
             let mut sides = [Side::Inside; MAX_POP];
             let mut slots = [0usize; MAX_POP];
-            let mut views: [&mut [u8]; MAX_POP] = std::array::from_fn(|_| &mut [][..]);
-            let (mut rest, mut rest_at) = (&mut bytes[..], 0);
-            let mut n = 0;
-            for (i, &(side, at, len, next)) in frames.iter().enumerate().skip(start) {
-                if n == MAX_POP {
-                    break;
+            ids.clear();
+            while next < self.frames.len() && ids.len() < MAX_POP {
+                if let (side, Staged::Held(id), Next::Translate) = self.frames[next] {
+                    (sides[ids.len()], slots[ids.len()]) = (side, next);
+                    ids.push(id);
                 }
-                if next != Next::Translate {
-                    continue;
-                }
-                // Staged frames lie in order and apart: split each off the rest.
-                let (_, tail) = std::mem::take(&mut rest).split_at_mut(at - rest_at);
-                let (frame, tail) = tail.split_at_mut(len);
-                (rest, rest_at) = (tail, at + len);
-                (sides[n], slots[n], views[n]) = (side, i, frame);
-                n += 1;
+                next += 1;
             }
+            if ids.is_empty() {
+                return;
+            }
+            let n = ids.len();
+            let mut views = Vec::with_capacity(n);
+            ports.frames(&ids, &mut views);
+            debug_assert_eq!(views.len(), n, "every held frame lies in the backend's buffers");
             let mut verdicts = [Verdict::Held; MAX_POP];
-            translate(&sides[..n], &mut views[..n], &mut verdicts[..n]);
+            translate(&sides[..n], &mut views, &mut verdicts[..n]);
             for (&i, v) in slots[..n].iter().zip(&verdicts[..n]) {
-                let f = &mut frames[i];
-                (f.0, f.3) = match *v {
+                let f = &mut self.frames[i];
+                (f.0, f.2) = match *v {
                     Verdict::Forward(to) => (to, Next::Route),
                     _ => (f.0, Next::Nothing),
                 };
             }
-            first = slots[n - 1] + 1;
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use natrix_io::{CopyingPorts, MemoryPort};
+
     use super::*;
 
-    /// Received frames, interleaved with gateway frames, more than one batch
-    /// of them: each is translated once, in order, in place, and its verdict
-    /// decides where it goes; the gateway's frames are left as they are.
+    /// Received frames, interleaved with frames natrix made, more than one
+    /// batch of them: each received frame is translated once, in order,
+    /// where it lies, and its verdict decides where it goes; the made
+    /// frames are left as they are.
     #[test]
     fn held_frames_are_translated_in_place_in_batches_and_keep_their_order() {
+        let (inside, in_peer) = MemoryPort::pair().unwrap();
+        let (outside, out_peer) = MemoryPort::pair().unwrap();
+        let mut ports = CopyingPorts::new([Box::new(inside), Box::new(outside)]);
         let mut stage = Stage::default();
         for i in 0..150u8 {
-            stage.hold(if i < 100 { Side::Inside } else { Side::Outside }, &[i; 70]);
+            let (peer, side) = if i < 100 { (&in_peer, Side::Inside) } else { (&out_peer, Side::Outside) };
+            peer.inject(&[i; 70]);
+            ports.receive(side as usize, 1, &mut |id, _| {
+                stage.hold(side, id);
+                true
+            });
             if i % 50 == 0 {
                 stage.push_addressed(Side::Outside, &[0xaa; 42]);
             }
@@ -110,7 +128,7 @@ mod tests {
             }
         }
         let mut seen = Vec::new();
-        stage.translate_held(|sides, frames, verdicts| {
+        stage.translate_held(&mut ports, |sides, frames, verdicts| {
             assert!(frames.len() <= MAX_POP);
             for ((side, frame), v) in sides.iter().zip(frames.iter_mut()).zip(verdicts.iter_mut()) {
                 let i = frame[0];
@@ -123,16 +141,17 @@ mod tests {
         });
         assert_eq!(seen, (0..150).collect::<Vec<u8>>());
         let mut held = 0;
-        for &(side, at, len, next) in &stage.frames {
-            let f = &stage.bytes[at..at + len];
-            if f[0] == 0xaa {
-                assert_eq!((side, len, next), (Side::Outside, 42, Next::Send));
-                continue;
-            }
-            if f[0] == 0xbb {
-                assert_eq!((side, len, next), (Side::Inside, 50, Next::Route));
-                continue;
-            }
+        for &(side, frame, next) in &stage.frames {
+            let id = match frame {
+                Staged::Made { at, len } => {
+                    let f = &stage.bytes[at..at + len];
+                    let want = if f[0] == 0xaa { (Side::Outside, 42, Next::Send) } else { (Side::Inside, 50, Next::Route) };
+                    assert_eq!((side, len, next), want);
+                    continue;
+                }
+                Staged::Held(id) => id,
+            };
+            let f = ports.frame(id);
             let i = f[0];
             assert_eq!(f[1], 0xee, "frame {i} translated in place");
             let arrived = if i < 100 { Side::Inside } else { Side::Outside };

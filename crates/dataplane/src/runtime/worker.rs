@@ -150,9 +150,13 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
         let now = clock.now_ns();
         let mut n = 0;
         for side in [Side::Inside, Side::Outside] {
-            n += links.receive(side, now, &mut |frame, stage| stage.hold(side, frame));
+            n += links.receive(side, now, &mut |id, _, stage| {
+                stage.hold(side, id);
+                true
+            });
         }
-        links.stage.translate_held(|sides, frames, verdicts| worker.translate_batch(sides, frames, now, verdicts));
+        let Links { stage, ports, .. } = links;
+        stage.translate_held(ports.as_mut(), |sides, frames, verdicts| worker.translate_batch(sides, frames, now, verdicts));
         worker.housekeeping(now, &mut |to, f| links.stage.push(to, f));
         while let Ok(cmd) = worker.commands.try_recv() {
             worker.command(cmd, Some(links));
@@ -163,8 +167,9 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
         }
         if idle.should_sleep(n > 0) {
             bell.going_to_sleep();
-            let [a, b] = links.fds();
-            wait_readable(&[a, b, bell.fd()], SLEEP_MS);
+            let mut fds = links.fds();
+            fds.push(bell.fd());
+            wait_readable(&fds, SLEEP_MS);
             bell.woke();
         }
     }

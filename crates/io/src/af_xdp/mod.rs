@@ -1,23 +1,25 @@
-//! AF_XDP backend in copy mode, over plain system calls: a UMEM shared with
-//! the kernel, four rings mapped into this process, and a six-instruction
-//! XDP program that redirects the interface's frames into the socket.
+//! AF_XDP backend over plain system calls: a UMEM shared with the kernel,
+//! four rings per socket mapped into this process, and a six-instruction
+//! XDP program that redirects each receive queue's frames into its socket.
+//!
+//! `XdpPorts` is the dataplane's: every interface natrix forwards between,
+//! one socket per receive queue, all sockets on one UMEM, so a frame is
+//! received, translated and transmitted where it lies. `AfXdpPort` is one
+//! queue of one interface as a `PacketPort` (the tester's generator).
 //!
 //! Receiving costs no system call at all: the kernel copies each frame into
-//! a UMEM frame and posts a descriptor on the RX ring; we hand the frame out
-//! in place and return it on the fill ring. Transmitting copies the frame
-//! into a UMEM frame of our own, and one `sendto` per 32 frames makes the
-//! kernel send them (copy mode has no other trigger).
+//! a UMEM chunk (copy mode; zero-copy drivers DMA into it) and posts a
+//! descriptor on the RX ring. Transmitting posts a descriptor on the TX
+//! ring and, in copy mode, one `sendto` per 32 frames makes the kernel send
+//! them. Frames the program redirects bypass the kernel's stack entirely.
 //!
-//! Frames the program redirects bypass the kernel's stack entirely. A
-//! socket serves one receive queue, so interfaces with several are refused
-//! (`IoError::Unsupported`) rather than served in part.
-//!
-//! The parts: this file is the port (receive, transmit, the kick), `umem`
-//! the socket, the shared frame area and the four rings, `program` the BPF
-//! program that redirects frames to the socket, and `netlink` attaching
-//! that program to the interface.
+//! The parts: `ports` the sockets and the chunk ledger, this file the
+//! single port and what both share, `umem` the socket, the shared frame
+//! area and the rings, `program` the BPF program that redirects frames to
+//! the sockets, and `netlink` attaching that program to the interface.
 
 mod netlink;
+mod ports;
 mod program;
 #[cfg(test)]
 mod tests;
@@ -27,10 +29,9 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use crate::iface::Interface;
+use crate::frames::FramePorts;
 use crate::port::{IoError, PacketPort, MAX_FRAME};
-use program::XdpProgram;
-use umem::{bind, register_umem, xsk_socket, Mmap, Ring, Rings};
+pub use ports::{XdpMode, XdpPorts};
 
 /// UMEM chunk size; one frame per chunk, so a chunk holds the largest frame.
 const FRAME_SIZE: u32 = MAX_FRAME as u32;
@@ -40,17 +41,10 @@ const XDP_HEADROOM: usize = 256;
 /// The longest frame the kernel can copy into a receive chunk.
 const MAX_RX_FRAME: usize = MAX_FRAME - XDP_HEADROOM;
 const ETHERNET_HEADER: usize = 14;
-/// Receive frames occupy the first half of the UMEM, transmit frames the
-/// second, so a frame handed to the fill ring never collides with one
-/// waiting for transmission.
-const RX_FRAMES: u32 = 2048;
-const TX_FRAMES: u32 = 2048;
-const UMEM_LEN: usize = ((RX_FRAMES + TX_FRAMES) * FRAME_SIZE) as usize;
-/// Every ring holds as many entries as there are frames of its kind, so the
-/// fill ring always has room for a returned RX frame, and the TX and
-/// completion rings always have room for every TX frame at once.
-const RX_RING: u32 = RX_FRAMES;
-const TX_RING: u32 = TX_FRAMES;
+/// Ring sizes: a fill and an RX ring hold every chunk a socket lends the
+/// kernel; TX and completion rings are as large.
+const RX_RING: u32 = ports::FILL_CHUNKS;
+const TX_RING: u32 = 2048;
 /// How long `open` waits for a queue a closed socket still holds.
 const BIND_TRIES: u32 = 50;
 const BIND_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
@@ -64,126 +58,39 @@ const MAX_KICKS: u32 = TX_RING / KICK_BATCH + 8;
 const _: () = assert!(size_of::<libc::off_t>() == 8);
 const _: () = assert!(FRAME_SIZE.is_power_of_two());
 
+/// Queue 0 of one interface as a `PacketPort`: received frames are handed
+/// out in place and given back at once; sent frames are copied into chunks.
 pub struct AfXdpPort {
-    // Fields drop in this order: stop the redirect first, then unmap the
-    // rings, close the socket and free the UMEM. The program is only held
-    // for its drop, which detaches it.
-    _program: XdpProgram,
-    rx: Ring<libc::xdp_desc>,
-    tx: Ring<libc::xdp_desc>,
-    fill: Ring<u64>,
-    completion: Ring<u64>,
-    socket: OwnedFd,
-    umem: Mmap,
-    /// UMEM addresses of TX frames neither queued nor in the kernel's hands.
-    tx_free: Vec<u64>,
-    interface: String,
+    ports: XdpPorts,
 }
 
 impl AfXdpPort {
-    /// Opens queue 0 of `interface`: sets up the socket and its UMEM, binds
-    /// in copy mode and attaches the redirect program (native mode where the
-    /// driver has it, generic mode otherwise).
+    /// Opens queue 0 of `interface`, refusing interfaces with several
+    /// receive queues (the others' frames would bypass the port).
     pub fn open(interface: &str) -> Result<AfXdpPort, IoError> {
-        let iface = Interface::lookup(interface)?;
-        let ifindex = iface.index;
         refuse_multiqueue(interface)?;
-        refuse_frames_past_a_chunk(interface, iface.mtu)?;
-        let socket = xsk_socket(interface)?;
-        let umem = Mmap::anonymous(UMEM_LEN).map_err(|e| os_error("allocating the UMEM", interface, e))?;
-        register_umem(&socket, &umem).map_err(|e| os_error("registering the UMEM", interface, e))?;
-        let mut rings = Rings::map(&socket, interface)?;
-        // Before the program attaches, so that no early frame finds the
-        // fill ring empty.
-        give_all_rx_frames(&mut rings.fill);
-        bind(&socket, ifindex).map_err(|e| unsupported("binding the AF_XDP socket in copy mode", interface, e))?;
-        Ok(AfXdpPort {
-            _program: XdpProgram::attach(&socket, ifindex, interface)?,
-            rx: rings.rx,
-            tx: rings.tx,
-            fill: rings.fill,
-            completion: rings.completion,
-            socket,
-            umem,
-            tx_free: (RX_FRAMES..RX_FRAMES + TX_FRAMES).map(frame_addr).collect(),
-            interface: interface.to_owned(),
-        })
-    }
-
-    /// Moves TX frames the kernel has finished with back to the free list.
-    fn reclaim_completions(&mut self) {
-        let done = self.completion.available();
-        for i in 0..done {
-            self.tx_free.push(self.completion.read(i));
-        }
-        self.completion.release(done);
-    }
-
-    /// One `sendto`; Ok(()) also when the kernel asks to be kicked again.
-    fn kick(&self) -> Result<(), IoError> {
-        // SAFETY: a zero-length sendto with no buffer or address only wakes
-        // the socket's transmit path.
-        let rc = unsafe { libc::sendto(self.socket.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
-        if rc >= 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            // The device queue or the 32-frame budget ran out: kick again.
-            Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::EINTR) => Ok(()),
-            _ => Err(os_error("kicking transmission", &self.interface, err)),
-        }
+        Ok(AfXdpPort { ports: XdpPorts::open_queues(&[(interface, 1)], false)? })
     }
 }
 
 impl PacketPort for AfXdpPort {
     fn recv_batch(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> Result<usize, IoError> {
-        let n = self.rx.available().min(u32::try_from(max).unwrap_or(u32::MAX));
-        for i in 0..n {
-            let desc = self.rx.read(i);
-            if let Some(frame) = self.umem.slice_mut(desc.addr, desc.len) {
-                f(frame);
-            }
-            // Copy mode puts the frame at an offset inside its chunk; the
-            // fill ring takes the chunk's start.
-            self.fill.push(desc.addr & !u64::from(FRAME_SIZE - 1));
-        }
-        self.rx.release(n);
-        self.fill.publish();
-        Ok(n as usize)
+        Ok(self.ports.receive(0, max, &mut |_, frame| {
+            f(frame);
+            false
+        }))
     }
 
     fn send(&mut self, frame: &[u8]) -> bool {
-        if frame.is_empty() || frame.len() > FRAME_SIZE as usize {
-            return false;
-        }
-        if self.tx_free.is_empty() {
-            self.reclaim_completions();
-        }
-        let Some(addr) = self.tx_free.pop() else {
-            return false;
-        };
-        debug_assert!(self.tx.free() > 0, "the TX ring holds every TX frame");
-        let len = frame.len() as u32;
-        self.umem.slice_mut(addr, len).expect("TX frames lie inside the UMEM").copy_from_slice(frame);
-        self.tx.push(libc::xdp_desc { addr, len, options: 0 });
-        true
+        self.ports.send(0, frame)
     }
 
     fn flush(&mut self) -> Result<(), IoError> {
-        self.tx.publish();
-        for _ in 0..MAX_KICKS {
-            if self.tx.unconsumed() == 0 {
-                break;
-            }
-            self.kick()?;
-        }
-        self.reclaim_completions();
-        Ok(())
+        self.ports.flush()
     }
 
     fn fd(&self) -> RawFd {
-        self.socket.as_raw_fd()
+        self.ports.fds()[0]
     }
 
     fn backend(&self) -> &'static str {
@@ -191,31 +98,39 @@ impl PacketPort for AfXdpPort {
     }
 
     fn kernel_dropped(&mut self) -> u64 {
-        // SAFETY: xdp_statistics is plain data; the kernel fills it.
-        let mut st: libc::xdp_statistics = unsafe { zeroed() };
-        let mut len = size_of::<libc::xdp_statistics>() as libc::socklen_t;
-        // SAFETY: st and len are live and sized for the call.
-        let rc = unsafe { libc::getsockopt(self.socket.as_raw_fd(), libc::SOL_XDP, libc::XDP_STATISTICS, std::ptr::addr_of_mut!(st).cast(), &mut len) };
-        if rc != 0 {
-            return 0;
-        }
-        // Cumulative counters: frames dropped for want of room in the RX
-        // ring (rx_ring_full) or for want of a chunk (rx_dropped, which
-        // rx_fill_ring_empty_descs counts a second time, so it stays out).
-        st.rx_dropped + st.rx_ring_full
+        self.ports.counters(0).kernel_dropped
     }
 }
 
-fn give_all_rx_frames(fill: &mut Ring<u64>) {
-    for frame in 0..RX_FRAMES {
-        fill.push(frame_addr(frame));
+/// Frames the kernel dropped for want of room in the socket's RX ring
+/// (rx_ring_full) or for want of a chunk (rx_dropped, which
+/// rx_fill_ring_empty_descs counts a second time, so it stays out), since
+/// the socket opened.
+fn kernel_dropped(socket: &OwnedFd) -> u64 {
+    // SAFETY: xdp_statistics is plain data; the kernel fills it.
+    let mut st: libc::xdp_statistics = unsafe { zeroed() };
+    let mut len = size_of::<libc::xdp_statistics>() as libc::socklen_t;
+    // SAFETY: st and len are live and sized for the call.
+    let rc = unsafe { libc::getsockopt(socket.as_raw_fd(), libc::SOL_XDP, libc::XDP_STATISTICS, std::ptr::addr_of_mut!(st).cast(), &mut len) };
+    if rc != 0 {
+        return 0;
     }
-    fill.publish();
+    st.rx_dropped + st.rx_ring_full
 }
 
-fn frame_addr(frame: u32) -> u64 {
-    u64::from(frame) * u64::from(FRAME_SIZE)
+/// SO_PREFER_BUSY_POLL with a busy-poll budget (Linux 5.11): the device's
+/// receive work runs when natrix polls instead of in softirq, on natrix's
+/// own thread. Best effort: older kernels refuse and nothing changes.
+fn prefer_busy_poll(socket: &OwnedFd) {
+    let _ = set_option(socket, libc::SOL_SOCKET, libc::SO_PREFER_BUSY_POLL, &1i32);
+    let _ = set_option(socket, libc::SOL_SOCKET, libc::SO_BUSY_POLL, &BUSY_POLL_US);
+    let _ = set_option(socket, libc::SOL_SOCKET, libc::SO_BUSY_POLL_BUDGET, &BUSY_POLL_BUDGET);
 }
+
+/// How long one busy poll may spin, and how many frames it may take: one
+/// receive batch's worth.
+const BUSY_POLL_US: i32 = 20;
+const BUSY_POLL_BUDGET: i32 = 64;
 
 fn os_error(op: &'static str, interface: &str, source: io::Error) -> IoError {
     IoError::Os { op, interface: interface.to_owned(), source }
@@ -248,15 +163,16 @@ fn refuse_frames_past_a_chunk(interface: &str, mtu: u16) -> Result<(), IoError> 
     Ok(())
 }
 
-/// A socket takes the frames of one receive queue only, and the program
-/// passes other queues' frames to the kernel's stack: on an interface with
-/// several queues most traffic would bypass natrix, so AF_XDP declines.
+/// The single port takes the frames of one receive queue only, and the
+/// program passes other queues' frames to the kernel's stack: on an
+/// interface with several queues most traffic would bypass it, so it
+/// declines (`XdpPorts` opens a socket per queue instead).
 fn refuse_multiqueue(interface: &str) -> Result<(), IoError> {
     match rx_queues(interface) {
         Some(queues) if queues > 1 => Err(IoError::Unsupported {
             interface: interface.to_owned(),
             reason: format!(
-                "AF_XDP serves one receive queue and the interface has {queues}; \
+                "this AF_XDP port serves one receive queue and the interface has {queues}; \
                  `ethtool -L {interface} combined 1` leaves one"
             ),
         }),

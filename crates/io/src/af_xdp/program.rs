@@ -23,10 +23,14 @@ pub(super) struct XdpProgram {
 }
 
 impl XdpProgram {
-    pub(super) fn attach(socket: &OwnedFd, ifindex: u32, interface: &str) -> Result<XdpProgram, IoError> {
-        let map = xskmap().map_err(|e| unsupported("creating the XSKMAP", interface, e))?;
+    /// Attaches a program that sends receive queue q's frames to
+    /// `sockets[q]` (and passes frames of other queues to the kernel).
+    pub(super) fn attach(sockets: &[RawFd], ifindex: u32, interface: &str) -> Result<XdpProgram, IoError> {
+        let map = xskmap(sockets.len() as u32).map_err(|e| unsupported("creating the XSKMAP", interface, e))?;
         let program = load_program(&map).map_err(|e| unsupported("loading the XDP program", interface, e))?;
-        map_insert(&map, 0, socket.as_raw_fd()).map_err(|e| unsupported("adding the socket to the XSKMAP", interface, e))?;
+        for (queue, &socket) in sockets.iter().enumerate() {
+            map_insert(&map, queue as u32, socket).map_err(|e| unsupported("adding the socket to the XSKMAP", interface, e))?;
+        }
         // The program keeps the map (and the map the socket) alive from here.
         drop(map);
         let netlink = netlink_socket().map_err(|e| os_error("opening a netlink socket", interface, e))?;
@@ -156,9 +160,10 @@ fn bpf_fd<A>(cmd: libc::c_long, attr: &A) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-fn xskmap() -> io::Result<OwnedFd> {
+/// An XSKMAP with one entry per receive queue, keyed by the queue's index.
+fn xskmap(queues: u32) -> io::Result<OwnedFd> {
     let key_size = size_of::<u32>() as u32;
-    bpf_fd(BPF_MAP_CREATE, &MapCreateAttr { map_type: BPF_MAP_TYPE_XSKMAP, key_size, value_size: key_size, max_entries: 1 })
+    bpf_fd(BPF_MAP_CREATE, &MapCreateAttr { map_type: BPF_MAP_TYPE_XSKMAP, key_size, value_size: key_size, max_entries: queues })
 }
 
 fn map_insert(map: &OwnedFd, key: u32, socket: RawFd) -> io::Result<()> {

@@ -4,7 +4,9 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use super::ports::{FILL_CHUNKS, SPARE_CHUNKS};
 use super::*;
+use crate::iface::Interface;
 
 /// The local experimental ethertype: no kernel protocol answers it.
 const TEST_ETHERTYPE: u16 = 0x88b5;
@@ -68,7 +70,7 @@ fn under_overload_no_chunk_leaks_and_no_frame_arrives_twice() {
         let peer_mac = Interface::lookup(PEER_IF).unwrap().mac;
 
         // In: three rings' worth sent before the port reads anything.
-        let sent = 3 * RX_FRAMES;
+        let sent = 3 * FILL_CHUNKS;
         for seq in 0..sent {
             peer.send(&test_frame(port_mac, peer_mac, seq));
         }
@@ -79,22 +81,22 @@ fn under_overload_no_chunk_leaks_and_no_frame_arrives_twice() {
         // socket count a frame twice.
         assert!(got.len() as u64 + dropped <= u64::from(sent), "{} in and {dropped} dropped of {sent} sent", got.len());
         assert_each_intact_and_once(&got, port_mac, peer_mac);
-        assert_eq!(port.fill.unconsumed(), RX_FRAMES, "every receive chunk is back on the fill ring");
+        assert_eq!(port.ports.chunks_lent(), FILL_CHUNKS, "every receive chunk is back on the fill ring");
 
-        // Out: the transmit ring takes TX_FRAMES and refuses the next.
-        let outbound: Vec<Vec<u8>> = (0..TX_FRAMES).map(|seq| test_frame(peer_mac, port_mac, seq)).collect();
+        // Out: the transmit ring takes TX_RING frames and refuses the next.
+        let outbound: Vec<Vec<u8>> = (0..TX_RING).map(|seq| test_frame(peer_mac, port_mac, seq)).collect();
         for frame in &outbound {
-            assert!(port.send(frame), "the TX ring holds {TX_FRAMES} frames");
+            assert!(port.send(frame), "the TX ring holds {TX_RING} frames");
         }
         assert!(!port.send(&outbound[0]), "a full TX ring refuses");
         port.flush().expect("flush");
         let out = peer.receive(outbound.len());
         assert_each_intact_and_once(&out, peer_mac, port_mac);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while port.tx_free.len() < TX_FRAMES as usize && Instant::now() < deadline {
+        while port.ports.chunks_not_lent() < SPARE_CHUNKS as usize && Instant::now() < deadline {
             port.flush().expect("flush");
         }
-        assert_eq!(port.tx_free.len(), TX_FRAMES as usize, "every transmit chunk came back through the completion ring");
+        assert_eq!(port.ports.chunks_not_lent(), SPARE_CHUNKS as usize, "every transmit chunk came back through the completion ring");
 
         // And the port still carries a round both ways.
         let again: Vec<Vec<u8>> = (0..64).map(|seq| test_frame(port_mac, peer_mac, sent + seq)).collect();
@@ -111,7 +113,7 @@ fn drain_port(port: &mut AfXdpPort) -> Vec<Vec<u8>> {
     loop {
         let mut pfd = libc::pollfd { fd: port.fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 && port.rx.available() == 0 {
+        if unsafe { libc::poll(&mut pfd, 1, 200) } <= 0 {
             return frames;
         }
         port.recv_batch(64, &mut |frame| {
@@ -174,18 +176,150 @@ fn one_port_per_queue_and_drop_detaches_the_program() {
     });
 }
 
+/// The single port (the tester's) serves one queue and says so.
 #[test]
 fn interfaces_with_several_receive_queues_are_refused() {
     let Some(ns) = Netns::with_veth_pair("queues") else {
         return;
     };
-    ns.ethtool(&["-L", PORT_IF, "rx", "2"]);
-    ns.run(|| match AfXdpPort::open(PORT_IF) {
+    ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
+    ns.run(|| match AfXdpPort::open(PORT2_IF) {
         Err(IoError::Unsupported { reason, .. }) => {
             assert!(reason.contains("ethtool -L"), "{reason}")
         }
         other => panic!("two receive queues: {:?}", other.map(|_| ())),
     });
+}
+
+const PORT2_IF: &str = "xsk1";
+const PEER2_IF: &str = "peer1";
+
+/// The dataplane's ports: a frame received on one interface is changed
+/// where it lies and leaves by the other without a copy, both ways, over
+/// rounds that pass many more frames than the UMEM has chunks; every frame
+/// arrives once and changed; afterwards every chunk is back with a fill
+/// ring or on the free list (none leaked, none held).
+#[test]
+fn held_frames_leave_by_the_other_interface_changed_in_place_and_no_chunk_leaks() {
+    const ROUNDS: u32 = 8;
+    const BURST: u32 = 1500;
+    let Some(ns) = Netns::with_veth_pair("forward") else {
+        return;
+    };
+    ns.add_veth_pair(PORT2_IF, PEER2_IF, 1);
+    ns.run(|| {
+        let mut ports = XdpPorts::open(&[PORT_IF, PORT2_IF], false).expect("AF_XDP opens on both");
+        assert_eq!(ports.mode(), XdpMode::Copy, "veth has no zero-copy");
+        let peers = [RawSocket::open(PEER_IF), RawSocket::open(PEER2_IF)];
+        let macs = [PORT_IF, PEER_IF, PORT2_IF, PEER2_IF].map(|i| Interface::lookup(i).unwrap().mac);
+        for round in 0..ROUNDS {
+            let (from, to) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+            let seqs = round * BURST..(round + 1) * BURST;
+            for seq in seqs.clone() {
+                peers[from].send(&test_frame(macs[2 * from], macs[2 * from + 1], seq));
+            }
+            let mut forwarded = 0;
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while forwarded < BURST && Instant::now() < deadline {
+                let mut held = Vec::new();
+                ports.receive(from, 64, &mut |id, frame| {
+                    let ours = frame.get(12..14) == Some(&TEST_ETHERTYPE.to_be_bytes()[..]);
+                    if ours {
+                        mark_forwarded(frame, macs[2 * to + 1], macs[2 * to]);
+                        held.push(id);
+                    }
+                    ours
+                });
+                for id in held {
+                    assert!(ports.transmit(to, id), "round {round}: TX ring full");
+                    forwarded += 1;
+                }
+                ports.flush().expect("flush");
+            }
+            let want: Vec<Vec<u8>> = seqs
+                .map(|seq| {
+                    let mut f = test_frame(macs[2 * from], macs[2 * from + 1], seq);
+                    mark_forwarded(&mut f, macs[2 * to + 1], macs[2 * to]);
+                    f
+                })
+                .collect();
+            assert!(peers[to].receive(want.len()) == want, "round {round}: forwarded frames differ from what was received and changed");
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ports.chunks_not_lent() < SPARE_CHUNKS as usize && Instant::now() < deadline {
+            ports.flush().expect("flush");
+        }
+        assert_eq!(ports.chunks_lent(), 2 * FILL_CHUNKS, "both fill rings are full again");
+        assert_eq!(ports.chunks_not_lent(), SPARE_CHUNKS as usize, "every transmitted chunk came back");
+    });
+}
+
+/// What the test's forwarding writes into a frame where it lies: the next
+/// hop's addresses and a mark after the sequence number.
+fn mark_forwarded(frame: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
+    frame[..6].copy_from_slice(&dst);
+    frame[6..12].copy_from_slice(&src);
+    frame[18] ^= 0xa5;
+}
+
+/// An interface with two receive queues gets a socket on each; flows the
+/// sender spreads over both queues all arrive, each once, and both queues
+/// carry some (RSS on veth: the sender's transmit queue picks the receive
+/// queue, by a hash of the flow).
+#[test]
+fn every_receive_queue_has_a_socket_and_is_served() {
+    const FLOWS: u32 = 256;
+    let Some(ns) = Netns::with_veth_pair("queues2") else {
+        return;
+    };
+    ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
+    ns.run(|| {
+        let mut ports = XdpPorts::open(&[PORT2_IF, PORT_IF], false).expect("AF_XDP opens on every queue");
+        assert_eq!((ports.queues(0), ports.queues(1)), (2, 1));
+        let peer = RawSocket::open_all(PEER2_IF);
+        let (port_mac, peer_mac) = (Interface::lookup(PORT2_IF).unwrap().mac, Interface::lookup(PEER2_IF).unwrap().mac);
+        for flow in 0..FLOWS {
+            peer.send(&udp_frame(port_mac, peer_mac, flow));
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut per_queue = [0u32; 2];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while seen.len() < FLOWS as usize && Instant::now() < deadline {
+            ports.receive(0, 64, &mut |id, frame| {
+                if let Some(flow) = udp_flow(frame) {
+                    assert!(seen.insert(flow), "flow {flow} arrived twice");
+                    per_queue[usize::from(id.queue)] += 1;
+                }
+                false
+            });
+        }
+        assert_eq!(seen.len(), FLOWS as usize, "every flow arrived ({per_queue:?} per queue)");
+        assert!(per_queue.iter().all(|&n| n > 0), "both queues carried flows: {per_queue:?}");
+    });
+}
+
+/// An Ethernet/IPv4/UDP frame of one flow (source port 1000 + flow),
+/// which the kernel's flow hash spreads over transmit queues.
+fn udp_frame(dst: [u8; 6], src: [u8; 6], flow: u32) -> Vec<u8> {
+    let mut f = Vec::with_capacity(60);
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&[0x08, 0x00]);
+    // IPv4: 20 bytes, UDP, 198.18.0.1 -> 198.18.0.2 (the benchmarking range).
+    f.extend_from_slice(&[0x45, 0, 0, 32, 0, 0, 0, 0, 64, 17, 0, 0, 198, 18, 0, 1, 198, 18, 0, 2]);
+    f.extend_from_slice(&((1000 + flow) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 9, 0, 12, 0, 0]);
+    f.extend_from_slice(&flow.to_be_bytes());
+    f.resize(60, 0);
+    f
+}
+
+/// The flow of a frame `udp_frame` made, or None for other traffic.
+fn udp_flow(frame: &[u8]) -> Option<u32> {
+    if frame.len() < 46 || frame[12..14] != [0x08, 0x00] || frame[23] != 17 || frame[26..30] != [198, 18, 0, 1] {
+        return None;
+    }
+    Some(u32::from_be_bytes(frame[42..46].try_into().ok()?))
 }
 
 /// 60 to 1514 bytes: addresses, the test ethertype, the sequence number
@@ -224,8 +358,18 @@ fn receive_on_port(port: &mut AfXdpPort, count: usize) -> Vec<Vec<u8>> {
 struct RawSocket(OwnedFd);
 
 impl RawSocket {
+    /// Sees only test frames.
     fn open(interface: &str) -> RawSocket {
-        let protocol = TEST_ETHERTYPE.to_be();
+        RawSocket::bound(interface, TEST_ETHERTYPE)
+    }
+
+    /// For sending any frame.
+    fn open_all(interface: &str) -> RawSocket {
+        RawSocket::bound(interface, libc::ETH_P_ALL as u16)
+    }
+
+    fn bound(interface: &str, ethertype: u16) -> RawSocket {
+        let protocol = ethertype.to_be();
         // SAFETY: plain socket creation.
         let fd = check(unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, i32::from(protocol)) }).expect("AF_PACKET socket");
         // SAFETY: fd was just created and nothing else owns it.
@@ -290,14 +434,21 @@ impl Netns {
             }
         }
         let ns = Netns { name };
-        ns.ip(&["link", "add", PORT_IF, "type", "veth", "peer", "name", PEER_IF]);
-        for interface in [PORT_IF, PEER_IF] {
+        ns.add_veth_pair(PORT_IF, PEER_IF, 1);
+        Some(ns)
+    }
+
+    /// A veth pair whose ends have `queues` receive and transmit queues.
+    fn add_veth_pair(&self, port: &str, peer: &str, queues: u32) {
+        let q = queues.to_string();
+        let queues = ["numrxqueues", &q, "numtxqueues", &q];
+        self.ip(&[&["link", "add", port][..], &queues, &["type", "veth", "peer", "name", peer], &queues].concat());
+        for interface in [port, peer] {
             // Offloads would leave kernel-built frames with partial
             // checksums or merged by GRO.
-            ns.ethtool(&["-K", interface, "rx", "off", "tx", "off", "tso", "off", "gso", "off", "gro", "off"]);
-            ns.ip(&["link", "set", interface, "up"]);
+            self.ethtool(&["-K", interface, "rx", "off", "tx", "off", "tso", "off", "gso", "off", "gro", "off"]);
+            self.ip(&["link", "set", interface, "up"]);
         }
-        Some(ns)
     }
 
     fn ip(&self, args: &[&str]) -> String {

@@ -22,10 +22,26 @@ pub(super) fn register_umem(socket: &OwnedFd, umem: &Mmap) -> io::Result<()> {
     set_option(socket, libc::SOL_XDP, libc::XDP_UMEM_REG, &reg)
 }
 
-pub(super) fn bind(socket: &OwnedFd, ifindex: u32) -> io::Result<()> {
-    // Copy mode: veth and most drivers have no zero-copy support, and copy
-    // mode costs one copy per frame, which natrix's rates afford.
-    let addr = libc::sockaddr_xdp { sxdp_family: libc::AF_XDP as u16, sxdp_flags: libc::XDP_COPY, sxdp_ifindex: ifindex, sxdp_queue_id: 0, sxdp_shared_umem_fd: 0 };
+/// How a socket binds: the first socket of a UMEM says copy or zero-copy;
+/// every other socket on it shares that UMEM (its own fill and completion
+/// rings, any interface and queue).
+#[derive(Clone, Copy)]
+pub(super) enum BindAs {
+    Copy,
+    ZeroCopy,
+    SharedWith(RawFd),
+}
+
+pub(super) fn bind(socket: &OwnedFd, ifindex: u32, queue: u32, how: BindAs) -> io::Result<()> {
+    // need_wakeup lets a zero-copy driver tell us when it wants a kick; in
+    // copy mode the TX flag simply stays set (every flush kicks).
+    let (flags, shared) = match how {
+        BindAs::Copy => (libc::XDP_COPY | libc::XDP_USE_NEED_WAKEUP, 0),
+        BindAs::ZeroCopy => (libc::XDP_ZEROCOPY | libc::XDP_USE_NEED_WAKEUP, 0),
+        // The kernel takes the mode from the UMEM's first socket.
+        BindAs::SharedWith(fd) => (libc::XDP_SHARED_UMEM, fd as u32),
+    };
+    let addr = libc::sockaddr_xdp { sxdp_family: libc::AF_XDP as u16, sxdp_flags: flags, sxdp_ifindex: ifindex, sxdp_queue_id: queue, sxdp_shared_umem_fd: shared };
     let len = size_of::<libc::sockaddr_xdp>() as libc::socklen_t;
     let mut tries = BIND_TRIES;
     loop {
@@ -103,6 +119,7 @@ pub(super) struct Ring<T> {
     map: Mmap,
     producer: usize,
     consumer: usize,
+    flags: usize,
     descs: usize,
     mask: u32,
     ours: u32,
@@ -115,7 +132,16 @@ impl<T: Copy> Ring<T> {
         let len = descs + entries as usize * size_of::<T>();
         let map = Mmap::new(len, libc::MAP_SHARED | libc::MAP_POPULATE, socket.as_raw_fd(), pgoff)?;
         // Fresh rings start with both indexes at zero.
-        Ok(Ring { map, producer: offsets.producer as usize, consumer: offsets.consumer as usize, descs, mask: entries - 1, ours: 0, entry: PhantomData })
+        Ok(Ring {
+            map,
+            producer: offsets.producer as usize,
+            consumer: offsets.consumer as usize,
+            flags: offsets.flags as usize,
+            descs,
+            mask: entries - 1,
+            ours: 0,
+            entry: PhantomData,
+        })
     }
 
     fn index(&self, offset: usize) -> &AtomicU32 {
@@ -155,6 +181,12 @@ impl<T: Copy> Ring<T> {
 
     pub(super) fn publish(&self) {
         self.index(self.producer).store(self.ours, Ordering::Release);
+    }
+
+    /// Whether the kernel asks for a system call to look at this ring
+    /// (need_wakeup; always so for TX in copy mode).
+    pub(super) fn needs_wakeup(&self) -> bool {
+        self.index(self.flags).load(Ordering::Acquire) & libc::XDP_RING_NEED_WAKEUP != 0
     }
 
     // Consumer side (RX, completion). The acquire load of the producer index

@@ -1,0 +1,349 @@
+//! Every interface natrix forwards between, over AF_XDP sockets that share
+//! one UMEM: one socket per receive queue of each interface, each with its
+//! own four rings. A frame received on any socket can leave by any other,
+//! so forwarding moves a descriptor from an RX ring to a TX ring and the
+//! frame itself never moves in natrix.
+//!
+//! Chunk ownership: a chunk is on a fill ring or in an RX descriptor (the
+//! kernel's, counted in `Xsk::lent`), held by natrix (a `FrameId`), queued
+//! on a TX ring or waiting on a completion ring (the kernel's again), or on
+//! the free list. Completions and released frames go back to the free
+//! list, and fill rings are topped up from it.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use super::program::XdpProgram;
+use super::umem::{bind, register_umem, xsk_socket, BindAs, Mmap, Ring, Rings};
+use super::{os_error, unsupported, FRAME_SIZE, MAX_KICKS};
+use crate::frames::{FrameId, FramePorts, PortCounters};
+use crate::iface::Interface;
+use crate::port::IoError;
+
+/// Chunks each socket keeps on its fill ring for the kernel to receive into.
+pub(super) const FILL_CHUNKS: u32 = 2048;
+/// Chunks beyond the fill rings': frames natrix holds, frames queued for
+/// transmission and frames natrix makes.
+pub(super) const SPARE_CHUNKS: u32 = 4096;
+
+/// One socket: one receive queue of one interface.
+pub(super) struct Xsk {
+    // Rings before the socket: they are unmapped before it closes.
+    pub(super) rx: Ring<libc::xdp_desc>,
+    pub(super) tx: Ring<libc::xdp_desc>,
+    pub(super) fill: Ring<u64>,
+    pub(super) completion: Ring<u64>,
+    pub(super) socket: OwnedFd,
+    /// Chunks on the fill ring or in RX descriptors not yet read.
+    pub(super) lent: u32,
+}
+
+impl Xsk {
+    /// Gives the kernel chunks from `free` until `FILL_CHUNKS` are lent.
+    fn top_up(&mut self, free: &mut Vec<u64>) {
+        let want = (FILL_CHUNKS - self.lent).min(free.len() as u32);
+        if want == 0 {
+            return;
+        }
+        for chunk in free.drain(free.len() - want as usize..) {
+            self.fill.push(chunk);
+        }
+        self.fill.publish();
+        self.lent += want;
+    }
+
+    /// Moves chunks the kernel has transmitted to `free`.
+    fn reclaim(&mut self, free: &mut Vec<u64>) {
+        let done = self.completion.available();
+        for i in 0..done {
+            free.push(chunk_of(self.completion.read(i)));
+        }
+        self.completion.release(done);
+    }
+
+    /// Publishes queued TX descriptors and kicks the kernel until it has
+    /// taken them (copy mode sends at most 32 per system call).
+    fn kick(&mut self, interface: &str) -> Result<(), IoError> {
+        self.tx.publish();
+        for _ in 0..MAX_KICKS {
+            if self.tx.unconsumed() == 0 || !self.tx.needs_wakeup() {
+                break;
+            }
+            wake(&self.socket, interface)?;
+        }
+        Ok(())
+    }
+
+    fn kernel_dropped(&self) -> u64 {
+        super::kernel_dropped(&self.socket)
+    }
+}
+
+/// A zero-length sendto, which makes the kernel look at the TX ring; Ok
+/// also when it asks to be kicked again.
+fn wake(socket: &OwnedFd, interface: &str) -> Result<(), IoError> {
+    // SAFETY: a zero-length sendto with no buffer or address only wakes
+    // the socket's transmit path.
+    let rc = unsafe { libc::sendto(socket.as_raw_fd(), std::ptr::null(), 0, libc::MSG_DONTWAIT, std::ptr::null(), 0) };
+    if rc >= 0 {
+        return Ok(());
+    }
+    let err = std::io::Error::last_os_error();
+    match err.raw_os_error() {
+        // The device queue or the 32-frame budget ran out: kick again.
+        Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::EINTR) => Ok(()),
+        _ => Err(os_error("kicking transmission", interface, err)),
+    }
+}
+
+/// A zero-length recvfrom: where busy polling is on, it runs the device's
+/// receive work on this thread; in zero-copy mode it answers the fill
+/// ring's need_wakeup.
+fn poke_receive(socket: &OwnedFd) {
+    // SAFETY: a zero-length, non-blocking recvfrom into no buffer.
+    unsafe { libc::recvfrom(socket.as_raw_fd(), std::ptr::null_mut(), 0, libc::MSG_DONTWAIT, std::ptr::null_mut(), std::ptr::null_mut()) };
+}
+
+fn chunk_of(addr: u64) -> u64 {
+    addr & !u64::from(FRAME_SIZE - 1)
+}
+
+/// How the sockets were bound, for the start-up report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpMode {
+    Copy,
+    ZeroCopy,
+}
+
+pub struct XdpPorts {
+    // Fields drop in this order: detach the programs (no more redirects),
+    // close the sockets, then free the UMEM.
+    _programs: Vec<XdpProgram>,
+    sockets: Vec<Xsk>,
+    /// Interface i's sockets are sockets[first[i]..first[i + 1]], socket q
+    /// of them serving receive queue q.
+    first: Vec<usize>,
+    umem: Mmap,
+    free: Vec<u64>,
+    interfaces: Vec<String>,
+    mode: XdpMode,
+    busy_poll: bool,
+}
+
+impl XdpPorts {
+    /// Opens a socket on every receive queue of every interface, all on one
+    /// UMEM: zero-copy where every interface's driver offers it, copy mode
+    /// otherwise. With `busy_poll`, sockets prefer busy polling (and empty
+    /// receives run the device's receive work on the calling thread).
+    pub fn open(interfaces: &[&str], busy_poll: bool) -> Result<XdpPorts, IoError> {
+        let with_queues: Vec<(&str, u32)> = interfaces.iter().map(|&name| (name, super::rx_queues(name).unwrap_or(1))).collect();
+        XdpPorts::open_queues(&with_queues, busy_poll)
+    }
+
+    /// Opens the first `queues` receive queues of each interface.
+    pub(super) fn open_queues(interfaces: &[(&str, u32)], busy_poll: bool) -> Result<XdpPorts, IoError> {
+        match XdpPorts::open_as(interfaces, busy_poll, XdpMode::ZeroCopy) {
+            // One interface's driver took zero-copy and another's did not:
+            // the UMEM's mode is its first socket's, so all go copy mode.
+            Err(_) => XdpPorts::open_as(interfaces, busy_poll, XdpMode::Copy),
+            ok => ok,
+        }
+    }
+
+    fn open_as(interfaces: &[(&str, u32)], busy_poll: bool, wanted: XdpMode) -> Result<XdpPorts, IoError> {
+        let mut looked_up = Vec::with_capacity(interfaces.len());
+        for &(name, queues) in interfaces {
+            let iface = Interface::lookup(name)?;
+            super::refuse_frames_past_a_chunk(name, iface.mtu)?;
+            looked_up.push((iface.index, queues.max(1)));
+        }
+        let count: u32 = looked_up.iter().map(|&(_, q)| q).sum();
+        let chunks = count * FILL_CHUNKS + SPARE_CHUNKS;
+        let umem = Mmap::anonymous((chunks * FRAME_SIZE) as usize).map_err(|e| os_error("allocating the UMEM", interfaces[0].0, e))?;
+        let mut free: Vec<u64> = (0..chunks).rev().map(|c| u64::from(c) * u64::from(FRAME_SIZE)).collect();
+        let mut mode = wanted;
+        let mut sockets: Vec<Xsk> = Vec::with_capacity(count as usize);
+        let mut first = vec![0];
+        let mut programs = Vec::with_capacity(interfaces.len());
+        for (&(name, _), &(ifindex, queues)) in interfaces.iter().zip(&looked_up) {
+            for queue in 0..queues {
+                let shared = sockets.first().map(|s| s.socket.as_raw_fd());
+                let (xsk, bound) = open_socket(name, ifindex, queue, shared, mode, &umem, &mut free, busy_poll)?;
+                mode = bound;
+                sockets.push(xsk);
+            }
+            let fds: Vec<RawFd> = sockets[first[first.len() - 1]..].iter().map(|s| s.socket.as_raw_fd()).collect();
+            programs.push(XdpProgram::attach(&fds, ifindex, name)?);
+            first.push(sockets.len());
+        }
+        let interfaces = interfaces.iter().map(|&(name, _)| name.to_owned()).collect();
+        Ok(XdpPorts { _programs: programs, sockets, first, umem, free, interfaces, mode, busy_poll })
+    }
+
+    pub fn mode(&self) -> XdpMode {
+        self.mode
+    }
+
+    /// Sockets (receive queues) of interface `side`.
+    pub fn queues(&self, side: usize) -> usize {
+        self.first[side + 1] - self.first[side]
+    }
+
+    /// The socket that sends a frame of receive queue `queue` out of `side`.
+    fn tx_socket(&self, side: usize, queue: u16) -> usize {
+        self.first[side] + usize::from(queue) % self.queues(side)
+    }
+
+    /// Chunks on the free list, for the tests' ledger.
+    #[cfg(test)]
+    pub(super) fn chunks_not_lent(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Chunks lent to the kernel for receiving, for the tests' ledger.
+    #[cfg(test)]
+    pub(super) fn chunks_lent(&self) -> u32 {
+        self.sockets.iter().map(|s| s.lent).sum()
+    }
+
+    fn reclaim_all(&mut self) {
+        for s in &mut self.sockets {
+            s.reclaim(&mut self.free);
+        }
+    }
+}
+
+/// A socket on `queue`, sharing the UMEM of socket `shared` or, for the
+/// first, registering it and binding in `mode` (falling back from
+/// zero-copy to copy where the driver has no zero-copy); returns the mode
+/// it was bound in.
+#[allow(clippy::too_many_arguments)]
+fn open_socket(
+    interface: &str,
+    ifindex: u32,
+    queue: u32,
+    shared: Option<RawFd>,
+    mode: XdpMode,
+    umem: &Mmap,
+    free: &mut Vec<u64>,
+    busy_poll: bool,
+) -> Result<(Xsk, XdpMode), IoError> {
+    let socket = xsk_socket(interface)?;
+    if shared.is_none() {
+        register_umem(&socket, umem).map_err(|e| os_error("registering the UMEM", interface, e))?;
+    }
+    let rings = Rings::map(&socket, interface)?;
+    let mut xsk = Xsk { rx: rings.rx, tx: rings.tx, fill: rings.fill, completion: rings.completion, socket, lent: 0 };
+    // Before the program attaches, so that no early frame finds the fill
+    // ring empty.
+    xsk.top_up(free);
+    let bound = match (shared, mode) {
+        (Some(fd), _) => bind(&xsk.socket, ifindex, queue, BindAs::SharedWith(fd)).map(|()| mode),
+        (None, XdpMode::ZeroCopy) => match bind(&xsk.socket, ifindex, queue, BindAs::ZeroCopy) {
+            Ok(()) => Ok(XdpMode::ZeroCopy),
+            // A failed bind leaves the socket and its rings as they were.
+            Err(_) => bind(&xsk.socket, ifindex, queue, BindAs::Copy).map(|()| XdpMode::Copy),
+        },
+        (None, XdpMode::Copy) => bind(&xsk.socket, ifindex, queue, BindAs::Copy).map(|()| XdpMode::Copy),
+    };
+    let bound = bound.map_err(|e| unsupported("binding the AF_XDP socket", interface, e))?;
+    if busy_poll {
+        super::prefer_busy_poll(&xsk.socket);
+    }
+    Ok((xsk, bound))
+}
+
+impl FramePorts for XdpPorts {
+    fn receive(&mut self, side: usize, max: usize, f: &mut dyn FnMut(FrameId, &mut [u8]) -> bool) -> usize {
+        let mut got = 0;
+        let XdpPorts { sockets, first, umem, free, busy_poll, .. } = self;
+        for (queue, s) in sockets[first[side]..first[side + 1]].iter_mut().enumerate() {
+            let n = s.rx.available().min((max - got) as u32);
+            for i in 0..n {
+                let desc = s.rx.read(i);
+                let id = FrameId { at: desc.addr, len: desc.len, queue: queue as u16 };
+                let kept = umem.slice_mut(desc.addr, desc.len).is_some_and(|frame| f(id, frame));
+                if !kept {
+                    free.push(chunk_of(desc.addr));
+                }
+            }
+            s.rx.release(n);
+            s.lent -= n;
+            s.top_up(free);
+            if (*busy_poll && n == 0) || s.fill.needs_wakeup() {
+                poke_receive(&s.socket);
+            }
+            got += n as usize;
+        }
+        got
+    }
+
+    fn frame(&mut self, id: FrameId) -> &mut [u8] {
+        self.umem.slice_mut(id.at, id.len).expect("held frames lie inside the UMEM")
+    }
+
+    fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>) {
+        for id in ids {
+            let Some(frame) = self.umem.slice_mut(id.at, id.len) else { continue };
+            // SAFETY: held frames lie in distinct chunks, so the slices never
+            // overlap, and they borrow self (the UMEM) for 'a.
+            out.push(unsafe { std::slice::from_raw_parts_mut(frame.as_mut_ptr(), frame.len()) });
+        }
+    }
+
+    fn transmit(&mut self, side: usize, id: FrameId) -> bool {
+        let k = self.tx_socket(side, id.queue);
+        let s = &mut self.sockets[k];
+        if s.tx.free() == 0 {
+            self.free.push(chunk_of(id.at));
+            return false;
+        }
+        s.tx.push(libc::xdp_desc { addr: id.at, len: id.len, options: 0 });
+        true
+    }
+
+    fn release(&mut self, id: FrameId) {
+        self.free.push(chunk_of(id.at));
+    }
+
+    fn send(&mut self, side: usize, frame: &[u8]) -> bool {
+        if frame.is_empty() || frame.len() > FRAME_SIZE as usize {
+            return false;
+        }
+        if self.free.is_empty() {
+            self.reclaim_all();
+        }
+        let Some(chunk) = self.free.pop() else { return false };
+        let len = frame.len() as u32;
+        self.umem.slice_mut(chunk, len).expect("chunks lie inside the UMEM").copy_from_slice(frame);
+        self.transmit(side, FrameId { at: chunk, len, queue: 0 })
+    }
+
+    fn flush(&mut self) -> Result<(), IoError> {
+        let mut result = Ok(());
+        for (side, name) in self.interfaces.iter().enumerate() {
+            for s in &mut self.sockets[self.first[side]..self.first[side + 1]] {
+                if let Err(e) = s.kick(name) {
+                    result = Err(e);
+                }
+            }
+        }
+        self.reclaim_all();
+        for s in &mut self.sockets {
+            s.top_up(&mut self.free);
+        }
+        result
+    }
+
+    fn fds(&self) -> Vec<RawFd> {
+        self.sockets.iter().map(|s| s.socket.as_raw_fd()).collect()
+    }
+
+    fn backend(&self) -> &'static str {
+        "af_xdp"
+    }
+
+    fn counters(&mut self, side: usize) -> PortCounters {
+        let kernel_dropped = self.sockets[self.first[side]..self.first[side + 1]].iter().map(Xsk::kernel_dropped).sum();
+        PortCounters { kernel_dropped, ..PortCounters::default() }
+    }
+}
