@@ -1,8 +1,10 @@
 """DS-Lite (RFC 6333) through a live natrix, judged by real stacks: two
-homes, nx-sub1 and nx-sub2, each behind a user-space B4 (b4_softwire.py:
-a TUN device whose IPv4 goes to the AFTR in IPv4-in-IPv6 over a raw
-socket, this kernel having no ip6tnl), both using the same private address
-192.0.0.2, run ping, curl and UDP to the IPv4 servers at the same time.
+homes, nx-sub1 and nx-sub2, each behind an independent user-space B4
+(b4/b4.py, written from RFC 6333 and RFC 2473: a TUN device whose IPv4 goes
+to the AFTR in IPv4-in-IPv6 over a raw socket, this kernel having no
+ip6tnl), both using the same private address 192.0.0.2, run ping, curl and
+UDP to the IPv4 servers at the same time; and one home downloads through a
+softwire whose MTU makes natrix fragment the outer IPv6 packets.
 
 natrix's AFTR address is 2001:db8:1::af, on the inside link beside its
 address6 2001:db8:1::1: the B4s' kernels find it with Neighbor Discovery,
@@ -10,8 +12,11 @@ which natrix answers, and natrix finds the B4s (2001:db8:1::2 and ::3, the
 lab's IPv6 addresses of the homes) the same way.
 """
 
+import contextlib
+import hashlib
 import json
 import select
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -26,8 +31,35 @@ h.skip_module_if_unavailable()
 
 AFTR = "2001:db8:1::af"
 HOMES = (NS_SUB1, NS_SUB2)
-B4_SCRIPT = Path(__file__).resolve().parent / "b4_softwire.py"
+B4_ADDRESS = {NS_SUB1: "2001:db8:1::2", NS_SUB2: "2001:db8:1::3"}
+B4_SCRIPT = Path(__file__).resolve().parent / "b4" / "b4.py"
 LAB_GATEWAY = "100.64.0.1"
+
+
+@contextlib.contextmanager
+def b4s(homes):
+    """A B4 in each home; the homes' IPv4 default route goes into the
+    softwire while it runs and back to the lab's gateway afterwards."""
+    procs = []
+    try:
+        for ns in homes:
+            p = subprocess.Popen(h.netns_cmd(ns, "python3", str(B4_SCRIPT), "--aftr", AFTR, "--b4", B4_ADDRESS[ns]),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=h.clean_env())
+            procs.append(p)
+            ready, _, _ = select.select([p.stdout], [], [], 10)
+            line = p.stdout.readline() if ready else ""
+            assert line.strip() == "ready", f"the B4 in {ns} did not start: {line!r} {p.stderr.read() if p.poll() is not None else ''}"
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+        for ns in homes:
+            h.run_in(ns, "ip", "route", "replace", "default", "via", LAB_GATEWAY)
 
 
 @pytest.fixture
@@ -37,28 +69,8 @@ def aftr(natrix):
 
 @pytest.fixture
 def homes(aftr):
-    """A B4 in each home; the homes' IPv4 default route goes into the
-    softwire while it runs and back to the lab's gateway afterwards."""
-    procs = []
-    try:
-        for ns in HOMES:
-            p = subprocess.Popen(h.netns_cmd(ns, "python3", str(B4_SCRIPT), "--aftr", AFTR),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=h.clean_env())
-            procs.append(p)
-            ready, _, _ = select.select([p.stdout], [], [], 10)
-            line = p.stdout.readline() if ready else ""
-            assert line.strip() == "ready", f"the B4 in {ns} did not start: {line!r} {p.stderr.read() if p.poll() is not None else ''}"
+    with b4s(HOMES):
         yield aftr
-    finally:
-        for p in procs:
-            p.terminate()
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=5)
-        for ns in HOMES:
-            h.run_in(ns, "ip", "route", "replace", "default", "via", LAB_GATEWAY)
 
 
 def in_home(ns, *argv, timeout=15):
@@ -158,3 +170,85 @@ def test_show_filters_by_b4_and_names_the_inner_address(homes):
     rows = json.loads(r.stdout)
     assert rows and all((m["b4"], m["subscriber"]) == ("2001:db8:1::2", "192.0.0.2") for m in rows), rows
     assert all(h.in_pool(m["outside"].rsplit(":", 1)[0], homes.pool) for m in rows), rows
+
+
+# The softwire's MTU for the fragmentation test: IPv6's minimum (RFC 8200),
+# below the 1500 bytes of the server's full-size segments plus 40.
+SMALL_MTU = 1280
+DOWNLOAD_BYTES = 512 * 1024
+
+# An HTTP/1.0 server for nx-srv1 sending DOWNLOAD_BYTES random bytes, with
+# DF clear on its packets (IP_PMTUDISC_DONT): the AFTR then fragments the
+# outer IPv6 packets towards the home (RFC 2473 section 7.2) rather than
+# asking the server for a smaller MTU. Prints its port and the body's SHA-256.
+DOWNLOAD_SERVER = r"""
+import hashlib, os, socket, sys
+IP_MTU_DISCOVER, IP_PMTUDISC_DONT = 10, 0
+body = os.urandom(int(sys.argv[2]))
+srv = socket.create_server((sys.argv[1], 0))
+print(srv.getsockname()[1], hashlib.sha256(body).hexdigest(), flush=True)
+while True:
+    conn, _ = srv.accept()
+    conn.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DONT)
+    conn.settimeout(10)
+    request = b""
+    while b"\r\n\r\n" not in request:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        request += chunk
+    conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    conn.close()
+"""
+
+
+def reassembled_ok(ns):
+    """The namespace's count of IPv6 packets its kernel reassembled (RFC 8200)."""
+    for line in h.run_in(ns, "cat", "/proc/net/snmp6").stdout.splitlines():
+        name, value = line.split()
+        if name == "Ip6ReasmOKs":
+            return int(value)
+    raise AssertionError(f"no Ip6ReasmOKs in {ns}'s /proc/net/snmp6")
+
+
+@pytest.fixture
+def download_server():
+    server = subprocess.Popen(h.netns_cmd(h.NS_SRV1, "python3", "-c", DOWNLOAD_SERVER, SRV1, str(DOWNLOAD_BYTES)),
+                              stdout=subprocess.PIPE, text=True, env=h.clean_env())
+    try:
+        ready, _, _ = select.select([server.stdout], [], [], 10)
+        port, sha = (server.stdout.readline().split() + ["", ""])[:2] if ready else ("", "")
+        assert port.isdigit(), "the download server did not start"
+        yield int(port), sha
+    finally:
+        server.kill()
+        server.wait(timeout=5)
+
+
+def test_a_download_through_a_small_softwire_mtu_arrives_whole_in_outer_fragments(natrix, download_server, tmp_path):
+    """`[dslite] mtu` below the server's packets plus 40 (MSS clamping off,
+    so TCP does not avoid it): natrix must fragment the outer IPv6 packets
+    towards the home, never the inner IPv4 (RFC 6333 sections 5.3 and 6.3,
+    RFC 2473 section 7.2). The home's kernel reassembles them before the B4
+    decapsulates; tshark on the home's link sees the fragments and that none
+    exceeds the MTU; curl's download has the server's SHA-256."""
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark not installed here (apt-get install -y tshark)")
+    port, sha = download_server
+    natrix({"dslite": {"aftr": AFTR, "mtu": SMALL_MTU, "mss_clamp": "off"}})
+    with b4s((NS_SUB1,)):
+        cap = h.Tshark(NS_SUB1, "eth0", f"ip6 src host {AFTR}", tmp_path / "home.pcapng")
+        before = reassembled_ok(NS_SUB1)
+        out = tmp_path / "download"
+        in_home(NS_SUB1, "curl", "-4", "-sS", "--noproxy", "*", "--max-time", "20", "-o", str(out),
+                f"http://{SRV1}:{port}/", timeout=30)
+        reassembled = reassembled_ok(NS_SUB1) - before
+        frames = cap.fields("ipv6", "ipv6.plen", "ipv6.fraghdr.nxt", "ipv6.fraghdr.offset", occurrence="f")
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == sha, f"the download ({out.stat().st_size} bytes) differs from what the server sent"
+    assert frames, "tshark saw no packet from the AFTR on the home's link"
+    too_big = [f for f in frames if 40 + int(f[0]) > SMALL_MTU]
+    assert not too_big, f"{len(too_big)} packets from the AFTR exceed the softwire MTU {SMALL_MTU}: payload lengths {sorted({f[0] for f in too_big})}"
+    fragments = [f for f in frames if f[1]]
+    assert fragments and all(f[1] == "4" for f in fragments), f"outer fragments of IPv4-in-IPv6 expected: {fragments[:5]}"
+    firsts = sum(1 for f in fragments if f[2] == "0")
+    assert reassembled >= firsts, f"the home's kernel reassembled {reassembled} packets, natrix fragmented {firsts}"
