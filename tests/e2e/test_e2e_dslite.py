@@ -3,8 +3,10 @@ homes, nx-sub1 and nx-sub2, each behind an independent user-space B4
 (b4/b4.py, written from RFC 6333 and RFC 2473: a TUN device whose IPv4 goes
 to the AFTR in IPv4-in-IPv6 over a raw socket, this kernel having no
 ip6tnl), both using the same private address 192.0.0.2, run ping, curl and
-UDP to the IPv4 servers at the same time; and one home downloads through a
-softwire whose MTU makes natrix fragment the outer IPv6 packets.
+UDP to the IPv4 servers at the same time; one home downloads through a
+softwire whose MTU makes natrix fragment the outer IPv6 packets, sends a
+datagram its kernel fragments after encapsulation, and is the destination
+of a DF packet too big for the softwire.
 
 natrix's AFTR address is 2001:db8:1::af, on the inside link beside its
 address6 2001:db8:1::1: the B4s' kernels find it with Neighbor Discovery,
@@ -37,13 +39,15 @@ LAB_GATEWAY = "100.64.0.1"
 
 
 @contextlib.contextmanager
-def b4s(homes):
-    """A B4 in each home; the homes' IPv4 default route goes into the
-    softwire while it runs and back to the lab's gateway afterwards."""
+def b4s(homes, mtu=None):
+    """A B4 in each home (its TUN's MTU `mtu`, else the B4's default); the
+    homes' IPv4 default route goes into the softwire while it runs and back
+    to the lab's gateway afterwards."""
     procs = []
     try:
         for ns in homes:
-            p = subprocess.Popen(h.netns_cmd(ns, "python3", str(B4_SCRIPT), "--aftr", AFTR, "--b4", B4_ADDRESS[ns]),
+            argv = ["python3", str(B4_SCRIPT), "--aftr", AFTR, "--b4", B4_ADDRESS[ns]] + (["--mtu", str(mtu)] if mtu else [])
+            p = subprocess.Popen(h.netns_cmd(ns, *argv),
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=h.clean_env())
             procs.append(p)
             ready, _, _ = select.select([p.stdout], [], [], 10)
@@ -60,6 +64,21 @@ def b4s(homes):
                 p.wait(timeout=5)
         for ns in homes:
             h.run_in(ns, "ip", "route", "replace", "default", "via", LAB_GATEWAY)
+
+
+@contextlib.contextmanager
+def server_in_srv1(script, *argv):
+    """`python3 -c script argv` in nx-srv1; yields the first line it prints."""
+    server = subprocess.Popen(h.netns_cmd(h.NS_SRV1, "python3", "-c", script, *map(str, argv)),
+                              stdout=subprocess.PIPE, text=True, env=h.clean_env())
+    try:
+        ready, _, _ = select.select([server.stdout], [], [], 10)
+        line = server.stdout.readline().strip() if ready else ""
+        assert line, "the server in nx-srv1 did not start"
+        yield line, server
+    finally:
+        server.kill()
+        server.wait(timeout=5)
 
 
 @pytest.fixture
@@ -213,16 +232,9 @@ def reassembled_ok(ns):
 
 @pytest.fixture
 def download_server():
-    server = subprocess.Popen(h.netns_cmd(h.NS_SRV1, "python3", "-c", DOWNLOAD_SERVER, SRV1, str(DOWNLOAD_BYTES)),
-                              stdout=subprocess.PIPE, text=True, env=h.clean_env())
-    try:
-        ready, _, _ = select.select([server.stdout], [], [], 10)
-        port, sha = (server.stdout.readline().split() + ["", ""])[:2] if ready else ("", "")
-        assert port.isdigit(), "the download server did not start"
+    with server_in_srv1(DOWNLOAD_SERVER, SRV1, DOWNLOAD_BYTES) as (line, _):
+        port, sha = line.split()
         yield int(port), sha
-    finally:
-        server.kill()
-        server.wait(timeout=5)
 
 
 def test_a_download_through_a_small_softwire_mtu_arrives_whole_in_outer_fragments(natrix, download_server, tmp_path):
@@ -252,3 +264,90 @@ def test_a_download_through_a_small_softwire_mtu_arrives_whole_in_outer_fragment
     assert fragments and all(f[1] == "4" for f in fragments), f"outer fragments of IPv4-in-IPv6 expected: {fragments[:5]}"
     firsts = sum(1 for f in fragments if f[2] == "0")
     assert reassembled >= firsts, f"the home's kernel reassembled {reassembled} packets, natrix fragmented {firsts}"
+
+
+# A UDP server for nx-srv1 answering each datagram with its length and SHA-256.
+UDP_DIGEST_SERVER = r"""
+import hashlib, socket, sys
+srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+srv.bind((sys.argv[1], 0))
+print(srv.getsockname()[1], flush=True)
+while True:
+    data, peer = srv.recvfrom(65535)
+    srv.sendto(b"%d %s" % (len(data), hashlib.sha256(data).hexdigest().encode()), peer)
+"""
+
+# Sends SIZE random bytes to the digest server (again if no answer: the first
+# may wait for neighbour discovery); prints the answer, then its own digest.
+UDP_DIGEST_CLIENT = r"""
+import hashlib, os, socket, sys
+data = os.urandom(int(sys.argv[3]))
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+answer = "none none"
+for _ in range(3):
+    s.sendto(data, (sys.argv[1], int(sys.argv[2])))
+    try:
+        answer = s.recv(200).decode()
+        break
+    except socket.timeout:
+        pass
+print(answer, len(data), hashlib.sha256(data).hexdigest())
+"""
+
+
+def test_a_datagram_the_b4_fragmented_is_reassembled_by_natrix(natrix, tmp_path):
+    """The B4's TUN MTU at 1500, as the link's: a 1500-byte IPv4 packet
+    leaves the home as a 1540-byte IPv6 packet, which the home's kernel
+    fragments after encapsulation (RFC 6333 section 5.3); natrix must
+    reassemble before decapsulating (section 6.3): the server gets the whole
+    datagram (its length and SHA-256 come back), and tshark on the home's
+    link saw the outer fragments."""
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark not installed here (apt-get install -y tshark)")
+    natrix({"dslite": {"aftr": AFTR}})
+    size = 1500 - 20 - 8
+    with server_in_srv1(UDP_DIGEST_SERVER, SRV1) as (port, _), b4s((NS_SUB1,), mtu=1500):
+        cap = h.Tshark(NS_SUB1, "eth0", f"ip6 src host {B4_ADDRESS[NS_SUB1]} and dst host {AFTR}", tmp_path / "home.pcapng")
+        got_size, got_sha, sent_size, sent_sha = in_home(NS_SUB1, "python3", "-c", UDP_DIGEST_CLIENT, SRV1, port, size).split()
+        frames = cap.fields("ipv6.fraghdr", "ipv6.fraghdr.nxt", "ipv6.fraghdr.offset", occurrence="f")
+    assert (got_size, got_sha) == (sent_size, sent_sha), f"the server got {got_size} bytes ({got_sha}), the home sent {sent_size} ({sent_sha})"
+    assert len(frames) >= 2 and all(f[0] == "4" for f in frames), f"the home's kernel should have fragmented the outer packet: {frames}"
+
+
+# A UDP server for nx-srv1 with path MTU discovery on (DF set): it answers
+# the first datagram with a DATAGRAM_SIZE-byte one, waits, and prints the
+# path MTU its kernel now holds for the client (IP_MTU), which only an ICMP
+# fragmentation needed matching its socket can have lowered.
+DF_SERVER = r"""
+import socket, sys, time
+IP_MTU_DISCOVER, IP_PMTUDISC_DO, IP_MTU = 10, 2, 14
+srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+srv.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+srv.bind((sys.argv[1], 0))
+print(srv.getsockname()[1], flush=True)
+_, peer = srv.recvfrom(2048)
+srv.connect(peer)
+srv.send(b"x" * int(sys.argv[2]))
+time.sleep(1)
+print(srv.getsockopt(socket.IPPROTO_IP, IP_MTU), flush=True)
+"""
+
+UDP_HELLO = """
+import socket, sys
+socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"hello", (sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def test_a_df_packet_too_big_for_the_softwire_gets_fragmentation_needed_with_mtu_minus_40(natrix):
+    """RFC 2473 section 7.2 and CONTRACTS `[dslite] mtu`: an IPv4 packet
+    towards a B4 with DF set that would not fit the softwire is not
+    fragmented but answered with ICMPv4 fragmentation needed giving `mtu` -
+    40; the server's kernel takes it (it must quote the packet as the server
+    sent it) and lowers its path MTU to the home's external address."""
+    natrix({"dslite": {"aftr": AFTR, "mtu": SMALL_MTU}})
+    with server_in_srv1(DF_SERVER, SRV1, 1400) as (port, server), b4s((NS_SUB1,)):
+        in_home(NS_SUB1, "python3", "-c", UDP_HELLO, SRV1, port)
+        ready, _, _ = select.select([server.stdout], [], [], 10)
+        mtu = server.stdout.readline().strip() if ready else "no answer"
+    assert mtu == str(SMALL_MTU - 40), f"the server's path MTU towards the home: {mtu}"

@@ -80,26 +80,40 @@ def is_ipv4_packet(p):
     return (p[0] & 0x0F) * 4 <= total <= len(p)
 
 
+def encapsulate(tun, sock, aftr, counts):
+    """One IPv4 packet of the home into the softwire (RFC 6333 section 5.2)."""
+    packet = os.read(tun, MAX_PACKET)
+    if not is_ipv4_packet(packet):
+        counts["dropped_not_ipv4"] += 1
+        return
+    try:
+        sock.sendto(packet, (aftr, 0))
+        counts["encapsulated"] += 1
+    except OSError:  # e.g. the AFTR's link address not resolved: lost, as on a wire
+        counts["dropped_send_failed"] += 1
+
+
+def decapsulate(tun, sock, aftr_bytes, counts):
+    """One softwire packet to the home, if the AFTR sent it (RFC 2473
+    section 3.3); the IPv6 layer has already reassembled it."""
+    packet, src = sock.recvfrom(MAX_PACKET)
+    if socket.inet_pton(socket.AF_INET6, src[0].split("%")[0]) != aftr_bytes:
+        counts["dropped_not_from_aftr"] += 1
+    elif not is_ipv4_packet(packet):
+        counts["dropped_not_ipv4"] += 1
+    else:
+        os.write(tun, packet[:struct.unpack_from("!H", packet, 2)[0]])
+        counts["decapsulated"] += 1
+
+
 def run(tun, sock, aftr, counts):
     aftr_bytes = socket.inet_pton(socket.AF_INET6, aftr)
     while True:
         ready, _, _ = select.select([tun, sock], [], [])
         if tun in ready:
-            packet = os.read(tun, MAX_PACKET)
-            if is_ipv4_packet(packet):
-                sock.sendto(packet, (aftr, 0))
-                counts["encapsulated"] += 1
-            else:
-                counts["dropped_not_ipv4"] += 1
+            encapsulate(tun, sock, aftr, counts)
         if sock in ready:
-            packet, src = sock.recvfrom(MAX_PACKET)
-            if socket.inet_pton(socket.AF_INET6, src[0].split("%")[0]) != aftr_bytes:
-                counts["dropped_not_from_aftr"] += 1
-            elif not is_ipv4_packet(packet):
-                counts["dropped_not_ipv4"] += 1
-            else:
-                os.write(tun, packet[:struct.unpack_from("!H", packet, 2)[0]])
-                counts["decapsulated"] += 1
+            decapsulate(tun, sock, aftr_bytes, counts)
 
 
 def main():
@@ -110,7 +124,8 @@ def main():
     ap.add_argument("--mtu", type=int, default=1460, help="the TUN's IPv4 MTU (default 1460)")
     args = ap.parse_args()
 
-    counts = {"encapsulated": 0, "decapsulated": 0, "dropped_not_from_aftr": 0, "dropped_not_ipv4": 0}
+    counts = {"encapsulated": 0, "decapsulated": 0, "dropped_not_from_aftr": 0, "dropped_not_ipv4": 0,
+              "dropped_send_failed": 0}
 
     def stop(_sig, _frame):
         print(" ".join(f"{k}={v}" for k, v in counts.items()), file=sys.stderr, flush=True)
