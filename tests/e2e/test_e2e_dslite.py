@@ -21,6 +21,7 @@ import select
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -351,3 +352,33 @@ def test_a_df_packet_too_big_for_the_softwire_gets_fragmentation_needed_with_mtu
         ready, _, _ = select.select([server.stdout], [], [], 10)
         mtu = server.stdout.readline().strip() if ready else "no answer"
     assert mtu == str(SMALL_MTU - 40), f"the server's path MTU towards the home: {mtu}"
+
+
+# IPv4-in-IPv6 (an ICMP echo request to the home's 192.0.0.2) to nx-sub1's
+# B4, from the IPv6 source given, sent by scapy in nx-sub2.
+SOFTWIRE_FROM = r"""
+import sys
+from scapy.all import ICMP, IP, IPv6, conf, send
+conf.verb = 0
+send(IPv6(src=sys.argv[1], dst=sys.argv[2], nh=4) / IP(src="198.51.100.11", dst="192.0.0.2") / ICMP(id=7, seq=1))
+"""
+
+
+def tun_received(ns):
+    """Packets the B4 wrote to its TUN in namespace `ns` (the TUN's rx)."""
+    link = json.loads(in_home(ns, "ip", "-s", "-j", "link", "show", "b4"))[0]
+    return link["stats64"]["rx"]["packets"]
+
+
+def test_the_b4_takes_softwire_packets_from_the_aftr_only(lab):
+    """The lab's B4 itself (RFC 6333 section 5: the softwire's far end is
+    the AFTR): IPv4-in-IPv6 to it from another address never reaches the
+    home; the same packet from the AFTR's address does."""
+    with b4s((NS_SUB1,)):
+        before = tun_received(NS_SUB1)
+        in_home(NS_SUB2, "python3", "-c", SOFTWIRE_FROM, B4_ADDRESS[NS_SUB2], B4_ADDRESS[NS_SUB1])
+        time.sleep(h.QUIET)
+        assert tun_received(NS_SUB1) == before, "a softwire packet from another B4 reached the home"
+        in_home(NS_SUB2, "python3", "-c", SOFTWIRE_FROM, AFTR, B4_ADDRESS[NS_SUB1])
+        time.sleep(0.5)
+        assert tun_received(NS_SUB1) == before + 1, "the packet from the AFTR's address did not reach the home"
