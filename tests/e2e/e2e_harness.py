@@ -384,6 +384,46 @@ class Agent:
         return self.call("server_events", server=server)["events"]
 
 
+class Tshark:
+    """tshark capturing on `iface` in namespace `ns` into `path` (pcapng)
+    with the capture filter `bpf`, from construction until `stop()`; then
+    `fields()` decodes the file with tshark."""
+
+    def __init__(self, ns, iface, bpf, path):
+        self.path = Path(path)
+        self.proc = subprocess.Popen(netns_cmd(ns, "tshark", "-i", iface, "-w", self.path, "-f", bpf),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env())
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if "Capturing on" in line or not line:
+                break
+        time.sleep(0.3)
+
+    def stop(self):
+        """Ends the capture (after a moment for the last frames)."""
+        if self.proc.poll() is None:
+            time.sleep(0.5)
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+    def fields(self, display_filter, *fields, occurrence="a"):
+        """One list per frame matching `display_filter`: each of `fields` as
+        tshark prints it ("" when absent; `occurrence` "a": every occurrence,
+        comma-separated, "f": the first)."""
+        self.stop()
+        out = subprocess.run(["tshark", "-r", str(self.path), "-Y", display_filter, "-T", "fields", "-E", f"occurrence={occurrence}",
+                              *[a for f in fields for a in ("-e", f)]],
+                             capture_output=True, text=True, timeout=60, env=clean_env())
+        if out.returncode != 0:
+            raise RuntimeError(f"tshark -r {self.path} failed: {out.stderr}")
+        return [(line.split("\t") + [""] * len(fields))[:len(fields)] for line in out.stdout.splitlines()]
+
+
 def ensure_lab_namespaces():
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                            timeout=10).stdout
