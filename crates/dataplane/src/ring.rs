@@ -1,5 +1,6 @@
 //! Lock-free single-producer single-consumer rings of frames, for handing
-//! frames between the I/O thread and the workers, and doorbells to wake a
+//! frames between the first worker (which owns the interfaces) and the
+//! others, and doorbells to wake a
 //! sleeping thread. A push copies the frame into a slot; no allocation.
 
 use std::cell::UnsafeCell;

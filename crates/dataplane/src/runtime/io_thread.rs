@@ -1,10 +1,11 @@
-//! The I/O thread of a dataplane with several workers: it owns both
-//! interfaces and the gateway, steers each received IP frame to the worker
-//! that owns its state, and sends what the workers hand back.
+//! The first worker of a dataplane with several: besides its own engine it
+//! owns both interfaces and the gateway. It translates the frames it owns
+//! where they lie, steers every other IP frame to the worker that owns its
+//! state, and sends what the other workers hand back. With N workers there
+//! are N threads, which on a small host leaves the CPUs to the engines.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
-use std::sync::Arc;
+use std::time::Instant;
 
 use natrix_engine::Side;
 use natrix_wire::{ethernet, ipv4};
@@ -12,26 +13,32 @@ use natrix_wire::{ethernet, ipv4};
 use super::clock::{Clock, Idle, SLEEP_MS};
 use super::commands::Command;
 use super::links::Links;
+use super::stage::{Next, Staged};
+use super::worker::EngineWorker;
 use super::BATCH;
-use crate::ring::{wait_readable, Consumer, Doorbell, Producer};
+use crate::ring::{wait_readable, Consumer, Doorbell, Producer, MAX_POP};
 use crate::steer::Steering;
+use natrix_engine::Verdict;
 
-/// The I/O thread's links to the workers, one entry per worker in each:
-/// kept apart so a frame popped from one worker can go straight to another.
+/// Links to the workers: `to_workers[w]` feeds worker w, the first
+/// worker's own included (hairpins to its mappings that another worker
+/// translated wait there, for `own_input`); `from_workers[i]` and
+/// `doorbells[i]` belong to worker i + 1.
 #[derive(Default)]
 pub(super) struct Lanes {
     pub(super) to_workers: Vec<Producer>,
     pub(super) from_workers: Vec<Consumer>,
-    pub(super) doorbells: Vec<Arc<Doorbell>>,
+    pub(super) doorbells: Vec<std::sync::Arc<Doorbell>>,
 }
 
 pub(super) struct IoThread {
+    pub(super) worker: EngineWorker,
     pub(super) links: Links,
     pub(super) lanes: Lanes,
+    pub(super) own_input: Consumer,
     pub(super) steering: Steering,
-    /// Sorted, to recognise hairpins a worker handed back.
+    /// Sorted, to recognise hairpins to another worker's mapping.
     pub(super) pool: Vec<u32>,
-    pub(super) commands: Receiver<Command>,
 }
 
 impl IoThread {
@@ -39,36 +46,26 @@ impl IoThread {
         let mut idle = Idle::new(busy_poll);
         let mut woken = vec![false; self.lanes.to_workers.len()];
         while !stop.load(Ordering::Relaxed) {
+            let t0 = Instant::now();
             let now = clock.now_ns();
-            let mut n = 0;
-            for side in [Side::Inside, Side::Outside] {
-                let IoThread { links, lanes, steering, .. } = self;
-                let mut dropped = 0;
-                n += links.receive(side, now, &mut |_, frame, _| {
-                    let w = usize::from(steering.worker_for(side, frame));
-                    if lanes.to_workers[w].push(side, frame) {
-                        woken[w] = true;
-                    } else {
-                        dropped += 1;
-                    }
-                    // The worker has its copy.
-                    false
-                });
-                links.snapshot.handoff_dropped += dropped;
-            }
+            let mut n = self.receive_and_steer(now, &mut woken);
+            self.translate_own(now, &mut woken);
             n += self.collect_from_workers(now, &mut woken);
-            for (bell, w) in self.lanes.doorbells.iter().zip(woken.iter_mut()) {
+            for (bell, w) in self.lanes.doorbells.iter().zip(woken.iter_mut().skip(1)) {
                 if std::mem::take(w) {
                     bell.ring();
                 }
             }
             self.links.flush(now);
-            while let Ok(cmd) = self.commands.try_recv() {
+            while let Ok(cmd) = self.worker.commands.try_recv() {
                 self.command(cmd);
+            }
+            if n > 0 {
+                self.worker.busy_ns += t0.elapsed().as_nanos() as u64;
             }
             if idle.should_sleep(n > 0) {
                 bell.going_to_sleep();
-                if self.lanes.from_workers.iter().all(Consumer::is_empty) {
+                if self.lanes.from_workers.iter().all(Consumer::is_empty) && self.own_input.is_empty() {
                     let mut fds = self.links.fds();
                     fds.push(bell.fd());
                     wait_readable(&fds, SLEEP_MS);
@@ -76,15 +73,85 @@ impl IoThread {
                 bell.woke();
             }
         }
+        self.worker.finish();
     }
 
-    /// Sends what the workers translated; a frame leaving outside for a pool
-    /// address is a hairpin between workers and goes back in to the owner.
+    /// Receives from both interfaces: frames this worker owns stay where
+    /// they lie for its engine; the others go to their owners' rings.
+    fn receive_and_steer(&mut self, now: u64, woken: &mut [bool]) -> usize {
+        let mut n = 0;
+        for side in [Side::Inside, Side::Outside] {
+            let IoThread { links, lanes, steering, .. } = self;
+            let mut dropped = 0;
+            n += links.receive(side, now, &mut |id, frame, stage| match usize::from(steering.worker_for(side, frame)) {
+                0 => {
+                    stage.hold(side, id);
+                    true
+                }
+                w => {
+                    if lanes.to_workers[w].push(side, frame) {
+                        woken[w] = true;
+                    } else {
+                        dropped += 1;
+                    }
+                    // The worker has its copy.
+                    false
+                }
+            });
+            links.snapshot.handoff_dropped += dropped;
+        }
+        n
+    }
+
+    /// Translates this worker's frames where they lie, hands a hairpin to
+    /// another worker's mapping to that worker, and runs the engine's
+    /// timers.
+    fn translate_own(&mut self, now: u64, woken: &mut [bool]) {
+        let IoThread { worker, links, lanes, own_input, steering, pool } = self;
+        let Links { stage, ports, snapshot, .. } = links;
+        stage.translate_held(ports.as_mut(), |sides, frames, verdicts| worker.translate_batch(sides, frames, now, verdicts));
+        for f in stage.frames.iter_mut() {
+            let (Side::Outside, Staged::Held(id), Next::Route) = *f else { continue };
+            let frame = ports.frame(id);
+            steering.learn_sent(0, frame);
+            if is_to_pool(frame, pool) {
+                match steering.hairpin_owner(frame).map(usize::from) {
+                    Some(w) if lanes.to_workers[w].push(Side::Outside, frame) => woken[w] = true,
+                    _ => snapshot.handoff_dropped += 1,
+                }
+                f.2 = Next::Nothing;
+            }
+        }
+        // Hairpins to this worker's mappings, from the other workers.
+        let mut taken = 0;
+        while taken < BATCH {
+            let popped = own_input.pop_batch(|sides, frames| {
+                let mut verdicts = [Verdict::Held; MAX_POP];
+                let verdicts = &mut verdicts[..frames.len()];
+                worker.translate_batch(sides, frames, now, verdicts);
+                for (frame, v) in frames.iter().zip(verdicts.iter()) {
+                    if let Verdict::Forward(to) = *v {
+                        stage.push(to, frame);
+                    }
+                }
+            });
+            if popped == 0 {
+                break;
+            }
+            taken += popped;
+        }
+        worker.housekeeping(now, &mut |to, f| stage.push(to, f));
+    }
+
+    /// Sends what the other workers translated; a frame leaving outside for
+    /// a pool address is a hairpin between workers and goes back in to the
+    /// owner.
     fn collect_from_workers(&mut self, now: u64, woken: &mut [bool]) -> usize {
         let mut n = 0;
         let IoThread { links, lanes, steering, pool, .. } = self;
         let Lanes { to_workers, from_workers, .. } = lanes;
-        for (worker, from) in from_workers.iter_mut().enumerate() {
+        for (i, from) in from_workers.iter_mut().enumerate() {
+            let worker = i + 1;
             // Each worker gets the same budget, so one backlog cannot starve the others.
             let mut budget = BATCH;
             while budget > 0
@@ -111,17 +178,10 @@ impl IoThread {
     }
 
     fn command(&mut self, cmd: Command) {
-        match cmd {
-            Command::Io(tx) => {
-                let _ = tx.send(self.links.snapshot());
-            }
-            Command::ReloadLinks(answers, pool, tx) => {
-                self.links.gateway.set_answers_for(Side::Outside, answers);
-                self.pool = pool;
-                let _ = tx.send(());
-            }
-            _ => {}
+        if let Command::ReloadLinks(_, pool, _) = &cmd {
+            self.pool = pool.clone();
         }
+        self.worker.command(cmd, Some(&mut self.links));
     }
 }
 

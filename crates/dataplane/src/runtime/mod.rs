@@ -1,18 +1,19 @@
 //! The threads of a running natrix and the handle that controls them.
 //!
 //! With one worker, one thread does everything for a frame: receive, ARP,
-//! translate, next hop, transmit. With N workers, an I/O thread owns both
-//! interfaces and the ARP state, steers each IP frame to the worker that
-//! owns its state over a lock-free ring, and transmits what the workers hand
-//! back; each worker owns one engine and never takes a lock per packet.
-//! Operators reach the threads through command channels that are checked
-//! between batches, so the packet path has no shared state.
+//! translate where the frame lies, next hop, transmit. With N workers there
+//! are N threads: the first also owns both interfaces and the ARP state,
+//! translates its own frames where they lie, steers every other IP frame to
+//! the worker that owns its state over a lock-free ring, and transmits what
+//! the workers hand back; each worker owns one engine and never takes a
+//! lock per packet. Operators reach the threads through command channels
+//! that are checked between batches, so the packet path has no shared state.
 //!
 //! The parts: this file starts the threads and is the handle (`Dataplane`);
 //! `links` holds both interfaces with the router state around them, `stage`
 //! the frames of one round, `worker` the engines' threads, `io_thread` the
-//! thread that steers between workers, `commands` the operators' requests,
-//! and `clock` time and idling.
+//! first worker, which also steers between workers, `commands` the
+//! operators' requests, and `clock` time and idling.
 
 mod clock;
 mod commands;
@@ -270,26 +271,24 @@ impl Dataplane {
         Ok(())
     }
 
-    fn start_sharded(
-        &mut self,
-        engines: Vec<Engine>,
-        mut links: Links,
-        cfg: &EngineConfig,
-        event_tx: SyncSender<Logged>,
-        clock: Clock,
-        busy_poll: bool,
-    ) -> Result<(), DataplaneError> {
+    /// Worker 0 owns the interfaces and steers; workers 1.. take their
+    /// frames from it over rings and hand them back.
+    fn start_sharded(&mut self, engines: Vec<Engine>, links: Links, cfg: &EngineConfig, event_tx: SyncSender<Logged>, clock: Clock, busy_poll: bool) -> Result<(), DataplaneError> {
         let count = engines.len() as u16;
         let io_bell = self.io.doorbell.clone();
         let mut lanes = Lanes::default();
-        for (i, engine) in engines.into_iter().enumerate() {
+        let mut engines = engines.into_iter();
+        let first = engines.next().expect("at least one engine");
+        let (to_first, own_input) = ring::ring(RING_FRAMES);
+        lanes.to_workers.push(to_first);
+        for (i, engine) in engines.enumerate() {
             let (to_worker, worker_in) = ring::ring(RING_FRAMES);
             let (worker_out, from_worker) = ring::ring(RING_FRAMES);
             let (commands, rx) = mpsc::channel();
             let bell = Arc::new(Doorbell::new().map_err(DataplaneError::Thread)?);
             let mut worker = EngineWorker::new(engine, rx, event_tx.clone());
             let (stop, wbell, io_bell) = (self.stop.clone(), bell.clone(), io_bell.clone());
-            let h = spawn(&format!("natrix-w{i}"), move || run_worker(&mut worker, worker_in, worker_out, &wbell, &io_bell, &stop, clock, busy_poll))?;
+            let h = spawn(&format!("natrix-w{}", i + 1), move || run_worker(&mut worker, worker_in, worker_out, &wbell, &io_bell, &stop, clock, busy_poll))?;
             self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
             self.workers.push(Control::new(commands, bell.clone()));
             lanes.to_workers.push(to_worker);
@@ -297,14 +296,16 @@ impl Dataplane {
             lanes.doorbells.push(bell);
         }
         let (commands, rx) = mpsc::channel();
-        self.io.commands = commands;
+        self.io.commands = commands.clone();
+        self.workers.insert(0, Control::new(commands, io_bell.clone()));
         let steering = Steering::new(Owners::for_config(cfg, count), cfg.translate).with_sctp(&cfg.sctp);
         let mut pool = cfg.pool.clone();
         pool.sort_unstable();
         let stop = self.stop.clone();
-        let h = spawn("natrix-io", move || {
-            links.announce();
-            let mut io = IoThread { links, lanes, steering, pool, commands: rx };
+        let worker = EngineWorker::new(first, rx, event_tx);
+        let h = spawn("natrix-w0", move || {
+            let mut io = IoThread { worker, links, lanes, own_input, steering, pool };
+            io.links.announce();
             io.run(&io_bell, &stop, clock, busy_poll);
         })?;
         self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);

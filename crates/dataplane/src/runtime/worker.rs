@@ -1,6 +1,6 @@
 //! The engines' threads: a worker owns one engine; with one worker it also
 //! owns the interfaces (`run_single`), with several it takes frames from
-//! the I/O thread's ring and hands them back (`run_worker`).
+//! the first worker's ring and hands them back (`run_worker`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
