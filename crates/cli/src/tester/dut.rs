@@ -72,7 +72,11 @@ impl Natrix {
         };
         let logged_before = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
         self.child = Some(cmd.spawn().map_err(|e| TestError::Dut(format!("cannot start natrix: {e}")))?);
-        self.wait_ready(logged_before)
+        self.wait_ready(logged_before)?;
+        if let Some(cpu) = cpu {
+            super::lab::napi_on_cpu(cpu);
+        }
+        Ok(())
     }
 
     /// Waits for natrix's `ready` line in the log, after `offset`.

@@ -247,6 +247,33 @@ fn existing_kind() -> Result<Kind, Failure> {
 
 /// Writes a /proc or /sys file as seen from nx-nat (`ip netns exec`
 /// mounts that namespace's /sys).
+/// Threaded NAPI on nx-nat's links, each NAPI thread on `cpu`: with
+/// AF_XDP, veth runs the XDP program that hands natrix a frame, and copies
+/// it, in the NAPI of the CPU that sent it (the tester's); in threads of
+/// their own that work follows natrix to its CPU, as RPS moves the
+/// kernel's receive work for the kernel's run. veth has NAPI only while an
+/// XDP program is attached, so this runs once natrix is up; the setting
+/// outlives natrix harmlessly (a threaded NAPI where there is one).
+pub fn napi_on_cpu(cpu: usize) {
+    for dev in ["inside", "outside"] {
+        let _ = write_in_nat(&format!("/sys/class/net/{dev}/threaded"), "1");
+    }
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else { continue };
+        let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("napi/inside-") || comm.starts_with("napi/outside-") {
+            // SAFETY: cpu_set_t is plain data, all zeroes a valid empty set;
+            // CPU_SET writes inside it, and sched_setaffinity reads it.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu, &mut set);
+                libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        }
+    }
+}
+
 fn write_in_nat(path: &str, value: &str) -> Result<(), Failure> {
     in_ns(NAT_NS, "sh", &["-c", "echo \"$1\" > \"$2\"", "sh", value, path]).map(drop)
 }
