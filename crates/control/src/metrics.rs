@@ -213,6 +213,14 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o.counter("log_records_lost_total", "NAT event records dropped: logger behind, collector unreachable or log file unwritable.", sum(workers, |w| w.events_lost) + log_lost);
     o.counter("log_records_total", "NAT event records handed to the configured log sinks (JSON, IPFIX, syslog).", log_recorded);
     o.counter("handoff_dropped_total", "Frames dropped because a ring between threads was full.", io.handoff_dropped + sum(workers, |w| w.handoff_dropped));
+    let f = o.family(
+        "io_system_calls_total",
+        true,
+        "System calls of the thread that owns the interfaces: to make the kernel transmit (sendto, sendmmsg), to make it receive (recvfrom), to wait for frames (poll).",
+    );
+    for (call, n) in [("transmit", io.transmit_calls), ("receive", io.receive_calls), ("wait", io.wait_calls)] {
+        f.sample(&[("call", call.to_owned())], Value::Int(n));
+    }
     let f = o.family("worker_packets_total", true, "Frames each worker processed.");
     for (i, w) in workers.iter().enumerate() {
         f.sample(&[("worker", i.to_string())], Value::Int(w.stats.received.iter().sum()));
@@ -396,6 +404,7 @@ mod tests {
         let at_least: BTreeSet<String> = samples["natrix_subscribers_port_use"].iter().map(|s| s["at_least"].clone()).collect();
         assert_eq!(at_least, set(&["0.5", "0.8", "0.9", "1"]));
         assert_eq!(labels("worker_packets_total"), set(&["worker"]));
+        assert_eq!(labels("io_system_calls_total"), set(&["call"]));
         assert_eq!(labels("worker_busy_seconds_total"), set(&["worker"]));
         assert_eq!(labels("pcp_requests_total"), set(&["result"]));
         for name in [

@@ -36,6 +36,7 @@ pub struct AfPacketPort {
     refused: u64,
     kernel_drops: u64,
     tx_errors: u64,
+    sendmmsg_calls: u64,
 }
 
 // SAFETY: the ring mapping is owned by this port alone and only touched
@@ -74,6 +75,7 @@ impl AfPacketPort {
             refused: 0,
             kernel_drops: 0,
             tx_errors: 0,
+            sendmmsg_calls: 0,
         })
     }
 
@@ -169,6 +171,7 @@ impl PacketPort for AfPacketPort {
             let mut iov: Vec<libc::iovec> = Vec::new();
             let mut msgs: Vec<libc::mmsghdr> = Vec::new();
             build_messages(&mut self.tx_buf[done..], &self.tx_len[done..], &mut iov, &mut msgs);
+            self.sendmmsg_calls += 1;
             // SAFETY: msgs point at iovecs over tx_buf, alive for the call.
             let sent = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, libc::MSG_DONTWAIT) };
             if sent <= 0 {
@@ -217,6 +220,10 @@ impl PacketPort for AfPacketPort {
 
     fn dropped_on_transmit(&self) -> u64 {
         self.tx_errors
+    }
+
+    fn transmit_calls(&self) -> u64 {
+        self.sendmmsg_calls
     }
 }
 

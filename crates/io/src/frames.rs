@@ -31,6 +31,11 @@ pub struct PortCounters {
     pub kernel_dropped: u64,
     /// Frames lost because the device's transmit queue was full.
     pub tx_dropped: u64,
+    /// System calls that made the kernel transmit (sendto, sendmmsg).
+    pub transmit_calls: u64,
+    /// System calls that made the kernel receive (recvfrom, for busy
+    /// polling or a zero-copy driver's need_wakeup).
+    pub receive_calls: u64,
 }
 
 /// The interfaces natrix forwards between, indexed 0 (inside) and 1
@@ -148,7 +153,13 @@ impl FramePorts for CopyingPorts {
 
     fn counters(&mut self, side: usize) -> PortCounters {
         let p = &mut self.ports[side];
-        PortCounters { refused: p.dropped_on_receive(), kernel_dropped: p.kernel_dropped(), tx_dropped: p.dropped_on_transmit() }
+        PortCounters {
+            refused: p.dropped_on_receive(),
+            kernel_dropped: p.kernel_dropped(),
+            tx_dropped: p.dropped_on_transmit(),
+            transmit_calls: p.transmit_calls(),
+            receive_calls: 0,
+        }
     }
 }
 

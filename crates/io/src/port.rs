@@ -92,4 +92,9 @@ pub trait PacketPort: Send {
     fn dropped_on_transmit(&self) -> u64 {
         0
     }
+
+    /// System calls `flush` made, since the port opened.
+    fn transmit_calls(&self) -> u64 {
+        0
+    }
 }

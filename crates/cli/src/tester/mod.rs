@@ -95,6 +95,9 @@ pub struct Args {
     /// natrix's `io`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "af_xdp", "af_packet"])]
     io: String,
+    /// The natrix executable to measure (default: this one), to compare builds under one tester.
+    #[arg(long, value_name = "PATH")]
+    natrix: Option<PathBuf>,
     /// The tester's own packet backend.
     #[arg(long, default_value = "auto", value_parser = ["auto", "af_xdp", "af_packet"])]
     tester_io: String,
@@ -206,7 +209,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
                 profile.settings.max_rate = ceiling;
             }
         }
-        let dut = start_dut(&lab, kind, args, &exe, &workdir.0)?;
+        let dut = start_dut(&lab, kind, args, args.natrix.as_deref().unwrap_or(&exe), &workdir.0)?;
         if tests.contains(&"tcp") {
             match iperf::tcp_throughput(kind.name(), profile.tcp_seconds) {
                 Ok(line) => out.emit(line),

@@ -10,13 +10,13 @@ use std::time::Instant;
 use natrix_engine::Side;
 use natrix_wire::{ethernet, ipv4};
 
-use super::clock::{Clock, Idle, SLEEP_MS};
+use super::clock::{Clock, Idle};
 use super::commands::Command;
 use super::links::Links;
 use super::stage::{Next, Staged};
 use super::worker::EngineWorker;
 use super::BATCH;
-use crate::ring::{wait_readable, Consumer, Doorbell, Producer, MAX_POP};
+use crate::ring::{Consumer, Doorbell, Producer, MAX_POP};
 use crate::steer::Steering;
 use natrix_engine::Verdict;
 
@@ -66,9 +66,7 @@ impl IoThread {
             if idle.should_sleep(n > 0) {
                 bell.going_to_sleep();
                 if self.lanes.from_workers.iter().all(Consumer::is_empty) && self.own_input.is_empty() {
-                    let mut fds = self.links.fds();
-                    fds.push(bell.fd());
-                    wait_readable(&fds, SLEEP_MS);
+                    self.links.wait(bell.fd());
                 }
                 bell.woke();
             }

@@ -5,9 +5,11 @@
 use natrix_engine::Side;
 use natrix_io::{FrameId, FramePorts};
 
+use super::clock::SLEEP_MS;
 use super::stage::{Next, Stage, Staged};
 use super::{IoSnapshot, BATCH};
 use crate::gateway::{Gateway, Ingress};
+use crate::ring::wait_readable;
 
 pub(super) struct Links {
     pub(super) ports: Box<dyn FramePorts>,
@@ -106,13 +108,20 @@ impl Links {
             s.rx_kernel_dropped[i] = c.kernel_dropped;
             s.rx_refused[i] = c.refused;
             s.tx_dropped[i] += c.tx_dropped;
+            s.transmit_calls += c.transmit_calls;
+            s.receive_calls += c.receive_calls;
         }
         s.gateway = self.gateway.counters.clone();
         s
     }
 
-    pub(super) fn fds(&self) -> Vec<i32> {
-        self.ports.fds()
+    /// Sleeps until a frame or the doorbell `bell` is waiting, or the timer
+    /// interval has passed.
+    pub(super) fn wait(&mut self, bell: i32) {
+        let mut fds = self.ports.fds();
+        fds.push(bell);
+        self.snapshot.wait_calls += 1;
+        wait_readable(&fds, SLEEP_MS);
     }
 }
 

@@ -159,6 +159,11 @@ pub struct IoSnapshot {
     pub tx_dropped: [u64; 2],
     pub handoff_dropped: u64,
     pub gateway: GatewayCounters,
+    /// System calls of the thread that owns the interfaces: to make the
+    /// kernel transmit, to make it receive, and to wait for frames (poll).
+    pub transmit_calls: u64,
+    pub receive_calls: u64,
+    pub wait_calls: u64,
 }
 
 pub const PORT_USE_THRESHOLDS: [f64; 4] = [0.5, 0.8, 0.9, 1.0];

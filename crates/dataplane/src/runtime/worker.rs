@@ -167,9 +167,7 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
         }
         if idle.should_sleep(n > 0) {
             bell.going_to_sleep();
-            let mut fds = links.fds();
-            fds.push(bell.fd());
-            wait_readable(&fds, SLEEP_MS);
+            links.wait(bell.fd());
             bell.woke();
         }
     }

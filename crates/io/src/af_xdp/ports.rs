@@ -35,6 +35,9 @@ pub(super) struct Xsk {
     pub(super) socket: OwnedFd,
     /// Chunks on the fill ring or in RX descriptors not yet read.
     pub(super) lent: u32,
+    /// System calls made to transmit and to receive, since the socket opened.
+    pub(super) transmit_calls: u64,
+    pub(super) receive_calls: u64,
 }
 
 impl Xsk {
@@ -68,6 +71,7 @@ impl Xsk {
             if self.tx.unconsumed() == 0 || !self.tx.needs_wakeup() {
                 break;
             }
+            self.transmit_calls += 1;
             wake(&self.socket, interface)?;
         }
         Ok(())
@@ -232,7 +236,7 @@ fn open_socket(
         register_umem(&socket, umem).map_err(|e| os_error("registering the UMEM", interface, e))?;
     }
     let rings = Rings::map(&socket, interface)?;
-    let mut xsk = Xsk { rx: rings.rx, tx: rings.tx, fill: rings.fill, completion: rings.completion, socket, lent: 0 };
+    let mut xsk = Xsk { rx: rings.rx, tx: rings.tx, fill: rings.fill, completion: rings.completion, socket, lent: 0, transmit_calls: 0, receive_calls: 0 };
     // Before the program attaches, so that no early frame finds the fill
     // ring empty.
     xsk.top_up(free);
@@ -270,6 +274,7 @@ impl FramePorts for XdpPorts {
             s.lent -= n;
             s.top_up(free);
             if (*busy_poll && n == 0) || s.fill.needs_wakeup() {
+                s.receive_calls += 1;
                 poke_receive(&s.socket);
             }
             got += n as usize;
@@ -343,7 +348,12 @@ impl FramePorts for XdpPorts {
     }
 
     fn counters(&mut self, side: usize) -> PortCounters {
-        let kernel_dropped = self.sockets[self.first[side]..self.first[side + 1]].iter().map(Xsk::kernel_dropped).sum();
-        PortCounters { kernel_dropped, ..PortCounters::default() }
+        let sockets = &self.sockets[self.first[side]..self.first[side + 1]];
+        PortCounters {
+            kernel_dropped: sockets.iter().map(Xsk::kernel_dropped).sum(),
+            transmit_calls: sockets.iter().map(|s| s.transmit_calls).sum(),
+            receive_calls: sockets.iter().map(|s| s.receive_calls).sum(),
+            ..PortCounters::default()
+        }
     }
 }

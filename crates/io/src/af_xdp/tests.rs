@@ -249,6 +249,9 @@ fn held_frames_leave_by_the_other_interface_changed_in_place_and_no_chunk_leaks(
         while ports.chunks_not_lent() < SPARE_CHUNKS as usize && Instant::now() < deadline {
             ports.flush().expect("flush");
         }
+        let calls = ports.counters(0).transmit_calls + ports.counters(1).transmit_calls;
+        let frames = u64::from(ROUNDS * BURST);
+        assert!(calls > 0 && calls * 16 < frames, "{calls} system calls to transmit {frames} frames: not one per 32-frame kick");
         assert_eq!(ports.chunks_lent(), 2 * FILL_CHUNKS, "both fill rings are full again");
         assert_eq!(ports.chunks_not_lent(), SPARE_CHUNKS as usize, "every transmitted chunk came back");
     });
