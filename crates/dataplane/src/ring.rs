@@ -170,12 +170,9 @@ impl Doorbell {
 
 /// Blocks until one of `fds` is readable or `timeout_ms` passes.
 pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) {
-    let mut pfds: [libc::pollfd; 4] = [libc::pollfd { fd: -1, events: 0, revents: 0 }; 4];
-    for (p, &fd) in pfds.iter_mut().zip(fds) {
-        *p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    }
-    // SAFETY: pfds is a live array of fds.len() (at most 4) pollfds.
-    unsafe { libc::poll(pfds.as_mut_ptr(), fds.len().min(4) as libc::nfds_t, timeout_ms) };
+    let mut pfds: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    // SAFETY: pfds is a live array of pfds.len() pollfds.
+    unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
 }
 
 #[cfg(test)]
