@@ -1,7 +1,9 @@
 //! Lock-free single-producer single-consumer rings of frames, for handing
 //! frames between the first worker (which owns the interfaces) and the
-//! others, and doorbells to wake a
-//! sleeping thread. A push copies the frame into a slot; no allocation.
+//! others, and doorbells to wake a sleeping thread. A held frame (one the
+//! interfaces lent out, `natrix_io::FrameId`) crosses as its id and stays
+//! where it lies; a frame natrix made is copied into the slot. No
+//! allocation.
 
 use std::cell::UnsafeCell;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -9,12 +11,32 @@ use std::sync::atomic::{fence, AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use natrix_engine::Side;
-use natrix_io::MAX_FRAME;
+use natrix_io::{FrameId, SharedFrames, MAX_FRAME};
 
 struct Slot {
     len: usize,
     side: Side,
+    carries: Carries,
     data: [u8; MAX_FRAME],
+}
+
+/// What a slot holds.
+#[derive(Clone, Copy)]
+enum Carries {
+    /// A copy, in `data`.
+    Copy,
+    /// A held frame, where it lies.
+    Held(FrameId),
+    /// A held frame handed back unsent, for its owner to release.
+    Release(FrameId),
+}
+
+/// A frame popped from a ring.
+pub enum Popped<'a> {
+    /// To send, or to translate: its bytes and, for a held frame, its id.
+    Frame(Side, &'a mut [u8], Option<FrameId>),
+    /// A held frame its taker dropped: the interfaces' owner releases it.
+    Release(FrameId),
 }
 
 /// Keeps the producer's and consumer's indexes on separate cache lines.
@@ -23,6 +45,8 @@ struct Padded(AtomicUsize);
 
 struct Shared {
     slots: Box<[UnsafeCell<Slot>]>,
+    /// Where held frames lie.
+    frames: SharedFrames,
     mask: usize,
     head: Padded,
     tail: Padded,
@@ -40,36 +64,71 @@ pub const MAX_POP: usize = natrix_engine::batch::MAX_BATCH;
 pub struct Producer(Arc<Shared>);
 pub struct Consumer(Arc<Shared>);
 
-/// A ring of `capacity` frames (rounded up to a power of two).
-pub fn ring(capacity: usize) -> (Producer, Consumer) {
+/// A ring of `capacity` frames (rounded up to a power of two); held frames
+/// crossing it lie in `frames`.
+pub fn ring(capacity: usize, frames: SharedFrames) -> (Producer, Consumer) {
     let n = capacity.next_power_of_two();
-    let slots = (0..n).map(|_| UnsafeCell::new(Slot { len: 0, side: Side::Inside, data: [0; MAX_FRAME] })).collect();
-    let shared = Arc::new(Shared { slots, mask: n - 1, head: Padded(AtomicUsize::new(0)), tail: Padded(AtomicUsize::new(0)) });
+    let slots = (0..n).map(|_| UnsafeCell::new(Slot { len: 0, side: Side::Inside, carries: Carries::Copy, data: [0; MAX_FRAME] })).collect();
+    let shared = Arc::new(Shared { slots, frames, mask: n - 1, head: Padded(AtomicUsize::new(0)), tail: Padded(AtomicUsize::new(0)) });
     (Producer(shared.clone()), Consumer(shared))
 }
 
 impl Producer {
     /// Copies a frame in; false when the ring is full or the frame too big.
     pub fn push(&mut self, side: Side, frame: &[u8]) -> bool {
+        frame.len() <= MAX_FRAME
+            && self.put(side, Carries::Copy, |slot| {
+                slot.len = frame.len();
+                slot.data[..frame.len()].copy_from_slice(frame);
+            })
+    }
+
+    /// Hands a held frame on, without copying it; false when the ring is
+    /// full (the caller still holds it).
+    pub fn push_held(&mut self, side: Side, id: FrameId) -> bool {
+        self.put(side, Carries::Held(id), |_| {})
+    }
+
+    /// Hands a held frame back unsent; false when the ring is full.
+    pub fn push_release(&mut self, id: FrameId) -> bool {
+        self.put(Side::Inside, Carries::Release(id), |_| {})
+    }
+
+    fn put(&mut self, side: Side, carries: Carries, fill: impl FnOnce(&mut Slot)) -> bool {
         let r = &*self.0;
         let tail = r.tail.0.load(Ordering::Relaxed);
-        if tail.wrapping_sub(r.head.0.load(Ordering::Acquire)) > r.mask || frame.len() > MAX_FRAME {
+        if tail.wrapping_sub(r.head.0.load(Ordering::Acquire)) > r.mask {
             return false;
         }
         // SAFETY: the slot at tail is not visible to the consumer until the
         // release store below.
         let slot = unsafe { &mut *r.slots[tail & r.mask].get() };
-        slot.len = frame.len();
         slot.side = side;
-        slot.data[..frame.len()].copy_from_slice(frame);
+        slot.carries = carries;
+        fill(slot);
+        // Also publishes the producer's writes into a held frame's bytes.
         r.tail.0.store(tail.wrapping_add(1), Ordering::Release);
         true
     }
 }
 
+/// A slot's frame: its copy in the slot, or the held frame where it lies.
+///
+/// # Safety
+/// The consumer owns the slot (published, not yet released), and with it
+/// the held frame it names.
+unsafe fn slot_frame<'a>(slot: &'a mut Slot, frames: &'a SharedFrames) -> (&'a mut [u8], Option<FrameId>) {
+    match slot.carries {
+        // SAFETY: the producer handed the frame over with the slot.
+        Carries::Held(id) | Carries::Release(id) => (unsafe { frames.frame(id) }.unwrap_or_default(), Some(id)),
+        Carries::Copy => (&mut slot.data[..slot.len], None),
+    }
+}
+
 impl Consumer {
-    /// Hands the oldest frame to `f`, writable in place; false when empty.
-    pub fn pop(&mut self, f: impl FnOnce(Side, &mut [u8])) -> bool {
+    /// Hands the oldest entry to `f`, a frame writable where it lies;
+    /// false when empty.
+    pub fn pop(&mut self, f: impl FnOnce(Popped)) -> bool {
         let r = &*self.0;
         let head = r.head.0.load(Ordering::Relaxed);
         if head == r.tail.0.load(Ordering::Acquire) {
@@ -78,15 +137,25 @@ impl Consumer {
         // SAFETY: the producer published this slot and will not touch it
         // until the release store of head below.
         let slot = unsafe { &mut *r.slots[head & r.mask].get() };
-        f(slot.side, &mut slot.data[..slot.len]);
+        let (side, carries) = (slot.side, slot.carries);
+        match carries {
+            Carries::Release(id) => f(Popped::Release(id)),
+            // SAFETY: the slot is ours until the store below.
+            _ => {
+                let (frame, held) = unsafe { slot_frame(slot, &r.frames) };
+                f(Popped::Frame(side, frame, held));
+            }
+        }
         r.head.0.store(head.wrapping_add(1), Ordering::Release);
         true
     }
 
     /// Hands up to `MAX_POP` of the oldest frames to `f` at once, each
-    /// writable in place, with their sides (`sides[i]` is `frames[i]`'s);
-    /// returns how many (0 when empty, without calling `f`).
-    pub fn pop_batch(&mut self, f: impl FnOnce(&[Side], &mut [&mut [u8]])) -> usize {
+    /// writable where it lies, with their sides (`sides[i]` is
+    /// `frames[i]`'s) and, for held frames, their ids; returns how many (0
+    /// when empty, without calling `f`). Rings that feed workers carry no
+    /// releases.
+    pub fn pop_batch(&mut self, f: impl FnOnce(&[Side], &mut [&mut [u8]], &[Option<FrameId>])) -> usize {
         let r = &*self.0;
         let head = r.head.0.load(Ordering::Relaxed);
         let n = r.tail.0.load(Ordering::Acquire).wrapping_sub(head).min(MAX_POP);
@@ -94,16 +163,18 @@ impl Consumer {
             return 0;
         }
         let mut sides = [Side::Inside; MAX_POP];
+        let mut held = [None; MAX_POP];
         let mut frames: [&mut [u8]; MAX_POP] = std::array::from_fn(|_| &mut [][..]);
-        for (i, (side, frame)) in sides.iter_mut().zip(frames.iter_mut()).take(n).enumerate() {
+        for (i, ((side, frame), id)) in sides.iter_mut().zip(frames.iter_mut()).zip(held.iter_mut()).take(n).enumerate() {
             // SAFETY: the producer published these n distinct slots and will
             // not touch them until the release store of head below; each is
-            // borrowed once.
+            // borrowed once, as is each held frame they name.
             let slot = unsafe { &mut *r.slots[head.wrapping_add(i) & r.mask].get() };
+            debug_assert!(!matches!(slot.carries, Carries::Release(_)), "a release in a ring that feeds a worker");
             *side = slot.side;
-            *frame = &mut slot.data[..slot.len];
+            (*frame, *id) = unsafe { slot_frame(slot, &r.frames) };
         }
-        f(&sides[..n], &mut frames[..n]);
+        f(&sides[..n], &mut frames[..n], &held[..n]);
         r.head.0.store(head.wrapping_add(n), Ordering::Release);
         n
     }
@@ -177,35 +248,48 @@ pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) {
 
 #[cfg(test)]
 mod tests {
+    use natrix_io::{CopyingPorts, FramePorts, MemoryPort};
+
     use super::*;
+
+    /// Frame memory for rings in tests, with the ports that lend it.
+    fn ports() -> CopyingPorts {
+        CopyingPorts::new([Box::new(MemoryPort::pair().unwrap().0), Box::new(MemoryPort::pair().unwrap().0)])
+    }
+
+    fn test_ring(capacity: usize) -> (Producer, Consumer) {
+        ring(capacity, ports().shared())
+    }
 
     #[test]
     fn frames_come_out_in_order_with_their_side_and_a_full_ring_refuses() {
-        let (mut p, mut c) = ring(4);
+        let (mut p, mut c) = test_ring(4);
         for i in 0..4u8 {
             assert!(p.push(if i % 2 == 0 { Side::Inside } else { Side::Outside }, &[i; 60]));
         }
         assert!(!p.push(Side::Inside, &[9; 60]));
         for i in 0..4u8 {
-            assert!(c.pop(|side, f| {
+            assert!(c.pop(|popped| {
+                let Popped::Frame(side, f, None) = popped else { panic!("a copy") };
                 assert_eq!(f, &[i; 60][..]);
                 assert_eq!(side == Side::Inside, i % 2 == 0);
             }));
         }
-        assert!(!c.pop(|_, _| panic!("empty")));
+        assert!(!c.pop(|_| panic!("empty")));
     }
 
     #[test]
     fn a_batch_pop_hands_over_the_oldest_frames_in_order_and_frees_their_slots() {
-        let (mut p, mut c) = ring(128);
-        assert_eq!(c.pop_batch(|_, _| panic!("empty")), 0);
+        let (mut p, mut c) = test_ring(128);
+        assert_eq!(c.pop_batch(|_, _, _| panic!("empty")), 0);
         for i in 0..100u8 {
             assert!(p.push(if i % 3 == 0 { Side::Outside } else { Side::Inside }, &[i; 61]));
         }
         let mut seen = Vec::new();
         while seen.len() < 100 {
-            let n = c.pop_batch(|sides, frames| {
+            let n = c.pop_batch(|sides, frames, held| {
                 assert_eq!(sides.len(), frames.len());
+                assert!(held.iter().all(Option::is_none));
                 for (side, f) in sides.iter().zip(frames.iter_mut()) {
                     let i = f[0];
                     assert_eq!(*f, &[i; 61][..]);
@@ -226,7 +310,7 @@ mod tests {
 
     #[test]
     fn a_batch_pop_from_a_small_ring_wraps_around_in_order() {
-        let (mut p, mut c) = ring(8);
+        let (mut p, mut c) = test_ring(8);
         let mut next_in = 0u32;
         let mut next_out = 0u32;
         for round in 0..40 {
@@ -235,7 +319,7 @@ mod tests {
                 assert!(p.push(Side::Inside, &next_in.to_be_bytes()));
                 next_in += 1;
             }
-            let n = c.pop_batch(|_, frames| {
+            let n = c.pop_batch(|_, frames, _| {
                 for f in frames.iter() {
                     assert_eq!(**f, next_out.to_be_bytes());
                     next_out += 1;
@@ -248,7 +332,7 @@ mod tests {
 
     #[test]
     fn a_million_frames_cross_threads_intact() {
-        let (mut p, mut c) = ring(256);
+        let (mut p, mut c) = test_ring(256);
         let t = std::thread::spawn(move || {
             for i in 0..1_000_000u32 {
                 while !p.push(Side::Outside, &i.to_be_bytes()) {
@@ -258,11 +342,64 @@ mod tests {
         });
         let mut next = 0u32;
         while next < 1_000_000 {
-            c.pop(|_, f| {
+            c.pop(|popped| {
+                let Popped::Frame(_, f, _) = popped else { panic!("a copy") };
                 assert_eq!(f, next.to_be_bytes());
                 next += 1;
             });
         }
         t.join().unwrap();
+    }
+
+    /// Held frames cross as ids: the taker reads and writes the frame where
+    /// the interfaces lent it, in another thread, and hands it back; the
+    /// lender then sees the taker's writes, and a release comes back as one.
+    #[test]
+    fn held_frames_cross_threads_where_they_lie_and_come_back() {
+        let (inside, peer) = MemoryPort::pair().unwrap();
+        let mut ports = CopyingPorts::new([Box::new(inside), Box::new(MemoryPort::pair().unwrap().0)]);
+        let (mut to_worker, mut worker_in) = ring(64, ports.shared());
+        let (mut worker_out, mut from_worker) = ring(64, ports.shared());
+        let mut ids = Vec::new();
+        for i in 0..40u8 {
+            peer.inject(&[i; 80]);
+        }
+        ports.receive(0, 64, &mut |id, _| {
+            ids.push(id);
+            true
+        });
+        for &id in &ids {
+            assert!(to_worker.push_held(Side::Inside, id));
+        }
+        let worker = std::thread::spawn(move || {
+            let mut taken = 0;
+            while taken < 40 {
+                taken += worker_in.pop_batch(|_, frames, held| {
+                    for (f, id) in frames.iter_mut().zip(held) {
+                        let id = id.expect("a held frame");
+                        assert_eq!(f.len(), 80);
+                        f[1] = f[0] ^ 0x5a;
+                        let handed = if f[0] % 2 == 0 { worker_out.push_held(Side::Outside, id) } else { worker_out.push_release(id) };
+                        assert!(handed);
+                    }
+                });
+            }
+        });
+        worker.join().unwrap();
+        let (mut forwarded, mut released) = (0, 0);
+        while from_worker.pop(|popped| match popped {
+            Popped::Frame(Side::Outside, f, Some(id)) => {
+                assert_eq!(f[1], f[0] ^ 0x5a, "the worker's write, seen where the frame lies");
+                forwarded += 1;
+                ports.release(id);
+            }
+            Popped::Release(id) => {
+                assert_eq!(ports.frame(id)[0] % 2, 1);
+                released += 1;
+                ports.release(id);
+            }
+            _ => panic!("what went in was held frames"),
+        }) {}
+        assert_eq!((forwarded, released), (20, 20));
     }
 }

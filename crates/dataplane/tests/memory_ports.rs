@@ -306,6 +306,39 @@ fn steering_keeps_both_directions_of_each_flow_on_one_worker() {
     assert_eq!(net.dp.io_snapshot().unwrap().handoff_dropped, 0);
 }
 
+/// Hairpinning (RFC 4787 REQ-9) between subscribers whose state lives on
+/// different workers: each subscriber, with endpoint-independent
+/// filtering, sends to every other's external endpoint; every datagram
+/// reaches its subscriber from the sender's external endpoint, whichever
+/// workers own the two mappings, and nothing is lost between them.
+#[test]
+fn hairpins_between_subscribers_on_different_workers_arrive_from_the_senders_external_endpoint() {
+    const SUBSCRIBERS: u8 = 6;
+    let net = Net::start_with(3, |c| c.filtering = natrix_engine::config::Filtering::EndpointIndependent);
+    net.outside.inject(&arp(NAT_OUT, 2, (GW_MAC, GATEWAY), (NAT_OUT, OUTSIDE)));
+    let mut external = Vec::new();
+    for n in 10..10 + SUBSCRIBERS {
+        greet(&net, n);
+        let (sub, mac) = subscriber(n);
+        net.inside.inject(&udp(mac, NAT_IN, (sub, 7000), (REMOTE, 53), &[n]));
+        let out = net.outside.wait_for(WAIT, is_udp).expect("a translated frame");
+        external.push(parse_udp(&out).0);
+    }
+    for a in 0..SUBSCRIBERS {
+        for b in (0..SUBSCRIBERS).filter(|&b| b != a) {
+            let (sub, mac) = subscriber(10 + a);
+            net.inside.inject(&udp(mac, NAT_IN, (sub, 7000), external[usize::from(b)], &[a, b]));
+            let back = net.inside.wait_for(WAIT, is_udp).unwrap_or_else(|| panic!("hairpin {a} -> {b}: {:?}", net.dp.io_snapshot().unwrap()));
+            let (src, dst, _, payload) = parse_udp(&back);
+            assert_eq!(payload, [a, b]);
+            assert_eq!((src, dst, &back[0..6]), (external[usize::from(a)], (subscriber(10 + b).0, 7000), &subscriber(10 + b).1[..]), "hairpin {a} -> {b}");
+        }
+    }
+    let w = net.dp.worker_snapshots().unwrap();
+    assert!(w.iter().filter(|s| s.stats.received[0] > 0).count() >= 2, "subscribers spread over the workers");
+    assert_eq!(net.dp.io_snapshot().unwrap().handoff_dropped, 0);
+}
+
 #[test]
 fn answers_neighbor_solicitations_for_address6_as_scapy_expects() {
     let net = Net::start(1);

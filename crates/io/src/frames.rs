@@ -5,7 +5,9 @@
 //! Backends that cannot lend their buffers (AF_PACKET, the in-memory port)
 //! are adapted by `CopyingPorts`, which copies each frame once on receive.
 
+use std::cell::UnsafeCell;
 use std::os::fd::RawFd;
+use std::sync::Arc;
 
 use crate::port::{IoError, PacketPort, MAX_FRAME};
 
@@ -20,6 +22,46 @@ pub struct FrameId {
     /// The receive queue it came from: its flow leaves by the same queue
     /// index, which keeps a flow's frames in order.
     pub(crate) queue: u16,
+}
+
+/// The memory held frames lie in, for the dataplane's other threads: a
+/// thread handed a frame's id (over a ring that orders memory) reads and
+/// writes the frame through this until it hands the id on or back, while
+/// the port's owner leaves the frame alone. The memory stays mapped while
+/// any handle lives.
+#[derive(Clone)]
+pub struct SharedFrames {
+    area: Arc<dyn FrameArea>,
+}
+
+/// A region held frames lie in, at `FrameId::at` bytes from its start.
+pub(crate) trait FrameArea: Send + Sync {
+    fn base(&self) -> *mut u8;
+    fn len(&self) -> usize;
+}
+
+impl SharedFrames {
+    pub(crate) fn new(area: Arc<dyn FrameArea>) -> SharedFrames {
+        SharedFrames { area }
+    }
+
+    /// The bytes of a held frame; None for an id that does not lie here.
+    ///
+    /// # Safety
+    /// The calling thread holds `id`: it was handed the frame and has not
+    /// handed it on or back, so nothing else reads or writes these bytes
+    /// while the slice lives.
+    #[allow(clippy::mut_from_ref)] // exclusive by the contract above, as with UnsafeCell::get
+    pub unsafe fn frame(&self, id: FrameId) -> Option<&mut [u8]> {
+        let start = usize::try_from(id.at).ok()?;
+        let end = start.checked_add(id.len as usize)?;
+        if end > self.area.len() {
+            return None;
+        }
+        // SAFETY: start..end lies in the area, which this handle keeps
+        // mapped; the caller's contract makes the slice the only access.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.area.base().add(start), id.len as usize) })
+    }
 }
 
 /// What the backends counted for one interface since it opened.
@@ -48,6 +90,9 @@ pub trait FramePorts: Send {
 
     /// The bytes of a held frame, writable.
     fn frame(&mut self, id: FrameId) -> &mut [u8];
+
+    /// The frames' memory, for handing held frames to other threads.
+    fn shared(&self) -> SharedFrames;
 
     /// The bytes of held frames, in the order of `ids`, each writable; the
     /// ids are distinct (each is held once).
@@ -82,56 +127,113 @@ pub trait FramePorts: Send {
 /// it hands the port that buffer (which the port copies to the kernel).
 pub struct CopyingPorts {
     ports: [Box<dyn PacketPort>; 2],
-    buffers: Vec<[u8; MAX_FRAME]>,
-    free: Vec<u32>,
+    pool: Arc<Pool>,
+    /// Offsets of the buffers nobody holds.
+    free: Vec<u64>,
+    /// Frames dropped on receive because every buffer was held.
+    starved: [u64; 2],
+}
+
+/// Buffers held frames are copied into.
+const COPY_BUFFERS: usize = 4096;
+
+/// `COPY_BUFFERS` frame buffers in one allocation that never moves.
+struct Pool {
+    _bytes: UnsafeCell<Box<[u8]>>,
+    base: *mut u8,
+}
+
+// SAFETY: the pool is plain bytes; which thread may touch which buffer is
+// decided by who holds its id (`SharedFrames::frame`'s contract).
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
+
+impl Pool {
+    fn new() -> Pool {
+        let bytes = UnsafeCell::new(vec![0u8; COPY_BUFFERS * MAX_FRAME].into_boxed_slice());
+        // SAFETY: nothing else references the fresh allocation yet.
+        let base = unsafe { (&mut *bytes.get()).as_mut_ptr() };
+        Pool { _bytes: bytes, base }
+    }
+}
+
+impl FrameArea for Pool {
+    fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    fn len(&self) -> usize {
+        COPY_BUFFERS * MAX_FRAME
+    }
 }
 
 impl CopyingPorts {
     pub fn new(ports: [Box<dyn PacketPort>; 2]) -> CopyingPorts {
-        CopyingPorts { ports, buffers: Vec::new(), free: Vec::new() }
+        let free = (0..COPY_BUFFERS as u64).rev().map(|b| b * MAX_FRAME as u64).collect();
+        CopyingPorts { ports, pool: Arc::new(Pool::new()), free, starved: [0; 2] }
+    }
+
+    /// The bytes at `at`, `len` long, inside the pool.
+    fn bytes(&mut self, at: u64, len: u32) -> &mut [u8] {
+        let at = (at as usize).min(COPY_BUFFERS * MAX_FRAME - MAX_FRAME);
+        // SAFETY: at..at + len (len <= MAX_FRAME) lies in the pool; &mut self
+        // and the holding contract keep this the only access.
+        unsafe { std::slice::from_raw_parts_mut(self.pool.base.add(at), (len as usize).min(MAX_FRAME)) }
     }
 }
 
 impl FramePorts for CopyingPorts {
     fn receive(&mut self, side: usize, max: usize, f: &mut dyn FnMut(FrameId, &mut [u8]) -> bool) -> usize {
-        let CopyingPorts { ports, buffers, free } = self;
+        let CopyingPorts { ports, pool, free, starved } = self;
         ports[side]
             .recv_batch(max, &mut |frame| {
+                let Some(at) = free.pop() else {
+                    starved[side] += 1;
+                    return;
+                };
                 let len = frame.len().min(MAX_FRAME);
-                let b = free.pop().unwrap_or_else(|| {
-                    buffers.push([0; MAX_FRAME]);
-                    (buffers.len() - 1) as u32
-                });
-                let buf = &mut buffers[b as usize][..len];
+                // SAFETY: the buffer at `at` was free, so nobody else holds it.
+                let buf = unsafe { std::slice::from_raw_parts_mut(pool.base.add(at as usize), len) };
                 buf.copy_from_slice(&frame[..len]);
-                if !f(FrameId { at: u64::from(b), len: len as u32, queue: 0 }, buf) {
-                    free.push(b);
+                if !f(FrameId { at, len: len as u32, queue: 0 }, buf) {
+                    free.push(at);
                 }
             })
             .unwrap_or(0)
     }
 
     fn frame(&mut self, id: FrameId) -> &mut [u8] {
-        &mut self.buffers[id.at as usize][..id.len as usize]
+        self.bytes(id.at, id.len)
+    }
+
+    fn shared(&self) -> SharedFrames {
+        SharedFrames::new(self.pool.clone())
     }
 
     fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>) {
-        let (base, count) = (self.buffers.as_mut_ptr(), self.buffers.len());
-        for id in ids.iter().filter(|id| (id.at as usize) < count && id.len as usize <= MAX_FRAME) {
-            // SAFETY: ids are distinct held buffers, so the slices never
-            // overlap; they borrow self for 'a, which keeps the buffers.
-            out.push(unsafe { std::slice::from_raw_parts_mut(base.add(id.at as usize).cast::<u8>(), id.len as usize) });
+        let shared = self.shared();
+        for id in ids {
+            // SAFETY: the caller holds these distinct ids, so the slices
+            // never overlap; they borrow self for 'a, which keeps the pool.
+            if let Some(frame) = unsafe { shared.frame(*id) } {
+                out.push(unsafe { std::slice::from_raw_parts_mut(frame.as_mut_ptr(), frame.len()) });
+            }
         }
     }
 
     fn transmit(&mut self, side: usize, id: FrameId) -> bool {
-        let sent = self.ports[side].send(&self.buffers[id.at as usize][..id.len as usize]);
-        self.free.push(id.at as u32);
+        let frame: &[u8] = self.bytes(id.at, id.len);
+        // SAFETY: the frame's buffer stays allocated (the pool) and unheld
+        // by anyone else until it is freed below, after send copied it.
+        let frame = unsafe { std::slice::from_raw_parts(frame.as_ptr(), frame.len()) };
+        let sent = self.ports[side].send(frame);
+        self.free.push(id.at);
         sent
     }
 
     fn release(&mut self, id: FrameId) {
-        self.free.push(id.at as u32);
+        self.free.push(id.at);
     }
 
     fn send(&mut self, side: usize, frame: &[u8]) -> bool {
@@ -155,7 +257,7 @@ impl FramePorts for CopyingPorts {
         let p = &mut self.ports[side];
         PortCounters {
             refused: p.dropped_on_receive(),
-            kernel_dropped: p.kernel_dropped(),
+            kernel_dropped: p.kernel_dropped() + self.starved[side],
             tx_dropped: p.dropped_on_transmit(),
             transmit_calls: p.transmit_calls(),
             receive_calls: 0,
@@ -199,6 +301,6 @@ mod tests {
             assert_eq!(sent[0][..2], [round, 0xee]);
             assert_eq!(sent[0].len(), 60);
         }
-        assert!(ports.buffers.len() <= 2, "{} buffers for two frames at a time", ports.buffers.len());
+        assert_eq!(ports.free.len(), COPY_BUFFERS, "every buffer is free again");
     }
 }

@@ -17,7 +17,7 @@ pub mod output;
 pub mod port;
 
 pub use capture::{CaptureError, CaptureReader, CaptureWriter, ReadFrame};
-pub use frames::{CopyingPorts, FrameId, FramePorts, PortCounters};
+pub use frames::{CopyingPorts, FrameId, FramePorts, PortCounters, SharedFrames};
 pub use lock::{InterfaceLock, LockError, LOCK_DIR};
 pub use memory::{MemoryPeer, MemoryPort};
 pub use output::{same_file, PendingFile};

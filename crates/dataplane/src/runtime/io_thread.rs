@@ -16,7 +16,7 @@ use super::links::Links;
 use super::stage::{Next, Staged};
 use super::worker::EngineWorker;
 use super::BATCH;
-use crate::ring::{Consumer, Doorbell, Producer, MAX_POP};
+use crate::ring::{Consumer, Doorbell, Popped, Producer, MAX_POP};
 use crate::steer::Steering;
 use natrix_engine::Verdict;
 
@@ -86,13 +86,14 @@ impl IoThread {
                     stage.hold(side, id);
                     true
                 }
-                w => {
-                    if lanes.to_workers[w].push(side, frame) {
-                        woken[w] = true;
-                    } else {
-                        dropped += 1;
-                    }
-                    // The worker has its copy.
+                // The frame goes to its worker where it lies; a full ring
+                // drops it (given back at once).
+                w if lanes.to_workers[w].push_held(side, id) => {
+                    woken[w] = true;
+                    true
+                }
+                _ => {
+                    dropped += 1;
                     false
                 }
             });
@@ -113,23 +114,31 @@ impl IoThread {
             let frame = ports.frame(id);
             steering.learn_sent(0, frame);
             if is_to_pool(frame, pool) {
-                match steering.hairpin_owner(frame).map(usize::from) {
-                    Some(w) if lanes.to_workers[w].push(Side::Outside, frame) => woken[w] = true,
-                    _ => snapshot.handoff_dropped += 1,
-                }
-                f.2 = Next::Nothing;
+                f.2 = match steering.hairpin_owner(frame).map(usize::from) {
+                    Some(w) if lanes.to_workers[w].push_held(Side::Outside, id) => {
+                        woken[w] = true;
+                        Next::Handed
+                    }
+                    _ => {
+                        snapshot.handoff_dropped += 1;
+                        Next::Nothing
+                    }
+                };
             }
         }
         // Hairpins to this worker's mappings, from the other workers.
         let mut taken = 0;
         while taken < BATCH {
-            let popped = own_input.pop_batch(|sides, frames| {
+            let popped = own_input.pop_batch(|sides, frames, held| {
                 let mut verdicts = [Verdict::Held; MAX_POP];
                 let verdicts = &mut verdicts[..frames.len()];
                 worker.translate_batch(sides, frames, now, verdicts);
-                for (frame, v) in frames.iter().zip(verdicts.iter()) {
-                    if let Verdict::Forward(to) = *v {
-                        stage.push(to, frame);
+                for ((frame, v), held) in frames.iter().zip(verdicts.iter()).zip(held) {
+                    match (*v, *held) {
+                        (Verdict::Forward(to), Some(id)) => stage.forward_held(to, id),
+                        (Verdict::Forward(to), None) => stage.push(to, frame),
+                        (_, Some(id)) => ports.release(id),
+                        (_, None) => {}
                     }
                 }
             });
@@ -153,16 +162,31 @@ impl IoThread {
             // Each worker gets the same budget, so one backlog cannot starve the others.
             let mut budget = BATCH;
             while budget > 0
-                && from.pop(|side, frame| {
+                && from.pop(|popped| {
+                    let (side, frame, held) = match popped {
+                        Popped::Frame(side, frame, held) => (side, frame, held),
+                        Popped::Release(id) => return links.ports.release(id),
+                    };
                     if side == Side::Outside {
                         steering.learn_sent(worker as u16, frame);
                     }
                     if side == Side::Outside && is_to_pool(frame, pool) {
                         let w = steering.hairpin_owner(frame).map(usize::from);
-                        match w {
-                            Some(w) if to_workers[w].push(Side::Outside, frame) => woken[w] = true,
+                        let handed = match (w, held) {
+                            (Some(w), Some(id)) => to_workers[w].push_held(Side::Outside, id),
+                            (Some(w), None) => to_workers[w].push(Side::Outside, frame),
+                            (None, _) => false,
+                        };
+                        match (handed, w, held) {
+                            (true, Some(w), _) => woken[w] = true,
+                            (_, _, Some(id)) => {
+                                links.snapshot.handoff_dropped += 1;
+                                links.ports.release(id);
+                            }
                             _ => links.snapshot.handoff_dropped += 1,
                         }
+                    } else if let Some(id) = held {
+                        links.route_held(side, id, now);
                     } else {
                         links.send(side, frame, now);
                     }

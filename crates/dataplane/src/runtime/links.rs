@@ -59,6 +59,7 @@ impl Links {
             debug_assert_ne!(next, Next::Translate, "flush: a received frame was never translated");
             match (frame, next) {
                 (Staged::Held(id), Next::Route) => self.route_held(side, id, now),
+                (Staged::Held(_), Next::Handed) => {}
                 (Staged::Held(id), _) => self.ports.release(id),
                 (Staged::Made { at, len }, Next::Route) => self.send(side, &mut stage.bytes[at..at + len], now),
                 (Staged::Made { at, len }, Next::Send) => {
@@ -78,7 +79,7 @@ impl Links {
 
     /// Addresses a held frame to its next hop and transmits it without a
     /// copy; one whose next hop is unknown waits in the gateway (a copy).
-    fn route_held(&mut self, side: Side, id: FrameId, now: u64) {
+    pub(super) fn route_held(&mut self, side: Side, id: FrameId, now: u64) {
         let Links { ports, gateway, requests, snapshot, .. } = self;
         let frame = ports.frame(id);
         let len = frame.len();

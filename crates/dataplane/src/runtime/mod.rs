@@ -284,11 +284,12 @@ impl Dataplane {
         let mut lanes = Lanes::default();
         let mut engines = engines.into_iter();
         let first = engines.next().expect("at least one engine");
-        let (to_first, own_input) = ring::ring(RING_FRAMES);
+        let frames = links.ports.shared();
+        let (to_first, own_input) = ring::ring(RING_FRAMES, frames.clone());
         lanes.to_workers.push(to_first);
         for (i, engine) in engines.enumerate() {
-            let (to_worker, worker_in) = ring::ring(RING_FRAMES);
-            let (worker_out, from_worker) = ring::ring(RING_FRAMES);
+            let (to_worker, worker_in) = ring::ring(RING_FRAMES, frames.clone());
+            let (worker_out, from_worker) = ring::ring(RING_FRAMES, frames.clone());
             let (commands, rx) = mpsc::channel();
             let bell = Arc::new(Doorbell::new().map_err(DataplaneError::Thread)?);
             let mut worker = EngineWorker::new(engine, rx, event_tx.clone());

@@ -37,12 +37,19 @@ pub(super) enum Next {
     Send,
     /// Dropped or held by the engine: not sent.
     Nothing,
+    /// A received frame handed to another worker, which now holds it.
+    Handed,
 }
 
 impl Stage {
     /// A received frame for the engine: translated in place before it is sent.
     pub(super) fn hold(&mut self, side: Side, id: FrameId) {
         self.frames.push((side, Staged::Held(id), Next::Translate));
+    }
+
+    /// A held frame translated elsewhere, leaving on `side`.
+    pub(super) fn forward_held(&mut self, side: Side, id: FrameId) {
+        self.frames.push((side, Staged::Held(id), Next::Route));
     }
 
     /// A frame the NAT generates: it goes to its next hop.

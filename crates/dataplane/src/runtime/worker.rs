@@ -7,6 +7,7 @@ use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::Instant;
 
 use natrix_engine::{Engine, Side, Verdict};
+use natrix_io::FrameId;
 
 use super::clock::{Clock, Idle, SLEEP_MS};
 use super::commands::Command;
@@ -186,17 +187,35 @@ pub(super) fn run_worker(
     busy_poll: bool,
 ) {
     let mut idle = Idle::new(busy_poll);
+    // Held frames that found the output ring full: they must still go back
+    // to the interfaces' owner, or their buffers would be lost to it.
+    let mut unreturned: Vec<FrameId> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let t0 = Instant::now();
         let now = clock.now_ns();
         let mut dropped = 0;
-        let n = input.pop_batch(|sides, frames| {
+        unreturned.retain(|&id| !output.push_release(id));
+        let n = input.pop_batch(|sides, frames, held| {
             let mut verdicts = [Verdict::Held; MAX_POP];
             let verdicts = &mut verdicts[..frames.len()];
             worker.translate_batch(sides, frames, now, verdicts);
-            for (frame, v) in frames.iter().zip(verdicts.iter()) {
-                if let Verdict::Forward(to) = *v {
-                    dropped += u64::from(!output.push(to, frame));
+            for ((frame, v), held) in frames.iter().zip(verdicts.iter()).zip(held) {
+                let sent = match (*v, *held) {
+                    (Verdict::Forward(to), Some(id)) => output.push_held(to, id),
+                    (Verdict::Forward(to), None) => output.push(to, frame),
+                    (_, Some(id)) => {
+                        if !output.push_release(id) {
+                            unreturned.push(id);
+                        }
+                        continue;
+                    }
+                    (_, None) => continue,
+                };
+                if !sent {
+                    dropped += 1;
+                    if let Some(id) = *held {
+                        unreturned.push(id);
+                    }
                 }
             }
         });

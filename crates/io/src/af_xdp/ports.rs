@@ -11,11 +11,12 @@
 //! list, and fill rings are topped up from it.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
 
 use super::program::XdpProgram;
 use super::umem::{bind, register_umem, xsk_socket, BindAs, Mmap, Ring, Rings};
 use super::{os_error, unsupported, FRAME_SIZE, MAX_KICKS};
-use crate::frames::{FrameId, FramePorts, PortCounters};
+use crate::frames::{FrameId, FramePorts, PortCounters, SharedFrames};
 use crate::iface::Interface;
 use crate::port::IoError;
 
@@ -126,7 +127,9 @@ pub struct XdpPorts {
     /// Interface i's sockets are sockets[first[i]..first[i + 1]], socket q
     /// of them serving receive queue q.
     first: Vec<usize>,
-    umem: Mmap,
+    /// The UMEM, shared with the threads that are handed held frames
+    /// (`FramePorts::shared`): the last handle unmaps it.
+    frames: SharedFrames,
     free: Vec<u64>,
     interfaces: Vec<String>,
     mode: XdpMode,
@@ -180,7 +183,8 @@ impl XdpPorts {
             first.push(sockets.len());
         }
         let interfaces = interfaces.iter().map(|&(name, _)| name.to_owned()).collect();
-        Ok(XdpPorts { _programs: programs, sockets, first, umem, free, interfaces, mode, busy_poll })
+        let frames = SharedFrames::new(Arc::new(umem));
+        Ok(XdpPorts { _programs: programs, sockets, first, frames, free, interfaces, mode, busy_poll })
     }
 
     pub fn mode(&self) -> XdpMode {
@@ -259,13 +263,15 @@ fn open_socket(
 impl FramePorts for XdpPorts {
     fn receive(&mut self, side: usize, max: usize, f: &mut dyn FnMut(FrameId, &mut [u8]) -> bool) -> usize {
         let mut got = 0;
-        let XdpPorts { sockets, first, umem, free, busy_poll, .. } = self;
+        let XdpPorts { sockets, first, frames, free, busy_poll, .. } = self;
         for (queue, s) in sockets[first[side]..first[side + 1]].iter_mut().enumerate() {
             let n = s.rx.available().min((max - got) as u32);
             for i in 0..n {
                 let desc = s.rx.read(i);
                 let id = FrameId { at: desc.addr, len: desc.len, queue: queue as u16 };
-                let kept = umem.slice_mut(desc.addr, desc.len).is_some_and(|frame| f(id, frame));
+                // SAFETY: the kernel handed this chunk over in the RX
+                // descriptor; until f keeps or returns it, nobody else has it.
+                let kept = unsafe { frames.frame(id) }.is_some_and(|frame| f(id, frame));
                 if !kept {
                     free.push(chunk_of(desc.addr));
                 }
@@ -283,12 +289,18 @@ impl FramePorts for XdpPorts {
     }
 
     fn frame(&mut self, id: FrameId) -> &mut [u8] {
-        self.umem.slice_mut(id.at, id.len).expect("held frames lie inside the UMEM")
+        // SAFETY: the caller holds the frame and &mut self borrows the port.
+        unsafe { self.frames.frame(id) }.expect("held frames lie inside the UMEM")
+    }
+
+    fn shared(&self) -> SharedFrames {
+        self.frames.clone()
     }
 
     fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>) {
         for id in ids {
-            let Some(frame) = self.umem.slice_mut(id.at, id.len) else { continue };
+            // SAFETY: the caller holds the frame.
+            let Some(frame) = (unsafe { self.frames.frame(*id) }) else { continue };
             // SAFETY: held frames lie in distinct chunks, so the slices never
             // overlap, and they borrow self (the UMEM) for 'a.
             out.push(unsafe { std::slice::from_raw_parts_mut(frame.as_mut_ptr(), frame.len()) });
@@ -319,8 +331,10 @@ impl FramePorts for XdpPorts {
         }
         let Some(chunk) = self.free.pop() else { return false };
         let len = frame.len() as u32;
-        self.umem.slice_mut(chunk, len).expect("chunks lie inside the UMEM").copy_from_slice(frame);
-        self.transmit(side, FrameId { at: chunk, len, queue: 0 })
+        let id = FrameId { at: chunk, len, queue: 0 };
+        // SAFETY: the chunk was free, so nobody else holds it.
+        unsafe { self.frames.frame(id) }.expect("chunks lie inside the UMEM").copy_from_slice(frame);
+        self.transmit(side, id)
     }
 
     fn flush(&mut self) -> Result<(), IoError> {

@@ -71,6 +71,19 @@ pub(super) struct Mmap {
 // SAFETY: a Mmap is the only handle on its mapping; moving it to another
 // thread moves that ownership with it.
 unsafe impl Send for Mmap {}
+// SAFETY: shared, a mapping is only reached through `FrameArea` (the UMEM),
+// where who may touch which frame is decided by who holds its id.
+unsafe impl Sync for Mmap {}
+
+impl crate::frames::FrameArea for Mmap {
+    fn base(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
 
 impl Mmap {
     pub(super) fn anonymous(len: usize) -> io::Result<Mmap> {
@@ -89,18 +102,6 @@ impl Mmap {
             return Err(io::Error::last_os_error());
         }
         Ok(Mmap { ptr: ptr.cast(), len })
-    }
-
-    /// `len` bytes at `offset`, or None when they would leave the mapping.
-    pub(super) fn slice_mut(&mut self, offset: u64, len: u32) -> Option<&mut [u8]> {
-        let start = usize::try_from(offset).ok()?;
-        let end = start.checked_add(len as usize)?;
-        if end > self.len {
-            return None;
-        }
-        // SAFETY: start..end lies inside the mapping, and &mut self makes
-        // this the only reference into it.
-        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len as usize) })
     }
 }
 
