@@ -148,9 +148,13 @@ impl Dut for Natrix {
     }
 
     /// natrix's process, all threads: its NAT work and, in system time,
-    /// the kernel sending its frames on.
+    /// the kernel sending its frames on; and the NAPI threads of its links
+    /// (see `lab::napi_on_cpu`), which run the XDP program and copy each
+    /// frame into natrix's UMEM, the receive work RPS puts in the kernel's
+    /// softirq time for the kernel's run.
     fn cpu_ns(&self) -> Option<u64> {
-        process_cpu_ns(self.child.as_ref()?.id())
+        let napi: u64 = super::lab::napi_threads().into_iter().filter_map(|pid| process_cpu_ns(pid as u32)).sum();
+        Some(process_cpu_ns(self.child.as_ref()?.id())? + napi)
     }
 }
 

@@ -258,20 +258,28 @@ pub fn napi_on_cpu(cpu: usize) {
     for dev in ["inside", "outside"] {
         let _ = write_in_nat(&format!("/sys/class/net/{dev}/threaded"), "1");
     }
-    let Ok(procs) = std::fs::read_dir("/proc") else { return };
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<libc::pid_t>().ok()) else { continue };
-        let comm = std::fs::read_to_string(p.path().join("comm")).unwrap_or_default();
-        if comm.starts_with("napi/inside-") || comm.starts_with("napi/outside-") {
-            // SAFETY: cpu_set_t is plain data, all zeroes a valid empty set;
-            // CPU_SET writes inside it, and sched_setaffinity reads it.
-            unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            }
+    for pid in napi_threads() {
+        // SAFETY: cpu_set_t is plain data, all zeroes a valid empty set;
+        // CPU_SET writes inside it, and sched_setaffinity reads it.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
         }
     }
+}
+
+/// The NAPI threads of nx-nat's links (threaded NAPI), by their names.
+pub fn napi_threads() -> Vec<libc::pid_t> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+    procs
+        .flatten()
+        .filter_map(|p| {
+            let pid = p.file_name().to_str()?.parse::<libc::pid_t>().ok()?;
+            let comm = std::fs::read_to_string(p.path().join("comm")).ok()?;
+            (comm.starts_with("napi/inside-") || comm.starts_with("napi/outside-")).then_some(pid)
+        })
+        .collect()
 }
 
 fn write_in_nat(path: &str, value: &str) -> Result<(), Failure> {
