@@ -7,6 +7,8 @@
 //!  HOST_ID_ENABLED    kind | 2
 //! ```
 
+use std::net::Ipv6Addr;
+
 use natrix_wire::tcp_options::Iter;
 
 use super::{Kinds, Origin, WingData};
@@ -125,8 +127,11 @@ impl Scan {
 /// addresses and port as it sent the segment (before translation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Subscriber {
+    /// Its IPv4 source; behind a B4, the host's inner address.
     pub addr: u32,
     pub port: u16,
+    /// The B4 of a softwire host (DS-Lite); None for a plain IPv4 subscriber.
+    pub b4: Option<Ipv6Addr>,
 }
 
 /// Option bytes natrix writes: up to the 40 bytes of an options area.
@@ -155,8 +160,9 @@ pub fn wing(kind: u8, data: WingData, s: Subscriber) -> OptionBytes {
 
 /// HOST_ID_BOUCADAIR: lifetime in the high nibble and origin in the low
 /// nibble of one byte, then 7 data bytes, the value left-aligned and
-/// zero-padded (CONTRACTS.md, "HOST_ID TCP options").
-pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> OptionBytes {
+/// zero-padded (CONTRACTS.md, "HOST_ID TCP options"). None for origin 3 (the
+/// B4's first 56 bits, seed 000 section 7.1) when the subscriber has no B4.
+pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> Option<OptionBytes> {
     let mut b = [kind, 10, (lifetime << 4) | origin.number(), 0, 0, 0, 0, 0, 0, 0];
     let (port, addr) = (s.port.to_be_bytes(), s.addr.to_be_bytes());
     match origin {
@@ -166,9 +172,13 @@ pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> Optio
             b[3..5].copy_from_slice(&port);
             b[5..9].copy_from_slice(&addr);
         }
+        Origin::Ipv6Prefix => b[3..10].copy_from_slice(&s.b4?.octets()[..B4_PREFIX_BYTES]),
     }
-    OptionBytes { bytes: b, len: 10 }
+    Some(OptionBytes { bytes: b, len: 10 })
 }
+
+/// Origin 3 carries the first 56 bits of the B4.
+const B4_PREFIX_BYTES: usize = 7;
 
 /// HOST_ID_ENABLED: kind and length 2, no data.
 pub fn enabled(kind: u8) -> OptionBytes {
@@ -192,16 +202,20 @@ mod tests {
     use super::*;
 
     const KINDS: Kinds = Kinds { wing: 200, boucadair: 201, enabled: 202 };
-    const SUB: Subscriber = Subscriber { addr: 0x6440_000a, port: 5482 };
+    const SUB: Subscriber = Subscriber { addr: 0x6440_000a, port: 5482, b4: None };
 
     #[test]
     fn the_layouts_of_section_3() {
         assert_eq!(wing(200, WingData::Ipv4Low16, SUB).as_slice(), [200, 4, 0x00, 0x0a]);
         assert_eq!(wing(200, WingData::Port, SUB).as_slice(), [200, 4, 0x15, 0x6a]);
         assert_eq!(enabled(202).as_slice(), [202, 2]);
-        assert_eq!(boucadair(201, Origin::Port, 0, SUB).as_slice(), [201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0]);
-        assert_eq!(boucadair(201, Origin::Ipv4, 3, SUB).as_slice(), [201, 10, 0x31, 100, 64, 0, 10, 0, 0, 0]);
-        assert_eq!(boucadair(201, Origin::PortIpv4, 15, SUB).as_slice(), [201, 10, 0xf2, 0x15, 0x6a, 100, 64, 0, 10, 0]);
+        let b = |origin, lifetime, s| boucadair(201, origin, lifetime, s).map(|o| o.as_slice().to_vec());
+        assert_eq!(b(Origin::Port, 0, SUB).unwrap(), [201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0]);
+        assert_eq!(b(Origin::Ipv4, 3, SUB).unwrap(), [201, 10, 0x31, 100, 64, 0, 10, 0, 0, 0]);
+        assert_eq!(b(Origin::PortIpv4, 15, SUB).unwrap(), [201, 10, 0xf2, 0x15, 0x6a, 100, 64, 0, 10, 0]);
+        let behind_b4 = Subscriber { b4: Some("2001:db8:100:ab12:3456::2".parse().unwrap()), ..SUB };
+        assert_eq!(b(Origin::Ipv6Prefix, 0, behind_b4).unwrap(), [201, 10, 0x03, 0x20, 0x01, 0x0d, 0xb8, 0x01, 0x00, 0xab], "the B4's first 56 bits");
+        assert_eq!(b(Origin::Ipv6Prefix, 0, SUB), None, "a plain IPv4 subscriber has no B4");
     }
 
     #[test]

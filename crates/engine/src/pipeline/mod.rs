@@ -436,6 +436,15 @@ impl Engine {
         // Bytes past the inner packet's total length are not part of it.
         buf.truncate(ip.l3 + ip.total_len());
         let result = self.ipv4_stages(&mut buf, &ip, Side::Inside);
+        if let Some(mut grown) = self.hooks.take_grown() {
+            // A function made it longer after translation (HOST_ID options):
+            // the longer copy leaves instead, once the router's TTL is done.
+            if let Ok(Some(_)) = result {
+                self.router.decrement_ttl(&mut grown, ip.l3);
+                buf = std::mem::replace(&mut grown, buf);
+            }
+            self.router.recycle(grown);
+        }
         match self.settle(&buf, ip.l3, Side::Inside, result) {
             Verdict::Forward(out) => {
                 self.send_rebuilt(out, buf, ip.l3);
@@ -593,9 +602,22 @@ impl Engine {
         if self.hooks.is_empty() {
             return Ok(());
         }
-        match self.hooks.run(at, frame, ip, side, self.now_ns, &mut self.router) {
+        let ctx = hooks::Context { side, now_ns: self.now_ns, softwire: self.softwire_host(ip.src) };
+        match self.hooks.run(at, frame, ip, ctx, &mut self.router) {
             HookVerdict::Drop(r) => Err(r),
             HookVerdict::Continue | HookVerdict::Grow(_) => Ok(()),
+        }
+    }
+
+    /// The host behind a B4 whose stand-in `src` is: a frame's source as
+    /// it arrived, so a function sees who sent it through which softwire.
+    fn softwire_host(&self, src: u32) -> Option<hooks::SoftwireHost> {
+        if !identity::is_softwire(src) {
+            return None;
+        }
+        match self.nat.subs.identities().resolve(src) {
+            Identity::Softwire { b4, inner } => Some(hooks::SoftwireHost { b4, inner }),
+            Identity::Ipv4(_) => None,
         }
     }
 
