@@ -470,7 +470,8 @@ impl HostId {
             self.stats.malformed += 1;
             return HookVerdict::Continue;
         }
-        let Ok(end) = Options::new_checked(&frame[tcp_at..tcp_at + hl]).and_then(|o| o.options_end()) else { return HookVerdict::Continue };
+        // The scan's end: corrections and NOPs in place never move it.
+        let Some(end) = scan.options_end() else { return HookVerdict::Continue };
         let padded = (end + self.pending_len).next_multiple_of(4);
         if padded > tcp::MIN_HEADER_LEN + tcp_options::MAX_LEN {
             self.stats.no_room += 1;

@@ -90,19 +90,24 @@ pub struct Scan {
     found: [Present; 20],
     count: u8,
     pub malformed: bool,
+    /// Where the options end, from the header's start: at an EOL, or past
+    /// the last option (what `tcp_options::Options::options_end` says, read
+    /// in the same walk). Overwriting options in place never moves it.
+    end: usize,
 }
 
 impl Scan {
     /// Scans `header`, a TCP header with its options.
     pub fn of(header: &[u8], kinds: &Kinds) -> Scan {
         const NONE: Present = Present { which: Which::Enabled, offset: 0, len: 0 };
-        let mut scan = Scan { found: [NONE; 20], count: 0, malformed: false };
+        let mut scan = Scan { found: [NONE; 20], count: 0, malformed: false, end: natrix_wire::tcp::MIN_HEADER_LEN };
         let area = header.get(natrix_wire::tcp::MIN_HEADER_LEN..).unwrap_or(&[]);
         for o in Iter::new(area) {
             let Ok(o) = o else {
                 scan.malformed = true;
                 break;
             };
+            scan.end = if o.kind == natrix_wire::tcp_options::kind::EOL { o.offset } else { o.offset + o.bytes.len() };
             if let Some(which) = Which::of_kind(o.kind, kinds) {
                 // Offsets and lengths fit a byte: the header is at most 60 bytes.
                 if let (Some(slot), Ok(offset), Ok(len)) = (scan.found.get_mut(usize::from(scan.count)), u8::try_from(o.offset), u8::try_from(o.bytes.len())) {
@@ -120,6 +125,11 @@ impl Scan {
 
     pub fn is_empty(&self) -> bool {
         self.count == 0
+    }
+
+    /// Where the options end (None when the area is malformed).
+    pub fn options_end(&self) -> Option<usize> {
+        (!self.malformed).then_some(self.end)
     }
 }
 
@@ -229,6 +239,7 @@ mod tests {
         assert!(!s.malformed);
         assert_eq!(value_of(&h, &found[0]), Some(10));
         assert_eq!(value_of(&h, &found[1]), None);
+        assert_eq!(s.options_end(), Some(32), "past the last option, the NOP after ENABLED");
         // A zero length after the WING: the area is malformed and the scan ends there.
         h[29] = 8;
         h[30] = 0;
