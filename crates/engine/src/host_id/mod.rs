@@ -455,7 +455,10 @@ impl HostId {
                 }
             }
         }
-        apply_tcp_checksum(frame, tcp_at, delta);
+        // Most SYNs carry no HOST_ID option: their checksum stays as it is.
+        if !scan.is_empty() {
+            apply_tcp_checksum(frame, tcp_at, delta);
+        }
 
         self.pending_len = 0;
         for (_, b) in wanted.iter().filter(|(w, _)| !kept[*w as usize]) {

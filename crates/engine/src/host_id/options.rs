@@ -148,12 +148,13 @@ pub struct Subscriber {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OptionBytes {
     bytes: [u8; 10],
-    len: usize,
+    /// A byte: every SYN's wanted options are built and copied around.
+    len: u8,
 }
 
 impl OptionBytes {
     pub fn as_slice(&self) -> &[u8] {
-        &self.bytes[..self.len]
+        &self.bytes[..usize::from(self.len)]
     }
 }
 
