@@ -21,6 +21,9 @@ Written from the seed and the contract, not from natrix's source:
 """
 
 import json
+import socket
+
+from scapy.layers.inet6 import IPv6
 
 import natrix_harness as h
 from natrix_harness import IP, POOL1, SRV1, SUB_A, SUB_B, T0, TCP, Raw, one, pick
@@ -30,16 +33,23 @@ WING, BOUCADAIR, ENABLED = 200, 201, 202  # the contract's default kinds
 LINUX = [("MSS", 1460), ("SAckOK", b""), ("Timestamp", (394712, 0)), ("NOP", None), ("WScale", 7)]
 LINUX_BYTES = bytes([2, 4, 5, 180, 4, 2, 8, 10]) + (394712).to_bytes(4, "big") + bytes(4) + bytes([1, 3, 3, 7])
 ISN = 123456789
+# DS-Lite (CONTRACTS.md "DS-Lite AFTR"): two B4s in different /56s whose hosts
+# both use RFC 6333's 192.0.0.2.
+AFTR = "2001:db8:0:1::1"
+B4_1, B4_2 = "2001:db8:100:ab00::2", "2001:db8:100:cd00::3"
+B4_HOST = "192.0.0.2"
 SPORT = 5482  # seed 000 figure 5's port
 
 
-def config(host_id=None, rules=(), mode_off=False, log=None):
+def config(host_id=None, rules=(), mode_off=False, log=None, dslite=False):
     base = '[nat]\nmode = "off"\n' if mode_off else h.make_config()
     lines = ["[host_id]"] + [f"{k} = {h._toml_value(v)}" for k, v in (host_id or {}).items()]
     for r in rules:
         lines.append("[[host_id.rule]]")
         lines += [f"{k} = {h._toml_value(v)}" for k, v in r.items()]
     text = base + "\n".join(lines) + "\n"
+    if dslite:
+        text += f'[dslite]\naftr = "{AFTR}"\n'
     if log is not None:
         text += f"[logging]\njson = {json.dumps(str(log))}\n"
     return text
@@ -296,9 +306,10 @@ def syn_ack(ext, port, options):
             / TCP(sport=80, dport=port, flags="SA", seq=777, ack=ISN + 1, window=65160, options=options))
 
 
-def client_ack(seq_off=1, payload=b""):
+def client_ack(seq_off=1, payload=b"", options=()):
     pkt = (h.eth_in(SUB_A) / IP(src=SUB_A, dst=SRV1, ttl=64, id=12)
-           / TCP(sport=SPORT, dport=80, flags="A" if not payload else "PA", seq=ISN + seq_off, ack=778, window=502))
+           / TCP(sport=SPORT, dport=80, flags="A" if not payload else "PA", seq=ISN + seq_off, ack=778, window=502,
+                 options=list(options)))
     return pkt / Raw(payload) if payload else pkt
 
 
@@ -332,6 +343,35 @@ def test_ack_mode_without_an_echo_sends_no_boucadair(replay):
     outs, rep = replay(config(ACK_MODE), frames)
     ack = one(outs, "outside", lambda p: h.is_tcp(p) and p[TCP].flags == "A", "ACK").pkt
     assert host_id_options(ack) == [] and rep["host_id"]["acks_injected"] == 0
+
+
+def test_ack_mode_rules_judge_the_first_ack_and_no_later_one(replay):
+    """CONTRACTS.md: rules inspect SYNs and, in ACK mode, the first ACK (the
+    one after the SYN-ACK, which carries BOUCADAIR in figure 6). A forbidden
+    WING in that ACK is dropped; the same WING in a later ACK is not judged
+    by the rules (it passes, the host's option overwritten with NOPs as ACK
+    mode does to HOST_ID a host writes outside the first ACK)."""
+    first, _ = replay(config(ACK_MODE), [(T0, "inside", syn())])
+    out = syn_out(first)
+    forbidden = [(WING, b"\x0b\xad"), ("NOP", None), ("NOP", None)]
+    cfg = config(ACK_MODE, rules=[{"option": "wing", "value": "0x0bad", "action": "drop"}])
+
+    def run(first_ack_options, later_ack_options):
+        frames = [(T0, "inside", syn()), (T0 + 0.01, "outside", syn_ack(out[IP].src, out[TCP].sport, [("MSS", 1400)])),
+                  (T0 + 0.02, "inside", client_ack(options=first_ack_options)),
+                  (T0 + 0.03, "inside", client_ack(payload=b"GET /", options=later_ack_options))]
+        return replay(cfg, frames)
+
+    outs, rep = run(forbidden, ())
+    acks = pick(outs, "outside", lambda p: h.is_tcp(p) and "A" in p[TCP].flags and "S" not in p[TCP].flags)
+    assert [h.l4_data(a.pkt) for a in acks] == [b"GET /"], "the first ACK is dropped"
+    assert rep["host_id"]["rules"][0]["matched"] == 1 and rep["drops"]["host_id_policy"] == 1
+
+    outs, rep = run((), forbidden)
+    acks = pick(outs, "outside", lambda p: h.is_tcp(p) and "A" in p[TCP].flags and "S" not in p[TCP].flags)
+    assert [h.l4_data(a.pkt) for a in acks] == [b"", b"GET /"], "the later ACK is not judged: it passes"
+    assert host_id_options(acks[1].pkt) == [], "its WING became NOPs"
+    assert rep["host_id"]["rules"][0]["matched"] == 0
 
 
 def test_ack_mode_never_puts_boucadair_in_the_syn(replay):
@@ -443,6 +483,8 @@ def test_check_config_accepts_the_contract_keys_and_names_bad_values(natrix, tmp
                             "enabled": True, "kinds": {"wing": 200, "boucadair": 201, "enabled": 202}},
                            rules=[{"option": "wing", "value": "0x0a-0xff", "action": "log"}]))
     assert natrix("check-config", str(good)).returncode == 0
+    good.write_text(config({"mode": "syn", "boucadair": "ipv6-prefix"}, dslite=True))
+    assert natrix("check-config", str(good)).returncode == 0, "origin 3 with [dslite]"
     for keys, rules, key, words in [
         ({"mode": "sometimes"}, [], "host_id.mode", "\"sometimes\""),
         ({"boucadair": "mac"}, [], "host_id.boucadair", "\"mac\""),
@@ -450,6 +492,7 @@ def test_check_config_accepts_the_contract_keys_and_names_bad_values(natrix, tmp
         ({"kinds": {"wing": 1}}, [], "host_id.kinds.wing", "1"),
         ({}, [{"option": "wing", "value": "5-3", "action": "drop"}], "host_id.rule[0].value", "\"5-3\""),
         ({}, [{"option": "wing", "action": "block"}], "host_id.rule[0].action", "\"block\""),
+        ({"mode": "syn", "boucadair": "ipv6-prefix"}, [], "host_id.boucadair", "[dslite]"),
     ]:
         bad = tmp_path / "bad.toml"
         bad.write_text(config(keys, rules=rules))
@@ -457,6 +500,75 @@ def test_check_config_accepts_the_contract_keys_and_names_bad_values(natrix, tmp
         text = p.stdout + p.stderr
         text = text.decode() if isinstance(text, bytes) else text
         assert p.returncode != 0 and key in text and words in text, text
+
+
+# ---------------------------------------------------------------------------
+# DS-Lite: origin 3, the B4's first 56 bits (seed 000 section 7.1)
+# ---------------------------------------------------------------------------
+
+
+# Linux's SYN options with an MSS below DS-Lite's clamp (1420 for the default
+# MTU of 1500), which would otherwise lower it.
+SOFTWIRE_LINUX = [("MSS", 1400)] + LINUX[1:]
+SOFTWIRE_LINUX_BYTES = bytes([2, 4, 5, 120]) + LINUX_BYTES[4:]
+
+
+def softwire_syn(b4, seq, options=SOFTWIRE_LINUX):
+    """Ethernet / IPv6 (B4 -> AFTR, next header 4) / the host's IPv4 SYN (RFC 2473)."""
+    inner = IP(src=B4_HOST, dst=SRV1, ttl=64, id=7) / TCP(sport=SPORT, dport=80, flags="S", seq=seq, window=64240, options=options)
+    return h.Ether(src="02:00:00:00:0b:04", dst=h.NAT_IN_MAC) / IPv6(src=b4, dst=AFTR, nh=4, hlim=64) / inner
+
+
+def b4_prefix56(b4):
+    """The first 56 bits of an IPv6 address, as scapy's inet_pton gives its bytes."""
+    return socket.inet_pton(socket.AF_INET6, b4)[:7]
+
+
+def test_origin_3_carries_each_b4s_first_56_bits(replay):
+    """Seed 000 section 7.1: the AFTR's BOUCADAIR may carry "56 bits of
+    Tunnel Softwire IPv6 Source Address". Two B4s whose hosts send the same
+    SYN from 192.0.0.2:5482 each get their own B4's /56 (origin 3), and WING's
+    low 16 bits are the host's own inner address, not anything of natrix's."""
+    cfg = config({"mode": "syn", "wing": True, "boucadair": "ipv6-prefix", "lifetime": 2}, dslite=True)
+    frames = [(T0, "inside", softwire_syn(B4_1, ISN)), (T0 + 0.1, "inside", softwire_syn(B4_2, ISN + 1000))]
+    outs, rep = replay(cfg, frames)
+    syns = pick(outs, "outside", lambda p: h.is_tcp(p) and p[TCP].flags == "S")
+    assert len(syns) == 2, h.dump(outs)
+    by_seq = {s.pkt[TCP].seq: s.pkt for s in syns}
+    for b4, seq in [(B4_1, ISN), (B4_2, ISN + 1000)]:
+        out = by_seq[seq]
+        assert out[IP].src == POOL1 and IPv6 not in out, "decapsulated and translated as usual"
+        assert_inserted_after(out, SOFTWIRE_LINUX_BYTES, wing_bytes(0x0002) + boucadair_bytes(3, b4_prefix56(b4), lifetime=2))
+    assert b4_prefix56(B4_1) != b4_prefix56(B4_2)
+    assert rep["host_id"]["injected"] == 2 and rep["host_id"]["no_b4"] == 0
+
+
+def test_origin_3_corrects_a_host_spoofing_another_b4(replay):
+    """Section 7.2: a host behind B4_2 that writes B4_1's prefix has it corrected in place."""
+    spoof = boucadair_bytes(3, b4_prefix56(B4_1))
+    raw = bytes([2, 4, 5, 120, 1, 1]) + spoof
+    tcp = TCP(sport=SPORT, dport=80, flags="S", seq=ISN, window=64240, dataofs=5 + len(raw) // 4)
+    inner = IP(src=B4_HOST, dst=SRV1, ttl=64, id=7) / tcp / Raw(raw)
+    frame = h.Ether(src="02:00:00:00:0b:04", dst=h.NAT_IN_MAC) / IPv6(src=B4_2, dst=AFTR, nh=4, hlim=64) / IP(bytes(inner))
+    outs, rep = replay(config({"mode": "syn", "boucadair": "ipv6-prefix"}, dslite=True), [(T0, "inside", frame)])
+    out = syn_out(outs)
+    assert tcp_options_area(out) == bytes([2, 4, 5, 120, 1, 1]) + boucadair_bytes(3, b4_prefix56(B4_2))
+    assert rep["host_id"]["corrected"] == 1 and rep["host_id"]["injected"] == 0
+
+
+def test_origin_3_leaves_plain_ipv4_subscribers_without_boucadair_and_counts_them(replay):
+    """natrix's choice (CONTRACTS.md is silent; seed 000 gives origin 3 only
+    to DS-Lite hosts): a plain IPv4 subscriber beside the softwires has no B4,
+    so its SYN carries the other enabled options but no BOUCADAIR, counted as
+    `no_b4`; a BOUCADAIR its host wrote is removed (NOPs), as any option natrix
+    does not write, so it cannot pose as a B4."""
+    cfg = config({"mode": "syn", "wing": True, "boucadair": "ipv6-prefix"}, dslite=True)
+    spoof = boucadair_bytes(3, b4_prefix56(B4_1))
+    outs, rep = replay(cfg, [(T0, "inside", syn_raw_options(spoof + bytes([1, 1])))])
+    out = syn_out(outs)
+    assert host_id_options(out) == [wing_bytes(0x000A)], tcp_options_area(out).hex()
+    assert tcp_options_area(out)[:10] == b"\x01" * 10, "the host's BOUCADAIR became NOPs"
+    assert rep["host_id"]["no_b4"] == 1 and rep["host_id"]["removed"] == 1
 
 
 def test_the_syn_accelerators_copies_carry_host_id(replay):

@@ -181,6 +181,7 @@ impl Config {
         engine.syn_accel = syn_accel::parse(&mut root, &mut warnings)?;
         engine.host_id = host_id::parse(&mut root, &mut warnings)?;
         engine.dslite = dslite::parse(&mut root, &engine, &mut warnings)?;
+        host_id::check_origin_needs_dslite(&engine)?;
         let cluster = cluster::parse(&mut root, &engine)?;
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);

@@ -2,7 +2,8 @@
 //! workers: `natrix_host_id_no_room_total` (the contract's counter),
 //! `_injected_total`, `_corrected_total`, `_removed_total`,
 //! `_malformed_total`, ACK mode's `_echoes_removed_total`,
-//! `_acks_injected_total` and `_acks_untracked_total`, `log` events lost
+//! `_acks_injected_total` and `_acks_untracked_total`, origin 3's
+//! `_no_b4_total`, `log` events lost
 //! (`_events_lost_total`), and what each rule decided
 //! (`natrix_host_id_rule_matches_total{rule}`, the rule's index in
 //! `[[host_id.rule]]`). Exported only where `[host_id]` is configured.
@@ -43,7 +44,13 @@ impl Collector for HostIdFamilies {
         counter(&mut encoder, "host_id_malformed", "Segments whose TCP options area is malformed: no HOST_ID option inserted.", t.malformed)?;
         counter(&mut encoder, "host_id_echoes_removed", "ACK mode: servers' echoes of HOST_ID_ENABLED removed from SYN-ACKs.", t.echoes_removed)?;
         counter(&mut encoder, "host_id_acks_injected", "ACK mode: clients' first ACKs HOST_ID_BOUCADAIR was written into.", t.acks_injected)?;
-        counter(&mut encoder, "host_id_acks_untracked", "ACK mode: echoes not remembered (table full), so no HOST_ID_BOUCADAIR followed.", t.acks_untracked)?;
+        counter(
+            &mut encoder,
+            "host_id_acks_untracked",
+            "ACK mode: SYN-ACKs not remembered (table full), so their first ACK got no HOST_ID_BOUCADAIR and no rule looked at it.",
+            t.acks_untracked,
+        )?;
+        counter(&mut encoder, "host_id_no_b4", "Segments from plain IPv4 subscribers written without HOST_ID_BOUCADAIR origin 3, which needs a DS-Lite B4.", t.no_b4)?;
         counter(&mut encoder, "host_id_events_lost", "HOST_ID log events dropped because their queue was full.", t.events_lost)?;
         let mut m = encoder.encode_descriptor("host_id_rule_matches", "Segments each [[host_id.rule]] decided, by the rule's index.", None, MetricType::Counter)?;
         for (i, &n) in t.rule_matches.iter().enumerate() {

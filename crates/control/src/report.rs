@@ -70,6 +70,7 @@ pub struct HostIdUse {
     pub echoes_removed: u64,
     pub acks_injected: u64,
     pub acks_untracked: u64,
+    pub no_b4: u64,
     pub events_lost: u64,
     pub rules: Vec<RuleUse>,
 }
@@ -94,6 +95,7 @@ impl HostIdUse {
             echoes_removed: st.echoes_removed,
             acks_injected: st.acks_injected,
             acks_untracked: st.acks_untracked,
+            no_b4: st.no_b4,
             events_lost: st.events_lost,
             rules: rules.iter().zip(&st.rule_matches).map(|(r, &matched)| RuleUse { option: r.option.name(), action: r.action.name(), matched }).collect(),
         }

@@ -4,6 +4,8 @@
 
 use natrix_engine::host_id::{Action, HostIdConfig, Kinds, Mode, Origin, Rule, RuleOption, WingData};
 
+use natrix_engine::config::EngineConfig;
+
 use super::{err, ConfigError, Section};
 
 pub(super) fn parse(root: &mut Section, warnings: &mut Vec<String>) -> Result<Option<HostIdConfig>, ConfigError> {
@@ -18,13 +20,26 @@ pub(super) fn parse(root: &mut Section, warnings: &mut Vec<String>) -> Result<Op
     let rules = parse_rules(&mut s)?;
     s.finish()?;
     if mode == Mode::Ack && boucadair.is_none() {
-        return err("host_id.boucadair", "mode = \"ack\" carries HOST_ID_BOUCADAIR in the first ACK: choose its origin (\"port\", \"ipv4\" or \"port-ipv4\")");
+        return err("host_id.boucadair", "mode = \"ack\" carries HOST_ID_BOUCADAIR in the first ACK: choose its origin (\"port\", \"ipv4\", \"port-ipv4\" or \"ipv6-prefix\")");
     }
     if mode == Mode::Off && (wing_on || boucadair.is_some() || enabled) {
         warnings.push("host_id.mode: \"off\" writes no option: wing, boucadair and enabled take effect with mode = \"syn\" or \"ack\"".to_owned());
     }
     let cfg = HostIdConfig { mode, wing: wing_on.then_some(wing_data), boucadair, lifetime, enabled, kinds, rules };
     Ok(cfg.is_active().then_some(cfg))
+}
+
+/// Origin 3 carries a softwire B4's first 56 bits: without `[dslite]` no
+/// subscriber has one, so nothing would ever be written.
+pub(super) fn check_origin_needs_dslite(engine: &EngineConfig) -> Result<(), ConfigError> {
+    let origin3 = engine.host_id.as_ref().is_some_and(|h| h.boucadair == Some(Origin::Ipv6Prefix));
+    if origin3 && engine.dslite.is_none() {
+        return err(
+            "host_id.boucadair",
+            "\"ipv6-prefix\" (origin 3) carries a DS-Lite B4's first 56 bits and needs [dslite] (aftr = ...): without softwires no subscriber has a B4; use \"port\", \"ipv4\" or \"port-ipv4\"",
+        );
+    }
+    Ok(())
 }
 
 /// "off", or the origin of seed 000 section 3.2 by name.
@@ -34,9 +49,7 @@ fn parse_boucadair(s: &mut Section) -> Result<Option<Origin>, ConfigError> {
         "port" => Ok(Some(Origin::Port)),
         "ipv4" => Ok(Some(Origin::Ipv4)),
         "port-ipv4" => Ok(Some(Origin::PortIpv4)),
-        "ipv6-prefix" => {
-            Err("\"ipv6-prefix\" (origin 3) carries a DS-Lite B4's first 56 bits, and this natrix has no DS-Lite softwires yet: use \"port\", \"ipv4\" or \"port-ipv4\"".to_owned())
-        }
+        "ipv6-prefix" => Ok(Some(Origin::Ipv6Prefix)),
         _ => Err(format!("\"{t}\" is not one of \"off\", \"port\", \"ipv4\", \"port-ipv4\", \"ipv6-prefix\"")),
     })
     .map(Option::flatten)
@@ -190,7 +203,8 @@ mod tests {
         assert!(problem("mode = \"on\"\n").starts_with("host_id.mode: \"on\" is not one of \"off\", \"syn\", \"ack\""));
         assert!(problem("mode = \"ack\"\n").starts_with("host_id.boucadair: mode = \"ack\" carries HOST_ID_BOUCADAIR"));
         assert!(problem("boucadair = \"ipv6\"\n").starts_with("host_id.boucadair: \"ipv6\" is not one of"));
-        assert!(problem("boucadair = \"ipv6-prefix\"\n").contains("DS-Lite"));
+        assert!(problem("mode = \"syn\"\nboucadair = \"ipv6-prefix\"\n")
+            .starts_with("host_id.boucadair: \"ipv6-prefix\" (origin 3) carries a DS-Lite B4's first 56 bits and needs [dslite]"));
         assert!(problem("wing_data = \"ipv4\"\n").starts_with("host_id.wing_data: \"ipv4\" is not one of \"ipv4-low16\", \"port\""));
         assert!(problem("lifetime = 16\n").starts_with("host_id.lifetime: 16 is out of range 0-15"));
         assert!(problem("kinds = { wing = 1 }\n").starts_with("host_id.kinds.wing: 1 is out of range 2-255"));
@@ -207,6 +221,12 @@ mod tests {
         assert!(problem("[[host_id.rule]]\noption = \"wing\"\n").starts_with("host_id.rule[0]: needs option"));
         assert!(problem("[[host_id.rule]]\noption = \"wing\"\naction = \"drop\"\nvalues = \"1\"\n").starts_with("host_id.rule[0].values: unknown key; did you mean `value`?"));
         assert!(problem("mod = \"syn\"\n").starts_with("host_id.mod: unknown key; did you mean `mode`?"));
+    }
+
+    #[test]
+    fn origin_3_is_taken_with_dslite() {
+        let c = Config::parse(&format!("{BASE}[dslite]\naftr = \"2001:db8:0:1::1\"\n[host_id]\nmode = \"syn\"\nboucadair = \"ipv6-prefix\"\n")).unwrap();
+        assert_eq!(c.engine.host_id.unwrap().boucadair, Some(Origin::Ipv6Prefix));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! ACK mode's memory (seed 000 section 3.2.2, figure 6): the connections
 //! whose server echoed HOST_ID_ENABLED in its SYN-ACK, until the client's
-//! first ACK takes HOST_ID_BOUCADAIR. A side table, so sessions that never
-//! use it cost nothing: it holds only connections between a SYN-ACK and the
+//! first ACK takes HOST_ID_BOUCADAIR; with `[[host_id.rule]]`s, every
+//! connection whose SYN-ACK passed, until its first ACK, the one segment
+//! after the SYN the rules inspect. A side table, so sessions that never use
+//! it cost nothing: it holds only connections between a SYN-ACK and the
 //! first ACK, and is bounded.
 
 use std::collections::HashMap;
@@ -22,9 +24,18 @@ pub struct Connection {
     pub server_port: u16,
 }
 
+/// A connection whose SYN-ACK passed, waiting for the client's first ACK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Waiting {
+    /// When its SYN-ACK passed.
+    at_ns: u64,
+    /// Whether the server echoed ENABLED (and natrix removed it): the first
+    /// ACK takes HOST_ID_BOUCADAIR.
+    pub echoed: bool,
+}
+
 pub struct Echoed {
-    /// When each connection's echo was seen.
-    seen: HashMap<Connection, u64>,
+    seen: HashMap<Connection, Waiting>,
     capacity: usize,
 }
 
@@ -33,22 +44,25 @@ impl Echoed {
         Echoed { seen: HashMap::new(), capacity: capacity.max(1) }
     }
 
-    /// Remembers that `c`'s server echoed ENABLED at `now_ns`; false when
-    /// the table is full even of echoes still waiting.
-    pub fn remember(&mut self, c: Connection, now_ns: u64) -> bool {
+    /// Remembers that `c`'s SYN-ACK passed at `now_ns`, its server having
+    /// `echoed` ENABLED or not (a retransmitted SYN-ACK keeps an echo seen
+    /// before); false when the table is full even of connections still waiting.
+    pub fn remember(&mut self, c: Connection, now_ns: u64, echoed: bool) -> bool {
         if self.seen.len() >= self.capacity && !self.seen.contains_key(&c) {
-            self.seen.retain(|_, &mut at| now_ns.saturating_sub(at) < WAIT_NS);
+            self.seen.retain(|_, w| now_ns.saturating_sub(w.at_ns) < WAIT_NS);
             if self.seen.len() >= self.capacity {
                 return false;
             }
         }
-        self.seen.insert(c, now_ns);
+        let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed });
+        *w = Waiting { at_ns: now_ns, echoed: echoed || w.echoed };
         true
     }
 
-    /// Whether `c`'s server echoed ENABLED (recently enough); forgets it.
-    pub fn take(&mut self, c: &Connection, now_ns: u64) -> bool {
-        self.seen.remove(c).is_some_and(|at| now_ns.saturating_sub(at) < WAIT_NS)
+    /// `c`'s client's first ACK: the SYN-ACK it answers, if one passed
+    /// recently enough; forgets it, so later ACKs find nothing.
+    pub fn take(&mut self, c: &Connection, now_ns: u64) -> Option<Waiting> {
+        self.seen.remove(c).filter(|w| now_ns.saturating_sub(w.at_ns) < WAIT_NS)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -56,7 +70,7 @@ impl Echoed {
     }
 
     pub fn memory_bytes(&self) -> usize {
-        self.seen.capacity() * (std::mem::size_of::<(Connection, u64)>() + 1)
+        self.seen.capacity() * (std::mem::size_of::<(Connection, Waiting)>() + 1)
     }
 }
 
@@ -68,23 +82,34 @@ mod tests {
         Connection { client: 1, client_port: port, server: 2, server_port: 80 }
     }
 
-    #[test]
-    fn an_echo_is_taken_once_and_only_while_fresh() {
-        let mut e = Echoed::new(4);
-        assert!(e.remember(conn(1), 0));
-        assert!(!e.take(&conn(2), 1), "another connection never echoed");
-        assert!(e.take(&conn(1), 1));
-        assert!(!e.take(&conn(1), 2), "the first ACK takes it; later ACKs do not");
-        assert!(e.remember(conn(3), 0));
-        assert!(!e.take(&conn(3), WAIT_NS), "a client that never answered");
+    fn echoed(w: Option<Waiting>) -> Option<bool> {
+        w.map(|w| w.echoed)
     }
 
     #[test]
-    fn the_table_is_bounded_and_makes_room_from_stale_echoes() {
+    fn a_syn_ack_is_taken_once_and_only_while_fresh() {
+        let mut e = Echoed::new(4);
+        assert!(e.remember(conn(1), 0, true));
+        assert_eq!(echoed(e.take(&conn(2), 1)), None, "another connection's SYN-ACK never passed");
+        assert_eq!(echoed(e.take(&conn(1), 1)), Some(true));
+        assert_eq!(echoed(e.take(&conn(1), 2)), None, "the first ACK takes it; later ACKs do not");
+        assert!(e.remember(conn(3), 0, false));
+        assert_eq!(echoed(e.take(&conn(3), WAIT_NS)), None, "a client that never answered");
+    }
+
+    #[test]
+    fn a_retransmitted_syn_ack_keeps_the_echo() {
+        let mut e = Echoed::new(4);
+        assert!(e.remember(conn(1), 0, true) && e.remember(conn(1), 1, false));
+        assert_eq!(echoed(e.take(&conn(1), 2)), Some(true));
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_makes_room_from_stale_entries() {
         let mut e = Echoed::new(2);
-        assert!(e.remember(conn(1), 0) && e.remember(conn(2), 0));
-        assert!(!e.remember(conn(3), 1), "full of fresh echoes");
-        assert!(e.remember(conn(3), WAIT_NS + 1), "stale ones make room");
-        assert!(e.take(&conn(3), WAIT_NS + 2));
+        assert!(e.remember(conn(1), 0, true) && e.remember(conn(2), 0, false));
+        assert!(!e.remember(conn(3), 1, true), "full of fresh entries");
+        assert!(e.remember(conn(3), WAIT_NS + 1, true), "stale ones make room");
+        assert_eq!(echoed(e.take(&conn(3), WAIT_NS + 2)), Some(true));
     }
 }

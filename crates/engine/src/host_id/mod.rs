@@ -4,7 +4,7 @@
 //! in front of servers it applies their policy on those options.
 //!
 //! ```text
-//!  before translation, either side:  SYN (and, in ACK mode, an ACK carrying HOST_ID)
+//!  before translation, either side:  SYN (and, in ACK mode, the client's first ACK after the SYN-ACK)
 //!      ──> [[host_id.rule]]: first match accept / log / drop / strip; no match accepts
 //!  before translation, inside:       the subscriber's own address and port are staged
 //!  after translation, leaving outside (a subscriber's segment):
@@ -12,6 +12,7 @@
 //!              the missing ones inserted after the host's own (the frame grows)
 //!      ACK mode, the first ACK after an echoed ENABLED ──> HOST_ID_BOUCADAIR the same way
 //!  after translation, leaving inside (ACK mode): the server's SYN-ACK loses its echo of ENABLED
+//!  after translation, a SYN-ACK (ACK mode): remembered for its first ACK after an echo, or for the rules
 //! ```
 //!
 //! Values come from the subscriber's addresses as it sent the segment (the
@@ -40,7 +41,7 @@ use crate::pipeline::hooks::{FrameInfo, FunctionRecord, HookVerdict, Hooks, Inte
 use crate::pipeline::Stats;
 use crate::Side;
 
-use ack_mode::{Connection, Echoed};
+use ack_mode::{Connection, Echoed, Waiting};
 pub use options::Which;
 use options::{OptionBytes, Scan, Subscriber};
 pub use policy::{Action, Rule, RuleOption};
@@ -72,6 +73,8 @@ pub enum Origin {
     Port,
     Ipv4,
     PortIpv4,
+    /// The first 56 bits of a softwire host's B4 (DS-Lite only).
+    Ipv6Prefix,
 }
 
 impl Origin {
@@ -81,6 +84,7 @@ impl Origin {
             Origin::Port => 0,
             Origin::Ipv4 => 1,
             Origin::PortIpv4 => 2,
+            Origin::Ipv6Prefix => 3,
         }
     }
 }
@@ -142,8 +146,12 @@ pub struct HostIdStats {
     pub echoes_removed: u64,
     /// ACK mode: first ACKs HOST_ID_BOUCADAIR was written into.
     pub acks_injected: u64,
-    /// ACK mode: echoes not remembered, the table full of waiting ones.
+    /// ACK mode: SYN-ACKs not remembered, the table full of waiting ones:
+    /// their first ACK gets no BOUCADAIR and no rule looks at it.
     pub acks_untracked: u64,
+    /// Segments from plain IPv4 subscribers that HOST_ID_BOUCADAIR origin 3
+    /// (a B4's prefix) has nothing for: written without BOUCADAIR.
+    pub no_b4: u64,
     /// Segments each rule decided, by rule index.
     pub rule_matches: Vec<u64>,
     /// `log` events dropped because the queue was full.
@@ -161,6 +169,7 @@ impl HostIdStats {
         self.echoes_removed += o.echoes_removed;
         self.acks_injected += o.acks_injected;
         self.acks_untracked += o.acks_untracked;
+        self.no_b4 += o.no_b4;
         self.events_lost += o.events_lost;
         if self.rule_matches.len() < o.rule_matches.len() {
             self.rule_matches.resize(o.rule_matches.len(), 0);
@@ -290,33 +299,42 @@ impl HostId {
 
     /// The options a subscriber's opening SYN carries: WING and ENABLED in
     /// both modes, BOUCADAIR in SYN mode only (ACK mode puts it in the first ACK).
-    fn syn_options(&self, s: Subscriber) -> Wanted {
+    fn syn_options(&mut self, s: Subscriber) -> Wanted {
         let (c, k) = (&self.cfg, &self.cfg.kinds);
         let mut w = Wanted::default();
         if let Some(data) = c.wing {
             w.add(Which::Wing, options::wing(k.wing, data, s));
         }
-        if let (Some(origin), Mode::Syn) = (c.boucadair, c.mode) {
-            w.add(Which::Boucadair, options::boucadair(k.boucadair, origin, c.lifetime, s));
-        }
         if c.enabled || c.mode == Mode::Ack {
             w.add(Which::Enabled, options::enabled(k.enabled));
         }
-        w
-    }
-
-    fn first_ack_options(&self, s: Subscriber) -> Wanted {
-        let mut w = Wanted::default();
-        if let Some(origin) = self.cfg.boucadair {
-            w.add(Which::Boucadair, options::boucadair(self.cfg.kinds.boucadair, origin, self.cfg.lifetime, s));
+        if c.mode == Mode::Syn {
+            self.add_boucadair(&mut w, s);
         }
         w
     }
 
+    fn first_ack_options(&mut self, s: Subscriber) -> Wanted {
+        let mut w = Wanted::default();
+        self.add_boucadair(&mut w, s);
+        w
+    }
+
+    /// HOST_ID_BOUCADAIR when enabled. Origin 3 has nothing to say about a
+    /// plain IPv4 subscriber (no B4): the segment goes without it, counted,
+    /// and one its host wrote is removed like any option not wanted.
+    fn add_boucadair(&mut self, w: &mut Wanted, s: Subscriber) {
+        let Some(origin) = self.cfg.boucadair else { return };
+        match options::boucadair(self.cfg.kinds.boucadair, origin, self.cfg.lifetime, s) {
+            Some(bytes) => w.add(Which::Boucadair, bytes),
+            None => self.stats.no_b4 += 1,
+        }
+    }
+
     /// Seed 000 section 8: the first rule matching a SYN (or, in ACK mode,
-    /// an ACK carrying HOST_ID) as it arrived decides it.
-    fn apply_policy(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) -> HookVerdict {
-        let inspected = seg.is_opening_syn() || (self.cfg.mode == Mode::Ack && seg.is_plain_ack() && seg.has_options());
+    /// the client's first ACK after the SYN-ACK) as it arrived decides it.
+    fn apply_policy(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment, first_ack: bool) -> HookVerdict {
+        let inspected = seg.is_opening_syn() || (first_ack && seg.has_options());
         if self.cfg.rules.is_empty() || !inspected {
             return HookVerdict::Continue;
         }
@@ -358,13 +376,23 @@ impl HostId {
         }
     }
 
+    /// ACK mode: the connection's SYN-ACK that `seg`, a client's ACK as it
+    /// arrived, is the first answer to; None for any other segment.
+    fn take_first_ack(&mut self, info: &FrameInfo, seg: &Segment) -> Option<Waiting> {
+        if self.cfg.mode != Mode::Ack || !seg.is_plain_ack() || self.echoed.is_empty() {
+            return None;
+        }
+        let c = Connection { client: info.src, client_port: seg.src_port, server: info.dst, server_port: seg.dst_port };
+        self.echoed.take(&c, info.now_ns)
+    }
+
     /// A subscriber's segment before translation: its own address and port,
     /// and in ACK mode whether it is the first ACK after an echo.
-    fn stage(&mut self, info: &FrameInfo, seg: &Segment) {
-        let subscriber = Subscriber { addr: info.src, port: seg.src_port };
-        let first_ack = self.cfg.mode == Mode::Ack && seg.is_plain_ack() && !self.echoed.is_empty() && {
-            let c = Connection { client: info.src, client_port: seg.src_port, server: info.dst, server_port: seg.dst_port };
-            self.echoed.take(&c, info.now_ns)
+    fn stage(&mut self, info: &FrameInfo, seg: &Segment, first_ack: bool) {
+        // A softwire host is its B4 and its own inner address, not the stand-in.
+        let subscriber = match info.softwire {
+            Some(h) => Subscriber { addr: h.inner, port: seg.src_port, b4: Some(h.b4) },
+            None => Subscriber { addr: info.src, port: seg.src_port, b4: None },
         };
         self.staged = Some(Staged { subscriber, server: info.dst, server_port: seg.dst_port, seq: seg.seq, first_ack });
     }
@@ -427,7 +455,10 @@ impl HostId {
                 }
             }
         }
-        apply_tcp_checksum(frame, tcp_at, delta);
+        // Most SYNs carry no HOST_ID option: their checksum stays as it is.
+        if !scan.is_empty() {
+            apply_tcp_checksum(frame, tcp_at, delta);
+        }
 
         self.pending_len = 0;
         for (_, b) in wanted.iter().filter(|(w, _)| !kept[*w as usize]) {
@@ -442,7 +473,8 @@ impl HostId {
             self.stats.malformed += 1;
             return HookVerdict::Continue;
         }
-        let Ok(end) = Options::new_checked(&frame[tcp_at..tcp_at + hl]).and_then(|o| o.options_end()) else { return HookVerdict::Continue };
+        // The scan's end: corrections and NOPs in place never move it.
+        let Some(end) = scan.options_end() else { return HookVerdict::Continue };
         let padded = (end + self.pending_len).next_multiple_of(4);
         if padded > tcp::MIN_HEADER_LEN + tcp_options::MAX_LEN {
             self.stats.no_room += 1;
@@ -460,22 +492,34 @@ impl HostId {
         }
     }
 
-    /// ACK mode: the server's SYN-ACK, leaving towards the client, loses its
-    /// echo of ENABLED, and the connection is remembered for its first ACK.
-    fn remove_echo(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) {
-        if !seg.is_syn_ack() || !seg.has_options() {
+    /// ACK mode: a SYN-ACK leaving by `side` towards its client. Towards a
+    /// subscriber (inside) it loses its echo of ENABLED; the connection is
+    /// remembered for its first ACK when the echo was there (BOUCADAIR goes
+    /// in) or when rules are configured (they inspect that ACK).
+    fn on_syn_ack_leaving(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment, side: Side) {
+        let echoed = side == Side::Inside && self.remove_echo(frame, info, seg);
+        if !echoed && self.cfg.rules.is_empty() {
             return;
+        }
+        let c = Connection { client: info.dst, client_port: seg.dst_port, server: info.src, server_port: seg.src_port };
+        if !self.echoed.remember(c, info.now_ns, echoed) {
+            self.stats.acks_untracked += 1;
+        }
+    }
+
+    /// Overwrites the server's echoes of ENABLED in a SYN-ACK with NOPs;
+    /// whether there was one.
+    fn remove_echo(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) -> bool {
+        if !seg.has_options() {
+            return false;
         }
         let scan = Scan::of(&frame[info.l4..info.l4 + seg.header_len], &self.cfg.kinds);
         let echoes = scan.iter().filter(|p| p.which == Which::Enabled).map(|p| (p.offset(), p.len()));
         if nop_out(frame, info.l4, seg.header_len, echoes) == 0 {
-            return;
+            return false;
         }
         self.stats.echoes_removed += 1;
-        let c = Connection { client: info.dst, client_port: seg.dst_port, server: info.src, server_port: seg.src_port };
-        if !self.echoed.remember(c, info.now_ns) {
-            self.stats.acks_untracked += 1;
-        }
+        true
     }
 }
 
@@ -525,18 +569,21 @@ impl Middlebox for HostId {
         match (info.point, info.side) {
             (Point::BeforeTranslation, side) => {
                 self.staged = None;
-                let verdict = self.apply_policy(frame, info, &seg);
+                let first_ack = self.take_first_ack(info, &seg);
+                let verdict = self.apply_policy(frame, info, &seg, first_ack.is_some());
                 if verdict == HookVerdict::Continue && side == Side::Inside && self.cfg.mode != Mode::Off {
-                    self.stage(info, &seg);
+                    self.stage(info, &seg, first_ack.is_some_and(|w| w.echoed));
                 }
                 verdict
             }
-            (_, Side::Outside) => self.on_leaving_outside(frame, info, &seg),
-            (_, Side::Inside) => {
-                if self.cfg.mode == Mode::Ack {
-                    self.remove_echo(frame, info, &seg);
+            (_, side) => {
+                if self.cfg.mode == Mode::Ack && seg.is_syn_ack() {
+                    self.on_syn_ack_leaving(frame, info, &seg, side);
                 }
-                HookVerdict::Continue
+                match side {
+                    Side::Outside => self.on_leaving_outside(frame, info, &seg),
+                    Side::Inside => HookVerdict::Continue,
+                }
             }
         }
     }

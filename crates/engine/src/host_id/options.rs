@@ -7,6 +7,8 @@
 //!  HOST_ID_ENABLED    kind | 2
 //! ```
 
+use std::net::Ipv6Addr;
+
 use natrix_wire::tcp_options::Iter;
 
 use super::{Kinds, Origin, WingData};
@@ -88,19 +90,24 @@ pub struct Scan {
     found: [Present; 20],
     count: u8,
     pub malformed: bool,
+    /// Where the options end, from the header's start: at an EOL, or past
+    /// the last option (what `tcp_options::Options::options_end` says, read
+    /// in the same walk). Overwriting options in place never moves it.
+    end: usize,
 }
 
 impl Scan {
     /// Scans `header`, a TCP header with its options.
     pub fn of(header: &[u8], kinds: &Kinds) -> Scan {
         const NONE: Present = Present { which: Which::Enabled, offset: 0, len: 0 };
-        let mut scan = Scan { found: [NONE; 20], count: 0, malformed: false };
+        let mut scan = Scan { found: [NONE; 20], count: 0, malformed: false, end: natrix_wire::tcp::MIN_HEADER_LEN };
         let area = header.get(natrix_wire::tcp::MIN_HEADER_LEN..).unwrap_or(&[]);
         for o in Iter::new(area) {
             let Ok(o) = o else {
                 scan.malformed = true;
                 break;
             };
+            scan.end = if o.kind == natrix_wire::tcp_options::kind::EOL { o.offset } else { o.offset + o.bytes.len() };
             if let Some(which) = Which::of_kind(o.kind, kinds) {
                 // Offsets and lengths fit a byte: the header is at most 60 bytes.
                 if let (Some(slot), Ok(offset), Ok(len)) = (scan.found.get_mut(usize::from(scan.count)), u8::try_from(o.offset), u8::try_from(o.bytes.len())) {
@@ -119,26 +126,35 @@ impl Scan {
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }
+
+    /// Where the options end (None when the area is malformed).
+    pub fn options_end(&self) -> Option<usize> {
+        (!self.malformed).then_some(self.end)
+    }
 }
 
 /// What a HOST_ID option says about a subscriber, read from its own
 /// addresses and port as it sent the segment (before translation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Subscriber {
+    /// Its IPv4 source; behind a B4, the host's inner address.
     pub addr: u32,
     pub port: u16,
+    /// The B4 of a softwire host (DS-Lite); None for a plain IPv4 subscriber.
+    pub b4: Option<Ipv6Addr>,
 }
 
 /// Option bytes natrix writes: up to the 40 bytes of an options area.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OptionBytes {
     bytes: [u8; 10],
-    len: usize,
+    /// A byte: every SYN's wanted options are built and copied around.
+    len: u8,
 }
 
 impl OptionBytes {
     pub fn as_slice(&self) -> &[u8] {
-        &self.bytes[..self.len]
+        &self.bytes[..usize::from(self.len)]
     }
 }
 
@@ -155,8 +171,9 @@ pub fn wing(kind: u8, data: WingData, s: Subscriber) -> OptionBytes {
 
 /// HOST_ID_BOUCADAIR: lifetime in the high nibble and origin in the low
 /// nibble of one byte, then 7 data bytes, the value left-aligned and
-/// zero-padded (CONTRACTS.md, "HOST_ID TCP options").
-pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> OptionBytes {
+/// zero-padded (CONTRACTS.md, "HOST_ID TCP options"). None for origin 3 (the
+/// B4's first 56 bits, seed 000 section 7.1) when the subscriber has no B4.
+pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> Option<OptionBytes> {
     let mut b = [kind, 10, (lifetime << 4) | origin.number(), 0, 0, 0, 0, 0, 0, 0];
     let (port, addr) = (s.port.to_be_bytes(), s.addr.to_be_bytes());
     match origin {
@@ -166,9 +183,13 @@ pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> Optio
             b[3..5].copy_from_slice(&port);
             b[5..9].copy_from_slice(&addr);
         }
+        Origin::Ipv6Prefix => b[3..10].copy_from_slice(&s.b4?.octets()[..B4_PREFIX_BYTES]),
     }
-    OptionBytes { bytes: b, len: 10 }
+    Some(OptionBytes { bytes: b, len: 10 })
 }
+
+/// Origin 3 carries the first 56 bits of the B4.
+const B4_PREFIX_BYTES: usize = 7;
 
 /// HOST_ID_ENABLED: kind and length 2, no data.
 pub fn enabled(kind: u8) -> OptionBytes {
@@ -192,16 +213,20 @@ mod tests {
     use super::*;
 
     const KINDS: Kinds = Kinds { wing: 200, boucadair: 201, enabled: 202 };
-    const SUB: Subscriber = Subscriber { addr: 0x6440_000a, port: 5482 };
+    const SUB: Subscriber = Subscriber { addr: 0x6440_000a, port: 5482, b4: None };
 
     #[test]
     fn the_layouts_of_section_3() {
         assert_eq!(wing(200, WingData::Ipv4Low16, SUB).as_slice(), [200, 4, 0x00, 0x0a]);
         assert_eq!(wing(200, WingData::Port, SUB).as_slice(), [200, 4, 0x15, 0x6a]);
         assert_eq!(enabled(202).as_slice(), [202, 2]);
-        assert_eq!(boucadair(201, Origin::Port, 0, SUB).as_slice(), [201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0]);
-        assert_eq!(boucadair(201, Origin::Ipv4, 3, SUB).as_slice(), [201, 10, 0x31, 100, 64, 0, 10, 0, 0, 0]);
-        assert_eq!(boucadair(201, Origin::PortIpv4, 15, SUB).as_slice(), [201, 10, 0xf2, 0x15, 0x6a, 100, 64, 0, 10, 0]);
+        let b = |origin, lifetime, s| boucadair(201, origin, lifetime, s).map(|o| o.as_slice().to_vec());
+        assert_eq!(b(Origin::Port, 0, SUB).unwrap(), [201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0]);
+        assert_eq!(b(Origin::Ipv4, 3, SUB).unwrap(), [201, 10, 0x31, 100, 64, 0, 10, 0, 0, 0]);
+        assert_eq!(b(Origin::PortIpv4, 15, SUB).unwrap(), [201, 10, 0xf2, 0x15, 0x6a, 100, 64, 0, 10, 0]);
+        let behind_b4 = Subscriber { b4: Some("2001:db8:100:ab12:3456::2".parse().unwrap()), ..SUB };
+        assert_eq!(b(Origin::Ipv6Prefix, 0, behind_b4).unwrap(), [201, 10, 0x03, 0x20, 0x01, 0x0d, 0xb8, 0x01, 0x00, 0xab], "the B4's first 56 bits");
+        assert_eq!(b(Origin::Ipv6Prefix, 0, SUB), None, "a plain IPv4 subscriber has no B4");
     }
 
     #[test]
@@ -215,6 +240,7 @@ mod tests {
         assert!(!s.malformed);
         assert_eq!(value_of(&h, &found[0]), Some(10));
         assert_eq!(value_of(&h, &found[1]), None);
+        assert_eq!(s.options_end(), Some(32), "past the last option, the NOP after ENABLED");
         // A zero length after the WING: the area is malformed and the scan ends there.
         h[29] = 8;
         h[30] = 0;

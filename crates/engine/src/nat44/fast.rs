@@ -113,8 +113,10 @@ impl Nat44 {
 
     /// Translates the candidate `frame` if its session exists and returns
     /// the side it leaves on; otherwise leaves it untouched and returns what
-    /// the lookup found, for the full path's handling.
-    #[inline]
+    /// the lookup found, for the full path's handling. Inlined always, as
+    /// `candidate` is: as a call it costs an established packet about 17
+    /// instructions of prologue and epilogue (callgrind).
+    #[inline(always)]
     pub(crate) fn forward(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Result<Side, Option<Found>> {
         let (found, dir, refresh) = match side {
             Side::Inside => (self.tables.lookup_in_hinted(c.hint, c.hash, c.proto, c.src, c.sport, c.dst, c.dport), Direction::Out, true),

@@ -92,6 +92,28 @@ pub struct FrameInfo {
     pub point: Point,
     /// The engine's clock: the frame's arrival.
     pub now_ns: u64,
+    /// The softwire host that sent the frame, when it came out of a DS-Lite
+    /// softwire (its source, as the frame arrived, is the host's stand-in).
+    pub softwire: Option<SoftwireHost>,
+}
+
+/// What the pipeline knows of a frame beyond its bytes and their parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Context {
+    /// The side it arrived on (before translation) or leaves by (after).
+    pub side: Side,
+    pub now_ns: u64,
+    /// Its sender, when it came out of a DS-Lite softwire.
+    pub softwire: Option<SoftwireHost>,
+}
+
+/// A host behind a DS-Lite B4: who a decapsulated frame's sender is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SoftwireHost {
+    /// The B4: the softwire's IPv6 source.
+    pub b4: std::net::Ipv6Addr,
+    /// The host's own (inner, private) IPv4 address.
+    pub inner: u32,
 }
 
 /// What a function decided about a frame.
@@ -261,13 +283,25 @@ impl Hooks {
     /// were added; the first drop ends it. A function that grows the frame
     /// (after translation) leaves the longer copy in `take_grown`, and the
     /// functions after it work on that copy.
-    pub fn run(&mut self, at: Point, frame: &mut [u8], ip: &Ip, side: Side, now_ns: u64, router: &mut Router) -> HookVerdict {
+    pub fn run(&mut self, at: Point, frame: &mut [u8], ip: &Ip, ctx: Context, router: &mut Router) -> HookVerdict {
         if !self.interest.wants(ip.proto, ip.tcp_flags) {
             return HookVerdict::Continue;
         }
         // Read from the frame, not the parse: after translation they are the rewritten ones.
         let (src, dst) = natrix_wire::ipv4::Packet::new_lax(&frame[ip.l3..]).map_or((ip.src, ip.dst), |p| (p.src_addr(), p.dst_addr()));
-        let mut info = FrameInfo { l3: ip.l3, l4: ip.l4, l4_len: ip.l4_len, proto: ip.proto, src, dst, tcp_flags: ip.tcp_flags, side, point: at, now_ns };
+        let mut info = FrameInfo {
+            l3: ip.l3,
+            l4: ip.l4,
+            l4_len: ip.l4_len,
+            proto: ip.proto,
+            src,
+            dst,
+            tcp_flags: ip.tcp_flags,
+            side: ctx.side,
+            point: at,
+            now_ns: ctx.now_ns,
+            softwire: ctx.softwire,
+        };
         let grown = &mut self.grown;
         for f in self.functions.iter_mut().filter(|f| f.point().includes(at) && f.interest().wants(ip.proto, ip.tcp_flags)) {
             let current: &mut [u8] = match grown {

@@ -285,7 +285,7 @@ impl Engine {
         self.counters.received[side as usize] += 1;
         if self.nat.config().translate {
             if let Some(c) = self.nat.candidate(frame, side).filter(|c| !self.hooks.wants(c.ip_proto(), c.tcp_flags())) {
-                return self.decide(frame, side, &c);
+                return self.decide::<true>(frame, side, &c);
             }
         }
         self.nptv6_fast_or_full_path(frame, side)
@@ -308,9 +308,12 @@ impl Engine {
         assert_eq!(frames.len(), verdicts.len(), "process_batch: one verdict per frame");
         self.advance(now_ns);
         // Tests once for the whole batch: whether it is translated at all,
-        // and whether any middlebox function may want a frame of it.
+        // whether any middlebox function may want a frame of it, and whether
+        // anything beside NAPT44 (a function, DS-Lite) is configured at all:
+        // without, the loop runs free of their per-frame checks.
         let translate = self.nat.config().translate;
         let screen = !self.hooks.is_empty();
+        let extras = screen || self.dslite.is_some();
         for (chunk, out) in frames.chunks_mut(MAX_BATCH).zip(verdicts.chunks_mut(MAX_BATCH)) {
             self.counters.received[side as usize] += chunk.len() as u64;
             if screen {
@@ -320,18 +323,28 @@ impl Engine {
                 for (f, v) in chunk.iter_mut().zip(out.iter_mut()) {
                     *v = self.nptv6_fast_or_full_path(f.as_mut(), side);
                 }
-                continue;
+            } else if extras {
+                self.translate_chunk::<true, F>(chunk, side, out);
+            } else {
+                self.translate_chunk::<false, F>(chunk, side, out);
             }
-            let mut candidates: [Option<nat44::Candidate>; MAX_BATCH] = [None; MAX_BATCH];
-            self.nat.prepare_batch(chunk, side, &mut candidates);
-            for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
-                self.nat.prefetch_ahead(&mut candidates, i, side);
-                let frame = f.as_mut();
-                *v = match &candidates[i] {
-                    Some(c) if !(screen && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide(frame, side, c),
-                    _ => self.nptv6_fast_or_full_path(frame, side),
-                };
-            }
+        }
+    }
+
+    /// NAPT44's batch: the table lines of the whole chunk prefetched before
+    /// any frame is decided. `EXTRAS`: whether a middlebox function or
+    /// DS-Lite is configured, which each frame must then be checked for.
+    #[inline(always)]
+    fn translate_chunk<const EXTRAS: bool, F: AsMut<[u8]>>(&mut self, chunk: &mut [F], side: Side, out: &mut [Verdict]) {
+        let mut candidates: [Option<nat44::Candidate>; MAX_BATCH] = [None; MAX_BATCH];
+        self.nat.prepare_batch(chunk, side, &mut candidates);
+        for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
+            self.nat.prefetch_ahead(&mut candidates, i, side);
+            let frame = f.as_mut();
+            *v = match &candidates[i] {
+                Some(c) if !(EXTRAS && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide::<EXTRAS>(frame, side, c),
+                _ => self.nptv6_fast_or_full_path(frame, side),
+            };
         }
     }
 
@@ -347,13 +360,17 @@ impl Engine {
         Verdict::Forward(out)
     }
 
+    /// NAPT44's verdict on a candidate frame. `EXTRAS` false: DS-Lite is
+    /// known not to be configured, and its checks are left out.
     #[inline(always)]
-    fn decide(&mut self, frame: &mut [u8], side: Side, c: &nat44::Candidate) -> Verdict {
-        if let Some(ds) = self.dslite.as_mut().filter(|_| side == Side::Outside) {
-            ds.keep_if_large(frame, nat44::fast::L3);
+    fn decide<const EXTRAS: bool>(&mut self, frame: &mut [u8], side: Side, c: &nat44::Candidate) -> Verdict {
+        if EXTRAS {
+            if let Some(ds) = self.dslite.as_mut().filter(|_| side == Side::Outside) {
+                ds.keep_if_large(frame, nat44::fast::L3);
+            }
         }
         match self.nat.decide(frame, side, c) {
-            Some(Ok(Side::Inside)) if self.dslite.is_some() && to_softwire(frame, nat44::fast::L3) => self.send_into_softwire(frame, nat44::fast::L3, side),
+            Some(Ok(Side::Inside)) if EXTRAS && self.dslite.is_some() && to_softwire(frame, nat44::fast::L3) => self.send_into_softwire(frame, nat44::fast::L3, side),
             Some(Ok(out)) => {
                 self.counters.forwarded[out as usize] += 1;
                 Verdict::Forward(out)
@@ -436,6 +453,15 @@ impl Engine {
         // Bytes past the inner packet's total length are not part of it.
         buf.truncate(ip.l3 + ip.total_len());
         let result = self.ipv4_stages(&mut buf, &ip, Side::Inside);
+        if let Some(mut grown) = self.hooks.take_grown() {
+            // A function made it longer after translation (HOST_ID options):
+            // the longer copy leaves instead, once the router's TTL is done.
+            if let Ok(Some(_)) = result {
+                self.router.decrement_ttl(&mut grown, ip.l3);
+                buf = std::mem::replace(&mut grown, buf);
+            }
+            self.router.recycle(grown);
+        }
         match self.settle(&buf, ip.l3, Side::Inside, result) {
             Verdict::Forward(out) => {
                 self.send_rebuilt(out, buf, ip.l3);
@@ -593,9 +619,22 @@ impl Engine {
         if self.hooks.is_empty() {
             return Ok(());
         }
-        match self.hooks.run(at, frame, ip, side, self.now_ns, &mut self.router) {
+        let ctx = hooks::Context { side, now_ns: self.now_ns, softwire: self.softwire_host(ip.src) };
+        match self.hooks.run(at, frame, ip, ctx, &mut self.router) {
             HookVerdict::Drop(r) => Err(r),
             HookVerdict::Continue | HookVerdict::Grow(_) => Ok(()),
+        }
+    }
+
+    /// The host behind a B4 whose stand-in `src` is: a frame's source as
+    /// it arrived, so a function sees who sent it through which softwire.
+    fn softwire_host(&self, src: u32) -> Option<hooks::SoftwireHost> {
+        if !identity::is_softwire(src) {
+            return None;
+        }
+        match self.nat.subs.identities().resolve(src) {
+            Identity::Softwire { b4, inner } => Some(hooks::SoftwireHost { b4, inner }),
+            Identity::Ipv4(_) => None,
         }
     }
 
