@@ -37,8 +37,9 @@ use crate::pipeline::frame::Ip;
 use crate::pipeline::router::Router;
 use crate::rewrite::L4;
 use crate::state::associations::Associations;
-use crate::state::deterministic::Deterministic;
+use crate::state::deterministic::{Assignment, Deterministic, Member};
 use crate::state::events::{Event, EventKind, EventQueue};
+use crate::state::identity::Identity;
 use crate::state::pool::Pool;
 use crate::state::rng::Rng;
 use crate::state::sessions::{Found, Tables};
@@ -190,6 +191,16 @@ impl Nat44 {
     /// The RFC 7422 formula in deterministic mode.
     pub fn deterministic(&self) -> Option<&Deterministic> {
         self.det.as_ref()
+    }
+
+    /// The deterministic range of internal address `int`: its own, or for
+    /// a softwire host its B4's, which every host behind the B4 shares.
+    pub(crate) fn det_assignment(&self, int: u32) -> Option<Assignment> {
+        let d = self.det.as_ref()?;
+        match self.subs.identities().resolve(int) {
+            Identity::Softwire { b4, .. } => d.assignment_of(Member::B4(b4)),
+            Identity::Ipv4(a) => d.assignment(a),
+        }
     }
 
     pub fn tables(&self) -> &Tables {

@@ -54,7 +54,7 @@ impl Nat44 {
     /// it and its subscriber.
     #[inline(always)]
     pub(super) fn create_mapping(&mut self, proto: Proto, int: u32, iport: u16, sub_hint: u32, hash_in: u64) -> Result<(u32, u32), DropReason> {
-        if self.det.as_ref().is_some_and(|d| d.index_of(int).is_none()) {
+        if self.det.is_some() && self.det_assignment(int).is_none() {
             return Err(DropReason::NotSubscriber);
         }
         let sub = self.subs.find_or_create_hinted(int, sub_hint).ok_or(DropReason::SubscriberTableFull)?;
@@ -79,7 +79,7 @@ impl Nat44 {
             return Err(DropReason::RateLimited);
         }
         let mut paired = self.subs.get(sub).paired;
-        let det_range = self.det.as_ref().and_then(|d| d.assignment(int));
+        let det_range = self.det_assignment(int);
         if let Some(a) = det_range {
             paired = self.pool.index_of(a.ext_addr).ok_or(DropReason::PoolExhausted)?;
             self.subs.get_mut(sub).paired = paired;

@@ -34,6 +34,7 @@ use crate::nat44::{self, Nat44, MAX_BATCH};
 use crate::nptv6::Nptv6;
 use crate::pcp::{PcpHoldView, PcpServer, PcpStats};
 use crate::rewrite::Which;
+use crate::state::deterministic::Member;
 use crate::state::events::Event;
 use crate::state::identity::{self, Identity};
 use crate::Side;
@@ -452,6 +453,11 @@ impl Engine {
     /// for (`b4`, source), its SYN's MSS clamped.
     fn host_behind(&mut self, buf: &mut [u8], b4: std::net::Ipv6Addr, clamp: Option<u16>) -> Result<Ip, DropReason> {
         let Net::V4(mut ip) = frame::parse(buf)? else { return Err(DropReason::Ipv4BadVersion) };
+        // Deterministic mode numbers B4s: one it does not number has no range,
+        // and is refused before it takes a stand-in.
+        if self.nat.deterministic().is_some_and(|d| d.index_of_member(Member::B4(b4)).is_none()) {
+            return Err(DropReason::NotSubscriber);
+        }
         let stand_in = self.nat.subs.identities_mut().intern_softwire(b4, ip.src).ok_or(DropReason::SubscriberTableFull)?;
         stand_in::replace(buf, &ip, Which::Src, stand_in);
         ip.src = stand_in;

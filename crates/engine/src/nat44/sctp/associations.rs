@@ -34,7 +34,7 @@ impl Nat44 {
     /// subscriber's paired address (chosen now if it has none), or its
     /// deterministic one. Returns it with the subscriber's id.
     pub(super) fn sctp_external_address(&mut self, int_addr: u32) -> Result<(u32, u32), DropReason> {
-        let det = self.det.as_ref().map(|d| d.assignment(int_addr));
+        let det = self.det.as_ref().map(|_| self.det_assignment(int_addr));
         if let Some(None) = det {
             return Err(DropReason::NotSubscriber);
         }
