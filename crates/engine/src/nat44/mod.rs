@@ -229,6 +229,16 @@ impl Nat44 {
             }
             f(e);
         }
+        self.reclaim_stand_ins();
+    }
+
+    /// Softwire stand-ins nothing names any more are forgotten, now that no
+    /// queued event names them. What names one without counting (a held
+    /// fragment or SYN) lets go within its own timeout: that is the grace.
+    fn reclaim_stand_ins(&mut self) {
+        let t = &self.cfg.timeouts;
+        let grace = (t.fragment_ns.max(t.syn_hold_ns) / NS) as u32 + 1;
+        self.subs.reclaim_stand_ins(self.now_s, grace);
     }
 
     pub(crate) fn events_lost(&self) -> u64 {

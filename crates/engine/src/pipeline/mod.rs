@@ -458,7 +458,7 @@ impl Engine {
         if self.nat.deterministic().is_some_and(|d| d.index_of_member(Member::B4(b4)).is_none()) {
             return Err(DropReason::NotSubscriber);
         }
-        let stand_in = self.nat.subs.identities_mut().intern_softwire(b4, ip.src).ok_or(DropReason::SubscriberTableFull)?;
+        let stand_in = self.nat.subs.identities_mut().intern_softwire(b4, ip.src, (self.now_ns / 1_000_000_000) as u32).ok_or(DropReason::SubscriberTableFull)?;
         stand_in::replace(buf, &ip, Which::Src, stand_in);
         ip.src = stand_in;
         if let Some(c) = clamp {
