@@ -517,3 +517,30 @@ def test_check_config_refuses_b4_numberings_that_do_not_work_and_names_the_probl
     good = tmp_path / "good.toml"
     good.write_text(det_config())
     assert natrix("check-config", str(good)).returncode == 0
+
+
+def test_common_softwire_packets_of_any_size_are_translated_alike(replay_files):
+    """natrix recognises the common softwire shape (no extension header, an
+    IPv4 packet without options, TCP or UDP) by fixed offsets; packets of
+    that shape large enough for its fast path and short ones taken the
+    generic way must come out the same: checksums right (scapy recomputes
+    them), one mapping per host, replies back to the right B4."""
+    big, small = b"x" * 60, b"y"
+    frames = [
+        (T0, "inside", udp_from_host(B4_1, payload=big)),
+        (T0 + 0.1, "inside", udp_from_host(B4_2, payload=big)),
+        (T0 + 0.2, "inside", udp_from_host(B4_1, payload=small)),
+        (T0 + 0.3, "inside", softwire(B4_2, IP(src=HOST, dst=SERVER) / TCP(sport=6000, dport=80, flags="A", seq=1, ack=1) / Raw(big))),
+        (T0 + 0.4, "inside", softwire(B4_2, IP(src=HOST, dst=SERVER) / TCP(sport=6000, dport=80, flags="A", seq=61, ack=1))),
+    ]
+    outs, rep = replay(replay_files, config(dslite='mss_clamp = "off"\n'), frames)
+    sent = outside(outs)
+    assert len(sent) == 5, show(outs)
+    assert all(p[IP].src == POOL and p[IP].ttl == 63 for p in sent), show(outs)
+    udp_ports = [p[UDP].sport for p in sent[:3]]
+    assert udp_ports[0] == udp_ports[2] != udp_ports[1], f"one mapping per host whatever the size: {udp_ports}"
+    assert sent[3][TCP].sport == sent[4][TCP].sport and bytes(sent[3][TCP].payload) == big
+    assert rep["dslite"]["decapsulated"] == 5, rep["dslite"]
+    replies = [(T0 + 1, "outside", udp_reply(udp_ports[1], size=100)), (T0 + 1.1, "outside", udp_reply(udp_ports[0], payload=b"z"))]
+    outs, _ = replay(replay_files, config(dslite='mss_clamp = "off"\n'), frames + replies)
+    assert [(p[IPv6].dst, inner_of(p)[UDP].dport) for p in to_b4(outs)] == [(B4_2, 5000), (B4_1, 5000)], show(outs)

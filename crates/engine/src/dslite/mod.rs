@@ -7,6 +7,10 @@
 //! B4 is part of every key without growing one, and the B4 is the
 //! subscriber for quotas, paired pooling and port blocks.
 //!
+//! Most softwire packets have one shape, which `plain` recognises from
+//! fixed offsets; the pipeline then decapsulates them straight into
+//! NAPT44's fast path.
+//!
 //! Around that: MSS clamping (`mss`), the softwire MTU per B4 that ICMPv6
 //! packet too big lowers (`mtu`, RFC 2473 section 7), and reassembly of
 //! fragmented softwire packets within bounded memory (`reassembly`, RFC
@@ -16,6 +20,7 @@ pub(crate) mod decap;
 pub(crate) mod encap;
 pub(crate) mod mss;
 pub(crate) mod mtu;
+pub(crate) mod plain;
 pub(crate) mod reassembly;
 pub(crate) mod stand_in;
 
