@@ -152,17 +152,19 @@ fn outbound(f: &mut Frame, i: u64, setup: Setup, tcp_flags: u8) {
         return;
     }
     let b4 = b4_of(fl.sub);
+    // The B4 sends the IPv4 packet alone, without the Ethernet padding of the NAPT44 frame.
+    let inner = usize::from(get_u16_at(&plain, 16));
     let b = &mut f.bytes;
     b[..12].copy_from_slice(&plain[..12]);
     b[12..14].copy_from_slice(&[0x86, 0xdd]);
     b[14..18].copy_from_slice(&[0x60, 0, 0, 0]);
-    b[18..20].copy_from_slice(&((FRAME_LEN - 14) as u16).to_be_bytes());
+    b[18..20].copy_from_slice(&(inner as u16).to_be_bytes());
     b[20] = NEXT_HEADER_IPV4;
     b[21] = 64;
     b[22..38].copy_from_slice(&b4.octets());
     b[38..54].copy_from_slice(&AFTR.octets());
-    b[54..].copy_from_slice(&plain[14..]);
-    f.len = SOFTWIRE_LEN;
+    b[54..54 + inner].copy_from_slice(&plain[14..14 + inner]);
+    f.len = 54 + inner;
 }
 
 /// The B4 of the subscriber NAPT44's frames give `sub`.
