@@ -98,6 +98,19 @@ pub struct DsliteStats {
     pub softwires: u64,
 }
 
+/// One B4's own counters, kept on its interned entry (`state::identity`)
+/// for `natrix show --b4` and the API; not Prometheus labels, whose
+/// series would number the B4s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SoftwireCounters {
+    /// Its hosts' packets decapsulated and given their stand-ins.
+    pub decapsulated: u64,
+    /// Packets encapsulated towards it (before outer fragmentation).
+    pub encapsulated: u64,
+    /// Packet-too-big messages that lowered its softwire's MTU.
+    pub mtu_lowered: u64,
+}
+
 /// How an IPv6 frame on the inside concerns DS-Lite.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Claim {

@@ -407,8 +407,11 @@ impl Engine {
         let result = match ds.claim(frame, ip) {
             Claim::Softwire => return self.softwire_in(frame, ip),
             Claim::ToAftr => {
-                if ds.mtus.on_icmpv6(frame, ip, ds.cfg.aftr, ds.cfg.mtu) {
+                if let Some(b4) = ds.mtus.on_icmpv6(frame, ip, ds.cfg.aftr, ds.cfg.mtu) {
                     ds.stats.mtu_lowered += 1;
+                    if let Some(c) = self.nat.subs.identities_mut().counters_of_b4_mut(b4) {
+                        c.mtu_lowered += 1;
+                    }
                 }
                 Err(DropReason::LocalDestination)
             }
@@ -493,6 +496,9 @@ impl Engine {
         if let Some(ds) = self.dslite.as_mut() {
             ds.stats.decapsulated += 1;
         }
+        if let Some(c) = self.nat.subs.identities_mut().counters_mut(stand_in) {
+            c.decapsulated += 1;
+        }
         Some(match self.settle(&buf, nat44::fast::L3, Side::Inside, result.map(Some)) {
             Verdict::Forward(out) => {
                 self.send_rebuilt(out, buf, nat44::fast::L3);
@@ -529,7 +535,11 @@ impl Engine {
         if self.nat.deterministic().is_some_and(|d| d.index_of_member(Member::B4(b4)).is_none()) {
             return Err(DropReason::NotSubscriber);
         }
-        let stand_in = self.nat.subs.identities_mut().intern_softwire(b4, ip.src, (self.now_ns / 1_000_000_000) as u32).ok_or(DropReason::SubscriberTableFull)?;
+        let ids = self.nat.subs.identities_mut();
+        let stand_in = ids.intern_softwire(b4, ip.src, (self.now_ns / 1_000_000_000) as u32).ok_or(DropReason::SubscriberTableFull)?;
+        if let Some(c) = ids.counters_mut(stand_in) {
+            c.decapsulated += 1;
+        }
         stand_in::replace(buf, &ip, Which::Src, stand_in);
         ip.src = stand_in;
         if let Some(c) = clamp {
@@ -610,6 +620,9 @@ impl Engine {
             frames += 1;
         });
         ds.stats.encapsulated += 1;
+        if let Some(c) = self.nat.subs.identities_mut().counters_mut(ip.dst) {
+            c.encapsulated += 1;
+        }
         if frames > 1 {
             ds.stats.fragmented += frames;
         }

@@ -24,6 +24,7 @@
 use std::collections::VecDeque;
 use std::net::Ipv6Addr;
 
+use crate::dslite::SoftwireCounters;
 use crate::state::hash;
 use crate::state::index::FlowIndex;
 
@@ -53,6 +54,8 @@ pub struct Identities {
     b4s: Vec<Ipv6Addr>,
     b4_index: FlowIndex,
     b4_use: Uses,
+    /// Each B4's own counters, started afresh with its stand-in.
+    b4_counters: Vec<SoftwireCounters>,
     /// (B4 stand-in, inner IPv4) of each endpoint stand-in.
     endpoints: Vec<(u32, u32)>,
     endpoint_index: FlowIndex,
@@ -134,6 +137,7 @@ impl Identities {
             b4s: Vec::new(),
             b4_index: FlowIndex::with_capacity(FIRST_INDEX),
             b4_use: Uses::default(),
+            b4_counters: Vec::new(),
             endpoints: Vec::new(),
             endpoint_index: FlowIndex::with_capacity(FIRST_INDEX),
             endpoint_use: Uses::default(),
@@ -215,11 +219,33 @@ impl Identities {
         }
         if id as usize == self.b4s.len() {
             self.b4s.push(b4);
+            self.b4_counters.push(SoftwireCounters::default());
         } else {
             self.b4s[id as usize] = b4;
+            self.b4_counters[id as usize] = SoftwireCounters::default();
         }
         self.b4_use.take(id, now_s);
         Some(B4S + id)
+    }
+
+    /// The counters of the B4 of softwire endpoint `int_addr` (None for any other address).
+    #[inline]
+    pub(crate) fn counters_mut(&mut self, int_addr: u32) -> Option<&mut SoftwireCounters> {
+        let &(b4_key, _) = self.endpoints.get(int_addr.checked_sub(ENDPOINTS).filter(|_| is_softwire(int_addr))? as usize)?;
+        self.b4_counters.get_mut((b4_key - B4S) as usize)
+    }
+
+    /// The counters of a B4 by its address, if it has a stand-in.
+    pub(crate) fn counters_of_b4_mut(&mut self, b4: Ipv6Addr) -> Option<&mut SoftwireCounters> {
+        let (b4s, uses) = (&self.b4s, &self.b4_use);
+        let id = self.b4_index.find(b4_hash(self.seed, &b4), |i| !uses.is_free(i) && b4s[i as usize] == b4)?;
+        self.b4_counters.get_mut(id as usize)
+    }
+
+    /// The counters of the B4 of `int_addr`, a softwire endpoint or a B4's stand-in.
+    pub fn counters_of(&self, int_addr: u32) -> Option<SoftwireCounters> {
+        let key = if is_softwire(int_addr) { self.endpoints.get((int_addr - ENDPOINTS) as usize)?.0 } else { int_addr };
+        self.b4_counters.get(key.checked_sub(B4S)? as usize).copied()
     }
 
     /// A record (mapping or SCTP association) now names `int_addr`.
@@ -274,6 +300,7 @@ impl Identities {
             + self.b4_index.memory_bytes()
             + self.endpoint_index.memory_bytes()
             + self.b4_use.memory_bytes()
+            + self.b4_counters.capacity() * std::mem::size_of::<SoftwireCounters>()
             + self.endpoint_use.memory_bytes()
     }
 
