@@ -325,6 +325,9 @@ impl Engine {
             }
             let mut candidates: [Option<nat44::Candidate>; MAX_BATCH] = [None; MAX_BATCH];
             self.nat.prepare_batch(chunk, side, &mut candidates);
+            if side == Side::Inside && self.dslite.is_some() {
+                self.prefetch_softwires(chunk, &candidates);
+            }
             for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
                 self.nat.prefetch_ahead(&mut candidates, i, side);
                 let frame = f.as_mut();
@@ -457,6 +460,31 @@ impl Engine {
                 self.router.recycle(buf);
                 v
             }
+        }
+    }
+
+    /// NAPT44's batch stages for the plain softwire packets of a batch
+    /// (`nat44::batch`): the lookup key of each one whose host has a
+    /// stand-in is hashed and its index bucket, then its record, start
+    /// loading, so that deciding them does not wait for memory one by one.
+    /// Only hints: nothing is changed or counted.
+    fn prefetch_softwires<F: AsMut<[u8]>>(&mut self, chunk: &mut [F], candidates: &[Option<nat44::Candidate>; MAX_BATCH]) {
+        let Some(ds) = self.dslite.as_ref() else { return };
+        let mut hashes = [0u64; MAX_BATCH];
+        let mut n = 0;
+        for (f, _) in chunk.iter_mut().zip(candidates).filter(|(_, c)| c.is_none()) {
+            let frame = f.as_mut();
+            let Some((b4, len)) = crate::dslite::plain::plain_softwire(frame, &ds.cfg.aftr) else { continue };
+            let inner = &frame[crate::dslite::plain::INNER..crate::dslite::plain::INNER + len];
+            let Some(proto) = crate::Proto::from_ip(inner[9]).filter(|p| len >= 24 && matches!(p, crate::Proto::Tcp | crate::Proto::Udp)) else { continue };
+            let Some(stand_in) = self.nat.subs.identities().find_softwire(b4, natrix_wire::get_u32_at(inner, natrix_wire::ipv4::SRC_OFFSET)) else { continue };
+            let tables = self.nat.tables();
+            hashes[n] = tables.hash_in(proto, stand_in, natrix_wire::get_u16_at(inner, 20));
+            tables.prefetch_bucket(hashes[n]);
+            n += 1;
+        }
+        for &h in &hashes[..n] {
+            self.nat.tables().prefetch_record(h);
         }
     }
 

@@ -167,6 +167,15 @@ impl Identities {
         }
     }
 
+    /// The stand-in of host `inner` behind `b4` if it has one; makes none.
+    pub fn find_softwire(&self, b4: Ipv6Addr, inner: u32) -> Option<u32> {
+        let (b4s, uses) = (&self.b4s, &self.b4_use);
+        let b4_id = self.b4_index.find(b4_hash(self.seed, &b4), |i| !uses.is_free(i) && b4s[i as usize] == b4)?;
+        let key = (B4S + b4_id, inner);
+        let (endpoints, uses) = (&self.endpoints, &self.endpoint_use);
+        self.endpoint_index.find(endpoint_hash(self.seed, &key), |i| !uses.is_free(i) && endpoints[i as usize] == key).map(|id| ENDPOINTS + id)
+    }
+
     /// The stand-in of host `inner` behind `b4`, made on first use (at
     /// second `now_s`); None when every stand-in is taken.
     pub fn intern_softwire(&mut self, b4: Ipv6Addr, inner: u32, now_s: u32) -> Option<u32> {
