@@ -432,3 +432,115 @@ def test_inbound_ipv4_fragments_reach_the_host_through_its_softwire_even_out_of_
     udp = UDP(data)
     assert (udp.dport, bytes(udp.payload)) == (5000, bytes(range(200)) * 5)
     h.verify_output_fragments([("inside", bytes(Ether(src=h.NAT_IN_MAC, dst=B4_MAC) / i)) for i in inner])
+
+
+# Deterministic mode by B4 (README "DS-Lite", "Deterministic NAT"): each B4
+# address in the IPv6 prefixes of [nat] subscribers is one subscriber,
+# numbered in order; subscriber i gets pool[i / per_address] and ports
+# lo + (i % per_address) * N .. + N - 1, shared by every host behind the B4.
+DET_N = 1008
+DET_B4S = "2001:db8:100::/123"    # 32 B4s: 2001:db8:100:: is subscriber 0
+DET_OUTSIDER = "2001:db8:200::2"
+
+
+def det_config():
+    return (f'[nat]\nmode = "deterministic"\npool = ["{POOL}/32"]\nports = "1024-65535"\n'
+            f'subscribers = ["{DET_B4S}"]\nports_per_subscriber = {DET_N}\n[dslite]\naftr = "{AFTR}"\n')
+
+
+def det_range(b4_index):
+    """The formula by hand: one pool address holds 64512 // 1008 = 64 ranges."""
+    first = 1024 + (b4_index % (64512 // DET_N)) * DET_N
+    return first, first + DET_N - 1
+
+
+def det_frames():
+    flows = [(B4_1, HOST, 5000), (B4_2, HOST, 5000), (B4_1, "10.0.0.7", 40000), (B4_2, HOST, 5001), (B4_1, HOST, 1024)]
+    frames = [(T0 + k * 0.1, "inside", udp_from_host(b4, sport=sp, host=host)) for k, (b4, host, sp) in enumerate(flows)]
+    frames.append((T0 + 1, "inside", udp_from_host(DET_OUTSIDER)))
+    return flows, frames
+
+
+def test_deterministic_mode_gives_each_b4_the_range_the_formula_predicts(replay_files):
+    flows, frames = det_frames()
+    outs, rep = replay(replay_files, det_config(), frames)
+    sent = outside(outs)
+    assert len(sent) == len(flows), show(outs)
+    index = {B4_1: 2, B4_2: 3}
+    for (b4, host, sport), p in zip(flows, sent):
+        first, last = det_range(index[b4])
+        assert p[IP].src == POOL and first <= p[UDP].sport <= last, f"{b4} {host}:{sport} left as {p[IP].src}:{p[UDP].sport}, expected {first}-{last}"
+    assert len({p[UDP].sport for p in sent}) == len(sent), "two flows share an external port"
+    assert rep["drops"] == {"not_subscriber": 1}, rep["drops"]
+    # Replies reach the B4 whose range the port is in.
+    replies = [(T0 + 2 + k * 0.1, "outside", udp_reply(p[UDP].sport, payload=b"r%d" % k)) for k, p in enumerate(sent)]
+    outs, _ = replay(replay_files, det_config(), frames + replies)
+    back = to_b4(outs)
+    assert [(p[IPv6].dst, inner_of(p).dst, inner_of(p)[UDP].dport) for p in back] == flows, show(outs)
+    # The same result on every run.
+    again, _ = replay(replay_files, det_config(), frames + replies)
+    assert [bytes(p) for _, p in again] == [bytes(p) for _, p in outs]
+
+
+def test_whois_answers_a_deterministic_b4_config_with_the_b4(natrix, tmp_path):
+    cfg = tmp_path / "det.toml"
+    cfg.write_text(det_config())
+    first, last = det_range(3)
+    p = natrix("whois", f"{POOL}:{first + 17}", "--proto", "udp", "--config", str(cfg), "--json")
+    assert p.returncode == 0, h.proc_text(p)
+    answers = json.loads(p.stdout)["answers"]
+    assert [(a["b4"], a["port_range"], a["source"]) for a in answers] == [(B4_2, [first, last], "deterministic")], answers
+    assert "subscriber" not in answers[0], "the B4's hosts share its range: no inner address to name"
+    text = natrix("whois", f"{POOL}:{first}", "--proto", "udp", "--config", str(cfg)).stdout.decode()
+    assert f"B4 {B4_2} (port range {first}-{last}), shared by every host behind it" in text, text
+    # Past the 32 B4s' ranges: nobody.
+    p = natrix("whois", f"{POOL}:{1024 + 32 * DET_N}", "--proto", "udp", "--config", str(cfg))
+    assert p.returncode == 1, h.proc_text(p)
+
+
+def test_check_config_refuses_b4_numberings_that_do_not_work_and_names_the_problem(natrix, tmp_path):
+    def det(subs, dslite=f'[dslite]\naftr = "{AFTR}"\n', n=DET_N):
+        return f'[nat]\nmode = "deterministic"\npool = ["{POOL}/32"]\nsubscribers = [{subs}]\nports_per_subscriber = {n}\n{dslite}'
+    for body, key, problem in [
+        (det('"100.64.0.0/26"'), "nat.subscribers", "numbers B4s"),
+        (det(f'"{DET_B4S}"', dslite=""), "nat.subscribers[0]", "needs [dslite]"),
+        (det('"2001:db8:100::/120"'), "nat.subscribers", "256 subscribers do not fit"),
+        (det('"2001:db8:100::/64"'), "nat.subscribers", "can hold 64 subscribers"),
+        (det('"2001:db8:100::/122", "2001:db8:100::20/123"'), "nat.subscribers[1]", "overlaps nat.subscribers[0]"),
+        (det('"::ffff:0:0/96"'), "nat.subscribers[0]", "IPv4-mapped"),
+    ]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(body)
+        p = natrix("check-config", str(bad))
+        out = h.proc_text(p)
+        assert p.returncode != 0 and key in out and problem in out, (body, out)
+    good = tmp_path / "good.toml"
+    good.write_text(det_config())
+    assert natrix("check-config", str(good)).returncode == 0
+
+
+def test_common_softwire_packets_of_any_size_are_translated_alike(replay_files):
+    """natrix recognises the common softwire shape (no extension header, an
+    IPv4 packet without options, TCP or UDP) by fixed offsets; packets of
+    that shape large enough for its fast path and short ones taken the
+    generic way must come out the same: checksums right (scapy recomputes
+    them), one mapping per host, replies back to the right B4."""
+    big, small = b"x" * 60, b"y"
+    frames = [
+        (T0, "inside", udp_from_host(B4_1, payload=big)),
+        (T0 + 0.1, "inside", udp_from_host(B4_2, payload=big)),
+        (T0 + 0.2, "inside", udp_from_host(B4_1, payload=small)),
+        (T0 + 0.3, "inside", softwire(B4_2, IP(src=HOST, dst=SERVER) / TCP(sport=6000, dport=80, flags="A", seq=1, ack=1) / Raw(big))),
+        (T0 + 0.4, "inside", softwire(B4_2, IP(src=HOST, dst=SERVER) / TCP(sport=6000, dport=80, flags="A", seq=61, ack=1))),
+    ]
+    outs, rep = replay(replay_files, config(dslite='mss_clamp = "off"\n'), frames)
+    sent = outside(outs)
+    assert len(sent) == 5, show(outs)
+    assert all(p[IP].src == POOL and p[IP].ttl == 63 for p in sent), show(outs)
+    udp_ports = [p[UDP].sport for p in sent[:3]]
+    assert udp_ports[0] == udp_ports[2] != udp_ports[1], f"one mapping per host whatever the size: {udp_ports}"
+    assert sent[3][TCP].sport == sent[4][TCP].sport and bytes(sent[3][TCP].payload) == big
+    assert rep["dslite"]["decapsulated"] == 5, rep["dslite"]
+    replies = [(T0 + 1, "outside", udp_reply(udp_ports[1], size=100)), (T0 + 1.1, "outside", udp_reply(udp_ports[0], payload=b"z"))]
+    outs, _ = replay(replay_files, config(dslite='mss_clamp = "off"\n'), frames + replies)
+    assert [(p[IPv6].dst, inner_of(p)[UDP].dport) for p in to_b4(outs)] == [(B4_2, 5000), (B4_1, 5000)], show(outs)

@@ -192,6 +192,26 @@ def test_show_filters_by_b4_and_names_the_inner_address(homes):
     assert all(h.in_pool(m["outside"].rsplit(":", 1)[0], homes.pool) for m in rows), rows
 
 
+def test_show_gives_one_b4s_own_counters(homes):
+    """Per-B4 counters: a ping's request decapsulated and its reply
+    encapsulated are counted on that B4 (three echoes the kernel's ping saw
+    answered), and `natrix show --b4` prints them."""
+    before = {}
+    for b4 in ("2001:db8:1::2", "2001:db8:2::2"):
+        r = h.run_in(h.NS_NAT, str(h.natrix_bin()), "show", "sessions", "--b4", b4, "--json", "--api", h.DEFAULT_API)
+        rows = json.loads(r.stdout) if r.returncode == 0 else []
+        before[b4] = rows[0]["softwire"] if rows else {"decapsulated": 0, "encapsulated": 0}
+    # in_home fails the test unless every ping is answered.
+    in_home(HOMES[0], "ping", "-c", "3", "-i", "0.2", "-W", "2", "-I", "192.0.0.2", SRV1)
+    r = h.run_in(h.NS_NAT, str(h.natrix_bin()), "show", "sessions", "--b4", "2001:db8:1::2", "--json", "--api", h.DEFAULT_API)
+    rows = json.loads(r.stdout)
+    w = rows[0]["softwire"]
+    assert w["decapsulated"] - before["2001:db8:1::2"]["decapsulated"] >= 3 and w["encapsulated"] - before["2001:db8:1::2"]["encapsulated"] >= 3, (before, w)
+    assert w["sessions"] >= 1 and all(x["softwire"] == w for x in rows), rows
+    text = h.run_in(h.NS_NAT, str(h.natrix_bin()), "show", "sessions", "--b4", "2001:db8:1::2", "--api", h.DEFAULT_API).stdout
+    assert f"B4 2001:db8:1::2: {w['sessions']} sessions;" in text, text
+
+
 # The softwire's MTU for the fragmentation test: IPv6's minimum (RFC 8200),
 # below the 1500 bytes of the server's full-size segments plus 40.
 SMALL_MTU = 1280

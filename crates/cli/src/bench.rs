@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::Failure;
 
+mod dslite;
 mod host_id;
 mod nptv6;
 mod sctp;
@@ -26,7 +27,7 @@ mod syn_accel;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// What to measure: NAPT44 (new and established flows) or NPTv6 (stateless IPv6 prefix translation).
+    /// What to measure: NAPT44 (new and established flows), NPTv6 (stateless IPv6 prefix translation), or a function beside NAPT44.
     #[arg(long, value_enum, default_value_t = Mode::Nat44)]
     mode: Mode,
     /// Flows in total (default: 1K, 64K, 1M and 16M in turn).
@@ -66,6 +67,10 @@ enum Mode {
     /// HOST_ID_BOUCADAIR inserted, then their data segments; `--flows` SYNs
     /// (default 1M), one worker.
     HostId,
+    /// DS-Lite (RFC 6333): established packets through softwires beside
+    /// NAPT44 alone, both ways, and bytes per session; `--flows` flows
+    /// (default 1M), one worker.
+    Dslite,
 }
 
 /// The order in which a pass presents its flows.
@@ -139,6 +144,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         Mode::SynAccel => return syn_accel::run(args.flows, args.answered, args.rate, args.json),
         Mode::Sctp => return sctp::run(args.flows, args.json),
         Mode::HostId => return host_id::run(args.flows, args.json),
+        Mode::Dslite => return dslite::run(args.flows, args.json),
     };
     let sizes: Vec<u64> = args.flows.map_or(defaults.to_vec(), |n| vec![n]);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
@@ -161,7 +167,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
             let lines = match args.mode {
                 Mode::Nat44 => bench_one(flows, workers, args.order)?,
                 Mode::Nptv6 => vec![nptv6::bench_one(flows, workers)?],
-                Mode::SynAccel | Mode::Sctp | Mode::HostId => unreachable!("--mode syn-accel, sctp and host-id returned at the start of run"),
+                Mode::SynAccel | Mode::Sctp | Mode::HostId | Mode::Dslite => unreachable!("--mode syn-accel, sctp, host-id and dslite returned at the start of run"),
             };
             for line in lines {
                 errors += line.errors;

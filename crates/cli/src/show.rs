@@ -74,6 +74,9 @@ pub fn show(args: &ShowArgs) -> Result<(), Failure> {
         println!("{v}");
         return Ok(());
     }
+    if let Some(b4) = args.b4 {
+        println!("{}", softwire_line(b4, &v));
+    }
     match args.what {
         What::Sessions => print_table(&v, &["protocol", "b4", "inside", "outside", "remote", "idle_s", "timeout_s"]),
         What::Mappings => print_table(&v, &["protocol", "b4", "inside", "outside", "sessions", "static"]),
@@ -81,6 +84,15 @@ pub fn show(args: &ShowArgs) -> Result<(), Failure> {
         What::Cluster => print_cluster(&v),
     }
     Ok(())
+}
+
+/// The B4's own counters, which every row of its hosts carries.
+fn softwire_line(b4: std::net::Ipv6Addr, rows: &Value) -> String {
+    let Some(w) = rows.as_array().and_then(|r| r.iter().find_map(|r| r["softwire"].as_object())) else {
+        return format!("B4 {b4}: no hosts with sessions or mappings");
+    };
+    let n = |k: &str| w.get(k).and_then(Value::as_u64).unwrap_or(0);
+    format!("B4 {b4}: {} sessions; {} packets decapsulated, {} encapsulated; MTU lowered {} times", n("sessions"), n("decapsulated"), n("encapsulated"), n("mtu_lowered"))
 }
 
 /// `natrix show cluster`: one line per fact an operator asks first.

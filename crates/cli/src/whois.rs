@@ -13,6 +13,7 @@ use std::path::PathBuf;
 
 use natrix_control::config::parse_endpoint;
 use natrix_control::eventlog::rfc3339;
+use natrix_engine::deterministic::Member;
 use natrix_engine::Proto;
 use serde::Serialize;
 use serde_json::Value;
@@ -46,7 +47,9 @@ pub struct Args {
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 struct Answer {
     proto: &'static str,
-    subscriber: Ipv4Addr,
+    /// None for a B4 of deterministic mode, whose range every host behind it shares.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    subscriber: Option<Ipv4Addr>,
     /// A DS-Lite host's B4 (RFC 6333); `subscriber` is then its address in the softwire.
     #[serde(skip_serializing_if = "Option::is_none")]
     b4: Option<Ipv6Addr>,
@@ -120,13 +123,20 @@ pub fn run(args: &Args) -> Result<(), Failure> {
 }
 
 fn describe(a: &Answer, at: &str) -> String {
-    let mut who = match (a.subscriber_port, a.port_range) {
-        (Some(p), _) => format!("subscriber {}:{p}", a.subscriber),
-        (None, Some([f, l])) => format!("subscriber {} (port range {f}-{l})", a.subscriber),
-        (None, None) => format!("subscriber {}", a.subscriber),
+    let named = match (a.subscriber, a.b4) {
+        (Some(s), _) => format!("subscriber {s}"),
+        (None, Some(b4)) => format!("B4 {b4}"),
+        (None, None) => "subscriber ?".to_owned(),
     };
-    if let Some(b4) = a.b4 {
-        who = format!("{who} behind B4 {b4}");
+    let mut who = match (a.subscriber_port, a.port_range) {
+        (Some(p), _) => format!("{named}:{p}"),
+        (None, Some([f, l])) => format!("{named} (port range {f}-{l})"),
+        (None, None) => named,
+    };
+    match (a.subscriber, a.b4) {
+        (Some(_), Some(b4)) => who = format!("{who} behind B4 {b4}"),
+        (None, Some(_)) => who = format!("{who}, shared by every host behind it"),
+        _ => {}
     }
     let when = if a.always {
         "always, while this config is in force".to_owned()
@@ -397,7 +407,7 @@ fn from_log(path: &std::path::Path, addr: u32, port: u16, proto: Option<Proto>, 
         .filter(|h| proto.is_none_or(|p| p == h.proto) && h.covers(at))
         .map(|h| Answer {
             proto: h.proto.name(),
-            subscriber: h.subscriber,
+            subscriber: Some(h.subscriber),
             b4: h.b4,
             subscriber_port: if h.block { None } else { h.subscriber_port },
             external,
@@ -429,7 +439,7 @@ fn from_config(path: &std::path::Path, cfg: &natrix_control::Config, addr: u32, 
     for p in Proto::ALL.into_iter().filter(|p| proto.is_none_or(|q| q == *p)) {
         let base = Answer {
             proto: p.name(),
-            subscriber: Ipv4Addr::UNSPECIFIED,
+            subscriber: None,
             b4: None,
             subscriber_port: None,
             external,
@@ -446,11 +456,11 @@ fn from_config(path: &std::path::Path, cfg: &natrix_control::Config, addr: u32, 
             // said only when asked for (`--proto sctp`), not for every port query.
             let asked = proto == Some(Proto::Sctp);
             let formula = det.filter(|_| asked).map(|d| sctp_from_formula(d, addr, e.ports)).unwrap_or_default();
-            answers.extend(formula.into_iter().map(|subscriber| Answer { subscriber, subscriber_port: Some(port), source: "deterministic", ..base.clone() }));
+            answers.extend(formula.into_iter().map(|m| Answer { subscriber_port: Some(port), source: "deterministic", ..member_answer(m, &base) }));
         } else if let Some(st) = e.statics.iter().find(|st| st.proto == p && st.ext_addr == addr && st.ext_port == port) {
-            answers.push(Answer { subscriber: Ipv4Addr::from(st.int_addr), subscriber_port: Some(st.int_port), ..base });
+            answers.push(Answer { subscriber: Some(Ipv4Addr::from(st.int_addr)), subscriber_port: Some(st.int_port), ..base });
         } else if let Some(a) = det.as_ref().and_then(|d| d.owner(addr, port)) {
-            answers.push(Answer { subscriber: Ipv4Addr::from(a.subscriber), port_range: Some([a.first, a.last]), source: "deterministic", ..base });
+            answers.push(Answer { port_range: Some([a.first, a.last]), source: "deterministic", ..member_answer(a.subscriber, &base) });
         }
     }
     if answers.is_empty() && det.is_none() {
@@ -463,9 +473,18 @@ fn from_config(path: &std::path::Path, cfg: &natrix_control::Config, addr: u32, 
 /// formula address with its own port, untranslated (seed 001), so every
 /// subscriber of `addr` may have held any port there: the formula narrows it
 /// no further. One port of each range in `ports` finds that range's subscriber.
-fn sctp_from_formula(det: &natrix_engine::deterministic::Deterministic, addr: u32, ports: (u16, u16)) -> Vec<Ipv4Addr> {
+fn sctp_from_formula(det: &natrix_engine::deterministic::Deterministic, addr: u32, ports: (u16, u16)) -> Vec<Member> {
     let step = usize::from(det.ports_per_subscriber().max(1));
-    (u32::from(ports.0)..=u32::from(ports.1)).step_by(step).filter_map(|p| det.owner(addr, p as u16)).map(|a| Ipv4Addr::from(a.subscriber)).collect()
+    (u32::from(ports.0)..=u32::from(ports.1)).step_by(step).filter_map(|p| det.owner(addr, p as u16)).map(|a| a.subscriber).collect()
+}
+
+/// `base` answered for a subscriber of the formula: an IPv4 address, or a
+/// B4 (DS-Lite) with no inner address, since its hosts share its range.
+fn member_answer(m: Member, base: &Answer) -> Answer {
+    match m {
+        Member::Ipv4(a) => Answer { subscriber: Some(Ipv4Addr::from(a)), ..base.clone() },
+        Member::B4(b4) => Answer { b4: Some(b4), ..base.clone() },
+    }
 }
 
 #[cfg(test)]
@@ -514,14 +533,14 @@ mod tests {
         let at = |t: &str| parse_time(t).unwrap();
         let a = from_log(&log, 0xcb00_7101, 40000, None, at("2026-01-01T00:01:00Z")).unwrap();
         assert_eq!(a.len(), 1);
-        assert_eq!((a[0].subscriber, a[0].subscriber_port, a[0].still_held), (Ipv4Addr::new(100, 64, 0, 10), Some(5000), false));
+        assert_eq!((a[0].subscriber, a[0].subscriber_port, a[0].still_held), (Some(Ipv4Addr::new(100, 64, 0, 10)), Some(5000), false));
         assert_eq!(a[0].until.as_deref(), Some("2026-01-01T00:05:00.000Z"));
         assert!(from_log(&log, 0xcb00_7101, 40000, None, at("2026-01-01T00:05:00Z")).unwrap().is_empty());
         let a = from_log(&log, 0xcb00_7101, 40000, Some(Proto::Udp), at("2026-01-01T03:00:00Z")).unwrap();
-        assert_eq!((a[0].subscriber, a[0].still_held), (Ipv4Addr::new(100, 64, 0, 11), true));
+        assert_eq!((a[0].subscriber, a[0].still_held), (Some(Ipv4Addr::new(100, 64, 0, 11)), true));
         assert!(from_log(&log, 0xcb00_7101, 40000, Some(Proto::Tcp), at("2026-01-01T03:00:00Z")).unwrap().is_empty());
         let a = from_log(&log, 0xcb00_7101, 39990, Some(Proto::Tcp), at("2026-01-01T03:00:00Z")).unwrap();
-        assert_eq!((a[0].subscriber, a[0].port_range, a[0].source), (Ipv4Addr::new(100, 64, 0, 12), Some([39936, 39999]), "block"));
+        assert_eq!((a[0].subscriber, a[0].port_range, a[0].source), (Some(Ipv4Addr::new(100, 64, 0, 12)), Some([39936, 39999]), "block"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -546,7 +565,7 @@ mod tests {
         std::fs::write(&log, text).unwrap();
         let who = |t: &str| {
             let at = parse_time(&format!("2026-01-01T00:{t}Z")).unwrap();
-            let mut who: Vec<String> = from_log(&log, 0xcb00_7101, 5000, Some(Proto::Sctp), at).unwrap().into_iter().map(|a| a.subscriber.to_string()).collect();
+            let mut who: Vec<String> = from_log(&log, 0xcb00_7101, 5000, Some(Proto::Sctp), at).unwrap().into_iter().filter_map(|a| a.subscriber.map(|s| s.to_string())).collect();
             who.sort();
             who
         };

@@ -6,7 +6,7 @@
 //!
 //! - `GET /metrics`
 //! - `GET /api/stats`
-//! - `GET /api/sessions[?subscriber=ADDR]`, `GET /api/mappings[?subscriber=ADDR]`
+//! - `GET /api/sessions[?subscriber=ADDR]`, `GET /api/mappings[?subscriber=ADDR]` (rows of DS-Lite hosts carry their B4 and its counters)
 //! - `POST /api/clear?subscriber=ADDR`
 //! - `GET /api/cluster` (a cluster node: its role, partner and session sync)
 //!
@@ -36,7 +36,7 @@ use hyper::service::service_fn;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use natrix_dataplane::{ControlError, Dataplane};
-use natrix_engine::admin::{MappingView, SessionView};
+use natrix_engine::admin::{MappingView, SessionView, SoftwireView};
 use natrix_engine::DropReason;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -278,6 +278,7 @@ fn session_json(s: &SessionView) -> Value {
         "protocol": s.proto.name(),
         "subscriber": Ipv4Addr::from(s.int_addr).to_string(),
         "b4": s.b4.map(|b| b.to_string()),
+        "softwire": s.softwire.as_ref().map(softwire_json),
         "inside": format!("{}:{}", Ipv4Addr::from(s.int_addr), s.int_port),
         "outside": format!("{}:{}", Ipv4Addr::from(s.ext_addr), s.ext_port),
         "remote": format!("{}:{}", Ipv4Addr::from(s.rem_addr), s.rem_port),
@@ -292,10 +293,22 @@ fn mapping_json(m: &MappingView) -> Value {
         "protocol": m.proto.name(),
         "subscriber": Ipv4Addr::from(m.int_addr).to_string(),
         "b4": m.b4.map(|b| b.to_string()),
+        "softwire": m.softwire.as_ref().map(softwire_json),
         "inside": format!("{}:{}", Ipv4Addr::from(m.int_addr), m.int_port),
         "outside": format!("{}:{}", Ipv4Addr::from(m.ext_addr), m.ext_port),
         "sessions": m.sessions,
         "static": m.is_static,
+    })
+}
+
+/// A B4's own counters, on each row of its hosts: per-B4 Prometheus
+/// labels would make one series per B4 (README "DS-Lite").
+fn softwire_json(w: &SoftwireView) -> Value {
+    json!({
+        "decapsulated": w.counters.decapsulated,
+        "encapsulated": w.counters.encapsulated,
+        "mtu_lowered": w.counters.mtu_lowered,
+        "sessions": w.sessions,
     })
 }
 

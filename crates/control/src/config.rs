@@ -10,7 +10,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
 use natrix_engine::config::{Addr6, Exemption, Filtering, PortSelection, StaticMapping, UnsolicitedSyn};
-use natrix_engine::deterministic::{Deterministic, DeterministicConfig};
+use natrix_engine::deterministic::{Deterministic, DeterministicConfig, Member, SubscriberPrefix};
 use natrix_engine::nptv6::Binding as Nptv6Binding;
 use natrix_engine::{EngineConfig, Proto};
 use toml::{Table, Value};
@@ -437,11 +437,17 @@ fn parse_deterministic(s: &mut Section, e: &EngineConfig, range: u32, warnings: 
     for (i, v) in list.iter().enumerate() {
         let key = format!("nat.subscribers[{i}]");
         let Some(t) = v.as_str() else { return err(key, "expected a string like \"100.64.0.0/22\"") };
+        if t.contains(':') {
+            // B4 addresses (DS-Lite): whether [dslite] is on is checked once it is parsed.
+            let (network, len) = dslite::parse_b4_prefix(t).or_else(|m| err(&key, m))?;
+            subscribers.push(SubscriberPrefix::B4(network, len));
+            continue;
+        }
         let (network, len) = parse_prefix(t).or_else(|m| err(&key, m))?;
         if !natrix_engine::config::prefix_contains(e.inside_addr, e.inside_prefix_len, network) {
             warnings.push(format!("{key}: {t} is outside the inside prefix {}/{}", Ipv4Addr::from(e.inside_addr), e.inside_prefix_len));
         }
-        subscribers.push((network, len));
+        subscribers.push(SubscriberPrefix::Ipv4(network, len));
     }
     if subscribers.is_empty() {
         return err("nat.subscribers", "empty: list the inside prefixes, e.g. subscribers = [\"100.64.0.0/22\"]");
@@ -663,12 +669,16 @@ fn check_deterministic(e: &EngineConfig) -> Result<(), ConfigError> {
         return err("nat.port_block_size", "not used with mode = \"deterministic\": each subscriber's range is its block; remove it");
     }
     for (i, st) in e.statics.iter().enumerate() {
-        if let Some(a) = d.owner(st.ext_addr, st.ext_port).filter(|a| a.subscriber != st.int_addr) {
+        if let Some(a) = d.owner(st.ext_addr, st.ext_port).filter(|a| a.subscriber != Member::Ipv4(st.int_addr)) {
             return err(
                 format!("nat.static[{i}].outside"),
-                format!("port {} of {} is in {}'s deterministic range {}-{}", st.ext_port, Ipv4Addr::from(st.ext_addr), Ipv4Addr::from(a.subscriber), a.first, a.last),
+                format!("port {} of {} is in {}'s deterministic range {}-{}", st.ext_port, Ipv4Addr::from(st.ext_addr), a.subscriber, a.first, a.last),
             );
         }
+    }
+    if d.numbers_b4s() && e.dslite.is_none() {
+        let i = d.prefix_kinds().position(|b4s| b4s).unwrap_or(0);
+        return err(format!("nat.subscribers[{i}]"), "an IPv6 prefix numbers DS-Lite B4s, which needs [dslite] aftr; without DS-Lite list IPv4 prefixes only");
     }
     Ok(())
 }

@@ -13,10 +13,8 @@
 
 mod sctp;
 
-use std::net::Ipv6Addr;
-
 use natrix_engine::nat44::sctp::SctpConfig;
-use natrix_engine::shard::{worker_of_subscriber, Owners};
+use natrix_engine::shard::{worker_of_host6, worker_of_subscriber, Owners};
 use natrix_engine::{Proto, Side};
 use natrix_wire::{ethernet, icmp, ipv4, ipv6, proto, udp};
 
@@ -149,14 +147,6 @@ fn network(frame: &[u8]) -> Option<Network<'_>> {
     }
 }
 
-/// The worker of an IPv6 host: its address folded to 32 bits, then
-/// spread as subscribers' addresses are.
-pub fn worker_of_host6(addr: Ipv6Addr, count: u16) -> u16 {
-    let a = u128::from(addr);
-    let folded = (a ^ (a >> 32) ^ (a >> 64) ^ (a >> 96)) as u32;
-    worker_of_subscriber(folded, count)
-}
-
 fn fragment_key(ip: &ipv4::Packet<&[u8]>) -> u64 {
     let (src, dst) = (u64::from(ip.src_addr()), u64::from(ip.dst_addr()));
     let k = (src << 32 | dst) ^ (u64::from(ip.ident()) << 8 | u64::from(ip.protocol())).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -167,6 +157,7 @@ fn fragment_key(ip: &ipv4::Packet<&[u8]>) -> u64 {
 mod tests {
     use super::*;
     use natrix_engine::shard::{port_slice, Shard};
+    use std::net::Ipv6Addr;
 
     fn udp_frame(src: u32, dst: u32, sport: u16, dport: u16, flags: u16, ident: u16) -> Vec<u8> {
         let mut f = vec![0u8; 14 + 20 + 8];

@@ -19,6 +19,8 @@ pub struct SessionView {
     pub int_addr: u32,
     /// A DS-Lite host's B4 (RFC 6333).
     pub b4: Option<std::net::Ipv6Addr>,
+    /// That B4's own counters.
+    pub softwire: Option<SoftwireView>,
     pub int_port: u16,
     pub ext_addr: u32,
     pub ext_port: u16,
@@ -39,11 +41,21 @@ pub struct MappingView {
     pub int_addr: u32,
     /// A DS-Lite host's B4 (RFC 6333).
     pub b4: Option<std::net::Ipv6Addr>,
+    /// That B4's own counters.
+    pub softwire: Option<SoftwireView>,
     pub int_port: u16,
     pub ext_addr: u32,
     pub ext_port: u16,
     pub sessions: u32,
     pub is_static: bool,
+}
+
+/// A DS-Lite B4's counters (`dslite::SoftwireCounters`) and its current
+/// sessions (all its hosts'), as rows of its hosts carry them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SoftwireView {
+    pub counters: crate::dslite::SoftwireCounters,
+    pub sessions: u32,
 }
 
 /// What `clear_subscriber` removed.
@@ -55,12 +67,18 @@ pub struct Cleared {
 
 impl Nat44 {
     /// An internal address as an operator knows it: itself, or a DS-Lite
-    /// host's inner address and B4 for its stand-in.
-    fn shown(&self, int_addr: u32) -> (u32, Option<std::net::Ipv6Addr>) {
+    /// host's inner address, B4 and the B4's counters for its stand-in.
+    fn shown(&self, int_addr: u32) -> (u32, Option<std::net::Ipv6Addr>, Option<SoftwireView>) {
         match self.subs.identities().resolve(int_addr) {
-            crate::state::identity::Identity::Softwire { b4, inner } => (inner, Some(b4)),
-            crate::state::identity::Identity::Ipv4(a) => (a, None),
+            crate::state::identity::Identity::Softwire { b4, inner } => (inner, Some(b4), self.softwire_view(int_addr)),
+            crate::state::identity::Identity::Ipv4(a) => (a, None, None),
         }
+    }
+
+    fn softwire_view(&self, int_addr: u32) -> Option<SoftwireView> {
+        let counters = self.subs.identities().counters_of(int_addr)?;
+        let sessions = self.subs.find(int_addr).map_or(0, |s| self.subs.get(s).sessions);
+        Some(SoftwireView { counters, sessions })
     }
 
     /// Live sessions, optionally of one subscriber.
@@ -71,10 +89,11 @@ impl Nat44 {
             .map(|id| self.tables.session(id))
             .filter(|s| subscriber.is_none_or(|a| a == s.int_addr))
             .map(|s| (s, self.shown(s.int_addr)))
-            .map(|(s, (int_addr, b4))| SessionView {
+            .map(|(s, (int_addr, b4, softwire))| SessionView {
                 proto: s.proto,
                 int_addr,
                 b4,
+                softwire,
                 int_port: s.int_port,
                 ext_addr: s.ext_addr,
                 ext_port: s.ext_port,
@@ -93,11 +112,12 @@ impl Nat44 {
     fn association_views(&self, subscriber: Option<u32>) -> impl Iterator<Item = (SessionView, MappingView)> + '_ {
         let now = self.now_s;
         self.assocs.live_ids().map(|id| self.assocs.get(id)).filter(move |a| subscriber.is_none_or(|s| s == a.int_addr)).map(move |a| {
-            let (int_addr, b4) = self.shown(a.int_addr);
+            let (int_addr, b4, softwire) = self.shown(a.int_addr);
             let session = SessionView {
                 proto: Proto::Sctp,
                 int_addr,
                 b4,
+                softwire,
                 int_port: a.int_port,
                 ext_addr: a.ext_addr,
                 ext_port: a.int_port,
@@ -107,7 +127,8 @@ impl Nat44 {
                 idle_s: now.saturating_sub(a.last_used),
                 timeout_s: self.timeout_of(a.class),
             };
-            let mapping = MappingView { proto: Proto::Sctp, int_addr, b4, int_port: a.int_port, ext_addr: a.ext_addr, ext_port: a.int_port, sessions: 1, is_static: false };
+            let mapping =
+                MappingView { proto: Proto::Sctp, int_addr, b4, softwire, int_port: a.int_port, ext_addr: a.ext_addr, ext_port: a.int_port, sessions: 1, is_static: false };
             (session, mapping)
         })
     }
@@ -119,10 +140,11 @@ impl Nat44 {
             .map(|id| (self.tables.mapping(id), self.tables.sessions_of(id).count() as u32))
             .filter(|(m, _)| subscriber.is_none_or(|a| a == m.int_addr))
             .map(|(m, sessions)| (m, sessions, self.shown(m.int_addr)))
-            .map(|(m, sessions, (int_addr, b4))| MappingView {
+            .map(|(m, sessions, (int_addr, b4, softwire))| MappingView {
                 proto: m.proto,
                 int_addr,
                 b4,
+                softwire,
                 int_port: m.int_port,
                 ext_addr: m.ext_addr,
                 ext_port: m.ext_port,

@@ -59,7 +59,7 @@ drop_reasons! {
     PoolExhausted => "pool_exhausted", "no free external port on the subscriber's address";
     SessionTableFull => "session_table_full", "session table at capacity";
     SubscriberTableFull => "subscriber_table_full", "subscriber table at capacity";
-    NotSubscriber => "not_subscriber", "deterministic mode: source address outside nat.subscribers";
+    NotSubscriber => "not_subscriber", "deterministic mode: source address (or softwire B4) outside nat.subscribers";
     FragmentTimeout => "fragment_timeout", "fragment whose first fragment never arrived";
     FragmentBufferFull => "fragment_buffer_full", "out-of-order fragment buffer at its cap";
     FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports";

@@ -110,7 +110,7 @@ const MODES: u8 = 6;
 
 fn config_for(mode: u8) -> natrix_engine::EngineConfig {
     use natrix_engine::config::PortSelection;
-    use natrix_engine::deterministic::{Deterministic, DeterministicConfig};
+    use natrix_engine::deterministic::{Deterministic, DeterministicConfig, SubscriberPrefix};
     let mut cfg = config();
     match mode {
         1 => cfg.max_ports_per_subscriber = 2,
@@ -121,7 +121,12 @@ fn config_for(mode: u8) -> natrix_engine::EngineConfig {
         3 => cfg.port_selection = PortSelection::Random,
         4 => {
             cfg.deterministic = Some(
-                Deterministic::new(&DeterministicConfig { subscribers: vec![(u32::from_be_bytes([100, 64, 0, 0]), 29)], ports_per_subscriber: 16 }, &cfg.pool, cfg.ports).unwrap(),
+                Deterministic::new(
+                    &DeterministicConfig { subscribers: vec![SubscriberPrefix::Ipv4(u32::from_be_bytes([100, 64, 0, 0]), 29)], ports_per_subscriber: 16 },
+                    &cfg.pool,
+                    cfg.ports,
+                )
+                .unwrap(),
             )
         }
         5 => cfg.exempt = vec![natrix_engine::config::Exemption { network: u32::from_be_bytes(REMOTE), prefix_len: 32, ports: (1, 511) }],

@@ -97,7 +97,7 @@ pub fn run(flows: Option<u64>, json: bool) -> Result<(), Failure> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -172,7 +172,7 @@ fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
 }
 
 /// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
-fn thread_cpu_ns() -> u64 {
+pub(super) fn thread_cpu_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes the timespec it is given; the clock id is a constant.
     unsafe {

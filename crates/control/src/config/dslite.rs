@@ -1,7 +1,7 @@
 //! `[dslite]`: the DS-Lite AFTR (RFC 6333) with the keys of CONTRACTS.md
 //! ("DS-Lite AFTR"). Setting `aftr` turns it on; softwire hosts are
-//! translated by NAPT44, so the section needs translation, and
-//! deterministic mode, whose formula numbers IPv4 subscribers, is refused.
+//! translated by NAPT44, so the section needs translation; in
+//! deterministic mode `[nat] subscribers` must number the B4s.
 
 use std::net::Ipv6Addr;
 
@@ -29,8 +29,11 @@ pub(super) fn parse(root: &mut Section, e: &EngineConfig, warnings: &mut Vec<Str
     if !e.translate {
         return err("dslite.aftr", NEEDS_TRANSLATION);
     }
-    if e.deterministic.is_some() {
-        return err("dslite.aftr", "not supported with [nat] mode = \"deterministic\": its formula numbers IPv4 subscribers, not B4s; use mode = \"dynamic\"");
+    if e.deterministic.as_ref().is_some_and(|d| !d.numbers_b4s()) {
+        return err(
+            "nat.subscribers",
+            "deterministic mode with [dslite] numbers B4s: list their IPv6 prefixes beside any IPv4 ones, e.g. subscribers = [\"2001:db8:100::/120\"] (each B4 address one subscriber)",
+        );
     }
     check_apart_from_nptv6(&b4_prefixes, e)?;
     Ok(Some(DsliteConfig { aftr, b4_prefixes, mtu, mss_clamp }))
@@ -68,14 +71,20 @@ fn parse_b4_prefixes(s: &mut Section) -> Result<Vec<B4Prefix>, ConfigError> {
     for (i, v) in s.array("b4_prefixes")?.into_iter().flatten().enumerate() {
         let key = format!("dslite.b4_prefixes[{i}]");
         let Some(t) = v.as_str() else { return err(key, "expected a string like \"2001:db8:100::/40\"") };
-        let (network, len) = parse_prefix6(t).or_else(|m| err(&key, m))?;
-        let host = if len == 0 { u128::MAX } else { u128::MAX >> len };
-        if u128::from(network) & host != 0 {
-            return err(key, format!("\"{t}\" has host bits set; did you mean {}/{len}?", Ipv6Addr::from(u128::from(network) & !host)));
-        }
+        let (network, len) = parse_b4_prefix(t).or_else(|m| err(&key, m))?;
         out.push(B4Prefix { network, len });
     }
     Ok(out)
+}
+
+/// "ADDRESS/LENGTH" of a prefix of B4 addresses; host bits must be zero.
+pub(super) fn parse_b4_prefix(t: &str) -> Result<(Ipv6Addr, u8), String> {
+    let (network, len) = parse_prefix6(t)?;
+    let host = u128::MAX.checked_shr(u32::from(len)).unwrap_or(0);
+    if u128::from(network) & host != 0 {
+        return Err(format!("\"{t}\" has host bits set; did you mean {}/{len}?", Ipv6Addr::from(u128::from(network) & !host)));
+    }
+    Ok((network, len))
 }
 
 /// 0: the MTU less 80 bytes of headers; a number: that; "off": no clamping.
@@ -144,7 +153,27 @@ mod tests {
             "[nat]\nmode = \"deterministic\"\npool = [\"203.0.113.0/28\"]\nsubscribers = [\"100.64.0.0/24\"]\nports_per_subscriber = 1008\n[dslite]\naftr = \"2001:db8:0:1::1\"\n",
         )
         .unwrap_err();
-        assert_eq!(det.key, "dslite.aftr");
+        assert_eq!(det.key, "nat.subscribers");
+        assert!(det.problem.contains("numbers B4s"), "{}", det.problem);
+    }
+
+    #[test]
+    fn deterministic_mode_numbers_b4_prefixes_only_with_dslite() {
+        let det = |subs: &str, dslite: &str| {
+            Config::parse(&format!("[nat]\nmode = \"deterministic\"\npool = [\"203.0.113.0/28\"]\nsubscribers = [{subs}]\nports_per_subscriber = 1008\n{dslite}"))
+        };
+        let on = "[dslite]\naftr = \"2001:db8:0:1::1\"\n";
+        let c = det("\"2001:db8:100::/120\", \"100.64.0.0/24\"", on).unwrap();
+        assert_eq!(c.engine.deterministic.unwrap().subscriber_count(), 512);
+        let e = det("\"100.64.0.0/24\", \"2001:db8:100::/120\"", "").unwrap_err();
+        assert_eq!((e.key.as_str(), e.problem.contains("needs [dslite]")), ("nat.subscribers[1]", true), "{e}");
+        let e = det("\"2001:db8:100::/64\"", on).unwrap_err();
+        assert_eq!(e.key, "nat.subscribers");
+        assert!(e.problem.starts_with("18446744073709551616 subscribers do not fit"), "{e}");
+        assert!(e.problem.contains("can hold 1024 subscribers"), "{e}");
+        let e = det("\"2001:db8:100::1/120\"", on).unwrap_err();
+        assert_eq!(e.key, "nat.subscribers[0]");
+        assert!(e.problem.contains("host bits set"), "{e}");
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //! B4 is part of every key without growing one, and the B4 is the
 //! subscriber for quotas, paired pooling and port blocks.
 //!
+//! Most softwire packets have one shape, which `plain` recognises from
+//! fixed offsets; the pipeline then decapsulates them straight into
+//! NAPT44's fast path.
+//!
 //! Around that: MSS clamping (`mss`), the softwire MTU per B4 that ICMPv6
 //! packet too big lowers (`mtu`, RFC 2473 section 7), and reassembly of
 //! fragmented softwire packets within bounded memory (`reassembly`, RFC
@@ -16,6 +20,7 @@ pub(crate) mod decap;
 pub(crate) mod encap;
 pub(crate) mod mss;
 pub(crate) mod mtu;
+pub(crate) mod plain;
 pub(crate) mod reassembly;
 pub(crate) mod stand_in;
 
@@ -91,6 +96,19 @@ pub struct DsliteStats {
     pub mtu_lowered: u64,
     /// B4s with a stand-in (every B4 seen since start).
     pub softwires: u64,
+}
+
+/// One B4's own counters, kept on its interned entry (`state::identity`)
+/// for `natrix show --b4` and the API; not Prometheus labels, whose
+/// series would number the B4s.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SoftwireCounters {
+    /// Its hosts' packets decapsulated and given their stand-ins.
+    pub decapsulated: u64,
+    /// Packets encapsulated towards it (before outer fragmentation).
+    pub encapsulated: u64,
+    /// Packet-too-big messages that lowered its softwire's MTU.
+    pub mtu_lowered: u64,
 }
 
 /// How an IPv6 frame on the inside concerns DS-Lite.

@@ -28,15 +28,15 @@ impl SoftwireMtus {
 
     /// Reads the ICMPv6 message `ip` addressed to `aftr`: when it is a valid
     /// packet too big quoting a softwire packet from `aftr`, lowers that B4's
-    /// MTU and says so.
-    pub fn on_icmpv6(&mut self, frame: &[u8], ip: &Ip6, aftr: Ipv6Addr, configured: u16) -> bool {
-        let Some((b4, reported)) = packet_too_big(frame, ip, aftr) else { return false };
+    /// MTU and returns the B4.
+    pub fn on_icmpv6(&mut self, frame: &[u8], ip: &Ip6, aftr: Ipv6Addr, configured: u16) -> Option<Ipv6Addr> {
+        let (b4, reported) = packet_too_big(frame, ip, aftr)?;
         let mtu = reported.clamp(ipv6::MIN_MTU as u32, u32::from(u16::MAX)) as u16;
         if mtu >= self.of(b4, configured) || (self.lowered.len() >= MAX_LOWERED && !self.lowered.contains_key(&b4)) {
-            return false;
+            return None;
         }
         self.lowered.insert(b4, mtu);
-        true
+        Some(b4)
     }
 
     pub fn memory_bytes(&self) -> usize {

@@ -84,6 +84,19 @@ impl Nat44 {
     /// the compiler inlines it by itself.
     #[inline(always)]
     pub(crate) fn candidate(&self, frame: &[u8], side: Side) -> Option<Candidate> {
+        self.candidate_from(frame, side, |src| !is_martian(src))
+    }
+
+    /// `candidate` for a packet decapsulated from a softwire (DS-Lite): its
+    /// source is the stand-in of its host behind the B4, which no frame
+    /// can carry on the wire, so it passes where a martian source would not.
+    #[inline]
+    pub(crate) fn softwire_candidate(&self, frame: &[u8]) -> Option<Candidate> {
+        self.candidate_from(frame, Side::Inside, crate::state::identity::is_softwire)
+    }
+
+    #[inline(always)]
+    fn candidate_from(&self, frame: &[u8], side: Side, source_ok: impl Fn(u32) -> bool) -> Option<Candidate> {
         // Read through a fixed-length view, no field needs a bounds check.
         let h = frame.first_chunk::<VIEW>()?;
         if get_u16_at(h, 12) != ethernet::ETHERTYPE_IPV4 || h[L3] != 0x45 {
@@ -98,7 +111,7 @@ impl Nat44 {
         let (proto, tcp_flags) = transport(h, l4_len)?;
         let (src, dst) = (get_u32_at(h, L3 + 12), get_u32_at(h, L3 + 16));
         let mtu = self.cfg.egress_mtu[side.other() as usize];
-        if is_martian(src) || is_martian(dst) || (mtu != 0 && total > usize::from(mtu)) || !header_checksum_ok(h) {
+        if !source_ok(src) || is_martian(dst) || (mtu != 0 && total > usize::from(mtu)) || !header_checksum_ok(h) {
             return None;
         }
         let (sport, dport) = (get_u16_at(h, AT), get_u16_at(h, AT + 2));

@@ -37,8 +37,9 @@ use crate::pipeline::frame::Ip;
 use crate::pipeline::router::Router;
 use crate::rewrite::L4;
 use crate::state::associations::Associations;
-use crate::state::deterministic::Deterministic;
+use crate::state::deterministic::{Assignment, Deterministic, Member};
 use crate::state::events::{Event, EventKind, EventQueue};
+use crate::state::identity::Identity;
 use crate::state::pool::Pool;
 use crate::state::rng::Rng;
 use crate::state::sessions::{Found, Tables};
@@ -192,6 +193,16 @@ impl Nat44 {
         self.det.as_ref()
     }
 
+    /// The deterministic range of internal address `int`: its own, or for
+    /// a softwire host its B4's, which every host behind the B4 shares.
+    pub(crate) fn det_assignment(&self, int: u32) -> Option<Assignment> {
+        let d = self.det.as_ref()?;
+        match self.subs.identities().resolve(int) {
+            Identity::Softwire { b4, .. } => d.assignment_of(Member::B4(b4)),
+            Identity::Ipv4(a) => d.assignment(a),
+        }
+    }
+
     pub fn tables(&self) -> &Tables {
         &self.tables
     }
@@ -218,6 +229,16 @@ impl Nat44 {
             }
             f(e);
         }
+        self.reclaim_stand_ins();
+    }
+
+    /// Softwire stand-ins nothing names any more are forgotten, now that no
+    /// queued event names them. What names one without counting (a held
+    /// fragment or SYN) lets go within its own timeout: that is the grace.
+    fn reclaim_stand_ins(&mut self) {
+        let t = &self.cfg.timeouts;
+        let grace = (t.fragment_ns.max(t.syn_hold_ns) / NS) as u32 + 1;
+        self.subs.reclaim_stand_ins(self.now_s, grace);
     }
 
     pub(crate) fn events_lost(&self) -> u64 {

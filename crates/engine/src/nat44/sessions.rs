@@ -54,7 +54,7 @@ impl Nat44 {
     /// it and its subscriber.
     #[inline(always)]
     pub(super) fn create_mapping(&mut self, proto: Proto, int: u32, iport: u16, sub_hint: u32, hash_in: u64) -> Result<(u32, u32), DropReason> {
-        if self.det.as_ref().is_some_and(|d| d.index_of(int).is_none()) {
+        if self.det.is_some() && self.det_assignment(int).is_none() {
             return Err(DropReason::NotSubscriber);
         }
         let sub = self.subs.find_or_create_hinted(int, sub_hint).ok_or(DropReason::SubscriberTableFull)?;
@@ -79,7 +79,7 @@ impl Nat44 {
             return Err(DropReason::RateLimited);
         }
         let mut paired = self.subs.get(sub).paired;
-        let det_range = self.det.as_ref().and_then(|d| d.assignment(int));
+        let det_range = self.det_assignment(int);
         if let Some(a) = det_range {
             paired = self.pool.index_of(a.ext_addr).ok_or(DropReason::PoolExhausted)?;
             self.subs.get_mut(sub).paired = paired;
@@ -133,6 +133,7 @@ impl Nat44 {
                 return Err(DropReason::SessionTableFull);
             }
         };
+        self.subs.identities_mut().hold(int);
         let s = self.subs.get_mut(sub);
         s.ports[proto as usize] += 1;
         s.mappings += 1;
@@ -226,6 +227,7 @@ impl Nat44 {
     pub(super) fn delete_mapping(&mut self, mid: u32, skip_hold_down: bool) {
         let m = self.tables.mapping(mid);
         self.tables.remove_mapping(mid);
+        self.subs.identities_mut().release(m.int_addr, self.now_s);
         self.event(EventKind::MappingDeleted, m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, m.ext_port, 0, 0);
         let sub = self.subscriber_of(m.int_addr);
         debug_assert!(sub.is_some(), "a mapping outlived its subscriber");
@@ -263,7 +265,7 @@ mod tests {
         let cfg = EngineConfig { pool: vec![0xcb00_7101], max_ports_per_subscriber: 2, max_sessions: 64, ..EngineConfig::default() };
         let mut nat = Nat44::new(cfg).unwrap();
         let b4 = |n| std::net::Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, n);
-        let mut endpoint = |n, inner| nat.subs.identities_mut().intern_softwire(b4(n), inner).unwrap();
+        let mut endpoint = |n, inner| nat.subs.identities_mut().intern_softwire(b4(n), inner, 0).unwrap();
         let (a, b, c) = (endpoint(1, 0xc000_0002), endpoint(2, 0xc000_0002), endpoint(1, 0xc000_0003));
         let ma = NatOps::create_mapping(&mut nat, Proto::Udp, a, 5000).unwrap();
         let mb = NatOps::create_mapping(&mut nat, Proto::Udp, b, 5000).unwrap();

@@ -34,6 +34,7 @@ use crate::nat44::{self, Nat44, MAX_BATCH};
 use crate::nptv6::Nptv6;
 use crate::pcp::{PcpHoldView, PcpServer, PcpStats};
 use crate::rewrite::Which;
+use crate::state::deterministic::Member;
 use crate::state::events::Event;
 use crate::state::identity::{self, Identity};
 use crate::Side;
@@ -338,6 +339,9 @@ impl Engine {
     fn translate_chunk<const EXTRAS: bool, F: AsMut<[u8]>>(&mut self, chunk: &mut [F], side: Side, out: &mut [Verdict]) {
         let mut candidates: [Option<nat44::Candidate>; MAX_BATCH] = [None; MAX_BATCH];
         self.nat.prepare_batch(chunk, side, &mut candidates);
+        if EXTRAS && side == Side::Inside && self.dslite.is_some() {
+            self.prefetch_softwires(chunk, &candidates);
+        }
         for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
             self.nat.prefetch_ahead(&mut candidates, i, side);
             let frame = f.as_mut();
@@ -381,6 +385,11 @@ impl Engine {
     }
 
     fn full_path(&mut self, frame: &mut [u8], side: Side) -> Verdict {
+        if side == Side::Inside && self.dslite.is_some() {
+            if let Some(v) = self.plain_softwire_in(frame) {
+                return v;
+            }
+        }
         let result = match frame::parse(frame) {
             Err(r) => Err(r),
             Ok(Net::V4(ip)) => return self.ipv4(frame, &ip, side),
@@ -418,8 +427,11 @@ impl Engine {
         let result = match ds.claim(frame, ip) {
             Claim::Softwire => return self.softwire_in(frame, ip),
             Claim::ToAftr => {
-                if ds.mtus.on_icmpv6(frame, ip, ds.cfg.aftr, ds.cfg.mtu) {
+                if let Some(b4) = ds.mtus.on_icmpv6(frame, ip, ds.cfg.aftr, ds.cfg.mtu) {
                     ds.stats.mtu_lowered += 1;
+                    if let Some(c) = self.nat.subs.identities_mut().counters_of_b4_mut(b4) {
+                        c.mtu_lowered += 1;
+                    }
                 }
                 Err(DropReason::LocalDestination)
             }
@@ -452,7 +464,10 @@ impl Engine {
         };
         // Bytes past the inner packet's total length are not part of it.
         buf.truncate(ip.l3 + ip.total_len());
-        let result = self.ipv4_stages(&mut buf, &ip, Side::Inside);
+        let result = match self.softwire_fast_path(&mut buf) {
+            Some(done) => done.map(Some),
+            None => self.ipv4_stages(&mut buf, &ip, Side::Inside),
+        };
         if let Some(mut grown) = self.hooks.take_grown() {
             // A function made it longer after translation (HOST_ID options):
             // the longer copy leaves instead, once the router's TTL is done.
@@ -474,11 +489,111 @@ impl Engine {
         }
     }
 
+    /// NAPT44's batch stages for the plain softwire packets of a batch
+    /// (`nat44::batch`): the lookup key of each one whose host has a
+    /// stand-in is hashed and its index bucket, then its record, start
+    /// loading, so that deciding them does not wait for memory one by one.
+    /// Only hints: nothing is changed or counted.
+    fn prefetch_softwires<F: AsMut<[u8]>>(&mut self, chunk: &mut [F], candidates: &[Option<nat44::Candidate>; MAX_BATCH]) {
+        let Some(ds) = self.dslite.as_ref() else { return };
+        let mut hashes = [0u64; MAX_BATCH];
+        let mut n = 0;
+        for (f, _) in chunk.iter_mut().zip(candidates).filter(|(_, c)| c.is_none()) {
+            let frame = f.as_mut();
+            let Some((b4, len)) = crate::dslite::plain::plain_softwire(frame, &ds.cfg.aftr) else { continue };
+            let inner = &frame[crate::dslite::plain::INNER..crate::dslite::plain::INNER + len];
+            let Some(proto) = crate::Proto::from_ip(inner[9]).filter(|p| len >= 24 && matches!(p, crate::Proto::Tcp | crate::Proto::Udp)) else { continue };
+            let Some(stand_in) = self.nat.subs.identities().find_softwire(b4, natrix_wire::get_u32_at(inner, natrix_wire::ipv4::SRC_OFFSET)) else { continue };
+            let tables = self.nat.tables();
+            hashes[n] = tables.hash_in(proto, stand_in, natrix_wire::get_u16_at(inner, 20));
+            tables.prefetch_bucket(hashes[n]);
+            n += 1;
+        }
+        for &h in &hashes[..n] {
+            self.nat.tables().prefetch_record(h);
+        }
+    }
+
+    /// A plain softwire packet (`dslite::plain`) of a flow NAPT44's fast
+    /// path takes: decapsulated, given its stand-in and translated without
+    /// the generic parse. None: nothing was done (nothing counted), for the
+    /// full path: another shape, a B4 that is refused, a SYN to clamp, a
+    /// packet the fast path leaves alone, a host without a stand-in.
+    fn plain_softwire_in(&mut self, frame: &[u8]) -> Option<Verdict> {
+        let ds = self.dslite.as_ref()?;
+        let (b4, len) = crate::dslite::plain::plain_softwire(frame, &ds.cfg.aftr)?;
+        let inner = &frame[crate::dslite::plain::INNER..crate::dslite::plain::INNER + len];
+        let is_tcp = inner[9] == natrix_wire::proto::TCP;
+        // Room for a TCP header, as NAPT44's fast path wants; TCP or UDP.
+        if len < 40 || !(is_tcp || inner[9] == natrix_wire::proto::UDP) {
+            return None;
+        }
+        let syn = is_tcp && inner[33] & natrix_wire::tcp::flags::SYN != 0;
+        if !ds.cfg.accepts(b4) || (syn && ds.cfg.mss_clamp.is_some()) || self.nat.deterministic().is_some_and(|d| d.index_of_member(Member::B4(b4)).is_none()) {
+            return None;
+        }
+        let host = natrix_wire::get_u32_at(inner, natrix_wire::ipv4::SRC_OFFSET);
+        let stand_in = self.nat.subs.identities_mut().intern_softwire(b4, host, (self.now_ns / 1_000_000_000) as u32)?;
+        let mut buf = self.router.buffer();
+        buf.extend_from_slice(&frame[..12]);
+        buf.extend_from_slice(&natrix_wire::ethernet::ETHERTYPE_IPV4.to_be_bytes());
+        buf.extend_from_slice(inner);
+        let at = nat44::fast::L3 + natrix_wire::ipv4::MIN_HEADER_LEN;
+        let l4 = if is_tcp { crate::rewrite::L4::Tcp { at, len: len - 20 } } else { crate::rewrite::L4::Udp { at } };
+        let sport = natrix_wire::get_u16_at(&buf, at);
+        crate::rewrite::rewrite(&mut buf, nat44::fast::L3, l4, Which::Src, stand_in, sport);
+        // The copy in `buf` is all that changed: declined, the full path starts afresh.
+        let Some(result) = self.softwire_fast_path(&mut buf) else {
+            self.router.recycle(buf);
+            return None;
+        };
+        if let Some(ds) = self.dslite.as_mut() {
+            ds.stats.decapsulated += 1;
+        }
+        if let Some(c) = self.nat.subs.identities_mut().counters_mut(stand_in) {
+            c.decapsulated += 1;
+        }
+        Some(match self.settle(&buf, nat44::fast::L3, Side::Inside, result.map(Some)) {
+            Verdict::Forward(out) => {
+                self.send_rebuilt(out, buf, nat44::fast::L3);
+                Verdict::Consumed
+            }
+            v => {
+                self.router.recycle(buf);
+                v
+            }
+        })
+    }
+
+    /// NAPT44's fast path for a decapsulated packet (`nat44::fast`): one of
+    /// an established flow, or one that opens a flow, translated in `buf`,
+    /// with the side it leaves on or why not. None: `buf` is untouched, for
+    /// the full path (PCP to 192.0.0.1, hairpins, anything the fast path
+    /// leaves alone, what a middlebox function wants to see).
+    #[inline]
+    fn softwire_fast_path(&mut self, buf: &mut [u8]) -> Option<Result<Side, DropReason>> {
+        let c = self.nat.softwire_candidate(buf)?;
+        let dst = natrix_wire::get_u32_at(buf, nat44::fast::L3 + natrix_wire::ipv4::DST_OFFSET);
+        if dst == crate::dslite::AFTR_IPV4 || (!self.hooks.is_empty() && self.hooks.wants(c.ip_proto(), c.tcp_flags())) {
+            return None;
+        }
+        self.nat.decide(buf, Side::Inside, &c)
+    }
+
     /// The decapsulated packet in `buf`, its source replaced by the stand-in
     /// for (`b4`, source), its SYN's MSS clamped.
     fn host_behind(&mut self, buf: &mut [u8], b4: std::net::Ipv6Addr, clamp: Option<u16>) -> Result<Ip, DropReason> {
         let Net::V4(mut ip) = frame::parse(buf)? else { return Err(DropReason::Ipv4BadVersion) };
-        let stand_in = self.nat.subs.identities_mut().intern_softwire(b4, ip.src).ok_or(DropReason::SubscriberTableFull)?;
+        // Deterministic mode numbers B4s: one it does not number has no range,
+        // and is refused before it takes a stand-in.
+        if self.nat.deterministic().is_some_and(|d| d.index_of_member(Member::B4(b4)).is_none()) {
+            return Err(DropReason::NotSubscriber);
+        }
+        let ids = self.nat.subs.identities_mut();
+        let stand_in = ids.intern_softwire(b4, ip.src, (self.now_ns / 1_000_000_000) as u32).ok_or(DropReason::SubscriberTableFull)?;
+        if let Some(c) = ids.counters_mut(stand_in) {
+            c.decapsulated += 1;
+        }
         stand_in::replace(buf, &ip, Which::Src, stand_in);
         ip.src = stand_in;
         if let Some(c) = clamp {
@@ -492,19 +607,20 @@ impl Engine {
     fn send_rebuilt(&mut self, out: Side, buf: Vec<u8>, l3: usize) {
         if out == Side::Inside && to_softwire(&buf, l3) {
             // The stages counted it forwarded; an encapsulation refused here only drops it.
-            let _ = self.encapsulate(buf, l3, self.now_ns, Origin::Hairpin);
+            let mut buf = buf;
+            let _ = self.encapsulate(&mut buf, l3, self.now_ns, Origin::Hairpin);
+            self.router.recycle(buf);
         } else {
             self.router.queue_rebuilt(out, self.now_ns, buf);
         }
     }
 
     /// An IPv4 frame that arrived on `side` and that NAPT44 translated
-    /// towards a softwire host: encapsulated to its B4.
-    fn send_into_softwire(&mut self, frame: &[u8], l3: usize, side: Side) -> Verdict {
-        let mut buf = self.router.buffer();
-        buf.extend_from_slice(frame);
+    /// towards a softwire host: encapsulated to its B4 (the frame itself is
+    /// not sent, and is left with its host's inner address).
+    fn send_into_softwire(&mut self, frame: &mut [u8], l3: usize, side: Side) -> Verdict {
         let origin = if side == Side::Outside { Origin::Outside } else { Origin::Hairpin };
-        let result = self.encapsulate(buf, l3, self.now_ns, origin).map(|()| Some(Side::Inside));
+        let result = self.encapsulate(frame, l3, self.now_ns, origin).map(|()| Some(Side::Inside));
         match self.verdict_of(result) {
             Verdict::Forward(_) => Verdict::Consumed,
             v => v,
@@ -516,26 +632,29 @@ impl Engine {
         for f in self.router.take_queued(|f| f.side == Side::Inside && ethernet_l3(&f.data).is_some_and(|l3| to_softwire(&f.data, l3))) {
             let l3 = ethernet_l3(&f.data).unwrap_or(0);
             // Frames natrix made itself: one it cannot encapsulate is not sent.
-            let _ = self.encapsulate(f.data, l3, f.time_ns, Origin::Natrix);
+            let mut data = f.data;
+            let _ = self.encapsulate(&mut data, l3, f.time_ns, Origin::Natrix);
+            self.router.recycle(data);
         }
     }
 
     /// Encapsulates the IPv4 packet in `buf` (translated, addressed to a
-    /// softwire host's stand-in) to the host's B4, fragmenting the outer
-    /// packet past the softwire's MTU; with DF set, a packet from outside
-    /// that would need that is refused with fragmentation needed quoting it
-    /// as it arrived (RFC 2473 section 7).
-    fn encapsulate(&mut self, mut buf: Vec<u8>, l3: usize, at_ns: u64, origin: Origin) -> Result<(), DropReason> {
+    /// softwire host's stand-in) to the host's B4 into frames of its own,
+    /// fragmenting the outer packet past the softwire's MTU; with DF set, a
+    /// packet from outside that would need that is refused with
+    /// fragmentation needed quoting it as it arrived (RFC 2473 section 7).
+    /// `buf` is left with the host's inner address.
+    fn encapsulate(&mut self, buf: &mut [u8], l3: usize, at_ns: u64, origin: Origin) -> Result<(), DropReason> {
         let Some(ds) = self.dslite.as_mut() else { return Err(DropReason::NoMapping) };
-        let mut ip = frame::parse_ipv4_any_address(&buf, l3)?;
+        let mut ip = frame::parse_ipv4_any_address(buf, l3)?;
         let Identity::Softwire { b4, inner } = self.nat.subs.identities().resolve(ip.dst) else { return Err(DropReason::NoMapping) };
         if origin == Origin::Natrix && ip.src == self.router.source(Side::Inside) && ip.proto == natrix_wire::proto::ICMP {
-            stand_in::replace(&mut buf, &ip, Which::Src, crate::dslite::AFTR_IPV4);
+            stand_in::replace(buf, &ip, Which::Src, crate::dslite::AFTR_IPV4);
             ip.src = crate::dslite::AFTR_IPV4;
         }
-        stand_in::replace(&mut buf, &ip, Which::Dst, inner);
+        stand_in::replace(buf, &ip, Which::Dst, inner);
         if let Some(c) = ds.cfg.mss_clamp {
-            mss::clamp(&mut buf, &ip, c);
+            mss::clamp(buf, &ip, c);
         }
         let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(b4, ds.cfg.mtu) };
         let total = ip.total_len();
@@ -543,7 +662,6 @@ impl Engine {
             let from = self.router.source(Side::Outside);
             let mtu = softwire.mtu - crate::dslite::OVERHEAD as u16;
             self.router.send_icmp_error(&ds.original, l3, from, Side::Outside, (natrix_wire::icmp::kind::DEST_UNREACHABLE, natrix_wire::icmp::unreachable::FRAG_NEEDED), mtu);
-            self.router.recycle(buf);
             return Err(DropReason::FragmentationNeeded);
         }
         let ident = if softwire.fits(total) { 0 } else { ds.next_frag_ident() };
@@ -556,10 +674,12 @@ impl Engine {
             frames += 1;
         });
         ds.stats.encapsulated += 1;
+        if let Some(c) = self.nat.subs.identities_mut().counters_mut(ip.dst) {
+            c.encapsulated += 1;
+        }
         if frames > 1 {
             ds.stats.fragmented += frames;
         }
-        self.router.recycle(buf);
         Ok(())
     }
 

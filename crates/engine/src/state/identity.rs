@@ -12,9 +12,19 @@
 //!   both use 192.0.0.2:5000 get distinct mappings;
 //! - a B4 is a stand-in from 248.0.0.0/5, the key of its subscriber record,
 //!   so quotas, paired pooling and port blocks hold per B4.
+//!
+//! Stand-ins are recycled. Mappings and SCTP associations count the
+//! endpoint they name (`hold`, `release`); a B4 counts its endpoints. One
+//! that nothing counts any more, and that stays so for a grace period
+//! (what may still hold its stand-in without counting: held fragments and
+//! SYNs, each for at most its own timeout), is forgotten by `reclaim`, which
+//! runs once the events that name it have been resolved; a B4 also waits
+//! for its subscriber record (port blocks, hold-down of its ports) to go.
 
+use std::collections::VecDeque;
 use std::net::Ipv6Addr;
 
+use crate::dslite::SoftwireCounters;
 use crate::state::hash;
 use crate::state::index::FlowIndex;
 
@@ -24,6 +34,8 @@ const B4S: u32 = 0xf800_0000;
 const RANGE: u32 = 0x0800_0000;
 /// Entries the indexes start with; they double as identities are interned.
 const FIRST_INDEX: usize = 16;
+/// The count of a stand-in that is free for reuse.
+const FREE: u32 = u32::MAX;
 
 /// What an internal address stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,14 +53,82 @@ pub fn is_softwire(int_addr: u32) -> bool {
 pub struct Identities {
     b4s: Vec<Ipv6Addr>,
     b4_index: FlowIndex,
+    b4_use: Uses,
+    /// Each B4's own counters, started afresh with its stand-in.
+    b4_counters: Vec<SoftwireCounters>,
     /// (B4 stand-in, inner IPv4) of each endpoint stand-in.
     endpoints: Vec<(u32, u32)>,
     endpoint_index: FlowIndex,
-    /// The most endpoints interned: stand-ins are never recycled, so this
-    /// bounds what hosts behind B4s (or B4s lying about them) can make
-    /// natrix keep.
+    endpoint_use: Uses,
+    /// The most endpoints interned at once: what hosts behind B4s (or B4s
+    /// lying about them) can make natrix keep.
     max_endpoints: u32,
     seed: u64,
+}
+
+/// Who still uses each stand-in of one kind, and which may be reclaimed.
+#[derive(Default)]
+struct Uses {
+    /// Records that name each stand-in (`FREE` once it is reclaimed).
+    count: Vec<u32>,
+    /// The second each stand-in's count last fell to zero.
+    since: Vec<u32>,
+    /// (stand-in, second its count fell to zero), oldest first; an entry
+    /// whose second is not `since` any more is stale.
+    unused: VecDeque<(u32, u32)>,
+    free: Vec<u32>,
+}
+
+impl Uses {
+    /// A new or reused stand-in, unused so far.
+    fn take(&mut self, id: u32, now_s: u32) {
+        if id as usize == self.count.len() {
+            self.count.push(0);
+            self.since.push(now_s);
+        }
+        self.count[id as usize] = 0;
+        self.since[id as usize] = now_s;
+        self.unused.push_back((id, now_s));
+    }
+
+    fn hold(&mut self, id: u32) {
+        self.count[id as usize] += 1;
+    }
+
+    fn release(&mut self, id: u32, now_s: u32) {
+        let c = &mut self.count[id as usize];
+        *c -= 1;
+        if *c == 0 {
+            self.since[id as usize] = now_s;
+            self.unused.push_back((id, now_s));
+        }
+    }
+
+    /// The next stand-in unused for `grace` seconds, if any; taken off the list.
+    fn next_unused(&mut self, now_s: u32, grace: u32) -> Option<u32> {
+        while let Some(&(id, at)) = self.unused.front() {
+            if now_s.wrapping_sub(at) < grace {
+                return None;
+            }
+            self.unused.pop_front();
+            if self.count[id as usize] == 0 && self.since[id as usize] == at {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    fn is_free(&self, id: u32) -> bool {
+        self.count[id as usize] == FREE
+    }
+
+    fn live(&self) -> usize {
+        self.count.len() - self.free.len()
+    }
+
+    fn memory_bytes(&self) -> usize {
+        (self.count.capacity() + self.since.capacity() + self.free.capacity()) * 4 + self.unused.capacity() * 8
+    }
 }
 
 impl Identities {
@@ -56,8 +136,11 @@ impl Identities {
         Identities {
             b4s: Vec::new(),
             b4_index: FlowIndex::with_capacity(FIRST_INDEX),
+            b4_use: Uses::default(),
+            b4_counters: Vec::new(),
             endpoints: Vec::new(),
             endpoint_index: FlowIndex::with_capacity(FIRST_INDEX),
+            endpoint_use: Uses::default(),
             max_endpoints: RANGE,
             seed,
         }
@@ -84,34 +167,139 @@ impl Identities {
         }
     }
 
-    /// The stand-in of host `inner` behind `b4`, made on first use; None
-    /// when every stand-in is taken.
-    pub fn intern_softwire(&mut self, b4: Ipv6Addr, inner: u32) -> Option<u32> {
-        let b4_key = self.intern_b4(b4)?;
-        let h = hash::five_tuple(self.seed, 4, b4_key, 0, inner, 0);
+    /// The stand-in of host `inner` behind `b4` if it has one; makes none.
+    pub fn find_softwire(&self, b4: Ipv6Addr, inner: u32) -> Option<u32> {
+        let (b4s, uses) = (&self.b4s, &self.b4_use);
+        let b4_id = self.b4_index.find(b4_hash(self.seed, &b4), |i| !uses.is_free(i) && b4s[i as usize] == b4)?;
+        let key = (B4S + b4_id, inner);
+        let (endpoints, uses) = (&self.endpoints, &self.endpoint_use);
+        self.endpoint_index.find(endpoint_hash(self.seed, &key), |i| !uses.is_free(i) && endpoints[i as usize] == key).map(|id| ENDPOINTS + id)
+    }
+
+    /// The stand-in of host `inner` behind `b4`, made on first use (at
+    /// second `now_s`); None when every stand-in is taken.
+    pub fn intern_softwire(&mut self, b4: Ipv6Addr, inner: u32, now_s: u32) -> Option<u32> {
+        let b4_key = self.intern_b4(b4, now_s)?;
+        let h = endpoint_hash(self.seed, &(b4_key, inner));
         let endpoints = &self.endpoints;
-        if let Some(id) = self.endpoint_index.find(h, |i| endpoints[i as usize] == (b4_key, inner)) {
+        let uses = &self.endpoint_use;
+        if let Some(id) = self.endpoint_index.find(h, |i| !uses.is_free(i) && endpoints[i as usize] == (b4_key, inner)) {
             return Some(ENDPOINTS + id);
         }
-        let id = u32::try_from(self.endpoints.len()).ok().filter(|&i| i < self.max_endpoints)?;
-        grow_if_full(&mut self.endpoint_index, self.endpoints.len(), |i| self.endpoints[i as usize], |&(b, a)| hash::five_tuple(self.seed, 4, b, 0, a, 0));
-        self.endpoint_index.insert(h, id).ok()?;
-        self.endpoints.push((b4_key, inner));
+        if self.endpoint_use.live() >= self.max_endpoints as usize {
+            return None;
+        }
+        let seed = self.seed;
+        let (endpoints, uses) = (&self.endpoints, &self.endpoint_use);
+        grow_if_full(&mut self.endpoint_index, endpoints.len(), |i| (!uses.is_free(i)).then(|| endpoints[i as usize]), |e| endpoint_hash(seed, e));
+        let reused = self.endpoint_use.free.pop();
+        let id = reused.unwrap_or(self.endpoints.len() as u32);
+        if self.endpoint_index.insert(h, id).is_err() {
+            self.endpoint_use.free.extend(reused);
+            return None;
+        }
+        if id as usize == self.endpoints.len() {
+            self.endpoints.push((b4_key, inner));
+        } else {
+            self.endpoints[id as usize] = (b4_key, inner);
+        }
+        self.endpoint_use.take(id, now_s);
+        self.b4_use.hold(b4_key - B4S);
         Some(ENDPOINTS + id)
     }
 
-    fn intern_b4(&mut self, b4: Ipv6Addr) -> Option<u32> {
+    fn intern_b4(&mut self, b4: Ipv6Addr, now_s: u32) -> Option<u32> {
         let h = b4_hash(self.seed, &b4);
-        let b4s = &self.b4s;
-        if let Some(id) = self.b4_index.find(h, |i| b4s[i as usize] == b4) {
+        let (b4s, uses) = (&self.b4s, &self.b4_use);
+        if let Some(id) = self.b4_index.find(h, |i| !uses.is_free(i) && b4s[i as usize] == b4) {
             return Some(B4S + id);
         }
-        let id = u32::try_from(self.b4s.len()).ok().filter(|&i| i < RANGE - 1)?;
+        let reused = self.b4_use.free.pop();
+        let id = match reused {
+            Some(id) => id,
+            None => u32::try_from(self.b4s.len()).ok().filter(|&i| i < RANGE - 1)?,
+        };
         let seed = self.seed;
-        grow_if_full(&mut self.b4_index, self.b4s.len(), |i| self.b4s[i as usize], |a| b4_hash(seed, a));
-        self.b4_index.insert(h, id).ok()?;
-        self.b4s.push(b4);
+        let (b4s, uses) = (&self.b4s, &self.b4_use);
+        grow_if_full(&mut self.b4_index, b4s.len(), |i| (!uses.is_free(i)).then(|| b4s[i as usize]), |a| b4_hash(seed, a));
+        if self.b4_index.insert(h, id).is_err() {
+            self.b4_use.free.extend(reused);
+            return None;
+        }
+        if id as usize == self.b4s.len() {
+            self.b4s.push(b4);
+            self.b4_counters.push(SoftwireCounters::default());
+        } else {
+            self.b4s[id as usize] = b4;
+            self.b4_counters[id as usize] = SoftwireCounters::default();
+        }
+        self.b4_use.take(id, now_s);
         Some(B4S + id)
+    }
+
+    /// The counters of the B4 of softwire endpoint `int_addr` (None for any other address).
+    #[inline]
+    pub(crate) fn counters_mut(&mut self, int_addr: u32) -> Option<&mut SoftwireCounters> {
+        let &(b4_key, _) = self.endpoints.get(int_addr.checked_sub(ENDPOINTS).filter(|_| is_softwire(int_addr))? as usize)?;
+        self.b4_counters.get_mut((b4_key - B4S) as usize)
+    }
+
+    /// The counters of a B4 by its address, if it has a stand-in.
+    pub(crate) fn counters_of_b4_mut(&mut self, b4: Ipv6Addr) -> Option<&mut SoftwireCounters> {
+        let (b4s, uses) = (&self.b4s, &self.b4_use);
+        let id = self.b4_index.find(b4_hash(self.seed, &b4), |i| !uses.is_free(i) && b4s[i as usize] == b4)?;
+        self.b4_counters.get_mut(id as usize)
+    }
+
+    /// The counters of the B4 of `int_addr`, a softwire endpoint or a B4's stand-in.
+    pub fn counters_of(&self, int_addr: u32) -> Option<SoftwireCounters> {
+        let key = if is_softwire(int_addr) { self.endpoints.get((int_addr - ENDPOINTS) as usize)?.0 } else { int_addr };
+        self.b4_counters.get(key.checked_sub(B4S)? as usize).copied()
+    }
+
+    /// A record (mapping or SCTP association) now names `int_addr`.
+    #[inline]
+    pub fn hold(&mut self, int_addr: u32) {
+        if is_softwire(int_addr) {
+            self.endpoint_use.hold(int_addr - ENDPOINTS);
+        }
+    }
+
+    /// A record that named `int_addr` is gone (at second `now_s`).
+    #[inline]
+    pub fn release(&mut self, int_addr: u32, now_s: u32) {
+        if is_softwire(int_addr) {
+            self.endpoint_use.release(int_addr - ENDPOINTS, now_s);
+        }
+    }
+
+    /// Forgets the endpoints no record has named for `grace` seconds, then
+    /// the B4s left with no endpoint for as long whose subscriber record
+    /// is gone too (`subscribed` says whether a B4 stand-in still has one).
+    /// Call it once every event naming a stand-in has been resolved.
+    pub fn reclaim(&mut self, now_s: u32, grace: u32, subscribed: impl Fn(u32) -> bool) {
+        while let Some(id) = self.endpoint_use.next_unused(now_s, grace) {
+            let e = self.endpoints[id as usize];
+            self.endpoint_index.remove(endpoint_hash(self.seed, &e), id);
+            self.endpoint_use.count[id as usize] = FREE;
+            self.endpoint_use.free.push(id);
+            self.b4_use.release(e.0 - B4S, now_s);
+        }
+        let mut kept = Vec::new();
+        while let Some(id) = self.b4_use.next_unused(now_s, grace) {
+            if subscribed(B4S + id) {
+                kept.push(id);
+                continue;
+            }
+            self.b4_index.remove(b4_hash(self.seed, &self.b4s[id as usize]), id);
+            self.b4_use.count[id as usize] = FREE;
+            self.b4_use.free.push(id);
+        }
+        // Still a subscriber (port blocks, hold-down): looked at again a grace period on.
+        for id in kept {
+            self.b4_use.since[id as usize] = now_s;
+            self.b4_use.unused.push_back((id, now_s));
+        }
     }
 
     /// Bytes held by the interned identities and their indexes.
@@ -120,11 +308,19 @@ impl Identities {
             + self.endpoints.capacity() * std::mem::size_of::<(u32, u32)>()
             + self.b4_index.memory_bytes()
             + self.endpoint_index.memory_bytes()
+            + self.b4_use.memory_bytes()
+            + self.b4_counters.capacity() * std::mem::size_of::<SoftwireCounters>()
+            + self.endpoint_use.memory_bytes()
     }
 
     /// How many B4s have a stand-in.
     pub fn b4_count(&self) -> usize {
-        self.b4s.len()
+        self.b4_use.live()
+    }
+
+    /// How many softwire endpoints (B4, inner address) have a stand-in.
+    pub fn endpoint_count(&self) -> usize {
+        self.endpoint_use.live()
     }
 
     /// What an internal address (or a subscriber key) stands for.
@@ -146,16 +342,22 @@ fn b4_hash(seed: u64, b4: &Ipv6Addr) -> u64 {
     hash::five_tuple(seed, 41, word(0) ^ word(8), 0, word(4) ^ word(12), 0)
 }
 
-/// Rebuilds an index twice as large when it is about to be full: interned
-/// identities are never dropped, so the index grows with them.
-fn grow_if_full<T>(index: &mut FlowIndex, len: usize, item: impl Fn(u32) -> T, hash_of: impl Fn(&T) -> u64) {
+fn endpoint_hash(seed: u64, &(b4_key, inner): &(u32, u32)) -> u64 {
+    hash::five_tuple(seed, 4, b4_key, 0, inner, 0)
+}
+
+/// Rebuilds an index twice as large when it is about to be full, with the
+/// live ones of the `len` ids (`item` is None for a free one).
+fn grow_if_full<T>(index: &mut FlowIndex, len: usize, item: impl Fn(u32) -> Option<T>, hash_of: impl Fn(&T) -> u64) {
     if index.len() < index.capacity() {
         return;
     }
     let mut bigger = FlowIndex::with_capacity(2 * len.max(8));
     for id in 0..len as u32 {
-        // Cannot fail: the new index holds twice what the old one did.
-        let _ = bigger.insert(hash_of(&item(id)), id);
+        if let Some(it) = item(id) {
+            // Cannot fail: the new index holds twice what the old one did.
+            let _ = bigger.insert(hash_of(&it), id);
+        }
     }
     *index = bigger;
 }
@@ -172,11 +374,11 @@ mod tests {
     #[test]
     fn two_b4s_hosts_with_one_private_address_are_two_endpoints_of_two_subscribers() {
         let mut ids = Identities::new(7);
-        let a = ids.intern_softwire(b4(1), 0xc000_0002).unwrap();
-        let b = ids.intern_softwire(b4(2), 0xc000_0002).unwrap();
+        let a = ids.intern_softwire(b4(1), 0xc000_0002, 0).unwrap();
+        let b = ids.intern_softwire(b4(2), 0xc000_0002, 0).unwrap();
         assert_ne!(a, b);
-        assert_eq!(ids.intern_softwire(b4(1), 0xc000_0002), Some(a), "interning is stable");
-        let c = ids.intern_softwire(b4(1), 0x0a00_0005).unwrap();
+        assert_eq!(ids.intern_softwire(b4(1), 0xc000_0002, 0), Some(a), "interning is stable");
+        let c = ids.intern_softwire(b4(1), 0x0a00_0005, 0).unwrap();
         assert_eq!(ids.subscriber_key(a), ids.subscriber_key(c), "one B4, one subscriber");
         assert_ne!(ids.subscriber_key(a), ids.subscriber_key(b));
         assert_eq!(ids.resolve(b), Identity::Softwire { b4: b4(2), inner: 0xc000_0002 });
@@ -189,10 +391,10 @@ mod tests {
     fn endpoints_past_the_limit_are_refused_and_known_ones_still_found() {
         let mut ids = Identities::new(7);
         ids.limit_endpoints(2);
-        let a = ids.intern_softwire(b4(1), 1).unwrap();
-        ids.intern_softwire(b4(2), 1).unwrap();
-        assert_eq!(ids.intern_softwire(b4(3), 1), None);
-        assert_eq!(ids.intern_softwire(b4(1), 1), Some(a));
+        let a = ids.intern_softwire(b4(1), 1, 0).unwrap();
+        ids.intern_softwire(b4(2), 1, 0).unwrap();
+        assert_eq!(ids.intern_softwire(b4(3), 1, 0), None);
+        assert_eq!(ids.intern_softwire(b4(1), 1, 0), Some(a));
     }
 
     #[test]
@@ -208,11 +410,52 @@ mod tests {
     #[test]
     fn many_identities_outgrow_the_first_index() {
         let mut ids = Identities::new(9);
-        let made: Vec<u32> = (0..5000u32).map(|i| ids.intern_softwire(b4((i % 700) as u16), 0x0a00_0000 + i).unwrap()).collect();
+        let made: Vec<u32> = (0..5000u32).map(|i| ids.intern_softwire(b4((i % 700) as u16), 0x0a00_0000 + i, 0).unwrap()).collect();
         for (i, &id) in made.iter().enumerate() {
             let i = i as u32;
-            assert_eq!(ids.intern_softwire(b4((i % 700) as u16), 0x0a00_0000 + i), Some(id));
+            assert_eq!(ids.intern_softwire(b4((i % 700) as u16), 0x0a00_0000 + i, 0), Some(id));
             assert_eq!(ids.resolve(id), Identity::Softwire { b4: b4((i % 700) as u16), inner: 0x0a00_0000 + i });
         }
+    }
+
+    #[test]
+    fn a_stand_in_is_reclaimed_only_when_nothing_names_it_for_the_grace_period() {
+        let mut ids = Identities::new(7);
+        ids.limit_endpoints(2);
+        let a = ids.intern_softwire(b4(1), 1, 10).unwrap();
+        let b = ids.intern_softwire(b4(2), 1, 10).unwrap();
+        ids.hold(a);
+        ids.reclaim(14, 5, |_| false);
+        assert_eq!((ids.endpoint_count(), ids.b4_count()), (2, 2), "within the grace period");
+        ids.reclaim(15, 5, |_| false);
+        assert_eq!((ids.endpoint_count(), ids.b4_count()), (1, 2), "b, never held, goes; a is held");
+        ids.reclaim(19, 5, |_| false);
+        assert_eq!(ids.b4_count(), 2, "b's B4 waits a grace period after its last endpoint");
+        ids.reclaim(20, 5, |_| false);
+        assert_eq!(ids.b4_count(), 1);
+        assert_eq!(ids.resolve(a), Identity::Softwire { b4: b4(1), inner: 1 });
+        // b's stand-in serves a new pair, and the old pair would get a new one.
+        let c = ids.intern_softwire(b4(3), 9, 20).unwrap();
+        assert_eq!(c, b, "recycled");
+        assert_eq!(ids.resolve(c), Identity::Softwire { b4: b4(3), inner: 9 });
+        assert_eq!(ids.intern_softwire(b4(2), 1, 20), None, "the limit counts live stand-ins");
+        // Released, then held again within the grace period: kept.
+        ids.release(a, 16);
+        ids.hold(a);
+        ids.reclaim(30, 5, |_| false);
+        assert_eq!(ids.intern_softwire(b4(1), 1, 30), Some(a));
+        // A B4 with a subscriber record (port blocks) outlives its endpoints.
+        ids.release(a, 30);
+        ids.reclaim(40, 5, |key| key == ids_key_of_b4_1());
+        ids.reclaim(46, 5, |key| key == ids_key_of_b4_1());
+        assert_eq!((ids.endpoint_count(), ids.b4_count()), (0, 1), "B4 1 kept while subscribed; B4 3 gone");
+        assert_eq!(ids.resolve(B4S), Identity::Softwire { b4: b4(1), inner: 0 });
+        ids.reclaim(52, 5, |_| false);
+        assert_eq!(ids.b4_count(), 0);
+    }
+
+    /// B4 1 was interned first: the first B4 stand-in.
+    fn ids_key_of_b4_1() -> u32 {
+        B4S
     }
 }

@@ -10,8 +10,10 @@
 //! The dataplane steers with these functions and each engine checks
 //! ownership with the same ones, so the two cannot disagree.
 
+use std::net::Ipv6Addr;
+
 use crate::config::{EngineConfig, StaticMapping};
-use crate::state::deterministic::Deterministic;
+use crate::state::deterministic::{Deterministic, Member};
 use crate::Proto;
 
 /// Which worker an engine is, out of how many.
@@ -38,6 +40,23 @@ pub fn worker_of_subscriber(addr: u32, count: u16) -> u16 {
     }
     let h = (u64::from(addr).wrapping_mul(SUBSCRIBER_MIX)) >> 32;
     (h % u64::from(count)) as u16
+}
+
+/// The worker of an IPv6 host (a DS-Lite B4): its address folded to 32
+/// bits, then spread as subscribers' addresses are.
+pub fn worker_of_host6(addr: Ipv6Addr, count: u16) -> u16 {
+    let a = u128::from(addr);
+    let folded = (a ^ (a >> 32) ^ (a >> 64) ^ (a >> 96)) as u32;
+    worker_of_subscriber(folded, count)
+}
+
+/// The worker that owns a deterministic-mode subscriber: where its
+/// packets are steered, by its IPv4 address or its B4's.
+pub fn worker_of_member(m: Member, count: u16) -> u16 {
+    match m {
+        Member::Ipv4(a) => worker_of_subscriber(a, count),
+        Member::B4(b4) => worker_of_host6(b4, count),
+    }
 }
 
 /// The part of `ports` that worker `index` allocates from. Slices start on
@@ -99,7 +118,7 @@ impl Owners {
             return self.statics[i].1;
         }
         if let Some(a) = self.deterministic.as_ref().and_then(|d| d.owner(addr, port)) {
-            return worker_of_subscriber(a.subscriber, self.count);
+            return worker_of_member(a.subscriber, self.count);
         }
         self.of_port(port)
     }

@@ -87,6 +87,13 @@ impl Subscribers {
         &mut self.ids
     }
 
+    /// Recycles the softwire stand-ins nothing names (`Identities::reclaim`):
+    /// a B4's waits while it still has a subscriber record.
+    pub fn reclaim_stand_ins(&mut self, now_s: u32, grace: u32) {
+        let (slab, index, seed) = (&self.slab, &self.index, self.seed);
+        self.ids.reclaim(now_s, grace, |key| index.find(hash::address(seed, key), |id| slab[id as usize].addr == key).is_some());
+    }
+
     /// Returns the subscriber's id, creating it; None when the table is full.
     pub fn find_or_create(&mut self, addr: u32) -> Option<u32> {
         self.find_or_create_hinted(addr, NONE)
@@ -164,9 +171,9 @@ mod softwire_tests {
     fn a_b4s_hosts_share_one_subscriber_and_two_b4s_are_two() {
         let mut subs = Subscribers::new(8, 3).unwrap();
         let b4 = |n| std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, n);
-        let one = subs.identities_mut().intern_softwire(b4(1), 0xc000_0002).unwrap();
-        let two = subs.identities_mut().intern_softwire(b4(1), 0xc000_0003).unwrap();
-        let other = subs.identities_mut().intern_softwire(b4(2), 0xc000_0002).unwrap();
+        let one = subs.identities_mut().intern_softwire(b4(1), 0xc000_0002, 0).unwrap();
+        let two = subs.identities_mut().intern_softwire(b4(1), 0xc000_0003, 0).unwrap();
+        let other = subs.identities_mut().intern_softwire(b4(2), 0xc000_0002, 0).unwrap();
         let a = subs.find_or_create(one).unwrap();
         assert_eq!(subs.find_or_create(two), Some(a), "two hosts behind one B4 are one subscriber");
         assert_eq!(subs.find(two), Some(a));

@@ -34,7 +34,7 @@ impl Nat44 {
     /// subscriber's paired address (chosen now if it has none), or its
     /// deterministic one. Returns it with the subscriber's id.
     pub(super) fn sctp_external_address(&mut self, int_addr: u32) -> Result<(u32, u32), DropReason> {
-        let det = self.det.as_ref().map(|d| d.assignment(int_addr));
+        let det = self.det.as_ref().map(|_| self.det_assignment(int_addr));
         if let Some(None) = det {
             return Err(DropReason::NotSubscriber);
         }
@@ -78,6 +78,7 @@ impl Nat44 {
             return Err(DropReason::SessionTableFull);
         };
         let paired = self.pool.index_of(ext_addr).unwrap_or(NONE);
+        self.subs.identities_mut().hold(a.int_addr);
         let s = self.subs.get_mut(sub);
         s.ports[Proto::Sctp as usize] += 1;
         s.mappings += 1;
@@ -113,6 +114,7 @@ impl Nat44 {
     /// Ends an association: logged, and its subscriber's counts given back.
     pub(crate) fn end_association(&mut self, id: u32) {
         let a = self.assocs.remove(id);
+        self.subs.identities_mut().release(a.int_addr, self.now_s);
         self.association_event(&a, EventKind::MappingDeleted, EventKind::SessionDeleted);
         let Some(sub) = self.subscriber_of(a.int_addr) else {
             debug_assert!(false, "an association outlived its subscriber");

@@ -1,0 +1,292 @@
+//! `natrix bench --mode dslite`: what a softwire (RFC 6333) adds to a
+//! NAPT44 packet, on one core. Two engines get the same `--flows` flows
+//! (default 1M; 64 per subscriber, half TCP and half UDP, as the NAPT44
+//! mode builds them): one from plain IPv4 subscribers, one from hosts
+//! behind B4s, each subscriber a B4 (2001:db8:100::/104) whose host is
+//! 192.0.0.2 and whose frames are the same IPv4 packets inside IPv6 to the
+//! AFTR. After a pass that opens every flow, an established pass outbound
+//! (decapsulated, translated) and one inbound (translated, encapsulated to
+//! the B4) are timed. The engines run in alternation, `ROUNDS` times, and
+//! each figure is the median of its rounds; time is the thread's CPU time,
+//! so a shared host's preemptions do not count. Every packet is checked to
+//! come out where it should, and both engines' bytes per session are given
+//! (all table and allocator bytes / sessions), for issue #18's memory rule.
+
+use std::net::Ipv6Addr;
+
+use natrix_engine::dslite::DsliteConfig;
+use natrix_engine::{Engine, EngineConfig, Side, Verdict};
+use natrix_wire::{get_u16_at, get_u32_at};
+use serde::Serialize;
+
+use super::host_id::{median, thread_cpu_ns};
+use super::{build, flow, FLOWS_PER_SUBSCRIBER, FRAME_LEN, TCP_ACK, TCP_SYN};
+use crate::Failure;
+
+const BATCH: usize = 64;
+const ROUNDS: usize = 3;
+const DEFAULT_FLOWS: u64 = 1 << 20;
+const POOL_BASE: u32 = 0xc613_0000;
+const AFTR: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, 1);
+/// The first B4: subscriber k's B4 is this plus k.
+const B4_BASE: u128 = 0x2001_0db8_0100_0000_0000_0000_0000_0000;
+/// RFC 6333's B4 address, the one host behind each B4.
+const HOST: u32 = 0xc000_0002;
+const IPV6_LEN: usize = 40;
+const SOFTWIRE_LEN: usize = FRAME_LEN + IPV6_LEN;
+const NEXT_HEADER_IPV4: u8 = 4;
+
+#[derive(Serialize)]
+struct Line {
+    mode: &'static str,
+    flows: u64,
+    rounds: usize,
+    /// An established packet from the inside: NAPT44 alone, and a softwire
+    /// packet decapsulated then translated. Medians of the rounds.
+    ns_per_outbound_napt44: f64,
+    ns_per_outbound_softwire: f64,
+    /// An established reply: NAPT44 alone, and translated then encapsulated to its B4.
+    ns_per_inbound_napt44: f64,
+    ns_per_inbound_softwire: f64,
+    /// Both directions together, softwire over NAPT44 (issue #18's target: at most 1.3).
+    ratio: f64,
+    bytes_per_session_napt44: f64,
+    bytes_per_session_softwire: f64,
+    errors: u64,
+}
+
+/// The engines a round compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setup {
+    Napt44,
+    Softwire,
+}
+
+pub fn run(flows: Option<u64>, json: bool) -> Result<(), Failure> {
+    let flows = flows.unwrap_or(DEFAULT_FLOWS).max(BATCH as u64);
+    let (mut out, mut back, mut bytes) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()], [0.0; 2]);
+    let mut errors = 0;
+    for _ in 0..ROUNDS {
+        for (k, setup) in [Setup::Napt44, Setup::Softwire].into_iter().enumerate() {
+            let r = round(flows, setup)?;
+            out[k].push(r.outbound_ns);
+            back[k].push(r.inbound_ns);
+            bytes[k] = r.bytes_per_session;
+            errors += r.errors;
+        }
+    }
+    let [o4, o6] = out.map(median);
+    let [i4, i6] = back.map(median);
+    let ratio = (o6 + i6) / (o4 + i4);
+    let line = Line {
+        mode: "dslite",
+        flows,
+        rounds: ROUNDS,
+        ns_per_outbound_napt44: o4,
+        ns_per_outbound_softwire: o6,
+        ns_per_inbound_napt44: i4,
+        ns_per_inbound_softwire: i6,
+        ratio,
+        bytes_per_session_napt44: bytes[0],
+        bytes_per_session_softwire: bytes[1],
+        errors,
+    };
+    if json {
+        println!("{}", serde_json::to_string(&line).expect("serializable"));
+    } else {
+        println!("DS-Lite (RFC 6333): {flows} established flows, NAPT44 alone and through softwires, one core, median of {ROUNDS} alternating rounds");
+        println!("{:>28} {:>10} {:>10} {:>7}", "", "NAPT44", "softwire", "ratio");
+        println!("{:>28} {:>10.1} {:>10.1} {:>7.2}", "ns per outbound packet", o4, o6, o6 / o4);
+        println!("{:>28} {:>10.1} {:>10.1} {:>7.2}", "ns per inbound packet", i4, i6, i6 / i4);
+        println!("{:>28} {:>10.1} {:>10.1} {:>7.2}", "ns per packet, both ways", (o4 + i4) / 2.0, (o6 + i6) / 2.0, ratio);
+        println!("{:>28} {:>10.1} {:>10.1} {:>+7.1}", "bytes per session", bytes[0], bytes[1], bytes[1] - bytes[0]);
+    }
+    if errors > 0 {
+        return Err(Failure::Other(format!("{errors} packets did not come out as expected")));
+    }
+    Ok(())
+}
+
+fn config(flows: u64, setup: Setup) -> EngineConfig {
+    EngineConfig {
+        pool: (POOL_BASE..POOL_BASE + 1024).collect(),
+        max_sessions: u32::try_from(flows).unwrap_or(u32::MAX),
+        max_subscribers: u32::try_from(flows / FLOWS_PER_SUBSCRIBER + 16).unwrap_or(u32::MAX),
+        max_ports_per_subscriber: 2 * FLOWS_PER_SUBSCRIBER as u32,
+        event_capacity: 1024,
+        dslite: (setup == Setup::Softwire).then_some(DsliteConfig { aftr: AFTR, b4_prefixes: Vec::new(), mtu: 1500, mss_clamp: None }),
+        ..EngineConfig::default()
+    }
+}
+
+struct Round {
+    outbound_ns: f64,
+    inbound_ns: f64,
+    bytes_per_session: f64,
+    errors: u64,
+}
+
+/// A frame of either kind, as the engine's batches take them.
+#[derive(Clone, Copy)]
+struct Frame {
+    bytes: [u8; SOFTWIRE_LEN],
+    len: usize,
+}
+
+impl AsMut<[u8]> for Frame {
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes[..self.len]
+    }
+}
+
+/// Flow `i`'s frame from the inside: the NAPT44 frame, or for a softwire
+/// the same IPv4 packet from 192.0.0.2 inside IPv6 from its subscriber's B4.
+fn outbound(f: &mut Frame, i: u64, setup: Setup, tcp_flags: u8) {
+    let fl = flow(0, i);
+    let mut plain = [0u8; FRAME_LEN];
+    let src = if setup == Setup::Softwire { HOST } else { fl.sub };
+    build(&mut plain, fl.tcp, src, fl.sport, fl.server, fl.dport, tcp_flags);
+    if setup == Setup::Napt44 {
+        f.bytes[..FRAME_LEN].copy_from_slice(&plain);
+        f.len = FRAME_LEN;
+        return;
+    }
+    let b4 = b4_of(fl.sub);
+    // The B4 sends the IPv4 packet alone, without the Ethernet padding of the NAPT44 frame.
+    let inner = usize::from(get_u16_at(&plain, 16));
+    let b = &mut f.bytes;
+    b[..12].copy_from_slice(&plain[..12]);
+    b[12..14].copy_from_slice(&[0x86, 0xdd]);
+    b[14..18].copy_from_slice(&[0x60, 0, 0, 0]);
+    b[18..20].copy_from_slice(&(inner as u16).to_be_bytes());
+    b[20] = NEXT_HEADER_IPV4;
+    b[21] = 64;
+    b[22..38].copy_from_slice(&b4.octets());
+    b[38..54].copy_from_slice(&AFTR.octets());
+    b[54..54 + inner].copy_from_slice(&plain[14..14 + inner]);
+    f.len = 54 + inner;
+}
+
+/// The B4 of the subscriber NAPT44's frames give `sub`.
+fn b4_of(sub: u32) -> Ipv6Addr {
+    Ipv6Addr::from(B4_BASE + u128::from(sub - flow(0, 0).sub))
+}
+
+/// The external endpoint a translated outbound frame left with.
+fn external_of(frame: &[u8]) -> (u32, u16) {
+    (get_u32_at(frame, 26), get_u16_at(frame, 34))
+}
+
+fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
+    // Each engine starts from a heap the one before gave back.
+    super::release_free_heap();
+    let mut engine = Engine::new(config(flows, setup)).map_err(|e| Failure::Other(e.to_string()))?;
+    let mut frames = vec![Frame { bytes: [0; SOFTWIRE_LEN], len: 0 }; BATCH];
+    let mut verdicts = [Verdict::Held; BATCH];
+    let mut external = vec![(0u32, 0u16); flows as usize];
+    let mut errors = 0u64;
+    let now = 1_000_000_000u64;
+    // Opening: every flow's first frame; where it left is kept for the replies.
+    let mut i = 0;
+    while i < flows {
+        let n = (flows - i).min(BATCH as u64) as usize;
+        frames.iter_mut().take(n).enumerate().for_each(|(k, f)| outbound(f, i + k as u64, setup, TCP_SYN));
+        engine.process_batch(&mut frames[..n], Side::Inside, now, &mut verdicts[..n]);
+        let mut left = Vec::with_capacity(n);
+        engine.drain_output(|o| left.push(external_of(&o.data)));
+        for k in 0..n {
+            match (setup, verdicts[k]) {
+                (Setup::Napt44, Verdict::Forward(Side::Outside)) => external[(i + k as u64) as usize] = external_of(&frames[k].bytes),
+                (Setup::Softwire, Verdict::Consumed) => {}
+                _ => errors += 1,
+            }
+        }
+        if setup == Setup::Softwire {
+            errors += (n - left.len()) as u64;
+            external[i as usize..i as usize + left.len()].copy_from_slice(&left);
+        }
+        engine.drain_events(|_| {});
+        i += n as u64;
+    }
+    let sessions = engine.tables().session_count().max(1) as f64;
+    let bytes_per_session = engine.memory_bytes() as f64 / sessions;
+    let (outbound_busy, e1) = established_outbound(&mut engine, &mut frames, flows, setup, now);
+    let (inbound_busy, e2) = established_inbound(&mut engine, &mut frames, &external, setup, now);
+    Ok(Round { outbound_ns: outbound_busy as f64 / flows as f64, inbound_ns: inbound_busy as f64 / flows as f64, bytes_per_session, errors: errors + e1 + e2 })
+}
+
+/// The timed established pass from the inside: (CPU ns, errors).
+fn established_outbound(engine: &mut Engine, frames: &mut [Frame], flows: u64, setup: Setup, now: u64) -> (u64, u64) {
+    let mut verdicts = [Verdict::Held; BATCH];
+    let (mut busy, mut errors, mut i) = (0u64, 0u64, 0u64);
+    while i < flows {
+        let n = (flows - i).min(BATCH as u64) as usize;
+        frames.iter_mut().take(n).enumerate().for_each(|(k, f)| outbound(f, i + k as u64, setup, TCP_ACK));
+        let t = thread_cpu_ns();
+        engine.process_batch(&mut frames[..n], Side::Inside, now, &mut verdicts[..n]);
+        let mut left = 0;
+        engine.drain_output(|o| left += usize::from(o.side == Side::Outside));
+        busy += thread_cpu_ns() - t;
+        let expected = if setup == Setup::Napt44 { Verdict::Forward(Side::Outside) } else { Verdict::Consumed };
+        errors += verdicts[..n].iter().filter(|v| **v != expected).count() as u64;
+        if setup == Setup::Softwire {
+            errors += (n - left) as u64;
+        }
+        i += n as u64;
+    }
+    (busy, errors)
+}
+
+/// The timed established pass of replies from the servers: (CPU ns,
+/// errors). A reply must reach its host: in place for NAPT44, encapsulated
+/// to the flow's B4 for a softwire.
+fn established_inbound(engine: &mut Engine, frames: &mut [Frame], external: &[(u32, u16)], setup: Setup, now: u64) -> (u64, u64) {
+    let mut verdicts = [Verdict::Held; BATCH];
+    let (mut busy, mut errors, mut i) = (0u64, 0u64, 0usize);
+    let mut plain = [0u8; FRAME_LEN];
+    while i < external.len() {
+        let n = (external.len() - i).min(BATCH);
+        for (k, f) in frames.iter_mut().take(n).enumerate() {
+            let fl = flow(0, (i + k) as u64);
+            let (ext, eport) = external[i + k];
+            build(&mut plain, fl.tcp, fl.server, fl.dport, ext, eport, TCP_ACK);
+            f.bytes[..FRAME_LEN].copy_from_slice(&plain);
+            f.len = FRAME_LEN;
+        }
+        let t = thread_cpu_ns();
+        engine.process_batch(&mut frames[..n], Side::Outside, now, &mut verdicts[..n]);
+        let mut to_b4s = [0u128; BATCH];
+        let mut sent = 0;
+        engine.drain_output(|o| {
+            if o.side == Side::Inside && o.data[12..14] == [0x86, 0xdd] && sent < BATCH {
+                to_b4s[sent] = u128::from_be_bytes(o.data[38..54].try_into().unwrap_or([0; 16]));
+                sent += 1;
+            }
+        });
+        busy += thread_cpu_ns() - t;
+        for k in 0..n {
+            let fl = flow(0, (i + k) as u64);
+            let ok = match setup {
+                Setup::Napt44 => verdicts[k] == Verdict::Forward(Side::Inside) && get_u32_at(&frames[k].bytes, 30) == fl.sub && get_u16_at(&frames[k].bytes, 36) == fl.sport,
+                Setup::Softwire => verdicts[k] == Verdict::Consumed && to_b4s[k] == u128::from(b4_of(fl.sub)),
+            };
+            errors += u64::from(!ok);
+        }
+        i += n;
+    }
+    (busy, errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_packet_comes_out_both_ways_for_both_engines() {
+        for setup in [Setup::Napt44, Setup::Softwire] {
+            let r = round(4096, setup).unwrap();
+            assert_eq!(r.errors, 0, "{setup:?}");
+            assert!(r.bytes_per_session > 0.0);
+        }
+    }
+}
