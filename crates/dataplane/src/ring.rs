@@ -391,12 +391,16 @@ mod tests {
             Popped::Frame(Side::Outside, f, Some(id)) => {
                 assert_eq!(f[1], f[0] ^ 0x5a, "the worker's write, seen where the frame lies");
                 forwarded += 1;
-                ports.release(id);
+                // SAFETY: the worker handed it back; released once.
+                unsafe { ports.release(id) };
             }
             Popped::Release(id) => {
-                assert_eq!(ports.frame(id)[0] % 2, 1);
+                // SAFETY: the worker handed it back; released once.
+                unsafe {
+                    assert_eq!(ports.frame(id)[0] % 2, 1);
+                    ports.release(id);
+                }
                 released += 1;
-                ports.release(id);
             }
             _ => panic!("what went in was held frames"),
         }) {}

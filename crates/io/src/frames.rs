@@ -82,6 +82,12 @@ pub struct PortCounters {
 
 /// The interfaces natrix forwards between, indexed 0 (inside) and 1
 /// (outside). No call makes a system call per frame.
+///
+/// The calls that take a `FrameId` are unsafe: the caller must hold the
+/// frame (the port handed it out, and it has not been transmitted,
+/// released, or handed to another thread since), and a held frame goes
+/// back exactly once. A frame released twice would be received into twice
+/// at once; the port cannot tell.
 pub trait FramePorts: Send {
     /// Hands up to `max` frames received on `side` to `f`, each writable in
     /// place; `f` returns true to keep the frame (the caller now holds its
@@ -89,21 +95,37 @@ pub trait FramePorts: Send {
     fn receive(&mut self, side: usize, max: usize, f: &mut dyn FnMut(FrameId, &mut [u8]) -> bool) -> usize;
 
     /// The bytes of a held frame, writable.
-    fn frame(&mut self, id: FrameId) -> &mut [u8];
+    ///
+    /// # Safety
+    /// The caller holds `id`.
+    unsafe fn frame(&mut self, id: FrameId) -> &mut [u8];
 
     /// The frames' memory, for handing held frames to other threads.
     fn shared(&self) -> SharedFrames;
 
-    /// The bytes of held frames, in the order of `ids`, each writable; the
-    /// ids are distinct (each is held once).
-    fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>);
+    /// The bytes of held frames, in the order of `ids`, each writable.
+    ///
+    /// # Safety
+    /// The caller holds every id, and they are distinct.
+    unsafe fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>);
 
     /// Queues a held frame for transmission on `side`, without copying it;
     /// false when the transmit ring is full (the frame is released).
-    fn transmit(&mut self, side: usize, id: FrameId) -> bool;
+    ///
+    /// # Safety
+    /// The caller holds `id`, and gives it up.
+    unsafe fn transmit(&mut self, side: usize, id: FrameId) -> bool;
 
     /// Gives a held frame back unsent.
-    fn release(&mut self, id: FrameId);
+    ///
+    /// # Safety
+    /// The caller holds `id`, and gives it up.
+    unsafe fn release(&mut self, id: FrameId);
+
+    /// Whether few free buffers are left: a caller about to hand held
+    /// frames to a thread that may fall behind should copy them instead,
+    /// so the interfaces keep buffers to receive into.
+    fn low_on_buffers(&self) -> bool;
 
     /// Queues a copy of `frame` (a frame natrix made) on `side`; false when
     /// there is no room.
@@ -203,7 +225,7 @@ impl FramePorts for CopyingPorts {
             .unwrap_or(0)
     }
 
-    fn frame(&mut self, id: FrameId) -> &mut [u8] {
+    unsafe fn frame(&mut self, id: FrameId) -> &mut [u8] {
         self.bytes(id.at, id.len)
     }
 
@@ -211,7 +233,7 @@ impl FramePorts for CopyingPorts {
         SharedFrames::new(self.pool.clone())
     }
 
-    fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>) {
+    unsafe fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>) {
         let shared = self.shared();
         for id in ids {
             // SAFETY: the caller holds these distinct ids, so the slices
@@ -222,7 +244,7 @@ impl FramePorts for CopyingPorts {
         }
     }
 
-    fn transmit(&mut self, side: usize, id: FrameId) -> bool {
+    unsafe fn transmit(&mut self, side: usize, id: FrameId) -> bool {
         let frame: &[u8] = self.bytes(id.at, id.len);
         // SAFETY: the frame's buffer stays allocated (the pool) and unheld
         // by anyone else until it is freed below, after send copied it.
@@ -232,8 +254,12 @@ impl FramePorts for CopyingPorts {
         sent
     }
 
-    fn release(&mut self, id: FrameId) {
+    unsafe fn release(&mut self, id: FrameId) {
         self.free.push(id.at);
+    }
+
+    fn low_on_buffers(&self) -> bool {
+        self.free.len() < COPY_BUFFERS / 4
     }
 
     fn send(&mut self, side: usize, frame: &[u8]) -> bool {
@@ -292,9 +318,11 @@ mod tests {
             });
             assert_eq!(held.len(), 1);
             let mut views = Vec::new();
-            ports.frames(&held, &mut views);
+            // SAFETY: held came from receive and each id is held once.
+            unsafe { ports.frames(&held, &mut views) };
             assert_eq!(views[0][..2], [round, 0xee]);
-            assert!(ports.transmit(1, held[0]));
+            // SAFETY: as above; transmitting gives it up.
+            assert!(unsafe { ports.transmit(1, held[0]) });
             ports.flush().unwrap();
             let sent = out_peer.take_sent();
             assert_eq!(sent.len(), 1);
@@ -302,5 +330,28 @@ mod tests {
             assert_eq!(sent[0].len(), 60);
         }
         assert_eq!(ports.free.len(), COPY_BUFFERS, "every buffer is free again");
+    }
+
+    /// Holding most buffers (a worker fallen behind with frames handed to
+    /// it) raises the low-water flag before the last quarter goes, and
+    /// giving them back lowers it.
+    #[test]
+    fn holding_most_buffers_says_so_before_they_run_out() {
+        let (inside, peer) = MemoryPort::pair().unwrap();
+        let mut ports = CopyingPorts::new([Box::new(inside), Box::new(MemoryPort::pair().unwrap().0)]);
+        let mut held = Vec::new();
+        while !ports.low_on_buffers() {
+            peer.inject(&[7; 64]);
+            ports.receive(0, 1, &mut |id, _| {
+                held.push(id);
+                true
+            });
+        }
+        assert!(held.len() > COPY_BUFFERS / 2 && held.len() <= COPY_BUFFERS * 3 / 4 + 1, "{} held", held.len());
+        for id in held {
+            // SAFETY: each id was received once and is released once.
+            unsafe { ports.release(id) };
+        }
+        assert!(!ports.low_on_buffers());
     }
 }

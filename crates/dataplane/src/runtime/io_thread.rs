@@ -13,7 +13,7 @@ use natrix_wire::{ethernet, ipv4};
 use super::clock::{Clock, Idle};
 use super::commands::Command;
 use super::links::Links;
-use super::stage::{Next, Staged};
+use super::stage::{Next, Stage, Staged};
 use super::worker::EngineWorker;
 use super::BATCH;
 use crate::ring::{Consumer, Doorbell, Popped, Producer, MAX_POP};
@@ -81,16 +81,22 @@ impl IoThread {
         for side in [Side::Inside, Side::Outside] {
             let IoThread { links, lanes, steering, .. } = self;
             let mut dropped = 0;
+            let low = links.ports.low_on_buffers();
             n += links.receive(side, now, &mut |id, frame, stage| match usize::from(steering.worker_for(side, frame)) {
                 0 => {
                     stage.hold(side, id);
                     true
                 }
-                // The frame goes to its worker where it lies; a full ring
-                // drops it (given back at once).
-                w if lanes.to_workers[w].push_held(side, id) => {
+                // The frame goes to its worker where it lies, unless buffers
+                // run short (a worker falling behind must not take them all
+                // from the interfaces): then as a copy. A full ring drops it.
+                w if !low && lanes.to_workers[w].push_held(side, id) => {
                     woken[w] = true;
                     true
+                }
+                w if low && lanes.to_workers[w].push(side, frame) => {
+                    woken[w] = true;
+                    false
                 }
                 _ => {
                     dropped += 1;
@@ -102,30 +108,13 @@ impl IoThread {
         n
     }
 
-    /// Translates this worker's frames where they lie, hands a hairpin to
-    /// another worker's mapping to that worker, and runs the engine's
-    /// timers.
+    /// Translates this worker's frames where they lie and the hairpins
+    /// other workers handed it, runs the engine's timers, and hands each
+    /// frame of the round that leaves for another worker's mapping to it.
     fn translate_own(&mut self, now: u64, woken: &mut [bool]) {
-        let IoThread { worker, links, lanes, own_input, steering, pool } = self;
-        let Links { stage, ports, snapshot, .. } = links;
+        let IoThread { worker, links, own_input, .. } = self;
+        let Links { stage, ports, .. } = links;
         stage.translate_held(ports.as_mut(), |sides, frames, verdicts| worker.translate_batch(sides, frames, now, verdicts));
-        for f in stage.frames.iter_mut() {
-            let (Side::Outside, Staged::Held(id), Next::Route) = *f else { continue };
-            let frame = ports.frame(id);
-            steering.learn_sent(0, frame);
-            if is_to_pool(frame, pool) {
-                f.2 = match steering.hairpin_owner(frame).map(usize::from) {
-                    Some(w) if lanes.to_workers[w].push_held(Side::Outside, id) => {
-                        woken[w] = true;
-                        Next::Handed
-                    }
-                    _ => {
-                        snapshot.handoff_dropped += 1;
-                        Next::Nothing
-                    }
-                };
-            }
-        }
         // Hairpins to this worker's mappings, from the other workers.
         let mut taken = 0;
         while taken < BATCH {
@@ -137,7 +126,8 @@ impl IoThread {
                     match (*v, *held) {
                         (Verdict::Forward(to), Some(id)) => stage.forward_held(to, id),
                         (Verdict::Forward(to), None) => stage.push(to, frame),
-                        (_, Some(id)) => ports.release(id),
+                        // SAFETY: the popped frame was handed to this thread.
+                        (_, Some(id)) => unsafe { ports.release(id) },
                         (_, None) => {}
                     }
                 }
@@ -148,6 +138,50 @@ impl IoThread {
             taken += popped;
         }
         worker.housekeeping(now, &mut |to, f| stage.push(to, f));
+        self.hand_over_hairpins(woken);
+    }
+
+    /// Frames of the round leaving outside (translated here, or made by
+    /// this engine: reassembled fragments, rebuilt softwire and HOST_ID
+    /// frames) teach steering their flows; those to a pool address are
+    /// hairpins to a mapping this engine does not own, and go to its owner.
+    fn hand_over_hairpins(&mut self, woken: &mut [bool]) {
+        let IoThread { links, lanes, steering, pool, .. } = self;
+        let Links { stage, ports, snapshot, .. } = links;
+        let low = ports.low_on_buffers();
+        let Stage { bytes, frames } = stage;
+        for f in frames.iter_mut() {
+            let (Side::Outside, staged, Next::Route) = *f else { continue };
+            let frame: &[u8] = match staged {
+                // SAFETY: the stage holds id.
+                Staged::Held(id) => unsafe { ports.frame(id) },
+                Staged::Made { at, len } => &bytes[at..at + len],
+            };
+            steering.learn_sent(0, frame);
+            if !is_to_pool(frame, pool) {
+                continue;
+            }
+            let owner = steering.hairpin_owner(frame).map(usize::from);
+            let handed = match (owner, staged) {
+                (Some(w), Staged::Held(id)) if !low => lanes.to_workers[w].push_held(Side::Outside, id),
+                (Some(w), _) => lanes.to_workers[w].push(Side::Outside, frame),
+                (None, _) => false,
+            };
+            f.2 = match (handed, owner, staged) {
+                (true, Some(w), Staged::Held(_)) if !low => {
+                    woken[w] = true;
+                    Next::Handed
+                }
+                (true, Some(w), _) => {
+                    woken[w] = true;
+                    Next::Nothing
+                }
+                _ => {
+                    snapshot.handoff_dropped += 1;
+                    Next::Nothing
+                }
+            };
+        }
     }
 
     /// Sends what the other workers translated; a frame leaving outside for
@@ -165,7 +199,8 @@ impl IoThread {
                 && from.pop(|popped| {
                     let (side, frame, held) = match popped {
                         Popped::Frame(side, frame, held) => (side, frame, held),
-                        Popped::Release(id) => return links.ports.release(id),
+                        // SAFETY: the worker handed the frame back.
+                        Popped::Release(id) => return unsafe { links.ports.release(id) },
                     };
                     if side == Side::Outside {
                         steering.learn_sent(worker as u16, frame);
@@ -181,12 +216,14 @@ impl IoThread {
                             (true, Some(w), _) => woken[w] = true,
                             (_, _, Some(id)) => {
                                 links.snapshot.handoff_dropped += 1;
-                                links.ports.release(id);
+                                // SAFETY: the worker handed the frame back.
+                                unsafe { links.ports.release(id) };
                             }
                             _ => links.snapshot.handoff_dropped += 1,
                         }
                     } else if let Some(id) = held {
-                        links.route_held(side, id, now);
+                        // SAFETY: the worker handed the frame back.
+                        unsafe { links.route_held(side, id, now) };
                     } else {
                         links.send(side, frame, now);
                     }

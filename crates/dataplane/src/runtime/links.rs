@@ -58,9 +58,11 @@ impl Links {
         for &(side, frame, next) in &stage.frames {
             debug_assert_ne!(next, Next::Translate, "flush: a received frame was never translated");
             match (frame, next) {
-                (Staged::Held(id), Next::Route) => self.route_held(side, id, now),
+                // SAFETY: the stage held each id once, and flushing gives it up.
+                (Staged::Held(id), Next::Route) => unsafe { self.route_held(side, id, now) },
                 (Staged::Held(_), Next::Handed) => {}
-                (Staged::Held(id), _) => self.ports.release(id),
+                // SAFETY: as above.
+                (Staged::Held(id), _) => unsafe { self.ports.release(id) },
                 (Staged::Made { at, len }, Next::Route) => self.send(side, &mut stage.bytes[at..at + len], now),
                 (Staged::Made { at, len }, Next::Send) => {
                     let sent = self.ports.send(side as usize, &stage.bytes[at..at + len]);
@@ -79,15 +81,21 @@ impl Links {
 
     /// Addresses a held frame to its next hop and transmits it without a
     /// copy; one whose next hop is unknown waits in the gateway (a copy).
-    pub(super) fn route_held(&mut self, side: Side, id: FrameId, now: u64) {
+    ///
+    /// # Safety
+    /// The caller holds `id`, and gives it up.
+    pub(super) unsafe fn route_held(&mut self, side: Side, id: FrameId, now: u64) {
         let Links { ports, gateway, requests, snapshot, .. } = self;
-        let frame = ports.frame(id);
+        // SAFETY: the caller holds id.
+        let frame = unsafe { ports.frame(id) };
         let len = frame.len();
         if gateway.address(side, frame, now, &mut |out, f| requests.push_addressed(out, f)) {
-            let sent = ports.transmit(side as usize, id);
+            // SAFETY: as above; the frame is given up here.
+            let sent = unsafe { ports.transmit(side as usize, id) };
             count(snapshot, side, len, sent);
         } else {
-            ports.release(id);
+            // SAFETY: as above; the gateway kept a copy where it waits.
+            unsafe { ports.release(id) };
         }
     }
 

@@ -89,7 +89,8 @@ impl Stage {
             }
             let n = ids.len();
             let mut views = Vec::with_capacity(n);
-            ports.frames(&ids, &mut views);
+            // SAFETY: each staged id was received once and is still held.
+            unsafe { ports.frames(&ids, &mut views) };
             debug_assert_eq!(views.len(), n, "every held frame lies in the backend's buffers");
             let mut verdicts = [Verdict::Held; MAX_POP];
             translate(&sides[..n], &mut views, &mut verdicts[..n]);
@@ -158,7 +159,8 @@ mod tests {
                 }
                 Staged::Held(id) => id,
             };
-            let f = ports.frame(id);
+            // SAFETY: the stage holds id.
+            let f = unsafe { ports.frame(id) };
             let i = f[0];
             assert_eq!(f[1], 0xee, "frame {i} translated in place");
             let arrived = if i < 100 { Side::Inside } else { Side::Outside };

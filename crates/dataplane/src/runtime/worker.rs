@@ -194,7 +194,9 @@ pub(super) fn run_worker(
         let t0 = Instant::now();
         let now = clock.now_ns();
         let mut dropped = 0;
+        let waiting = unreturned.len();
         unreturned.retain(|&id| !output.push_release(id));
+        let returned = unreturned.len() < waiting;
         let n = input.pop_batch(|sides, frames, held| {
             let mut verdicts = [Verdict::Held; MAX_POP];
             let verdicts = &mut verdicts[..frames.len()];
@@ -219,7 +221,7 @@ pub(super) fn run_worker(
                 }
             }
         });
-        let mut pushed = n > 0;
+        let mut pushed = n > 0 || returned;
         worker.housekeeping(now, &mut |to, f| {
             pushed = true;
             dropped += u64::from(!output.push(to, f));

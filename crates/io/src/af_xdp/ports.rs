@@ -66,14 +66,20 @@ impl Xsk {
 
     /// Publishes queued TX descriptors and kicks the kernel until it has
     /// taken them (copy mode sends at most 32 per system call).
+    /// A kick that moves nothing means the device's queue is full: the
+    /// rest waits for the next flush rather than spinning here.
     fn kick(&mut self, interface: &str) -> Result<(), IoError> {
         self.tx.publish();
         for _ in 0..MAX_KICKS {
-            if self.tx.unconsumed() == 0 || !self.tx.needs_wakeup() {
+            let waiting = self.tx.unconsumed();
+            if waiting == 0 || !self.tx.needs_wakeup() {
                 break;
             }
             self.transmit_calls += 1;
             wake(&self.socket, interface)?;
+            if self.tx.unconsumed() == waiting {
+                break;
+            }
         }
         Ok(())
     }
@@ -106,6 +112,15 @@ fn wake(socket: &OwnedFd, interface: &str) -> Result<(), IoError> {
 fn poke_receive(socket: &OwnedFd) {
     // SAFETY: a zero-length, non-blocking recvfrom into no buffer.
     unsafe { libc::recvfrom(socket.as_raw_fd(), std::ptr::null_mut(), 0, libc::MSG_DONTWAIT, std::ptr::null_mut(), std::ptr::null_mut()) };
+}
+
+/// The receive queues sysfs lists for a driver that does not answer
+/// ETHTOOL_GCHANNELS: a socket is needed on each, or the program would
+/// pass their frames to the kernel's stack.
+fn sysfs_rx_queues(interface: &str) -> Option<u32> {
+    let dir = std::fs::read_dir(format!("/sys/class/net/{interface}/queues")).ok()?;
+    let n = dir.flatten().filter(|e| e.file_name().to_str().is_some_and(|n| n.starts_with("rx-"))).count();
+    u32::try_from(n).ok().filter(|&n| n > 0)
 }
 
 fn chunk_of(addr: u64) -> u64 {
@@ -142,7 +157,7 @@ impl XdpPorts {
     /// otherwise. With `busy_poll`, sockets prefer busy polling (and empty
     /// receives run the device's receive work on the calling thread).
     pub fn open(interfaces: &[&str], busy_poll: bool) -> Result<XdpPorts, IoError> {
-        let with_queues: Vec<(&str, u32)> = interfaces.iter().map(|&name| (name, super::rx_queues(name).unwrap_or(1))).collect();
+        let with_queues: Vec<(&str, u32)> = interfaces.iter().map(|&name| (name, super::rx_queues(name).or_else(|| sysfs_rx_queues(name)).unwrap_or(1))).collect();
         XdpPorts::open_queues(&with_queues, busy_poll)
     }
 
@@ -288,7 +303,7 @@ impl FramePorts for XdpPorts {
         got
     }
 
-    fn frame(&mut self, id: FrameId) -> &mut [u8] {
+    unsafe fn frame(&mut self, id: FrameId) -> &mut [u8] {
         // SAFETY: the caller holds the frame and &mut self borrows the port.
         unsafe { self.frames.frame(id) }.expect("held frames lie inside the UMEM")
     }
@@ -297,7 +312,7 @@ impl FramePorts for XdpPorts {
         self.frames.clone()
     }
 
-    fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>) {
+    unsafe fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>) {
         for id in ids {
             // SAFETY: the caller holds the frame.
             let Some(frame) = (unsafe { self.frames.frame(*id) }) else { continue };
@@ -307,7 +322,7 @@ impl FramePorts for XdpPorts {
         }
     }
 
-    fn transmit(&mut self, side: usize, id: FrameId) -> bool {
+    unsafe fn transmit(&mut self, side: usize, id: FrameId) -> bool {
         let k = self.tx_socket(side, id.queue);
         let s = &mut self.sockets[k];
         if s.tx.free() == 0 {
@@ -318,8 +333,12 @@ impl FramePorts for XdpPorts {
         true
     }
 
-    fn release(&mut self, id: FrameId) {
+    unsafe fn release(&mut self, id: FrameId) {
         self.free.push(chunk_of(id.at));
+    }
+
+    fn low_on_buffers(&self) -> bool {
+        self.free.len() < SPARE_CHUNKS as usize / 4
     }
 
     fn send(&mut self, side: usize, frame: &[u8]) -> bool {
@@ -334,7 +353,8 @@ impl FramePorts for XdpPorts {
         let id = FrameId { at: chunk, len, queue: 0 };
         // SAFETY: the chunk was free, so nobody else holds it.
         unsafe { self.frames.frame(id) }.expect("chunks lie inside the UMEM").copy_from_slice(frame);
-        self.transmit(side, id)
+        // SAFETY: the chunk is ours, given up here.
+        unsafe { self.transmit(side, id) }
     }
 
     fn flush(&mut self) -> Result<(), IoError> {
