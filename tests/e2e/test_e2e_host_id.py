@@ -23,9 +23,7 @@ kernel writes the draft's options.
 """
 
 import shutil
-import signal
 import subprocess
-import time
 
 import pytest
 
@@ -49,22 +47,11 @@ class Capture:
 
     def __init__(self, tmp_path, port):
         self.path = tmp_path / "srv1.pcapng"
-        # The capture file must be writable by tshark's dumpcap whoever runs it.
-        self.proc = subprocess.Popen(
-            h.netns_cmd(NS_SRV1, "tshark", "-i", "eth0", "-w", str(self.path), "-f", f"tcp dst port {port} and tcp[tcpflags] & tcp-syn != 0"),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=h.clean_env())
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if "Capturing on" in line or not line:
-                break
-        time.sleep(0.3)
+        self.tshark = h.Tshark(NS_SRV1, "eth0", f"tcp dst port {port} and tcp[tcpflags] & tcp-syn != 0", self.path)
 
     def syns(self):
         """[(src, sport, option kinds, options hex)] of the SYNs (not SYN-ACKs) captured, decoded by tshark."""
-        time.sleep(0.5)
-        self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(timeout=10)
+        self.tshark.stop()
         out = subprocess.run(["tshark", "-r", str(self.path), "-Y", "tcp.flags.syn == 1 && tcp.flags.ack == 0", "-T", "fields",
                               "-e", "ip.src", "-e", "tcp.srcport", "-e", "tcp.option_kind", "-e", "tcp.options"],
                              capture_output=True, text=True, timeout=30, env=h.clean_env())

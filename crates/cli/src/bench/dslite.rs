@@ -19,14 +19,13 @@ use natrix_engine::{Engine, EngineConfig, Side, Verdict};
 use natrix_wire::{get_u16_at, get_u32_at};
 use serde::Serialize;
 
-use super::host_id::{median, thread_cpu_ns};
-use super::{build, flow, FLOWS_PER_SUBSCRIBER, FRAME_LEN, TCP_ACK, TCP_SYN};
+use super::host_id::{median, table_config, thread_cpu_ns};
+use super::{build, flow, FRAME_LEN, TCP_ACK, TCP_SYN};
 use crate::Failure;
 
 const BATCH: usize = 64;
 const ROUNDS: usize = 3;
 const DEFAULT_FLOWS: u64 = 1 << 20;
-const POOL_BASE: u32 = 0xc613_0000;
 const AFTR: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, 1);
 /// The first B4: subscriber k's B4 is this plus k.
 const B4_BASE: u128 = 0x2001_0db8_0100_0000_0000_0000_0000_0000;
@@ -108,15 +107,7 @@ pub fn run(flows: Option<u64>, json: bool) -> Result<(), Failure> {
 }
 
 fn config(flows: u64, setup: Setup) -> EngineConfig {
-    EngineConfig {
-        pool: (POOL_BASE..POOL_BASE + 1024).collect(),
-        max_sessions: u32::try_from(flows).unwrap_or(u32::MAX),
-        max_subscribers: u32::try_from(flows / FLOWS_PER_SUBSCRIBER + 16).unwrap_or(u32::MAX),
-        max_ports_per_subscriber: 2 * FLOWS_PER_SUBSCRIBER as u32,
-        event_capacity: 1024,
-        dslite: (setup == Setup::Softwire).then_some(DsliteConfig { aftr: AFTR, b4_prefixes: Vec::new(), mtu: 1500, mss_clamp: None }),
-        ..EngineConfig::default()
-    }
+    EngineConfig { dslite: (setup == Setup::Softwire).then_some(DsliteConfig { aftr: AFTR, b4_prefixes: Vec::new(), mtu: 1500, mss_clamp: None }), ..table_config(flows) }
 }
 
 struct Round {

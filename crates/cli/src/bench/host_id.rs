@@ -102,14 +102,22 @@ pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn config(flows: u64, setup: Setup) -> EngineConfig {
-    let inserting = setup == Setup::Inserting;
+/// The tables of these modes' engines: room for `flows` sessions of
+/// subscribers holding 64 flows each, on a pool of 1,024 addresses.
+pub(super) fn table_config(flows: u64) -> EngineConfig {
     EngineConfig {
         pool: (POOL_BASE..POOL_BASE + 1024).collect(),
         max_sessions: u32::try_from(flows).unwrap_or(u32::MAX),
         max_subscribers: u32::try_from(flows / FLOWS_PER_SUBSCRIBER + 16).unwrap_or(u32::MAX),
         max_ports_per_subscriber: 2 * FLOWS_PER_SUBSCRIBER as u32,
         event_capacity: 1024,
+        ..EngineConfig::default()
+    }
+}
+
+fn config(flows: u64, setup: Setup) -> EngineConfig {
+    let inserting = setup == Setup::Inserting;
+    EngineConfig {
         host_id: (setup != Setup::Without).then_some(HostIdConfig {
             mode: Mode::Syn,
             wing: inserting.then_some(WingData::Ipv4Low16),
@@ -119,7 +127,7 @@ fn config(flows: u64, setup: Setup) -> EngineConfig {
             kinds: Kinds::DEFAULT,
             rules: Vec::new(),
         }),
-        ..EngineConfig::default()
+        ..table_config(flows)
     }
 }
 
