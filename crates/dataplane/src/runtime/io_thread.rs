@@ -19,6 +19,7 @@ use super::BATCH;
 use crate::ring::{Consumer, Doorbell, Popped, Producer, MAX_POP};
 use crate::steer::Steering;
 use natrix_engine::Verdict;
+use natrix_io::FrameId;
 
 /// Links to the workers: `to_workers[w]` feeds worker w, the first
 /// worker's own included (hairpins to its mappings that another worker
@@ -39,6 +40,9 @@ pub(super) struct IoThread {
     pub(super) steering: Steering,
     /// Sorted, to recognise hairpins to another worker's mapping.
     pub(super) pool: Vec<u32>,
+    /// Held frames of one receive batch on their way to other workers:
+    /// handed on only once the batch's views of them are gone.
+    pub(super) handoffs: Vec<(usize, FrameId)>,
 }
 
 impl IoThread {
@@ -79,7 +83,7 @@ impl IoThread {
     fn receive_and_steer(&mut self, now: u64, woken: &mut [bool]) -> usize {
         let mut n = 0;
         for side in [Side::Inside, Side::Outside] {
-            let IoThread { links, lanes, steering, .. } = self;
+            let IoThread { links, lanes, steering, handoffs, .. } = self;
             let mut dropped = 0;
             let low = links.ports.low_on_buffers();
             n += links.receive(side, now, &mut |id, frame, stage| match usize::from(steering.worker_for(side, frame)) {
@@ -90,11 +94,11 @@ impl IoThread {
                 // The frame goes to its worker where it lies, unless buffers
                 // run short (a worker falling behind must not take them all
                 // from the interfaces): then as a copy. A full ring drops it.
-                w if !low && lanes.to_workers[w].push_held(side, id) => {
-                    woken[w] = true;
+                w if !low => {
+                    handoffs.push((w, id));
                     true
                 }
-                w if low && lanes.to_workers[w].push(side, frame) => {
+                w if lanes.to_workers[w].push(side, frame) => {
                     woken[w] = true;
                     false
                 }
@@ -103,6 +107,15 @@ impl IoThread {
                     false
                 }
             });
+            for (w, id) in handoffs.drain(..) {
+                if lanes.to_workers[w].push_held(side, id) {
+                    woken[w] = true;
+                } else {
+                    dropped += 1;
+                    // SAFETY: the frame was received and kept for this handoff.
+                    unsafe { links.ports.release(id) };
+                }
+            }
             links.snapshot.handoff_dropped += dropped;
         }
         n
@@ -195,40 +208,53 @@ impl IoThread {
             let worker = i + 1;
             // Each worker gets the same budget, so one backlog cannot starve the others.
             let mut budget = BATCH;
-            while budget > 0
-                && from.pop(|popped| {
+            while budget > 0 {
+                // What becomes of a held frame is decided while the ring
+                // shows it, and done once it no longer does.
+                let mut then = None;
+                let popped = from.pop(|popped| {
                     let (side, frame, held) = match popped {
                         Popped::Frame(side, frame, held) => (side, frame, held),
-                        // SAFETY: the worker handed the frame back.
-                        Popped::Release(id) => return unsafe { links.ports.release(id) },
+                        Popped::Release(id) => {
+                            then = Some(Then::Release(id));
+                            return;
+                        }
                     };
                     if side == Side::Outside {
                         steering.learn_sent(worker as u16, frame);
                     }
                     if side == Side::Outside && is_to_pool(frame, pool) {
                         let w = steering.hairpin_owner(frame).map(usize::from);
-                        let handed = match (w, held) {
-                            (Some(w), Some(id)) => to_workers[w].push_held(Side::Outside, id),
-                            (Some(w), None) => to_workers[w].push(Side::Outside, frame),
-                            (None, _) => false,
-                        };
-                        match (handed, w, held) {
-                            (true, Some(w), _) => woken[w] = true,
-                            (_, _, Some(id)) => {
+                        match (w, held) {
+                            (Some(w), Some(id)) => then = Some(Then::Hairpin(w, id)),
+                            (Some(w), None) if to_workers[w].push(Side::Outside, frame) => woken[w] = true,
+                            (_, held) => {
                                 links.snapshot.handoff_dropped += 1;
-                                // SAFETY: the worker handed the frame back.
-                                unsafe { links.ports.release(id) };
+                                then = held.map(Then::Release);
                             }
-                            _ => links.snapshot.handoff_dropped += 1,
                         }
                     } else if let Some(id) = held {
-                        // SAFETY: the worker handed the frame back.
-                        unsafe { links.route_held(side, id, now) };
+                        then = Some(Then::Route(side, id));
                     } else {
                         links.send(side, frame, now);
                     }
-                })
-            {
+                });
+                if !popped {
+                    break;
+                }
+                match then {
+                    Some(Then::Hairpin(w, id)) if to_workers[w].push_held(Side::Outside, id) => woken[w] = true,
+                    Some(Then::Hairpin(_, id)) => {
+                        links.snapshot.handoff_dropped += 1;
+                        // SAFETY: the worker handed the frame back.
+                        unsafe { links.ports.release(id) };
+                    }
+                    // SAFETY: as above.
+                    Some(Then::Release(id)) => unsafe { links.ports.release(id) },
+                    // SAFETY: as above.
+                    Some(Then::Route(side, id)) => unsafe { links.route_held(side, id, now) },
+                    None => {}
+                }
                 budget -= 1;
                 n += 1;
             }
@@ -242,6 +268,14 @@ impl IoThread {
         }
         self.worker.command(cmd, Some(&mut self.links));
     }
+}
+
+/// What the interface thread does with a held frame a worker handed back.
+enum Then {
+    /// Hands it to worker `w`, whose mapping it hairpins to.
+    Hairpin(usize, FrameId),
+    Release(FrameId),
+    Route(Side, FrameId),
 }
 
 /// An IPv4 frame whose destination is a pool address.

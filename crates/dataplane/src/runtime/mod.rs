@@ -310,7 +310,7 @@ impl Dataplane {
         let stop = self.stop.clone();
         let worker = EngineWorker::new(first, rx, event_tx);
         let h = spawn("natrix-w0", move || {
-            let mut io = IoThread { worker, links, lanes, own_input, steering, pool };
+            let mut io = IoThread { worker, links, lanes, own_input, steering, pool, handoffs: Vec::with_capacity(BATCH) };
             io.links.announce();
             io.run(&io_bell, &stop, clock, busy_poll);
         })?;
