@@ -94,20 +94,40 @@ pub trait FramePorts: Send {
     /// id) or false to give it straight back. Returns how many came.
     fn receive(&mut self, side: usize, max: usize, f: &mut dyn FnMut(FrameId, &mut [u8]) -> bool) -> usize;
 
+    /// The memory held frames lie in.
+    fn memory(&self) -> &SharedFrames;
+
     /// The bytes of a held frame, writable.
     ///
     /// # Safety
     /// The caller holds `id`.
-    unsafe fn frame(&mut self, id: FrameId) -> &mut [u8];
+    unsafe fn frame(&mut self, id: FrameId) -> &mut [u8] {
+        // SAFETY: the caller holds id, and &mut self keeps this the port's
+        // only view of it.
+        unsafe { self.memory().frame(id) }.expect("held frames lie in the port's memory")
+    }
 
     /// The frames' memory, for handing held frames to other threads.
-    fn shared(&self) -> SharedFrames;
+    fn shared(&self) -> SharedFrames {
+        self.memory().clone()
+    }
 
-    /// The bytes of held frames, in the order of `ids`, each writable.
+    /// Puts the bytes of held frames, each writable, into `out` in the
+    /// order of `ids` (as many as both have); returns how many.
     ///
     /// # Safety
     /// The caller holds every id, and they are distinct.
-    unsafe fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>);
+    unsafe fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut [&'a mut [u8]]) -> usize {
+        let memory: &'a SharedFrames = self.memory();
+        let mut n = 0;
+        for (id, slot) in ids.iter().zip(out.iter_mut()) {
+            // SAFETY: the caller holds these distinct ids, so the slices never
+            // overlap; they borrow the port for 'a, which keeps the memory.
+            *slot = unsafe { memory.frame(*id) }.expect("held frames lie in the port's memory");
+            n += 1;
+        }
+        n
+    }
 
     /// Queues a held frame for transmission on `side`, without copying it;
     /// false when the transmit ring is full (the frame is released).
@@ -149,7 +169,8 @@ pub trait FramePorts: Send {
 /// it hands the port that buffer (which the port copies to the kernel).
 pub struct CopyingPorts {
     ports: [Box<dyn PacketPort>; 2],
-    pool: Arc<Pool>,
+    /// The buffer pool (`Pool`).
+    memory: SharedFrames,
     /// Offsets of the buffers nobody holds.
     free: Vec<u64>,
     /// Frames dropped on receive because every buffer was held.
@@ -193,63 +214,40 @@ impl FrameArea for Pool {
 impl CopyingPorts {
     pub fn new(ports: [Box<dyn PacketPort>; 2]) -> CopyingPorts {
         let free = (0..COPY_BUFFERS as u64).rev().map(|b| b * MAX_FRAME as u64).collect();
-        CopyingPorts { ports, pool: Arc::new(Pool::new()), free, starved: [0; 2] }
-    }
-
-    /// The bytes at `at`, `len` long, inside the pool.
-    fn bytes(&mut self, at: u64, len: u32) -> &mut [u8] {
-        let at = (at as usize).min(COPY_BUFFERS * MAX_FRAME - MAX_FRAME);
-        // SAFETY: at..at + len (len <= MAX_FRAME) lies in the pool; &mut self
-        // and the holding contract keep this the only access.
-        unsafe { std::slice::from_raw_parts_mut(self.pool.base.add(at), (len as usize).min(MAX_FRAME)) }
+        CopyingPorts { ports, memory: SharedFrames::new(Arc::new(Pool::new())), free, starved: [0; 2] }
     }
 }
 
 impl FramePorts for CopyingPorts {
     fn receive(&mut self, side: usize, max: usize, f: &mut dyn FnMut(FrameId, &mut [u8]) -> bool) -> usize {
-        let CopyingPorts { ports, pool, free, starved } = self;
+        let CopyingPorts { ports, memory, free, starved } = self;
         ports[side]
             .recv_batch(max, &mut |frame| {
                 let Some(at) = free.pop() else {
                     starved[side] += 1;
                     return;
                 };
-                let len = frame.len().min(MAX_FRAME);
+                let id = FrameId { at, len: frame.len().min(MAX_FRAME) as u32, queue: 0 };
                 // SAFETY: the buffer at `at` was free, so nobody else holds it.
-                let buf = unsafe { std::slice::from_raw_parts_mut(pool.base.add(at as usize), len) };
-                buf.copy_from_slice(&frame[..len]);
-                if !f(FrameId { at, len: len as u32, queue: 0 }, buf) {
+                let buf = unsafe { memory.frame(id) }.expect("buffers lie in the pool");
+                buf.copy_from_slice(&frame[..buf.len()]);
+                if !f(id, buf) {
                     free.push(at);
                 }
             })
             .unwrap_or(0)
     }
 
-    unsafe fn frame(&mut self, id: FrameId) -> &mut [u8] {
-        self.bytes(id.at, id.len)
-    }
-
-    fn shared(&self) -> SharedFrames {
-        SharedFrames::new(self.pool.clone())
-    }
-
-    unsafe fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>) {
-        let shared = self.shared();
-        for id in ids {
-            // SAFETY: the caller holds these distinct ids, so the slices
-            // never overlap; they borrow self for 'a, which keeps the pool.
-            if let Some(frame) = unsafe { shared.frame(*id) } {
-                out.push(unsafe { std::slice::from_raw_parts_mut(frame.as_mut_ptr(), frame.len()) });
-            }
-        }
+    fn memory(&self) -> &SharedFrames {
+        &self.memory
     }
 
     unsafe fn transmit(&mut self, side: usize, id: FrameId) -> bool {
-        let frame: &[u8] = self.bytes(id.at, id.len);
-        // SAFETY: the frame's buffer stays allocated (the pool) and unheld
-        // by anyone else until it is freed below, after send copied it.
-        let frame = unsafe { std::slice::from_raw_parts(frame.as_ptr(), frame.len()) };
-        let sent = self.ports[side].send(frame);
+        let CopyingPorts { ports, memory, .. } = self;
+        // SAFETY: the caller holds id until it is freed below, after send
+        // copied it.
+        let frame = unsafe { memory.frame(id) }.expect("buffers lie in the pool");
+        let sent = ports[side].send(frame);
         self.free.push(id.at);
         sent
     }
@@ -317,7 +315,7 @@ mod tests {
                 keep
             });
             assert_eq!(held.len(), 1);
-            let mut views = Vec::new();
+            let mut views: [&mut [u8]; 1] = [&mut []];
             // SAFETY: held came from receive and each id is held once.
             unsafe { ports.frames(&held, &mut views) };
             assert_eq!(views[0][..2], [round, 0xee]);

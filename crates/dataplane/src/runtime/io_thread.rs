@@ -162,7 +162,7 @@ impl IoThread {
         let IoThread { links, lanes, steering, pool, .. } = self;
         let Links { stage, ports, snapshot, .. } = links;
         let low = ports.low_on_buffers();
-        let Stage { bytes, frames } = stage;
+        let Stage { bytes, frames, .. } = stage;
         for f in frames.iter_mut() {
             let (Side::Outside, staged, Next::Route) = *f else { continue };
             let frame: &[u8] = match staged {
@@ -170,11 +170,7 @@ impl IoThread {
                 Staged::Held(id) => unsafe { ports.frame(id) },
                 Staged::Made { at, len } => &bytes[at..at + len],
             };
-            steering.learn_sent(0, frame);
-            if !is_to_pool(frame, pool) {
-                continue;
-            }
-            let owner = steering.hairpin_owner(frame).map(usize::from);
+            let Some(owner) = sent_outside(steering, pool, 0, frame) else { continue };
             let handed = match (owner, staged) {
                 (Some(w), Staged::Held(id)) if !low => lanes.to_workers[w].push_held(Side::Outside, id),
                 (Some(w), _) => lanes.to_workers[w].push(Side::Outside, frame),
@@ -220,11 +216,8 @@ impl IoThread {
                             return;
                         }
                     };
-                    if side == Side::Outside {
-                        steering.learn_sent(worker as u16, frame);
-                    }
-                    if side == Side::Outside && is_to_pool(frame, pool) {
-                        let w = steering.hairpin_owner(frame).map(usize::from);
+                    let hairpin = if side == Side::Outside { sent_outside(steering, pool, worker as u16, frame) } else { None };
+                    if let Some(w) = hairpin {
                         match (w, held) {
                             (Some(w), Some(id)) => then = Some(Then::Hairpin(w, id)),
                             (Some(w), None) if to_workers[w].push(Side::Outside, frame) => woken[w] = true,
@@ -276,6 +269,14 @@ enum Then {
     Hairpin(usize, FrameId),
     Release(FrameId),
     Route(Side, FrameId),
+}
+
+/// A frame worker `from` sends out of the outside interface: steering
+/// learns its flow; a hairpin (to a pool address, so to a mapping of
+/// whichever worker owns it) gives `Some(owner)`, anything else `None`.
+fn sent_outside(steering: &mut Steering, pool: &[u32], from: u16, frame: &[u8]) -> Option<Option<usize>> {
+    steering.learn_sent(from, frame);
+    is_to_pool(frame, pool).then(|| steering.hairpin_owner(frame).map(usize::from))
 }
 
 /// An IPv4 frame whose destination is a pool address.

@@ -15,6 +15,8 @@ pub(super) struct Stage {
     pub(super) bytes: Vec<u8>,
     /// Side, the frame, and what becomes of it.
     pub(super) frames: Vec<(Side, Staged, Next)>,
+    /// `translate_held`'s batch of ids, kept to spare an allocation a round.
+    batch: Vec<FrameId>,
 }
 
 /// Where a staged frame's bytes are.
@@ -71,31 +73,31 @@ impl Stage {
     /// `MAX_POP` at a time with their sides, each writable where it lies;
     /// the verdicts it writes decide which are sent and where.
     pub(super) fn translate_held(&mut self, ports: &mut dyn FramePorts, mut translate: impl FnMut(&[Side], &mut [&mut [u8]], &mut [Verdict])) {
-        let mut ids = Vec::with_capacity(MAX_POP);
+        let Stage { frames, batch, .. } = self;
         let mut next = 0;
         loop {
             let mut sides = [Side::Inside; MAX_POP];
             let mut slots = [0usize; MAX_POP];
-            ids.clear();
-            while next < self.frames.len() && ids.len() < MAX_POP {
-                if let (side, Staged::Held(id), Next::Translate) = self.frames[next] {
-                    (sides[ids.len()], slots[ids.len()]) = (side, next);
-                    ids.push(id);
+            batch.clear();
+            while next < frames.len() && batch.len() < MAX_POP {
+                if let (side, Staged::Held(id), Next::Translate) = frames[next] {
+                    (sides[batch.len()], slots[batch.len()]) = (side, next);
+                    batch.push(id);
                 }
                 next += 1;
             }
-            if ids.is_empty() {
+            if batch.is_empty() {
                 return;
             }
-            let n = ids.len();
-            let mut views = Vec::with_capacity(n);
+            let n = batch.len();
+            let mut views: [&mut [u8]; MAX_POP] = std::array::from_fn(|_| &mut [][..]);
             // SAFETY: each staged id was received once and is still held.
-            unsafe { ports.frames(&ids, &mut views) };
-            debug_assert_eq!(views.len(), n, "every held frame lies in the backend's buffers");
+            let got = unsafe { ports.frames(batch, &mut views[..n]) };
+            debug_assert_eq!(got, n, "every held frame lies in the backend's buffers");
             let mut verdicts = [Verdict::Held; MAX_POP];
-            translate(&sides[..n], &mut views, &mut verdicts[..n]);
+            translate(&sides[..n], &mut views[..n], &mut verdicts[..n]);
             for (&i, v) in slots[..n].iter().zip(&verdicts[..n]) {
-                let f = &mut self.frames[i];
+                let f = &mut frames[i];
                 (f.0, f.2) = match *v {
                     Verdict::Forward(to) => (to, Next::Route),
                     _ => (f.0, Next::Nothing),

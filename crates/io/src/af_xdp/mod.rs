@@ -90,7 +90,7 @@ impl PacketPort for AfXdpPort {
     }
 
     fn fd(&self) -> RawFd {
-        self.ports.fds()[0]
+        self.ports.first_fd()
     }
 
     fn backend(&self) -> &'static str {

@@ -206,6 +206,11 @@ impl XdpPorts {
         self.mode
     }
 
+    /// The first socket's descriptor: the single port's only one.
+    pub(super) fn first_fd(&self) -> RawFd {
+        self.sockets[0].socket.as_raw_fd()
+    }
+
     /// Sockets (receive queues) of interface `side`.
     pub fn queues(&self, side: usize) -> usize {
         self.first[side + 1] - self.first[side]
@@ -303,23 +308,8 @@ impl FramePorts for XdpPorts {
         got
     }
 
-    unsafe fn frame(&mut self, id: FrameId) -> &mut [u8] {
-        // SAFETY: the caller holds the frame and &mut self borrows the port.
-        unsafe { self.frames.frame(id) }.expect("held frames lie inside the UMEM")
-    }
-
-    fn shared(&self) -> SharedFrames {
-        self.frames.clone()
-    }
-
-    unsafe fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut Vec<&'a mut [u8]>) {
-        for id in ids {
-            // SAFETY: the caller holds the frame.
-            let Some(frame) = (unsafe { self.frames.frame(*id) }) else { continue };
-            // SAFETY: held frames lie in distinct chunks, so the slices never
-            // overlap, and they borrow self (the UMEM) for 'a.
-            out.push(unsafe { std::slice::from_raw_parts_mut(frame.as_mut_ptr(), frame.len()) });
-        }
+    fn memory(&self) -> &SharedFrames {
+        &self.frames
     }
 
     unsafe fn transmit(&mut self, side: usize, id: FrameId) -> bool {
