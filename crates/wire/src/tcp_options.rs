@@ -270,8 +270,26 @@ pub fn insert(frame: &mut [u8], tcp_at: usize, segment_end: usize, options: &[u8
         o?;
     }
     let seg = Options::new_checked(&frame[tcp_at..segment_end])?;
-    let old_hl = seg.header_len();
-    let keep = seg.options_end()?;
+    let layout = Layout { tcp_at, header_len: seg.header_len(), options_end: seg.options_end()?, segment_end };
+    splice(frame, layout, options)
+}
+
+/// Where a segment's parts lie, as a caller that has read and checked the
+/// segment already knows them: the TCP header's offset in the frame, its
+/// length (the data offset in bytes), where its options end (the offset of
+/// a trailing EOL, or the header length) and where the segment ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    pub tcp_at: usize,
+    pub header_len: usize,
+    pub options_end: usize,
+    pub segment_end: usize,
+}
+
+/// `insert` for a segment whose `layout` the caller has read: the options
+/// are not walked again. `options` must be well-formed.
+fn splice(frame: &mut [u8], at: Layout, options: &[u8]) -> Result<Inserted, InsertError> {
+    let Layout { tcp_at, header_len: old_hl, options_end: keep, segment_end } = at;
     let padded = (keep + options.len()).next_multiple_of(4);
     if padded > TCP_MIN + MAX_LEN {
         return Err(InsertError::NoRoom { needed: padded - TCP_MIN });
@@ -286,11 +304,13 @@ pub fn insert(frame: &mut [u8], tcp_at: usize, segment_end: usize, options: &[u8
     // from the last even offset at or before `keep`. The payload moves by a
     // multiple of 4 bytes, so its words and their sum stay the same.
     let from = keep & !1;
-    let mut old = [0u8; MAX_LEN + 1];
-    old[..old_hl - from].copy_from_slice(&frame[tcp_at + from..tcp_at + old_hl]);
+    let removed = Delta::from_slices(&frame[tcp_at + from..tcp_at + old_hl], &[]);
     let old_word = get_u16(frame, tcp_at + field::DATA_OFF);
 
-    frame.copy_within(tcp_at + old_hl..segment_end, tcp_at + new_hl);
+    // A SYN seldom has a payload to move.
+    if segment_end > tcp_at + old_hl {
+        frame.copy_within(tcp_at + old_hl..segment_end, tcp_at + new_hl);
+    }
     let h = &mut frame[tcp_at..tcp_at + new_hl];
     h[keep..keep + options.len()].copy_from_slice(options);
     h[keep + options.len()..padded].fill(kind::NOP);
@@ -302,7 +322,7 @@ pub fn insert(frame: &mut [u8], tcp_at: usize, segment_end: usize, options: &[u8
     let new_word = get_u16(h, field::DATA_OFF);
 
     let old_len = (segment_end - tcp_at) as u32;
-    let checksum = Delta::from_u16(old_word, new_word).plus(Delta::from_slices(&old[..old_hl - from], &h[from..new_hl])).plus(Delta::from_u32(old_len, old_len + added as u32));
+    let checksum = Delta::from_u16(old_word, new_word).plus(removed).plus(Delta::from_slices(&[], &h[from..new_hl])).plus(Delta::from_u32(old_len, old_len + added as u32));
     Ok(Inserted { added, checksum })
 }
 
@@ -325,6 +345,23 @@ pub fn insert_ipv4(frame: &mut [u8], ip_at: usize, options: &[u8]) -> Result<Ins
     let ins = insert(frame, tcp_at, ip_at + usize::from(total), options)?;
     fix_lengths_v4(frame, ip_at, total, total + ins.added as u16);
     fix_tcp_checksum(frame, tcp_at, ins.checksum);
+    Ok(ins)
+}
+
+/// `insert_ipv4` for a caller that has parsed the packet already: an
+/// unfragmented IPv4 packet at `ip_at` carrying TCP whose segment lies as
+/// `at` says (`at.segment_end` the packet's end). Only the room is checked:
+/// the headers and the host's options are not read again, which is what
+/// makes inserting into a SYN cheap on the packet path.
+pub fn insert_ipv4_at(frame: &mut [u8], ip_at: usize, at: Layout, options: &[u8]) -> Result<Inserted, InsertError> {
+    let total = at.segment_end - ip_at;
+    if total + MAX_LEN > usize::from(u16::MAX) {
+        return Err(WireError::Malformed { layer: "ipv4", field: Field::TotalLength, value: total as u32 }.into());
+    }
+    let total = total as u16;
+    let ins = splice(frame, at, options)?;
+    fix_lengths_v4(frame, ip_at, total, total + ins.added as u16);
+    fix_tcp_checksum(frame, at.tcp_at, ins.checksum);
     Ok(ins)
 }
 
@@ -674,7 +711,13 @@ mod tests {
             let mut new = vec![201, new_len];
             new.resize(usize::from(new_len), 0x5a);
             let before = f.clone();
-            match insert_ipv4(&mut f, 0, &new) {
+            // The entry for callers that read the segment already must do the same.
+            let mut trusted = f.clone();
+            let layout = Layout { tcp_at: 20, header_len: hl, options_end: options_end(&area).unwrap(), segment_end: total };
+            let result = insert_ipv4(&mut f, 0, &new);
+            proptest::prop_assert_eq!(insert_ipv4_at(&mut trusted, 0, layout, &new), result);
+            proptest::prop_assert_eq!(&trusted, &f);
+            match result {
                 Err(InsertError::NoRoom { needed }) => {
                     proptest::prop_assert!(needed > MAX_LEN);
                     proptest::prop_assert_eq!(&f, &before);
