@@ -34,6 +34,7 @@ pub use state::{deterministic, events, pool, rng, shard};
 pub use config::EngineConfig;
 pub use drop::DropReason;
 pub use error::EngineError;
+pub use pipeline::frame_buf::{FrameBuf, InBuffer};
 pub use pipeline::{Engine, Stats, Verdict};
 pub use state::events::{Event, EventKind};
 

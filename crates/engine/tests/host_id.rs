@@ -60,21 +60,45 @@ fn a_grown_syn_leaves_through_the_output_queue_counted_as_forwarded() {
     assert_eq!(st.host_id.unwrap().injected, 1);
 }
 
+/// A batch's frames in buffers with room (vectors) grow where they lie and
+/// leave as forwarded; in slices without room they leave as copies, as
+/// `process` sends them. Either way the same bytes and counters.
 #[test]
-fn the_batch_path_decides_as_the_frame_path() {
+fn the_batch_path_grows_syns_where_they_lie_into_the_frames_the_frame_path_copies() {
     let mut one = with_host_id(config(), host_id(Mode::Syn, vec![]));
-    let mut batched = with_host_id(config(), host_id(Mode::Syn, vec![]));
     let frames: Vec<Vec<u8>> = (0..6u16).map(|i| syn(41000 + i)).collect();
     let mut singles = Vec::new();
     for f in &frames {
         let mut f = f.clone();
         singles.push(run(&mut one, &mut f, Side::Inside, T0));
     }
+    assert!(singles.iter().all(|v| *v == Verdict::Held));
+    let copied = outputs(&mut one);
+    assert!(copied.iter().all(|(side, at, _)| (*side, *at) == (Side::Outside, T0)));
+    let copied: Vec<Vec<u8>> = copied.into_iter().map(|(_, _, f)| f).collect();
+
+    let mut in_place = with_host_id(config(), host_id(Mode::Syn, vec![]));
     let mut fs = frames.clone();
     let mut verdicts = vec![Verdict::Held; fs.len()];
-    batched.process_batch(&mut fs, Side::Inside, T0, &mut verdicts);
+    in_place.process_batch(&mut fs, Side::Inside, T0, &mut verdicts);
+    assert!(verdicts.iter().all(|v| *v == Verdict::Forward(Side::Outside)));
+    assert!(outputs(&mut in_place).is_empty());
+    assert_eq!(fs, copied);
+
+    let mut no_room = with_host_id(config(), host_id(Mode::Syn, vec![]));
+    let mut fs = frames.clone();
+    let mut slices: Vec<&mut [u8]> = fs.iter_mut().map(|f| f.as_mut_slice()).collect();
+    let mut verdicts = vec![Verdict::Forward(Side::Inside); slices.len()];
+    no_room.process_batch(&mut slices, Side::Inside, T0, &mut verdicts);
     assert_eq!(verdicts, singles);
-    assert_eq!(outputs(&mut one), outputs(&mut batched));
+    let queued: Vec<Vec<u8>> = outputs(&mut no_room).into_iter().map(|(_, _, f)| f).collect();
+    assert_eq!(queued, copied);
+
+    for e in [&one, &in_place, &no_room] {
+        let st = e.stats();
+        assert_eq!((st.forwarded[Side::Outside as usize], st.held), (6, 0));
+        assert_eq!(st.host_id.unwrap().injected, 6);
+    }
 }
 
 #[test]

@@ -24,6 +24,31 @@ pub struct FrameId {
     pub(crate) queue: u16,
 }
 
+impl FrameId {
+    /// The frame's length in bytes.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The same frame, made `len` bytes long where it lies (a function
+    /// wrote a longer frame into the room after it); never past the end of
+    /// its buffer.
+    pub fn with_len(self, len: usize) -> FrameId {
+        FrameId { len: len.min(room_end(self.at)) as u32, ..self }
+    }
+}
+
+/// How long a frame starting at `at` can be: every backend lays frames in
+/// `MAX_FRAME`-byte buffers (AF_XDP chunks, the copying pool's buffers)
+/// aligned to `MAX_FRAME` from the start of their memory.
+fn room_end(at: u64) -> usize {
+    MAX_FRAME - (at % MAX_FRAME as u64) as usize
+}
+
 /// The memory held frames lie in, for the dataplane's other threads: a
 /// thread handed a frame's id (over a ring that orders memory) reads and
 /// writes the frame through this until it hands the id on or back, while
@@ -61,6 +86,17 @@ impl SharedFrames {
         // SAFETY: start..end lies in the area, which this handle keeps
         // mapped; the caller's contract makes the slice the only access.
         Some(unsafe { std::slice::from_raw_parts_mut(self.area.base().add(start), id.len as usize) })
+    }
+
+    /// A held frame's buffer: its bytes and the room after them, to the
+    /// end of the buffer it lies in; None for an id that does not lie here.
+    ///
+    /// # Safety
+    /// As `frame`: the calling thread holds `id`.
+    #[allow(clippy::mut_from_ref)] // exclusive by the contract of `frame`
+    pub unsafe fn buffer(&self, id: FrameId) -> Option<&mut [u8]> {
+        // SAFETY: the caller holds id; the buffer around it is the frame's alone.
+        unsafe { self.frame(id.with_len(MAX_FRAME)) }
     }
 }
 
@@ -112,18 +148,20 @@ pub trait FramePorts: Send {
         self.memory().clone()
     }
 
-    /// Puts the bytes of held frames, each writable, into `out` in the
-    /// order of `ids` (as many as both have); returns how many.
+    /// Puts the buffers of held frames (`SharedFrames::buffer`: each frame
+    /// and the room after it), writable, into `out` in the order of `ids`
+    /// (as many as both have); returns how many.
     ///
     /// # Safety
     /// The caller holds every id, and they are distinct.
-    unsafe fn frames<'a>(&'a mut self, ids: &[FrameId], out: &mut [&'a mut [u8]]) -> usize {
+    unsafe fn buffers<'a>(&'a mut self, ids: &[FrameId], out: &mut [&'a mut [u8]]) -> usize {
         let memory: &'a SharedFrames = self.memory();
         let mut n = 0;
         for (id, slot) in ids.iter().zip(out.iter_mut()) {
-            // SAFETY: the caller holds these distinct ids, so the slices never
-            // overlap; they borrow the port for 'a, which keeps the memory.
-            *slot = unsafe { memory.frame(*id) }.expect("held frames lie in the port's memory");
+            // SAFETY: the caller holds these distinct ids, whose buffers are
+            // distinct, so the slices never overlap; they borrow the port for
+            // 'a, which keeps the memory.
+            *slot = unsafe { memory.buffer(*id) }.expect("held frames lie in the port's memory");
             n += 1;
         }
         n
@@ -317,17 +355,39 @@ mod tests {
             assert_eq!(held.len(), 1);
             let mut views: [&mut [u8]; 1] = [&mut []];
             // SAFETY: held came from receive and each id is held once.
-            unsafe { ports.frames(&held, &mut views) };
+            unsafe { ports.buffers(&held, &mut views) };
             assert_eq!(views[0][..2], [round, 0xee]);
+            assert_eq!(views[0].len(), MAX_FRAME, "the frame and the room after it");
+            // Every other round the frame grows into its room by 4 bytes.
+            let id = if round % 2 == 0 {
+                views[0][60..64].copy_from_slice(&[0xab; 4]);
+                held[0].with_len(64)
+            } else {
+                held[0]
+            };
             // SAFETY: as above; transmitting gives it up.
-            assert!(unsafe { ports.transmit(1, held[0]) });
+            assert!(unsafe { ports.transmit(1, id) });
             ports.flush().unwrap();
             let sent = out_peer.take_sent();
             assert_eq!(sent.len(), 1);
             assert_eq!(sent[0][..2], [round, 0xee]);
-            assert_eq!(sent[0].len(), 60);
+            if round % 2 == 0 {
+                assert_eq!(sent[0].len(), 64);
+                assert_eq!(sent[0][60..], [0xab; 4]);
+            } else {
+                assert_eq!(sent[0].len(), 60);
+            }
         }
         assert_eq!(ports.free.len(), COPY_BUFFERS, "every buffer is free again");
+    }
+
+    /// A frame never grows past the end of the buffer it lies in.
+    #[test]
+    fn a_frame_grows_at_most_to_its_buffers_end() {
+        let id = FrameId { at: 3 * MAX_FRAME as u64 + 256, len: 100, queue: 0 };
+        assert_eq!(id.with_len(200).len(), 200);
+        assert_eq!(id.with_len(MAX_FRAME).len(), MAX_FRAME - 256);
+        assert_eq!(id.with_len(MAX_FRAME).at, id.at);
     }
 
     /// Holding most buffers (a worker fallen behind with frames handed to

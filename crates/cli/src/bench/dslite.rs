@@ -15,7 +15,7 @@
 use std::net::Ipv6Addr;
 
 use natrix_engine::dslite::DsliteConfig;
-use natrix_engine::{Engine, EngineConfig, Side, Verdict};
+use natrix_engine::{Engine, EngineConfig, FrameBuf, Side, Verdict};
 use natrix_wire::{get_u16_at, get_u32_at};
 use serde::Serialize;
 
@@ -124,9 +124,15 @@ struct Frame {
     len: usize,
 }
 
-impl AsMut<[u8]> for Frame {
-    fn as_mut(&mut self) -> &mut [u8] {
+impl FrameBuf for Frame {
+    fn frame(&mut self) -> &mut [u8] {
         &mut self.bytes[..self.len]
+    }
+
+    fn set_frame_len(&mut self, len: usize) -> Option<&mut [u8]> {
+        let frame = self.bytes.get_mut(..len)?;
+        self.len = len;
+        Some(frame)
     }
 }
 

@@ -3,7 +3,7 @@
 //! batch; and frames natrix made, copied here. All are kept in the order
 //! they came so that a flow's frames leave in order.
 
-use natrix_engine::{Side, Verdict};
+use natrix_engine::{InBuffer, Side, Verdict};
 use natrix_io::{FrameId, FramePorts};
 
 use crate::ring::MAX_POP;
@@ -70,9 +70,11 @@ impl Stage {
     }
 
     /// Hands the frames waiting for the engine to `translate`, up to
-    /// `MAX_POP` at a time with their sides, each writable where it lies;
-    /// the verdicts it writes decide which are sent and where.
-    pub(super) fn translate_held(&mut self, ports: &mut dyn FramePorts, mut translate: impl FnMut(&[Side], &mut [&mut [u8]], &mut [Verdict])) {
+    /// `MAX_POP` at a time with their sides, each writable where it lies
+    /// with the room after it in its buffer (a frame the engine makes
+    /// longer grows there); the verdicts it writes decide which are sent
+    /// and where.
+    pub(super) fn translate_held(&mut self, ports: &mut dyn FramePorts, mut translate: impl FnMut(&[Side], &mut [InBuffer], &mut [Verdict])) {
         let Stage { frames, batch, .. } = self;
         let mut next = 0;
         loop {
@@ -92,15 +94,19 @@ impl Stage {
             let n = batch.len();
             let mut views: [&mut [u8]; MAX_POP] = std::array::from_fn(|_| &mut [][..]);
             // SAFETY: each staged id was received once and is still held.
-            let got = unsafe { ports.frames(batch, &mut views[..n]) };
+            let got = unsafe { ports.buffers(batch, &mut views[..n]) };
             debug_assert_eq!(got, n, "every held frame lies in the backend's buffers");
+            let mut bufs: [InBuffer; MAX_POP] = std::array::from_fn(|_| InBuffer::new(&mut [], 0));
+            for ((b, v), id) in bufs.iter_mut().zip(views.iter_mut()).zip(batch.iter()) {
+                *b = InBuffer::new(std::mem::take(v), id.len());
+            }
             let mut verdicts = [Verdict::Held; MAX_POP];
-            translate(&sides[..n], &mut views[..n], &mut verdicts[..n]);
-            for (&i, v) in slots[..n].iter().zip(&verdicts[..n]) {
+            translate(&sides[..n], &mut bufs[..n], &mut verdicts[..n]);
+            for ((&i, v), (b, id)) in slots[..n].iter().zip(&verdicts[..n]).zip(bufs.iter().zip(batch.iter())) {
                 let f = &mut frames[i];
-                (f.0, f.2) = match *v {
-                    Verdict::Forward(to) => (to, Next::Route),
-                    _ => (f.0, Next::Nothing),
+                (f.0, f.1, f.2) = match *v {
+                    Verdict::Forward(to) => (to, Staged::Held(id.with_len(b.len())), Next::Route),
+                    _ => (f.0, f.1, Next::Nothing),
                 };
             }
         }
@@ -112,11 +118,13 @@ mod tests {
     use natrix_io::{CopyingPorts, MemoryPort};
 
     use super::*;
+    use natrix_engine::FrameBuf;
 
     /// Received frames, interleaved with frames natrix made, more than one
     /// batch of them: each received frame is translated once, in order,
-    /// where it lies, and its verdict decides where it goes; the made
-    /// frames are left as they are.
+    /// where it lies, and its verdict decides where it goes; a frame made
+    /// longer grows into the room after it and leaves at its new length;
+    /// the made frames are left as they are.
     #[test]
     fn held_frames_are_translated_in_place_in_batches_and_keep_their_order() {
         let (inside, in_peer) = MemoryPort::pair().unwrap();
@@ -140,12 +148,16 @@ mod tests {
         let mut seen = Vec::new();
         stage.translate_held(&mut ports, |sides, frames, verdicts| {
             assert!(frames.len() <= MAX_POP);
-            for ((side, frame), v) in sides.iter().zip(frames.iter_mut()).zip(verdicts.iter_mut()) {
+            for ((side, f), v) in sides.iter().zip(frames.iter_mut()).zip(verdicts.iter_mut()) {
+                let frame = f.frame();
                 let i = frame[0];
-                assert_eq!(*frame, &[i; 70][..]);
+                assert_eq!(frame, &[i; 70][..]);
                 assert_eq!(*side == Side::Inside, i < 100);
                 seen.push(i);
                 frame[1] = 0xee;
+                if i % 5 == 0 {
+                    f.set_frame_len(74).expect("room in the buffer")[70..].copy_from_slice(&[0xcd; 4]);
+                }
                 *v = if i % 3 == 0 { Verdict::Drop(natrix_engine::DropReason::NoMapping) } else { Verdict::Forward(side.other()) };
             }
         });
@@ -165,6 +177,11 @@ mod tests {
             let f = unsafe { ports.frame(id) };
             let i = f[0];
             assert_eq!(f[1], 0xee, "frame {i} translated in place");
+            if i % 5 == 0 && i % 3 != 0 {
+                assert_eq!((f.len(), &f[70..]), (74, &[0xcd; 4][..]), "frame {i} grown where it lies");
+            } else {
+                assert_eq!(f.len(), 70, "frame {i}");
+            }
             let arrived = if i < 100 { Side::Inside } else { Side::Outside };
             let want = if i % 3 == 0 { (arrived, Next::Nothing) } else { (arrived.other(), Next::Route) };
             assert_eq!((side, next), want, "frame {i}");

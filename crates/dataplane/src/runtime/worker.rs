@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::time::Instant;
 
-use natrix_engine::{Engine, Side, Verdict};
+use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::FrameId;
 
 use super::clock::{Clock, Idle, SLEEP_MS};
@@ -34,7 +34,7 @@ impl EngineWorker {
     /// on, through the engine's batch path (prefetch across the batch), a
     /// run of frames from one side at a time so their order holds;
     /// `verdicts[i]` says what became of `frames[i]`.
-    pub(super) fn translate_batch(&mut self, sides: &[Side], frames: &mut [&mut [u8]], now: u64, verdicts: &mut [Verdict]) {
+    pub(super) fn translate_batch<F: FrameBuf>(&mut self, sides: &[Side], frames: &mut [F], now: u64, verdicts: &mut [Verdict]) {
         let mut start = 0;
         while start < frames.len() {
             let side = sides[start];

@@ -33,7 +33,7 @@ mod policy;
 
 use natrix_wire::checksum::Delta;
 use natrix_wire::tcp::{self, flags};
-use natrix_wire::tcp_options::{self, Options};
+use natrix_wire::tcp_options::{self, Layout, Options};
 
 use crate::config::EngineConfig;
 use crate::drop::DropReason;
@@ -289,12 +289,24 @@ pub struct HostId {
     pending_len: usize,
     /// Whether `pending` goes into an ACK mode first ACK.
     pending_first_ack: bool,
+    /// Where `pending` goes: the segment as `enforce` read it.
+    pending_at: Layout,
 }
 
 impl HostId {
     pub fn new(cfg: HostIdConfig, echo_capacity: usize) -> HostId {
         let stats = HostIdStats { rule_matches: vec![0; cfg.rules.len()], ..HostIdStats::default() };
-        HostId { cfg, stats, staged: None, echoed: Echoed::new(echo_capacity), events: Vec::new(), pending: [0; tcp_options::MAX_LEN], pending_len: 0, pending_first_ack: false }
+        HostId {
+            cfg,
+            stats,
+            staged: None,
+            echoed: Echoed::new(echo_capacity),
+            events: Vec::new(),
+            pending: [0; tcp_options::MAX_LEN],
+            pending_len: 0,
+            pending_first_ack: false,
+            pending_at: Layout { tcp_at: 0, header_len: 0, options_end: 0, segment_end: 0 },
+        }
     }
 
     /// The options a subscriber's opening SYN carries: WING and ENABLED in
@@ -480,10 +492,11 @@ impl HostId {
             self.stats.no_room += 1;
             return HookVerdict::Continue;
         }
+        self.pending_at = Layout { tcp_at, header_len: hl, options_end: end, segment_end: info.l4 + info.l4_len };
         match padded.saturating_sub(hl) {
             // It fits where the host's EOL padding was: no growth.
             0 => {
-                if tcp_options::insert_ipv4(frame, info.l3, &self.pending[..self.pending_len]).is_ok() {
+                if tcp_options::insert_ipv4_at(frame, info.l3, self.pending_at, &self.pending[..self.pending_len]).is_ok() {
                     self.count_inserted();
                 }
                 HookVerdict::Continue
@@ -588,16 +601,19 @@ impl Middlebox for HostId {
         }
     }
 
-    /// Inserts the options `on_frame` decided into the longer copy.
-    fn grow(&mut self, frame: &mut Vec<u8>, info: &FrameInfo) {
-        match tcp_options::insert_ipv4(frame, info.l3, &self.pending[..self.pending_len]) {
-            Ok(_) => self.count_inserted(),
-            // Checked by `enforce`; the copy stays as the frame was.
-            Err(_) => self.stats.no_room += 1,
-        }
-        if let Ok(p) = natrix_wire::ipv4::Packet::new_lax(&frame[info.l3..]) {
-            let end = info.l3 + usize::from(p.total_len());
-            frame.truncate(end);
+    /// Inserts the options `on_frame` decided into the longer frame.
+    fn grow(&mut self, frame: &mut [u8], _len: usize, info: &FrameInfo) -> usize {
+        let at = self.pending_at;
+        match tcp_options::insert_ipv4_at(frame, info.l3, at, &self.pending[..self.pending_len]) {
+            Ok(ins) => {
+                self.count_inserted();
+                at.segment_end + ins.added
+            }
+            // Checked by `enforce`; the frame stays as it was.
+            Err(_) => {
+                self.stats.no_room += 1;
+                at.segment_end
+            }
         }
     }
 

@@ -15,6 +15,7 @@
 
 use crate::nat44::fast::Candidate;
 use crate::nat44::Nat44;
+use crate::pipeline::frame_buf::FrameBuf;
 use crate::state::index::Guess;
 use crate::state::sessions::NIL;
 use crate::state::subscribers::NONE;
@@ -31,7 +32,7 @@ impl Nat44 {
     /// candidate (None: the full path's) in `candidates`, its bucket and
     /// record on their way to the cache.
     #[inline]
-    pub(crate) fn prepare_batch<F: AsMut<[u8]>>(&self, chunk: &mut [F], side: Side, candidates: &mut [Option<Candidate>; MAX_BATCH]) {
+    pub(crate) fn prepare_batch<F: FrameBuf>(&self, chunk: &mut [F], side: Side, candidates: &mut [Option<Candidate>; MAX_BATCH]) {
         self.candidates_of(chunk, side, candidates);
         let opens = side == Side::Inside;
         for c in candidates.iter_mut().take(chunk.len()).flatten() {
@@ -73,9 +74,9 @@ impl Nat44 {
     /// its own, so that its loop has the registers to itself and writes each
     /// candidate straight into its slot.
     #[inline(never)]
-    fn candidates_of<F: AsMut<[u8]>>(&self, chunk: &mut [F], side: Side, candidates: &mut [Option<Candidate>; MAX_BATCH]) {
+    fn candidates_of<F: FrameBuf>(&self, chunk: &mut [F], side: Side, candidates: &mut [Option<Candidate>; MAX_BATCH]) {
         for (c, f) in candidates.iter_mut().zip(chunk.iter_mut()) {
-            *c = self.candidate(f.as_mut(), side);
+            *c = self.candidate(f.frame(), side);
             if let Some(c) = c {
                 self.tables.prefetch_bucket(c.hash());
             }

@@ -7,6 +7,7 @@
 
 use crate::drop::DropReason;
 use crate::pipeline::frame::Ip;
+use crate::pipeline::frame_buf::FrameBuf;
 use crate::pipeline::router::Router;
 use crate::pipeline::Stats;
 use crate::Side;
@@ -122,10 +123,11 @@ pub enum HookVerdict {
     Continue,
     Drop(DropReason),
     /// The frame needs up to this many more bytes than it has (options
-    /// inserted, a header added): the pipeline hands the function a longer
-    /// copy through `grow`, and that copy leaves in the frame's place,
-    /// through the output queue. Honoured after translation only, where
-    /// nothing rewrites the frame any more; before, it counts as `Continue`.
+    /// inserted, a header added): the functions after this one wait while
+    /// the pipeline lengthens the frame, in its own buffer where that has
+    /// room (else in a copy that leaves through the output queue), and
+    /// hands it to `grow`. Honoured after translation only, where nothing
+    /// rewrites the frame any more; before, it counts as `Continue`.
     Grow(usize),
 }
 
@@ -143,10 +145,14 @@ pub trait Middlebox: Send {
     /// declared an interest in.
     fn on_frame(&mut self, frame: &mut [u8], info: &FrameInfo) -> HookVerdict;
 
-    /// After `on_frame` answered `Grow(n)`: `frame` is a copy of the frame
-    /// followed by `n` zero bytes; the function writes the longer frame and
-    /// truncates it to its length. Functions after it see the copy.
-    fn grow(&mut self, _frame: &mut Vec<u8>, _info: &FrameInfo) {}
+    /// After `on_frame` answered `Grow(n)`: `frame` is the frame, `len`
+    /// bytes long, followed by `n` bytes of no particular content; the
+    /// function writes the longer frame, which ends where its IP packet
+    /// ends, and returns its length (at most `frame.len()`). Functions
+    /// after it see the longer frame.
+    fn grow(&mut self, _frame: &mut [u8], len: usize, _info: &FrameInfo) -> usize {
+        len
+    }
 
     /// Hands over the log records queued since the last call.
     fn drain_records(&mut self, _f: &mut dyn FnMut(FunctionRecord)) {}
@@ -205,14 +211,22 @@ pub(crate) struct Hooks {
     interest: Interest,
     /// The earliest `next_wake_ns` of every function.
     wake_ns: u64,
-    /// The longer copy of the frame a function grew, from the router's
-    /// buffers, until the pipeline sends it in the frame's place.
-    grown: Option<Vec<u8>>,
+    /// The function that asked for a longer frame, while the pipeline
+    /// lengthens it; the functions after it wait.
+    suspended: Option<Suspended>,
+}
+
+/// Where an after-translation run stopped for a frame to grow.
+#[derive(Debug, Clone, Copy)]
+struct Suspended {
+    function: usize,
+    by: usize,
+    info: FrameInfo,
 }
 
 impl Default for Hooks {
     fn default() -> Self {
-        Hooks { functions: Vec::new(), interest: Interest::default(), wake_ns: u64::MAX, grown: None }
+        Hooks { functions: Vec::new(), interest: Interest::default(), wake_ns: u64::MAX, suspended: None }
     }
 }
 
@@ -239,9 +253,9 @@ impl Hooks {
     /// Before a batch runs: lets the functions start loading what they will
     /// read for the frames they want (read from the bytes, before the
     /// frame is parsed; a frame whose header cannot be read so is left).
-    pub fn prefetch_batch<F: AsMut<[u8]>>(&self, chunk: &mut [F], side: Side) {
+    pub fn prefetch_batch<F: FrameBuf>(&self, chunk: &mut [F], side: Side) {
         for frame in chunk.iter_mut() {
-            let frame = frame.as_mut();
+            let frame = frame.frame();
             let Some((proto, tcp_flags)) = peek_ipv4(frame) else { continue };
             if self.interest.wants(proto, tcp_flags) {
                 for f in self.functions.iter().filter(|f| f.interest().wants(proto, tcp_flags)) {
@@ -280,16 +294,16 @@ impl Hooks {
     }
 
     /// Runs the functions of `at` that want the frame, in the order they
-    /// were added; the first drop ends it. A function that grows the frame
-    /// (after translation) leaves the longer copy in `take_grown`, and the
-    /// functions after it work on that copy.
-    pub fn run(&mut self, at: Point, frame: &mut [u8], ip: &Ip, ctx: Context, router: &mut Router) -> HookVerdict {
+    /// were added; the first drop ends it. A function that asks for a
+    /// longer frame (after translation) suspends the run: the pipeline
+    /// lengthens the frame and `resume`s.
+    pub fn run(&mut self, at: Point, frame: &mut [u8], ip: &Ip, ctx: Context) -> HookVerdict {
         if !self.interest.wants(ip.proto, ip.tcp_flags) {
             return HookVerdict::Continue;
         }
         // Read from the frame, not the parse: after translation they are the rewritten ones.
         let (src, dst) = natrix_wire::ipv4::Packet::new_lax(&frame[ip.l3..]).map_or((ip.src, ip.dst), |p| (p.src_addr(), p.dst_addr()));
-        let mut info = FrameInfo {
+        let info = FrameInfo {
             l3: ip.l3,
             l4: ip.l4,
             l4_len: ip.l4_len,
@@ -302,44 +316,61 @@ impl Hooks {
             now_ns: ctx.now_ns,
             softwire: ctx.softwire,
         };
-        let grown = &mut self.grown;
-        for f in self.functions.iter_mut().filter(|f| f.point().includes(at) && f.interest().wants(ip.proto, ip.tcp_flags)) {
-            let current: &mut [u8] = match grown {
-                Some(g) => g,
-                None => frame,
-            };
-            let verdict = f.on_frame(current, &info);
+        self.run_from(0, frame, &info)
+    }
+
+    /// Runs the functions from the `first`th on, as `run` does.
+    #[inline(always)]
+    fn run_from(&mut self, first: usize, frame: &mut [u8], info: &FrameInfo) -> HookVerdict {
+        let at = info.point;
+        for (i, f) in self.functions.iter_mut().enumerate().skip(first) {
+            if !(f.point().includes(at) && f.interest().wants(info.proto, info.tcp_flags)) {
+                continue;
+            }
+            let verdict = f.on_frame(frame, info);
             self.wake_ns = self.wake_ns.min(f.next_wake_ns());
             match verdict {
                 HookVerdict::Continue => {}
-                HookVerdict::Drop(r) => {
-                    if let Some(g) = grown.take() {
-                        router.recycle(g);
-                    }
-                    return HookVerdict::Drop(r);
-                }
+                HookVerdict::Drop(r) => return HookVerdict::Drop(r),
                 HookVerdict::Grow(_) if at == Point::BeforeTranslation => {}
                 HookVerdict::Grow(by) => {
-                    let mut copy = router.buffer();
-                    copy.extend_from_slice(current);
-                    copy.resize(current.len() + by, 0);
-                    f.grow(&mut copy, &info);
-                    // The IP header now says how long the transport is.
-                    if let Ok(p) = natrix_wire::ipv4::Packet::new_lax(&copy[info.l3..]) {
-                        info.l4_len = usize::from(p.total_len()).saturating_sub(info.l4 - info.l3);
-                    }
-                    if let Some(old) = grown.replace(copy) {
-                        router.recycle(old);
-                    }
+                    self.suspended = Some(Suspended { function: i, by, info: *info });
+                    return HookVerdict::Grow(by);
                 }
             }
         }
         HookVerdict::Continue
     }
 
-    /// The longer frame a function grew during the last `run`, if any.
-    pub fn take_grown(&mut self) -> Option<Vec<u8>> {
-        self.grown.take()
+    /// Bytes the suspended run asked the frame to grow by, if a run is suspended.
+    pub fn growth(&self) -> Option<usize> {
+        self.suspended.map(|s| s.by)
+    }
+
+    /// Ends a suspended run without growing the frame.
+    pub fn cancel(&mut self) {
+        self.suspended = None;
+    }
+
+    /// Goes on with the suspended run: `frame` is the frame followed by the
+    /// bytes it asked for. The function that asked writes the longer frame,
+    /// and the functions after it see that; the verdict, and the frame's
+    /// new length.
+    pub fn resume(&mut self, frame: &mut [u8]) -> (HookVerdict, usize) {
+        let Some(s) = self.suspended.take() else { return (HookVerdict::Continue, frame.len()) };
+        let mut info = s.info;
+        let len = self.functions[s.function].grow(frame, frame.len() - s.by, &info).min(frame.len());
+        let frame = &mut frame[..len];
+        info.l4_len = len.saturating_sub(info.l4);
+        let verdict = match self.run_from(s.function + 1, frame, &info) {
+            // One growth per frame: a second function asking for more waits for none.
+            HookVerdict::Grow(_) => {
+                self.suspended = None;
+                HookVerdict::Continue
+            }
+            v => v,
+        };
+        (verdict, len)
     }
 
     /// Every function's log records queued since the last call.

@@ -23,6 +23,7 @@
 
 pub mod emit;
 pub(crate) mod frame;
+pub mod frame_buf;
 pub mod hooks;
 pub(crate) mod router;
 
@@ -41,6 +42,7 @@ use crate::Side;
 
 use emit::OutFrame;
 use frame::{Ip, Ip6, Net};
+use frame_buf::FrameBuf;
 use hooks::{HookVerdict, Hooks, Middlebox};
 use router::Router;
 
@@ -54,8 +56,9 @@ pub enum Verdict {
     Drop(DropReason),
     /// Taken by the engine: kept (a fragment waiting for its first
     /// fragment), to come out later through the output queue; or forwarded
-    /// already, as a longer frame a middlebox function rebuilt from it
-    /// (HOST_ID options inserted), which waits in the output queue.
+    /// already, as a longer copy a middlebox function wrote (HOST_ID options
+    /// inserted into a frame whose buffer had no room), which waits in the
+    /// output queue.
     Held,
     /// Replaced by a frame of another shape that leaves through the output
     /// queue (a softwire packet decapsulated, or a packet encapsulated
@@ -104,6 +107,13 @@ pub struct Engine {
     nptv6: Nptv6,
     /// The DS-Lite AFTR, when `[dslite]` is configured.
     dslite: Option<Dslite>,
+    /// Whether the frame `process_batch` hands the full path can grow in
+    /// its own buffer; taken by the first IPv4 stage that reads it.
+    frame_can_grow: bool,
+    /// A frame that a function asked to grow, left for `process_batch`
+    /// to lengthen in its buffer: the side it leaves by, where its IPv4
+    /// header starts and the side it came from.
+    to_lengthen: Option<(Side, usize, Side)>,
     counters: FrameCounters,
     now_ns: u64,
     now_s: u32,
@@ -119,6 +129,8 @@ impl Engine {
             hooks: crate::syn_accel::install(&cfg, crate::host_id::install(&cfg, Hooks::default()))?,
             nptv6: Nptv6::new(&cfg.nptv6)?,
             dslite: cfg.dslite.clone().map(|d| Dslite::new(d, cfg.max_held_fragments, cfg.max_held_fragment_bytes, cfg.timeouts.fragment_ns)),
+            frame_can_grow: false,
+            to_lengthen: None,
             counters: FrameCounters::default(),
             now_ns: 0,
             now_s: 0,
@@ -305,7 +317,9 @@ impl Engine {
     /// `verdicts[i]` says what became of `frames[i]`. The same verdicts as
     /// `process` frame by frame, in fewer nanoseconds: NAPT44 prefetches the
     /// table lines of the whole batch before it decides any frame.
-    pub fn process_batch<F: AsMut<[u8]>>(&mut self, frames: &mut [F], side: Side, now_ns: u64, verdicts: &mut [Verdict]) {
+    /// A frame a function makes longer (HOST_ID's options) grows where it
+    /// lies when its buffer has room (`FrameBuf::set_frame_len`).
+    pub fn process_batch<F: FrameBuf>(&mut self, frames: &mut [F], side: Side, now_ns: u64, verdicts: &mut [Verdict]) {
         assert_eq!(frames.len(), verdicts.len(), "process_batch: one verdict per frame");
         self.advance(now_ns);
         // Tests once for the whole batch: whether it is translated at all,
@@ -322,7 +336,7 @@ impl Engine {
             }
             if !translate {
                 for (f, v) in chunk.iter_mut().zip(out.iter_mut()) {
-                    *v = self.nptv6_fast_or_full_path(f.as_mut(), side);
+                    *v = self.full_path_in_buffer(f, side);
                 }
             } else if extras {
                 self.translate_chunk::<true, F>(chunk, side, out);
@@ -336,7 +350,7 @@ impl Engine {
     /// any frame is decided. `EXTRAS`: whether a middlebox function or
     /// DS-Lite is configured, which each frame must then be checked for.
     #[inline(always)]
-    fn translate_chunk<const EXTRAS: bool, F: AsMut<[u8]>>(&mut self, chunk: &mut [F], side: Side, out: &mut [Verdict]) {
+    fn translate_chunk<const EXTRAS: bool, F: FrameBuf>(&mut self, chunk: &mut [F], side: Side, out: &mut [Verdict]) {
         let mut candidates: [Option<nat44::Candidate>; MAX_BATCH] = [None; MAX_BATCH];
         self.nat.prepare_batch(chunk, side, &mut candidates);
         if EXTRAS && side == Side::Inside && self.dslite.is_some() {
@@ -344,12 +358,63 @@ impl Engine {
         }
         for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
             self.nat.prefetch_ahead(&mut candidates, i, side);
-            let frame = f.as_mut();
             *v = match &candidates[i] {
-                Some(c) if !(EXTRAS && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide::<EXTRAS>(frame, side, c),
-                _ => self.nptv6_fast_or_full_path(frame, side),
+                Some(c) if !(EXTRAS && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide::<EXTRAS>(f.frame(), side, c),
+                _ => self.full_path_in_buffer(f, side),
             };
         }
+    }
+
+    /// `nptv6_fast_or_full_path` for a frame of a batch, which a function
+    /// may make longer in its buffer.
+    fn full_path_in_buffer<F: FrameBuf>(&mut self, f: &mut F, side: Side) -> Verdict {
+        self.frame_can_grow = true;
+        let v = self.nptv6_fast_or_full_path(f.frame(), side);
+        self.frame_can_grow = false;
+        match self.to_lengthen.take() {
+            Some((out, l3, from)) => self.grow_in_buffer(f, out, l3, from),
+            None => v,
+        }
+    }
+
+    /// Lengthens a frame a function asked to grow, in its buffer, and
+    /// finishes it there; in a copy where the buffer has no room.
+    fn grow_in_buffer<F: FrameBuf>(&mut self, f: &mut F, out: Side, l3: usize, from: Side) -> Verdict {
+        let len = f.frame().len() + self.hooks.growth().unwrap_or(0);
+        let Some(frame) = f.set_frame_len(len) else { return self.grow_into_copy(f.frame(), out, l3, from) };
+        let (result, end) = self.finish_grown(frame, out, l3);
+        let frame = f.set_frame_len(end).expect("shorter than the room it had");
+        self.settle(frame, l3, from, result)
+    }
+
+    /// Lengthens a frame a function asked to grow in a copy, which leaves
+    /// through the output queue in the frame's place.
+    fn grow_into_copy(&mut self, frame: &[u8], out: Side, l3: usize, from: Side) -> Verdict {
+        let mut copy = self.router.buffer();
+        copy.extend_from_slice(frame);
+        copy.resize(frame.len() + self.hooks.growth().unwrap_or(0), 0);
+        let (result, end) = self.finish_grown(&mut copy, out, l3);
+        copy.truncate(end);
+        if result != Ok(Some(out)) {
+            let v = self.settle(frame, l3, from, result);
+            self.router.recycle(copy);
+            return v;
+        }
+        self.router.queue_rebuilt(out, self.now_ns, copy);
+        self.counters.forwarded[out as usize] += 1;
+        Verdict::Held
+    }
+
+    /// The rest of the stages of a translated frame whose functions stopped
+    /// for it to grow: `frame` is it with the room asked for. The functions
+    /// finish, then the router's TTL; the result, and the frame's new length.
+    fn finish_grown(&mut self, frame: &mut [u8], out: Side, l3: usize) -> (Result<Option<Side>, DropReason>, usize) {
+        let (verdict, end) = self.hooks.resume(frame);
+        if let HookVerdict::Drop(r) = verdict {
+            return (Err(r), end);
+        }
+        self.router.decrement_ttl(&mut frame[..end], l3);
+        (Ok(Some(out)), end)
     }
 
     /// NPTv6's fast path (`nptv6::fast`) for a plain IPv6 frame a binding
@@ -403,16 +468,17 @@ impl Engine {
         if let Some(ds) = self.dslite.as_mut().filter(|_| side == Side::Outside) {
             ds.keep_if_large(frame, ip.l3);
         }
+        let can_grow = std::mem::take(&mut self.frame_can_grow);
         let result = self.ipv4_stages(frame, ip, side);
-        if let Some(mut grown) = self.hooks.take_grown() {
-            // Grown after translation: only the router's TTL is still to do.
-            if let Ok(Some(out)) = result {
-                self.router.decrement_ttl(&mut grown, ip.l3);
-                self.router.queue_rebuilt(out, self.now_ns, grown);
-                self.counters.forwarded[out as usize] += 1;
-                return Verdict::Held;
+        if self.hooks.growth().is_some() {
+            match result {
+                Ok(Some(out)) if can_grow => {
+                    self.to_lengthen = Some((out, ip.l3, side));
+                    return Verdict::Held;
+                }
+                Ok(Some(out)) => return self.grow_into_copy(frame, out, ip.l3, side),
+                _ => self.hooks.cancel(),
             }
-            self.router.recycle(grown);
         }
         if result == Ok(Some(Side::Inside)) && self.dslite.is_some() && to_softwire(frame, ip.l3) {
             return self.send_into_softwire(frame, ip.l3, side);
@@ -468,15 +534,22 @@ impl Engine {
             Some(done) => done.map(Some),
             None => self.ipv4_stages(&mut buf, &ip, Side::Inside),
         };
-        if let Some(mut grown) = self.hooks.take_grown() {
-            // A function made it longer after translation (HOST_ID options):
-            // the longer copy leaves instead, once the router's TTL is done.
-            if let Ok(Some(_)) = result {
-                self.router.decrement_ttl(&mut grown, ip.l3);
-                buf = std::mem::replace(&mut grown, buf);
+        let result = match (result, self.hooks.growth()) {
+            // A function makes it longer after translation (HOST_ID options),
+            // in the buffer it was decapsulated into.
+            (Ok(Some(out)), Some(by)) => {
+                buf.resize(buf.len() + by, 0);
+                let (result, end) = self.finish_grown(&mut buf, out, ip.l3);
+                buf.truncate(end);
+                result
             }
-            self.router.recycle(grown);
-        }
+            (result, growth) => {
+                if growth.is_some() {
+                    self.hooks.cancel();
+                }
+                result
+            }
+        };
         match self.settle(&buf, ip.l3, Side::Inside, result) {
             Verdict::Forward(out) => {
                 self.send_rebuilt(out, buf, ip.l3);
@@ -494,12 +567,12 @@ impl Engine {
     /// stand-in is hashed and its index bucket, then its record, start
     /// loading, so that deciding them does not wait for memory one by one.
     /// Only hints: nothing is changed or counted.
-    fn prefetch_softwires<F: AsMut<[u8]>>(&mut self, chunk: &mut [F], candidates: &[Option<nat44::Candidate>; MAX_BATCH]) {
+    fn prefetch_softwires<F: FrameBuf>(&mut self, chunk: &mut [F], candidates: &[Option<nat44::Candidate>; MAX_BATCH]) {
         let Some(ds) = self.dslite.as_ref() else { return };
         let mut hashes = [0u64; MAX_BATCH];
         let mut n = 0;
         for (f, _) in chunk.iter_mut().zip(candidates).filter(|(_, c)| c.is_none()) {
-            let frame = f.as_mut();
+            let frame = f.frame();
             let Some((b4, len)) = crate::dslite::plain::plain_softwire(frame, &ds.cfg.aftr) else { continue };
             let inner = &frame[crate::dslite::plain::INNER..crate::dslite::plain::INNER + len];
             let Some(proto) = crate::Proto::from_ip(inner[9]).filter(|p| len >= 24 && matches!(p, crate::Proto::Tcp | crate::Proto::Udp)) else { continue };
@@ -696,7 +769,10 @@ impl Engine {
         };
         let Some(out) = out else { return Ok(None) };
         self.run_hooks(hooks::Point::AfterTranslation, frame, ip, out)?;
-        self.router.decrement_ttl(frame, ip.l3);
+        // A frame a function makes longer gets its TTL once it has grown.
+        if self.hooks.growth().is_none() {
+            self.router.decrement_ttl(frame, ip.l3);
+        }
         Ok(Some(out))
     }
 
@@ -740,7 +816,7 @@ impl Engine {
             return Ok(());
         }
         let ctx = hooks::Context { side, now_ns: self.now_ns, softwire: self.softwire_host(ip.src) };
-        match self.hooks.run(at, frame, ip, ctx, &mut self.router) {
+        match self.hooks.run(at, frame, ip, ctx) {
             HookVerdict::Drop(r) => Err(r),
             HookVerdict::Continue | HookVerdict::Grow(_) => Ok(()),
         }
