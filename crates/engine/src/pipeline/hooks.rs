@@ -159,8 +159,15 @@ pub trait Middlebox: Send {
 
     /// A batch is about to run: start loading whatever `on_frame` will read
     /// for `frame` (arrived on `side`), as NAPT44 prefetches its table
-    /// lines across a batch. Called only for frames the function wants.
+    /// lines across a batch. Called only for frames the function wants,
+    /// and only when `prefetches` says it does something.
     fn prefetch(&self, _frame: &[u8], _side: Side) {}
+
+    /// Whether `prefetch` does anything: a batch none of the functions
+    /// prefetches for is not walked before it runs.
+    fn prefetches(&self) -> bool {
+        false
+    }
 
     /// When the function next wants `on_time` (u64::MAX: never). Asked
     /// after each `on_frame` and `on_time`, so the engine's clock pays one
@@ -209,6 +216,8 @@ pub(crate) struct Hooks {
     functions: Vec<Box<dyn Middlebox>>,
     /// Every function's interest together.
     interest: Interest,
+    /// The interest of the functions that prefetch, together.
+    prefetch_interest: Interest,
     /// The earliest `next_wake_ns` of every function.
     wake_ns: u64,
     /// The function that asked for a longer frame, while the pipeline
@@ -226,13 +235,16 @@ struct Suspended {
 
 impl Default for Hooks {
     fn default() -> Self {
-        Hooks { functions: Vec::new(), interest: Interest::default(), wake_ns: u64::MAX, suspended: None }
+        Hooks { functions: Vec::new(), interest: Interest::default(), prefetch_interest: Interest::default(), wake_ns: u64::MAX, suspended: None }
     }
 }
 
 impl Hooks {
     pub fn add(&mut self, m: Box<dyn Middlebox>) {
         self.interest = self.interest.union(m.interest());
+        if m.prefetches() {
+            self.prefetch_interest = self.prefetch_interest.union(m.interest());
+        }
         self.wake_ns = self.wake_ns.min(m.next_wake_ns());
         self.functions.push(m);
     }
@@ -254,11 +266,14 @@ impl Hooks {
     /// read for the frames they want (read from the bytes, before the
     /// frame is parsed; a frame whose header cannot be read so is left).
     pub fn prefetch_batch<F: FrameBuf>(&self, chunk: &mut [F], side: Side) {
+        if self.prefetch_interest == Interest::default() {
+            return;
+        }
         for frame in chunk.iter_mut() {
             let frame = frame.frame();
             let Some((proto, tcp_flags)) = peek_ipv4(frame) else { continue };
-            if self.interest.wants(proto, tcp_flags) {
-                for f in self.functions.iter().filter(|f| f.interest().wants(proto, tcp_flags)) {
+            if self.prefetch_interest.wants(proto, tcp_flags) {
+                for f in self.functions.iter().filter(|f| f.prefetches() && f.interest().wants(proto, tcp_flags)) {
                     f.prefetch(frame, side);
                 }
             }

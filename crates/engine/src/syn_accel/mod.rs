@@ -465,6 +465,10 @@ impl Middlebox for SynAccel {
         HookVerdict::Continue
     }
 
+    fn prefetches(&self) -> bool {
+        true
+    }
+
     /// A caller's SYN in a batch: its index line, which `on_caller_segment` reads.
     fn prefetch(&self, frame: &[u8], side: Side) {
         if side == Side::Inside {
