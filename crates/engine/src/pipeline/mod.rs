@@ -503,7 +503,7 @@ impl Engine {
             let Some((b4, len)) = crate::dslite::plain::plain_softwire(frame, &ds.cfg.aftr) else { continue };
             let inner = &frame[crate::dslite::plain::INNER..crate::dslite::plain::INNER + len];
             let Some(proto) = crate::Proto::from_ip(inner[9]).filter(|p| len >= 24 && matches!(p, crate::Proto::Tcp | crate::Proto::Udp)) else { continue };
-            let Some(stand_in) = self.nat.subs.identities().find_softwire(b4, natrix_wire::get_u32_at(inner, natrix_wire::ipv4::SRC_OFFSET)) else { continue };
+            let Some(stand_in) = self.nat.subs.identities_mut().find_softwire(b4, natrix_wire::get_u32_at(inner, natrix_wire::ipv4::SRC_OFFSET)) else { continue };
             let tables = self.nat.tables();
             hashes[n] = tables.hash_in(proto, stand_in, natrix_wire::get_u16_at(inner, 20));
             tables.prefetch_bucket(hashes[n]);
