@@ -342,7 +342,9 @@ impl Engine {
         let mut candidates: [Option<nat44::Candidate>; MAX_BATCH] = [None; MAX_BATCH];
         self.nat.prepare_batch(chunk, side, &mut candidates);
         // Which candidates are softwire packets' (`softwire`), bit i for frame i.
-        let softwires = if EXTRAS && side == Side::Inside && self.dslite.is_some() { self.softwire_candidates(chunk, &mut candidates) } else { 0 };
+        // Beside NPTv6 bindings a softwire packet tries NPTv6's fast path
+        // first, in a batch as frame by frame, so then there is no such stage.
+        let softwires = if EXTRAS && side == Side::Inside && self.dslite.is_some() && self.nptv6.is_empty() { self.softwire_candidates(chunk, &mut candidates) } else { 0 };
         for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
             self.nat.prefetch_ahead(&mut candidates, i, side);
             let frame = f.as_mut();
