@@ -13,8 +13,8 @@
 //! policy, logs and refusals name).
 //!
 //! Replies the fast path translated towards a stand-in are encapsulated
-//! from the record their candidate gives (`encapsulate_translated`), without parsing
-//! them again.
+//! from the record their candidate gives (`encapsulate_translated`),
+//! without parsing them again.
 
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, ipv4, tcp};
 
@@ -31,8 +31,8 @@ use crate::Side;
 
 /// How a softwire packet's host gets its stand-in.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum StandIn {
-    /// Only one it has already: a batch's stage changes nothing.
+enum StandIn {
+    /// Only one it has already: a batch's stage makes none.
     Existing,
     /// Made on first use: the packet is being decided.
     Interned,
@@ -44,7 +44,7 @@ impl Engine {
     /// host has a stand-in, gets its carried candidate in its empty slot of
     /// `candidates`, its bucket and then its record on their way to the
     /// cache. Returns which slots hold one (bit i for slot i). Nothing is
-    /// changed or counted.
+    /// counted and no stand-in made.
     pub(super) fn softwire_candidates<F: AsMut<[u8]>>(&mut self, chunk: &mut [F], candidates: &mut [Option<Candidate>; MAX_BATCH]) -> u64 {
         let mut softwires = 0u64;
         for (i, (f, slot)) in chunk.iter_mut().zip(candidates.iter_mut()).enumerate() {
