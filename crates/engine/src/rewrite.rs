@@ -93,6 +93,34 @@ fn patch_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16
     Some(())
 }
 
+/// Replaces the source or destination address of a fast-path frame
+/// (Ethernet, IPv4 without options, TCP or UDP, lengths checked), its port
+/// and TTL left alone: a softwire reply's stand-in giving way to its
+/// host's inner address. Both checksums take the one difference.
+#[inline]
+pub fn replace_address(frame: &mut [u8], tcp: bool, which: Which, addr: u32) {
+    let patched = patch_address(frame, tcp, which, addr);
+    debug_assert!(patched.is_some(), "replace_address: a frame too short for its transport header");
+}
+
+#[inline(always)]
+fn patch_address(frame: &mut [u8], tcp: bool, which: Which, addr: u32) -> Option<()> {
+    const L3: usize = natrix_wire::ethernet::HEADER_LEN;
+    const UDP_CHECKSUM: usize = natrix_wire::udp::CHECKSUM_OFFSET;
+    const TCP_CHECKSUM: usize = natrix_wire::tcp::CHECKSUM_OFFSET;
+    let f = frame.first_chunk_mut::<{ SIMPLE_L4 + natrix_wire::tcp::MIN_HEADER_LEN }>()?;
+    let a = L3 + addr_at(which);
+    let new_addr = addr.to_be_bytes();
+    let d = Delta::from_u32(ne_u32(f, a), u32::from_ne_bytes(new_addr));
+    f[a..a + 4].copy_from_slice(&new_addr);
+    let c = d.apply(ne_u16(f, L3 + IP_CHECKSUM));
+    f[L3 + IP_CHECKSUM..L3 + IP_CHECKSUM + 2].copy_from_slice(&c.to_ne_bytes());
+    let at = SIMPLE_L4 + UDP_CHECKSUM + usize::from(tcp) * (TCP_CHECKSUM - UDP_CHECKSUM);
+    let c = d.apply_transport(ne_u16(f, at), !tcp);
+    f[at..at + 2].copy_from_slice(&c.to_ne_bytes());
+    Some(())
+}
+
 /// A 16-bit word of a fixed-length frame in the CPU's byte order.
 #[inline(always)]
 fn ne_u16<const N: usize>(f: &[u8; N], at: usize) -> u16 {
@@ -168,5 +196,59 @@ pub fn l4_for(p: u8, at: usize, len: usize, icmp_query: bool) -> L4 {
         proto::UDP => L4::Udp { at },
         proto::ICMP if icmp_query => L4::IcmpQuery { at },
         _ => L4::None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(tcp: bool, zero_udp_checksum: bool) -> Vec<u8> {
+        let b = etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv4([198, 51, 100, 7], [240, 0, 0, 9], 63);
+        let mut f = Vec::new();
+        if tcp {
+            b.tcp(443, 5000, 1, 1000).ack(2).write(&mut f, b"reply").unwrap();
+        } else {
+            b.udp(53, 5000).write(&mut f, b"reply reply reply ").unwrap();
+        }
+        if zero_udp_checksum {
+            f[40..42].copy_from_slice(&[0, 0]);
+        }
+        f
+    }
+
+    /// The checksums etherparse computes for the frame as it now is.
+    fn checksums_hold(f: &[u8]) -> bool {
+        let p = etherparse::SlicedPacket::from_ethernet(f).unwrap();
+        let Some(etherparse::NetSlice::Ipv4(ip)) = &p.net else { return false };
+        let h = ip.header().to_header();
+        let ip_ok = h.header_checksum == h.calc_header_checksum();
+        ip_ok
+            && match &p.transport {
+                Some(etherparse::TransportSlice::Tcp(t)) => t.checksum() == t.to_header().calc_checksum_ipv4(&h, t.payload()).unwrap(),
+                Some(etherparse::TransportSlice::Udp(u)) => u.checksum() == u.to_header().calc_checksum_ipv4(&h, u.payload()).unwrap(),
+                _ => false,
+            }
+    }
+
+    #[test]
+    fn replacing_an_address_keeps_both_checksums_right_under_etherparse() {
+        for tcp in [true, false] {
+            let mut f = frame(tcp, false);
+            replace_address(&mut f, tcp, Which::Dst, u32::from_be_bytes([192, 0, 0, 2]));
+            assert_eq!(&f[30..34], &[192, 0, 0, 2]);
+            assert_eq!(f[22], 63, "the TTL is left alone");
+            assert!(checksums_hold(&f), "tcp {tcp}");
+            replace_address(&mut f, tcp, Which::Src, u32::from_be_bytes([203, 0, 113, 1]));
+            assert_eq!(&f[26..30], &[203, 0, 113, 1]);
+            assert!(checksums_hold(&f), "tcp {tcp}");
+        }
+    }
+
+    #[test]
+    fn a_udp_datagram_without_a_checksum_keeps_none() {
+        let mut f = frame(false, true);
+        replace_address(&mut f, false, Which::Dst, u32::from_be_bytes([192, 0, 0, 2]));
+        assert_eq!(&f[40..42], &[0, 0]);
     }
 }

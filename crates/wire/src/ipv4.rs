@@ -20,6 +20,10 @@ mod field {
 
 /// Field offsets for code that patches a header in place with incremental
 /// checksum updates (RFC 1624) rather than through a view.
+pub const IDENT_OFFSET: usize = field::IDENT;
+pub const FLAGS_FRAG_OFFSET: usize = field::FLAGS_FRAG;
+/// Don't fragment, in the 16-bit word at `FLAGS_FRAG_OFFSET`.
+pub const DONT_FRAGMENT: u16 = FLAG_DF;
 pub const TTL_OFFSET: usize = field::TTL;
 pub const CHECKSUM_OFFSET: usize = field::CHECKSUM;
 pub const SRC_OFFSET: usize = field::SRC;

@@ -53,11 +53,15 @@ impl Softwire<'_> {
         buf.extend_from_slice(self.eth);
         let l3 = buf.len();
         buf[l3 - 2..l3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
-        buf.extend_from_slice(&[0x60, 0, 0, 0]);
-        buf.extend_from_slice(&(payload_len as u16).to_be_bytes());
-        buf.extend_from_slice(&[next_header, HOP_LIMIT]);
-        buf.extend_from_slice(&self.aftr.octets());
-        buf.extend_from_slice(&self.b4.octets());
+        // Built whole, then appended in one go.
+        let mut h = [0u8; ipv6::HEADER_LEN];
+        h[0] = 0x60;
+        h[4..6].copy_from_slice(&(payload_len as u16).to_be_bytes());
+        h[6] = next_header;
+        h[7] = HOP_LIMIT;
+        h[8..24].copy_from_slice(&self.aftr.octets());
+        h[24..40].copy_from_slice(&self.b4.octets());
+        buf.extend_from_slice(&h);
         payload(buf);
     }
 }

@@ -23,6 +23,10 @@ pub(crate) struct SoftwireMtus {
 impl SoftwireMtus {
     /// The outer MTU towards `b4`.
     pub fn of(&self, b4: Ipv6Addr, configured: u16) -> u16 {
+        // Most AFTRs never see a packet too big: no hash of the address then.
+        if self.lowered.is_empty() {
+            return configured;
+        }
         self.lowered.get(&b4).map_or(configured, |&m| m.min(configured))
     }
 

@@ -57,7 +57,7 @@ impl Nat44 {
     /// kept as the lookup's hint; or, when the bucket says the endpoint is
     /// not indexed and `opens` (outbound), what opening its flow touches.
     #[inline]
-    fn prefetch_and_hint(&self, c: &mut Candidate, opens: bool) {
+    pub(crate) fn prefetch_and_hint(&self, c: &mut Candidate, opens: bool) {
         let guess = self.tables.prefetch_record(c.hash());
         c.hint = match guess {
             Guess::Likely(id) => id,

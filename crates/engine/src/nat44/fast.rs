@@ -74,6 +74,19 @@ impl Candidate {
     pub(crate) fn tcp_flags(&self) -> u8 {
         self.tcp_flags
     }
+
+    /// Bytes of the IPv4 datagram, its 20-byte header included.
+    pub(crate) fn datagram_len(&self) -> usize {
+        IP_HEADER + usize::from(self.l4_len)
+    }
+
+    pub(crate) fn src(&self) -> u32 {
+        self.src
+    }
+
+    pub(crate) fn dst(&self) -> u32 {
+        self.dst
+    }
 }
 
 impl Nat44 {
@@ -84,34 +97,56 @@ impl Nat44 {
     /// the compiler inlines it by itself.
     #[inline(always)]
     pub(crate) fn candidate(&self, frame: &[u8], side: Side) -> Option<Candidate> {
-        self.candidate_from(frame, side, |src| !is_martian(src))
+        let h = frame.first_chunk::<VIEW>()?;
+        if get_u16_at(h, 12) != ethernet::ETHERTYPE_IPV4 {
+            return None;
+        }
+        self.candidate_of(h, frame.len(), side, |src| (!is_martian(src)).then_some(src))
     }
 
-    /// `candidate` for a packet decapsulated from a softwire (DS-Lite): its
-    /// source is the stand-in of its host behind the B4, which no frame
-    /// can carry on the wire, so it passes where a martian source would not.
+    /// `candidate` for a packet decapsulated from a softwire (DS-Lite) into
+    /// a frame of its own: its source is the stand-in of its host behind
+    /// the B4, which no frame can carry on the wire, so it passes where a
+    /// martian source would not.
     #[inline]
     pub(crate) fn softwire_candidate(&self, frame: &[u8]) -> Option<Candidate> {
-        self.candidate_from(frame, Side::Inside, crate::state::identity::is_softwire)
+        let h = frame.first_chunk::<VIEW>()?;
+        if get_u16_at(h, 12) != ethernet::ETHERTYPE_IPV4 {
+            return None;
+        }
+        self.candidate_of(h, frame.len(), Side::Inside, |src| crate::state::identity::is_softwire(src).then_some(src))
     }
 
+    /// `candidate` for the IPv4 packet a softwire packet carries from
+    /// `at`, still inside it, whose host has the stand-in `stand_in`: the
+    /// candidate's internal address, so the lookup needs neither the
+    /// packet decapsulated nor its source replaced. The bytes before `at`
+    /// stand where an Ethernet header would; they are not read.
+    #[inline]
+    pub(crate) fn carried_candidate(&self, frame: &[u8], at: usize, stand_in: u32) -> Option<Candidate> {
+        let view = frame.get(at - L3..)?;
+        self.candidate_of(view.first_chunk::<VIEW>()?, view.len(), Side::Inside, |_| Some(stand_in))
+    }
+
+    /// The checks of `candidate` past the Ethertype, on the `len` bytes of
+    /// which `h` is the head. `internal` gives the internal address for the
+    /// packet's source, None where it may not be one.
     #[inline(always)]
-    fn candidate_from(&self, frame: &[u8], side: Side, source_ok: impl Fn(u32) -> bool) -> Option<Candidate> {
-        // Read through a fixed-length view, no field needs a bounds check.
-        let h = frame.first_chunk::<VIEW>()?;
-        if get_u16_at(h, 12) != ethernet::ETHERTYPE_IPV4 || h[L3] != 0x45 {
+    fn candidate_of(&self, h: &[u8; VIEW], len: usize, side: Side, internal: impl Fn(u32) -> Option<u32>) -> Option<Candidate> {
+        if h[L3] != 0x45 {
             return None;
         }
         let total = usize::from(get_u16_at(h, L3 + 2));
         // More-fragments and offset both clear; TTL left to decrement.
-        if total < IP_HEADER || total > frame.len() - L3 || get_u16_at(h, L3 + 6) & 0x3fff != 0 || h[L3 + 8] <= 1 {
+        if total < IP_HEADER || total > len - L3 || get_u16_at(h, L3 + 6) & 0x3fff != 0 || h[L3 + 8] <= 1 {
             return None;
         }
         let l4_len = total - IP_HEADER;
         let (proto, tcp_flags) = transport(h, l4_len)?;
         let (src, dst) = (get_u32_at(h, L3 + 12), get_u32_at(h, L3 + 16));
         let mtu = self.cfg.egress_mtu[side.other() as usize];
-        if !source_ok(src) || is_martian(dst) || (mtu != 0 && total > usize::from(mtu)) || !header_checksum_ok(h) {
+        let src = internal(src)?;
+        if is_martian(dst) || (mtu != 0 && total > usize::from(mtu)) || !header_checksum_ok(h) {
             return None;
         }
         let (sport, dport) = (get_u16_at(h, AT), get_u16_at(h, AT + 2));
@@ -155,6 +190,21 @@ impl Nat44 {
             (Ok(out), _) => Some(Ok(out)),
             (Err(found), Side::Inside) => Some(self.open(frame, c, found)),
             (Err(_), Side::Outside) => None,
+        }
+    }
+
+    /// `decide` for an outbound candidate whose frame must change before a
+    /// flow is opened from it: `prepare` runs only when there is no session
+    /// to translate it by (a softwire packet's host address gives way to
+    /// its stand-in, which only the opening's policy needs to see).
+    #[inline(always)]
+    pub(crate) fn decide_outbound(&mut self, frame: &mut [u8], c: &Candidate, prepare: impl FnOnce(&mut [u8])) -> Result<Side, DropReason> {
+        match self.forward(frame, Side::Inside, c) {
+            Ok(out) => Ok(out),
+            Err(found) => {
+                prepare(frame);
+                self.open(frame, c, found)
+            }
         }
     }
 

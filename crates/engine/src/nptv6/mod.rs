@@ -49,6 +49,11 @@ impl Nptv6 {
     }
 
     /// A reload: `fresh`'s table replaces this one; the counters go on.
+    /// Whether no binding is configured.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.mappings.is_empty()
+    }
+
     pub fn replace_table(&mut self, fresh: Nptv6) {
         self.mappings = fresh.mappings;
     }

@@ -19,6 +19,9 @@ pub struct OutFrame {
 pub struct OutQueue {
     frames: Vec<OutFrame>,
     spare: Vec<Vec<u8>>,
+    /// A frame was pushed (not `push_final`) since the queue was last
+    /// drained or taken from.
+    own: bool,
 }
 
 impl OutQueue {
@@ -37,6 +40,16 @@ impl OutQueue {
 
     pub fn push(&mut self, side: Side, time_ns: u64, data: Vec<u8>) {
         self.frames.push(OutFrame { side, time_ns, data });
+        self.own = true;
+    }
+
+    /// `push` for a frame nothing will rebuild before it leaves.
+    pub fn push_final(&mut self, side: Side, time_ns: u64, data: Vec<u8>) {
+        self.frames.push(OutFrame { side, time_ns, data });
+    }
+
+    pub fn has_own(&self) -> bool {
+        self.own
     }
 
     pub fn is_empty(&self) -> bool {
@@ -45,11 +58,13 @@ impl OutQueue {
 
     /// Takes out the queued frames `pick` chooses, keeping the others in order.
     pub fn take(&mut self, mut pick: impl FnMut(&OutFrame) -> bool) -> Vec<OutFrame> {
+        self.own = false;
         self.frames.extract_if(.., |f| pick(f)).collect()
     }
 
     /// Hands each queued frame to `f` in order and keeps the buffers.
     pub fn drain(&mut self, mut f: impl FnMut(&OutFrame)) {
+        self.own = false;
         for fr in self.frames.drain(..) {
             f(&fr);
             self.spare.push(fr.data);

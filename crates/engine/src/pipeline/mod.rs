@@ -26,6 +26,7 @@ pub(crate) mod frame;
 pub mod frame_buf;
 pub mod hooks;
 pub(crate) mod router;
+mod softwire;
 
 use crate::config::EngineConfig;
 use crate::drop::{DropCounters, DropReason};
@@ -304,13 +305,14 @@ impl Engine {
         self.nptv6_fast_or_full_path(frame, side)
     }
 
-    /// `process` without the fast path: every frame takes the full path.
-    /// The fast path must never decide differently; tests hold it to that.
+    /// `process` without the fast paths: every frame takes the full path,
+    /// parsed (a softwire packet decapsulated by `dslite::decap`). The fast
+    /// paths must never decide differently; tests hold them to that.
     #[doc(hidden)]
     pub fn process_full(&mut self, frame: &mut [u8], side: Side, now_ns: u64) -> Verdict {
         self.advance(now_ns);
         self.counters.received[side as usize] += 1;
-        self.full_path(frame, side)
+        self.parsed_path(frame, side)
     }
 
     /// Translates `frames`, all arrived on `side` at `now_ns`, in place;
@@ -353,12 +355,14 @@ impl Engine {
     fn translate_chunk<const EXTRAS: bool, F: FrameBuf>(&mut self, chunk: &mut [F], side: Side, out: &mut [Verdict]) {
         let mut candidates: [Option<nat44::Candidate>; MAX_BATCH] = [None; MAX_BATCH];
         self.nat.prepare_batch(chunk, side, &mut candidates);
-        if EXTRAS && side == Side::Inside && self.dslite.is_some() {
-            self.prefetch_softwires(chunk, &candidates);
-        }
+        // Which candidates are softwire packets' (`softwire`), bit i for frame i.
+        // Beside NPTv6 bindings a softwire packet tries NPTv6's fast path
+        // first, in a batch as frame by frame, so then there is no such stage.
+        let softwires = if EXTRAS && side == Side::Inside && self.dslite.is_some() && self.nptv6.is_empty() { self.softwire_candidates(chunk, &mut candidates) } else { 0 };
         for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
             self.nat.prefetch_ahead(&mut candidates, i, side);
             *v = match &candidates[i] {
+                Some(c) if EXTRAS && softwires >> i & 1 == 1 => self.decide_carried(f.frame(), c),
                 Some(c) if !(EXTRAS && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide::<EXTRAS>(f.frame(), side, c),
                 _ => self.full_path_in_buffer(f, side),
             };
@@ -439,7 +443,7 @@ impl Engine {
             }
         }
         match self.nat.decide(frame, side, c) {
-            Some(Ok(Side::Inside)) if EXTRAS && self.dslite.is_some() && to_softwire(frame, nat44::fast::L3) => self.send_into_softwire(frame, nat44::fast::L3, side),
+            Some(Ok(Side::Inside)) if EXTRAS && self.dslite.is_some() && to_softwire(frame, nat44::fast::L3) => self.encapsulate_translated(frame, side, c),
             Some(Ok(out)) => {
                 self.counters.forwarded[out as usize] += 1;
                 Verdict::Forward(out)
@@ -449,12 +453,19 @@ impl Engine {
         }
     }
 
+    /// Every frame no fast path took: a plain softwire packet is still
+    /// tried by DS-Lite's (`softwire`), anything else is parsed.
     fn full_path(&mut self, frame: &mut [u8], side: Side) -> Verdict {
         if side == Side::Inside && self.dslite.is_some() {
             if let Some(v) = self.plain_softwire_in(frame) {
                 return v;
             }
         }
+        self.parsed_path(frame, side)
+    }
+
+    /// The full path proper: the frame parsed, then the stages.
+    fn parsed_path(&mut self, frame: &mut [u8], side: Side) -> Verdict {
         let result = match frame::parse(frame) {
             Err(r) => Err(r),
             Ok(Net::V4(ip)) => return self.ipv4(frame, &ip, side),
@@ -562,82 +573,6 @@ impl Engine {
         }
     }
 
-    /// NAPT44's batch stages for the plain softwire packets of a batch
-    /// (`nat44::batch`): the lookup key of each one whose host has a
-    /// stand-in is hashed and its index bucket, then its record, start
-    /// loading, so that deciding them does not wait for memory one by one.
-    /// Only hints: nothing is changed or counted.
-    fn prefetch_softwires<F: FrameBuf>(&mut self, chunk: &mut [F], candidates: &[Option<nat44::Candidate>; MAX_BATCH]) {
-        let Some(ds) = self.dslite.as_ref() else { return };
-        let mut hashes = [0u64; MAX_BATCH];
-        let mut n = 0;
-        for (f, _) in chunk.iter_mut().zip(candidates).filter(|(_, c)| c.is_none()) {
-            let frame = f.frame();
-            let Some((b4, len)) = crate::dslite::plain::plain_softwire(frame, &ds.cfg.aftr) else { continue };
-            let inner = &frame[crate::dslite::plain::INNER..crate::dslite::plain::INNER + len];
-            let Some(proto) = crate::Proto::from_ip(inner[9]).filter(|p| len >= 24 && matches!(p, crate::Proto::Tcp | crate::Proto::Udp)) else { continue };
-            let Some(stand_in) = self.nat.subs.identities().find_softwire(b4, natrix_wire::get_u32_at(inner, natrix_wire::ipv4::SRC_OFFSET)) else { continue };
-            let tables = self.nat.tables();
-            hashes[n] = tables.hash_in(proto, stand_in, natrix_wire::get_u16_at(inner, 20));
-            tables.prefetch_bucket(hashes[n]);
-            n += 1;
-        }
-        for &h in &hashes[..n] {
-            self.nat.tables().prefetch_record(h);
-        }
-    }
-
-    /// A plain softwire packet (`dslite::plain`) of a flow NAPT44's fast
-    /// path takes: decapsulated, given its stand-in and translated without
-    /// the generic parse. None: nothing was done (nothing counted), for the
-    /// full path: another shape, a B4 that is refused, a SYN to clamp, a
-    /// packet the fast path leaves alone, a host without a stand-in.
-    fn plain_softwire_in(&mut self, frame: &[u8]) -> Option<Verdict> {
-        let ds = self.dslite.as_ref()?;
-        let (b4, len) = crate::dslite::plain::plain_softwire(frame, &ds.cfg.aftr)?;
-        let inner = &frame[crate::dslite::plain::INNER..crate::dslite::plain::INNER + len];
-        let is_tcp = inner[9] == natrix_wire::proto::TCP;
-        // Room for a TCP header, as NAPT44's fast path wants; TCP or UDP.
-        if len < 40 || !(is_tcp || inner[9] == natrix_wire::proto::UDP) {
-            return None;
-        }
-        let syn = is_tcp && inner[33] & natrix_wire::tcp::flags::SYN != 0;
-        if !ds.cfg.accepts(b4) || (syn && ds.cfg.mss_clamp.is_some()) || self.nat.deterministic().is_some_and(|d| d.index_of_member(Member::B4(b4)).is_none()) {
-            return None;
-        }
-        let host = natrix_wire::get_u32_at(inner, natrix_wire::ipv4::SRC_OFFSET);
-        let stand_in = self.nat.subs.identities_mut().intern_softwire(b4, host, (self.now_ns / 1_000_000_000) as u32)?;
-        let mut buf = self.router.buffer();
-        buf.extend_from_slice(&frame[..12]);
-        buf.extend_from_slice(&natrix_wire::ethernet::ETHERTYPE_IPV4.to_be_bytes());
-        buf.extend_from_slice(inner);
-        let at = nat44::fast::L3 + natrix_wire::ipv4::MIN_HEADER_LEN;
-        let l4 = if is_tcp { crate::rewrite::L4::Tcp { at, len: len - 20 } } else { crate::rewrite::L4::Udp { at } };
-        let sport = natrix_wire::get_u16_at(&buf, at);
-        crate::rewrite::rewrite(&mut buf, nat44::fast::L3, l4, Which::Src, stand_in, sport);
-        // The copy in `buf` is all that changed: declined, the full path starts afresh.
-        let Some(result) = self.softwire_fast_path(&mut buf) else {
-            self.router.recycle(buf);
-            return None;
-        };
-        if let Some(ds) = self.dslite.as_mut() {
-            ds.stats.decapsulated += 1;
-        }
-        if let Some(c) = self.nat.subs.identities_mut().counters_mut(stand_in) {
-            c.decapsulated += 1;
-        }
-        Some(match self.settle(&buf, nat44::fast::L3, Side::Inside, result.map(Some)) {
-            Verdict::Forward(out) => {
-                self.send_rebuilt(out, buf, nat44::fast::L3);
-                Verdict::Consumed
-            }
-            v => {
-                self.router.recycle(buf);
-                v
-            }
-        })
-    }
-
     /// NAPT44's fast path for a decapsulated packet (`nat44::fast`): one of
     /// an established flow, or one that opens a flow, translated in `buf`,
     /// with the side it leaves on or why not. None: `buf` is untouched, for
@@ -684,7 +619,7 @@ impl Engine {
             let _ = self.encapsulate(&mut buf, l3, self.now_ns, Origin::Hairpin);
             self.router.recycle(buf);
         } else {
-            self.router.queue_rebuilt(out, self.now_ns, buf);
+            self.router.queue_final(out, self.now_ns, buf);
         }
     }
 
@@ -692,9 +627,14 @@ impl Engine {
     /// towards a softwire host: encapsulated to its B4 (the frame itself is
     /// not sent, and is left with its host's inner address).
     fn send_into_softwire(&mut self, frame: &mut [u8], l3: usize, side: Side) -> Verdict {
-        let origin = if side == Side::Outside { Origin::Outside } else { Origin::Hairpin };
-        let result = self.encapsulate(frame, l3, self.now_ns, origin).map(|()| Some(Side::Inside));
-        match self.verdict_of(result) {
+        let result = self.encapsulate(frame, l3, self.now_ns, Origin::of_arrival(side));
+        self.softwire_verdict(result)
+    }
+
+    /// What became of a frame encapsulated (or refused) in place of being
+    /// sent: counted forwarded to the inside, consumed.
+    fn softwire_verdict(&mut self, result: Result<(), DropReason>) -> Verdict {
+        match self.verdict_of(result.map(|()| Some(Side::Inside))) {
             Verdict::Forward(_) => Verdict::Consumed,
             v => v,
         }
@@ -702,6 +642,10 @@ impl Engine {
 
     /// Frames natrix queued for softwire hosts, encapsulated in their place.
     fn encapsulate_queued(&mut self) {
+        // Only natrix's own frames may still need it: those the pipeline rebuilt are final.
+        if !self.router.has_own_output() {
+            return;
+        }
         for f in self.router.take_queued(|f| f.side == Side::Inside && ethernet_l3(&f.data).is_some_and(|l3| to_softwire(&f.data, l3))) {
             let l3 = ethernet_l3(&f.data).unwrap_or(0);
             // Frames natrix made itself: one it cannot encapsulate is not sent.
@@ -718,7 +662,9 @@ impl Engine {
     /// fragmentation needed quoting it as it arrived (RFC 2473 section 7).
     /// `buf` is left with the host's inner address.
     fn encapsulate(&mut self, buf: &mut [u8], l3: usize, at_ns: u64, origin: Origin) -> Result<(), DropReason> {
-        let Some(ds) = self.dslite.as_mut() else { return Err(DropReason::NoMapping) };
+        if self.dslite.is_none() {
+            return Err(DropReason::NoMapping);
+        }
         let mut ip = frame::parse_ipv4_any_address(buf, l3)?;
         let Identity::Softwire { b4, inner } = self.nat.subs.identities().resolve(ip.dst) else { return Err(DropReason::NoMapping) };
         if origin == Origin::Natrix && ip.src == self.router.source(Side::Inside) && ip.proto == natrix_wire::proto::ICMP {
@@ -726,8 +672,17 @@ impl Engine {
             ip.src = crate::dslite::AFTR_IPV4;
         }
         stand_in::replace(buf, &ip, Which::Dst, inner);
+        self.encapsulate_to(buf, &ip, b4, at_ns, origin)
+    }
+
+    /// The rest of `encapsulate` once `buf`, which `ip` reads, carries the
+    /// host's inner address (`ip.dst` still names its stand-in): into
+    /// frames towards `b4`.
+    fn encapsulate_to(&mut self, buf: &mut [u8], ip: &Ip, b4: std::net::Ipv6Addr, at_ns: u64, origin: Origin) -> Result<(), DropReason> {
+        let Some(ds) = self.dslite.as_mut() else { return Err(DropReason::NoMapping) };
+        let l3 = ip.l3;
         if let Some(c) = ds.cfg.mss_clamp {
-            mss::clamp(buf, &ip, c);
+            mss::clamp(buf, ip, c);
         }
         let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(b4, ds.cfg.mtu) };
         let total = ip.total_len();
@@ -743,7 +698,7 @@ impl Engine {
         softwire.encapsulate(&buf[l3..l3 + total], ident, |write| {
             let mut b = router.buffer();
             write(&mut b);
-            router.queue_rebuilt(Side::Inside, at_ns, b);
+            router.queue_final(Side::Inside, at_ns, b);
             frames += 1;
         });
         ds.stats.encapsulated += 1;
@@ -924,6 +879,17 @@ enum Origin {
     Hairpin,
     /// natrix itself (an ICMP error, a released fragment).
     Natrix,
+}
+
+impl Origin {
+    /// The origin of a frame NAPT44 translated, by the side it arrived on.
+    fn of_arrival(side: Side) -> Origin {
+        if side == Side::Outside {
+            Origin::Outside
+        } else {
+            Origin::Hairpin
+        }
+    }
 }
 
 /// Whether the IPv4 frame's destination (at `l3`) is a softwire host's stand-in.

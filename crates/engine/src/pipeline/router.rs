@@ -236,6 +236,19 @@ impl Router {
         self.out.push(side, at_ns, buf);
     }
 
+    /// `queue_rebuilt` for a frame that leaves as it is: a softwire packet
+    /// decapsulated and translated, or one encapsulated to its B4.
+    pub fn queue_final(&mut self, side: Side, at_ns: u64, buf: Vec<u8>) {
+        self.out.push_final(side, at_ns, buf);
+    }
+
+    /// Whether a frame other than a final one was queued since the queue
+    /// was last drained or taken from: one natrix made, released or grew,
+    /// which may be for a softwire host.
+    pub fn has_own_output(&self) -> bool {
+        self.out.has_own()
+    }
+
     /// A buffer the pipeline took and no longer needs.
     pub fn recycle(&mut self, buf: Vec<u8>) {
         self.out.recycle(buf);

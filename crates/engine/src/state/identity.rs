@@ -63,7 +63,28 @@ pub struct Identities {
     /// The most endpoints interned at once: what hosts behind B4s (or B4s
     /// lying about them) can make natrix keep.
     max_endpoints: u32,
+    /// The endpoint last found or interned: the packets of one softwire
+    /// come in runs, and each of a run names the same (B4, inner address),
+    /// whose two hash lookups this spares. Forgotten whenever `reclaim`
+    /// frees a stand-in, so a recycled one is never served for the pair it
+    /// stood for before.
+    last: Option<LastEndpoint>,
     seed: u64,
+}
+
+/// (B4, inner address) and the stand-in they were last given.
+#[derive(Clone, Copy)]
+struct LastEndpoint {
+    b4: Ipv6Addr,
+    inner: u32,
+    stand_in: u32,
+}
+
+impl LastEndpoint {
+    #[inline(always)]
+    fn of(last: Option<LastEndpoint>, b4: Ipv6Addr, inner: u32) -> Option<u32> {
+        last.filter(|l| l.inner == inner && l.b4 == b4).map(|l| l.stand_in)
+    }
 }
 
 /// Who still uses each stand-in of one kind, and which may be reclaimed.
@@ -142,6 +163,7 @@ impl Identities {
             endpoint_index: FlowIndex::with_capacity(FIRST_INDEX),
             endpoint_use: Uses::default(),
             max_endpoints: RANGE,
+            last: None,
             seed,
         }
     }
@@ -168,7 +190,18 @@ impl Identities {
     }
 
     /// The stand-in of host `inner` behind `b4` if it has one; makes none.
-    pub fn find_softwire(&self, b4: Ipv6Addr, inner: u32) -> Option<u32> {
+    #[inline]
+    pub fn find_softwire(&mut self, b4: Ipv6Addr, inner: u32) -> Option<u32> {
+        if let Some(stand_in) = LastEndpoint::of(self.last, b4, inner) {
+            return Some(stand_in);
+        }
+        let stand_in = self.find_indexed(b4, inner)?;
+        self.last = Some(LastEndpoint { b4, inner, stand_in });
+        Some(stand_in)
+    }
+
+    /// `find_softwire` through the indexes alone.
+    fn find_indexed(&self, b4: Ipv6Addr, inner: u32) -> Option<u32> {
         let (b4s, uses) = (&self.b4s, &self.b4_use);
         let b4_id = self.b4_index.find(b4_hash(self.seed, &b4), |i| !uses.is_free(i) && b4s[i as usize] == b4)?;
         let key = (B4S + b4_id, inner);
@@ -179,6 +212,16 @@ impl Identities {
     /// The stand-in of host `inner` behind `b4`, made on first use (at
     /// second `now_s`); None when every stand-in is taken.
     pub fn intern_softwire(&mut self, b4: Ipv6Addr, inner: u32, now_s: u32) -> Option<u32> {
+        if let Some(stand_in) = LastEndpoint::of(self.last, b4, inner) {
+            return Some(stand_in);
+        }
+        let stand_in = self.intern_indexed(b4, inner, now_s)?;
+        self.last = Some(LastEndpoint { b4, inner, stand_in });
+        Some(stand_in)
+    }
+
+    /// `intern_softwire` through the indexes alone.
+    fn intern_indexed(&mut self, b4: Ipv6Addr, inner: u32, now_s: u32) -> Option<u32> {
         let b4_key = self.intern_b4(b4, now_s)?;
         let h = endpoint_hash(self.seed, &(b4_key, inner));
         let endpoints = &self.endpoints;
@@ -279,6 +322,8 @@ impl Identities {
     /// Call it once every event naming a stand-in has been resolved.
     pub fn reclaim(&mut self, now_s: u32, grace: u32, subscribed: impl Fn(u32) -> bool) {
         while let Some(id) = self.endpoint_use.next_unused(now_s, grace) {
+            // The freed stand-in may be the one remembered, and serve another pair next.
+            self.last = None;
             let e = self.endpoints[id as usize];
             self.endpoint_index.remove(endpoint_hash(self.seed, &e), id);
             self.endpoint_use.count[id as usize] = FREE;
@@ -366,6 +411,7 @@ fn grow_if_full<T>(index: &mut FlowIndex, len: usize, item: impl Fn(u32) -> Opti
 mod tests {
     use super::*;
     use crate::pipeline::frame::is_martian;
+    use proptest::prelude::*;
 
     fn b4(n: u16) -> Ipv6Addr {
         Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, n)
@@ -452,6 +498,92 @@ mod tests {
         assert_eq!(ids.resolve(B4S), Identity::Softwire { b4: b4(1), inner: 0 });
         ids.reclaim(52, 5, |_| false);
         assert_eq!(ids.b4_count(), 0);
+    }
+
+    #[test]
+    fn a_reclaimed_stand_in_is_not_served_from_the_last_endpoint() {
+        let mut ids = Identities::new(7);
+        let a = ids.intern_softwire(b4(1), 1, 10).unwrap();
+        assert_eq!(ids.find_softwire(b4(1), 1), Some(a), "remembered");
+        ids.reclaim(20, 5, |_| false);
+        assert_eq!(ids.endpoint_count(), 0);
+        assert_eq!(ids.find_softwire(b4(1), 1), None, "freed: not found, though it was the last one");
+        let b = ids.intern_softwire(b4(2), 1, 20).unwrap();
+        assert_eq!(b, a, "recycled for another pair");
+        let c = ids.intern_softwire(b4(1), 1, 20).unwrap();
+        assert_ne!(c, b, "the old pair gets a stand-in of its own");
+        assert_eq!(ids.find_softwire(b4(2), 1), Some(b));
+        assert_eq!(ids.resolve(b), Identity::Softwire { b4: b4(2), inner: 1 });
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Intern(u16, u32),
+        Find(u16, u32),
+        Hold(usize),
+        Release(usize),
+        Reclaim(u32),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..4u16, 0..3u32).prop_map(|(b, i)| Op::Intern(b, i)),
+            (0..4u16, 0..3u32).prop_map(|(b, i)| Op::Find(b, i)),
+            any::<usize>().prop_map(Op::Hold),
+            any::<usize>().prop_map(Op::Release),
+            (0..8u32).prop_map(Op::Reclaim),
+        ]
+    }
+
+    proptest! {
+        /// Whatever order packets, records and reclaims come in, what the
+        /// last endpoint serves is what the indexes say, and a stand-in
+        /// returned for a pair stands for that pair.
+        #[test]
+        fn the_last_endpoint_never_disagrees_with_the_indexes(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut ids = Identities::new(3);
+            // Few stand-ins, so they are recycled often.
+            ids.limit_endpoints(3);
+            let (mut now, mut made, mut held) = (0u32, Vec::new(), Vec::new());
+            for op in ops {
+                match op {
+                    Op::Intern(b, inner) => {
+                        let got = ids.intern_softwire(b4(b), inner, now);
+                        if let Some(s) = got {
+                            prop_assert_eq!(ids.resolve(s), Identity::Softwire { b4: b4(b), inner });
+                            prop_assert_eq!(ids.find_indexed(b4(b), inner), Some(s));
+                            made.push(s);
+                        }
+                    }
+                    Op::Find(b, inner) => {
+                        let got = ids.find_softwire(b4(b), inner);
+                        prop_assert_eq!(got, ids.find_indexed(b4(b), inner));
+                        if let Some(s) = got {
+                            prop_assert_eq!(ids.resolve(s), Identity::Softwire { b4: b4(b), inner });
+                        }
+                    }
+                    // A record names a stand-in that is live now (one found again).
+                    Op::Hold(k) if !made.is_empty() => {
+                        let s = made[k % made.len()];
+                        if let Identity::Softwire { b4, inner } = ids.resolve(s) {
+                            if ids.find_indexed(b4, inner) == Some(s) {
+                                ids.hold(s);
+                                held.push(s);
+                            }
+                        }
+                    }
+                    Op::Release(k) if !held.is_empty() => {
+                        let s = held.swap_remove(k % held.len());
+                        ids.release(s, now);
+                    }
+                    Op::Reclaim(dt) => {
+                        now += dt;
+                        ids.reclaim(now, 2, |_| false);
+                    }
+                    Op::Hold(_) | Op::Release(_) => {}
+                }
+            }
+        }
     }
 
     /// B4 1 was interned first: the first B4 stand-in.

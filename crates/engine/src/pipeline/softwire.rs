@@ -1,0 +1,170 @@
+//! DS-Lite's fast path through the pipeline. Most softwire packets have
+//! `dslite::plain`'s shape and come from a host that has its stand-in
+//! already; NAPT44's fast path takes them while they are still inside
+//! their softwire: the candidate is read from the inner packet with the
+//! stand-in as its internal address, so the lookup needs neither a
+//! decapsulated copy nor the host's address replaced. In a batch that
+//! happens in a stage of its own beside NAPT44's (`softwire_candidates`),
+//! the stand-in looked up there once and carried to the decision with the
+//! candidate. Only then is the inner packet copied into a frame of its own,
+//! in one copy, and translated there: an established flow's external
+//! address replaces the host's under one checksum update, and only a packet
+//! that opens a flow gets the stand-in written first (what the opening's
+//! policy, logs and refusals name).
+//!
+//! Replies the fast path translated towards a stand-in are encapsulated
+//! from the record their candidate gives (`encapsulate_translated`),
+//! without parsing them again.
+
+use natrix_wire::{ethernet, get_u16_at, get_u32_at, ipv4, tcp};
+
+use super::frame::Ip;
+use super::frame_buf::FrameBuf;
+use super::{Engine, Origin, Verdict};
+use crate::drop::DropReason;
+use crate::dslite::plain::{self, INNER};
+use crate::nat44::fast::{Candidate, L3};
+use crate::nat44::MAX_BATCH;
+use crate::rewrite::{self, Which};
+use crate::state::deterministic::Member;
+use crate::state::identity::Identity;
+use crate::Side;
+
+/// How a softwire packet's host gets its stand-in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum StandIn {
+    /// Only one it has already: a batch's stage makes none.
+    Existing,
+    /// Made on first use: the packet is being decided.
+    Interned,
+}
+
+impl Engine {
+    /// DS-Lite's batch stage, beside NAPT44's (`nat44::batch`): each plain
+    /// softwire packet of `chunk` that NAPT44's fast path may take, whose
+    /// host has a stand-in, gets its carried candidate in its empty slot of
+    /// `candidates`, its bucket and then its record on their way to the
+    /// cache. Returns which slots hold one (bit i for slot i). Nothing is
+    /// counted and no stand-in made.
+    pub(super) fn softwire_candidates<F: FrameBuf>(&mut self, chunk: &mut [F], candidates: &mut [Option<Candidate>; MAX_BATCH]) -> u64 {
+        let mut softwires = 0u64;
+        for (i, (f, slot)) in chunk.iter_mut().zip(candidates.iter_mut()).enumerate() {
+            if slot.is_some() {
+                continue;
+            }
+            if let Some(c) = self.carried_candidate(f.frame(), StandIn::Existing) {
+                self.nat.tables().prefetch_bucket(c.hash());
+                *slot = Some(c);
+                softwires |= 1 << i;
+            }
+        }
+        for c in candidates.iter_mut().enumerate().filter(|(i, _)| softwires >> i & 1 == 1).filter_map(|(_, c)| c.as_mut()) {
+            self.nat.prefetch_and_hint(c, true);
+        }
+        softwires
+    }
+
+    /// A plain softwire packet (`dslite::plain`) of a flow NAPT44's fast
+    /// path takes, decided without the generic parse. None: nothing was
+    /// done (nothing counted), for the full path: another shape, a B4 that
+    /// is refused, a SYN to clamp, a packet the fast path leaves alone, a
+    /// host that cannot have a stand-in.
+    pub(super) fn plain_softwire_in(&mut self, frame: &[u8]) -> Option<Verdict> {
+        let c = self.carried_candidate(frame, StandIn::Interned)?;
+        Some(self.decide_carried(frame, &c))
+    }
+
+    /// The candidate of the IPv4 packet the softwire packet `frame`
+    /// carries, its internal address the stand-in of (B4, host), if it is
+    /// plain and the fast path may take it.
+    #[inline]
+    fn carried_candidate(&mut self, frame: &[u8], stand_in: StandIn) -> Option<Candidate> {
+        let ds = self.dslite.as_ref()?;
+        let (b4, len) = plain::plain_softwire(frame, &ds.cfg.aftr)?;
+        let clamps = ds.cfg.mss_clamp.is_some();
+        // Deterministic mode numbers B4s: one it does not number has no range.
+        if !ds.cfg.accepts(b4) || self.nat.deterministic().is_some_and(|d| d.index_of_member(Member::B4(b4)).is_none()) {
+            return None;
+        }
+        // Without the 20 bytes a TCP header needs the fast path takes nothing: no stand-in made for it.
+        if len < ipv4::MIN_HEADER_LEN + tcp::MIN_HEADER_LEN {
+            return None;
+        }
+        let host = get_u32_at(frame, INNER + ipv4::SRC_OFFSET);
+        let stand_in = match (self.nat.subs.identities_mut().find_softwire(b4, host), stand_in) {
+            (Some(s), _) => s,
+            (None, StandIn::Existing) => return None,
+            (None, StandIn::Interned) => {
+                // A packet the full path drops unparsed (a bad checksum, lengths that disagree) makes no stand-in.
+                self.nat.carried_candidate(frame, INNER, 0)?;
+                self.nat.subs.identities_mut().intern_softwire(b4, host, self.now_s)?
+            }
+        };
+        let c = self.nat.carried_candidate(frame, INNER, stand_in)?;
+        let syn = c.tcp_flags() & tcp::flags::SYN != 0;
+        // The AFTR's own address (PCP), SYNs to clamp, and what a middlebox function wants: the full path's.
+        if c.dst() == crate::dslite::AFTR_IPV4 || (syn && clamps) || (!self.hooks.is_empty() && self.hooks.wants(c.ip_proto(), c.tcp_flags())) {
+            return None;
+        }
+        Some(c)
+    }
+
+    /// Decides the softwire packet `frame` by its carried candidate `c`:
+    /// decapsulated into a frame of its own and translated there.
+    pub(super) fn decide_carried(&mut self, frame: &[u8], c: &Candidate) -> Verdict {
+        let mut buf = self.router.buffer();
+        // The inner packet and the 14 bytes before it, its Ethernet header to be: one copy.
+        buf.extend_from_slice(&frame[INNER - L3..INNER + c.datagram_len()]);
+        buf[..12].copy_from_slice(&frame[..12]);
+        buf[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV4.to_be_bytes());
+        let stand_in = c.src();
+        let result = self.nat.decide_outbound(&mut buf, c, |buf| {
+            // Opening a flow: the stand-in is the source its policy sees (logs, held SYNs, refusals quoting it).
+            let at = L3 + ipv4::MIN_HEADER_LEN;
+            let l4 = if c.ip_proto() == natrix_wire::proto::TCP { rewrite::L4::Tcp { at, len: c.datagram_len() - ipv4::MIN_HEADER_LEN } } else { rewrite::L4::Udp { at } };
+            rewrite::rewrite(buf, L3, l4, Which::Src, stand_in, get_u16_at(buf, at));
+        });
+        if let Some(ds) = self.dslite.as_mut() {
+            ds.stats.decapsulated += 1;
+        }
+        if let Some(k) = self.nat.subs.identities_mut().counters_mut(stand_in) {
+            k.decapsulated += 1;
+        }
+        match self.settle(&buf, L3, Side::Inside, result.map(Some)) {
+            Verdict::Forward(out) => {
+                self.send_rebuilt(out, buf, L3);
+                Verdict::Consumed
+            }
+            v => {
+                self.router.recycle(buf);
+                v
+            }
+        }
+    }
+
+    /// A frame NAPT44's fast path translated from candidate `c`, arrived
+    /// on `side`, towards a softwire host: given its host's inner address
+    /// back and encapsulated to its B4, read from the fixed layout the
+    /// candidate was checked for rather than parsed again.
+    pub(super) fn encapsulate_translated(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Verdict {
+        let stand_in = get_u32_at(frame, L3 + ipv4::DST_OFFSET);
+        let Identity::Softwire { b4, inner } = self.nat.subs.identities().resolve(stand_in) else { return self.softwire_verdict(Err(DropReason::NoMapping)) };
+        rewrite::replace_address(frame, c.ip_proto() == natrix_wire::proto::TCP, Which::Dst, inner);
+        let ip = Ip {
+            l3: L3,
+            l4: L3 + ipv4::MIN_HEADER_LEN,
+            l4_len: c.datagram_len() - ipv4::MIN_HEADER_LEN,
+            proto: c.ip_proto(),
+            src: get_u32_at(frame, L3 + ipv4::SRC_OFFSET),
+            dst: stand_in,
+            ttl: frame[L3 + ipv4::TTL_OFFSET],
+            ident: get_u16_at(frame, L3 + ipv4::IDENT_OFFSET),
+            first_frag: false,
+            later_frag: false,
+            dont_fragment: get_u16_at(frame, L3 + ipv4::FLAGS_FRAG_OFFSET) & ipv4::DONT_FRAGMENT != 0,
+            tcp_flags: c.tcp_flags(),
+        };
+        let result = self.encapsulate_to(frame, &ip, b4, self.now_ns, Origin::of_arrival(side));
+        self.softwire_verdict(result)
+    }
+}

@@ -1,0 +1,238 @@
+//! Differential property test for DS-Lite's fast path: softwire packets
+//! taken by NAPT44's fast path while still inside their softwire (the
+//! batch's own stage, the stand-in carried to the decision, the single
+//! copy), and replies encapsulated from the fast path's record, decide
+//! nothing differently from the full path (generic decapsulation, the
+//! stand-in interned, the IPv4 stages). Three engines with one
+//! configuration see the same traffic: through `process_batch`, through
+//! `process` frame by frame, and through `process_full`. Softwire packets
+//! from several B4s and hosts (one host behind two B4s), TCP and UDP,
+//! opening and established, some damaged, and replies from outside are
+//! mixed in batches; between batches the clock moves far enough for flows
+//! to expire and their stand-ins to be recycled. Verdicts, the frames as
+//! rewritten, every frame sent (decapsulated, encapsulated, ICMP
+//! refusals into softwires), counters and table sizes must match, and no
+//! frame sent may carry a stand-in (240.0.0.0/4, never on the wire).
+
+mod common;
+
+use common::*;
+use natrix_engine::dslite::DsliteConfig;
+use natrix_engine::{Engine, EngineConfig, Side, Verdict};
+use proptest::prelude::*;
+
+const AFTR: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1];
+const REMOTE: [u8; 4] = [198, 51, 100, 7];
+const HOSTS: [[u8; 4]; 2] = [[192, 0, 0, 2], [10, 0, 0, 5]];
+const PAYLOAD: [u8; 40] = *b"payload payload payload payload payload ";
+
+fn b4(n: u8) -> [u8; 16] {
+    [0x20, 0x01, 0x0d, 0xb8, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, n]
+}
+
+#[derive(Debug, Clone)]
+struct Flow {
+    tcp: bool,
+    b4: u8,
+    host: usize,
+    sport: u16,
+    /// Payload bytes: under 12, a UDP packet is too short for the fast path's view.
+    payload: usize,
+}
+
+fn flows() -> impl Strategy<Value = Vec<Flow>> {
+    proptest::collection::vec(
+        (any::<bool>(), 1u8..4, 0usize..2, 1024u16..1030, prop_oneof![3 => 12usize..40, 1 => 0usize..12]).prop_map(|(tcp, b4, host, sport, payload)| Flow {
+            tcp,
+            b4,
+            host,
+            sport,
+            payload,
+        }),
+        1..8,
+    )
+}
+
+/// What is done to a softwire packet before it is sent: the inner packet's
+/// fields the fast path reads, or the outer frame cut short.
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    None,
+    InnerTtl(u8),
+    InnerChecksum(u16),
+    InnerFragment(u16),
+    InnerDestination([u8; 4]),
+    Truncate(usize),
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    prop_oneof![
+        6 => Just(Damage::None),
+        1 => prop_oneof![Just(0u8), Just(1), Just(2)].prop_map(Damage::InnerTtl),
+        1 => any::<u16>().prop_map(Damage::InnerChecksum),
+        1 => prop_oneof![Just(0x2000u16), Just(0x0001), Just(0x4000)].prop_map(Damage::InnerFragment),
+        // The AFTR's own address (PCP), natrix's inside address, a martian.
+        1 => prop_oneof![Just([192, 0, 0, 1]), Just(INSIDE_ADDR), Just([127, 0, 0, 1])].prop_map(Damage::InnerDestination),
+        1 => (40usize..100).prop_map(Damage::Truncate),
+    ]
+}
+
+/// `ipv4` (an Ethernet/IPv4 frame) sent by its host through B4 `n`'s softwire.
+fn softwire(n: u8, ipv4: &[u8], d: Damage) -> Vec<u8> {
+    let mut inner = ipv4[ETH_LEN..].to_vec();
+    let total = usize::from(u16::from_be_bytes([inner[2], inner[3]]));
+    inner.truncate(total);
+    let fix_checksum = |p: &mut Vec<u8>| {
+        p[10..12].copy_from_slice(&[0, 0]);
+        let mut sum: u32 = p[..20].chunks(2).map(|w| u32::from(w[0]) << 8 | u32::from(w[1])).sum();
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        p[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    };
+    match d {
+        Damage::InnerTtl(t) => {
+            inner[8] = t;
+            fix_checksum(&mut inner);
+        }
+        Damage::InnerChecksum(c) => inner[10..12].copy_from_slice(&c.to_be_bytes()),
+        Damage::InnerFragment(f) => {
+            inner[6..8].copy_from_slice(&f.to_be_bytes());
+            fix_checksum(&mut inner);
+        }
+        Damage::InnerDestination(a) => {
+            inner[16..20].copy_from_slice(&a);
+            fix_checksum(&mut inner);
+        }
+        Damage::None | Damage::Truncate(_) => {}
+    }
+    let mut f = Vec::new();
+    etherparse::PacketBuilder::ethernet2(MAC_SUB, MAC_NAT_IN).ipv6(b4(n), AFTR, 64).write(&mut f, etherparse::IpNumber(4), &inner).unwrap();
+    if let Damage::Truncate(n) = d {
+        f.truncate(n);
+    }
+    f
+}
+
+fn ipv4(f: &Flow, side: Side, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, kind: TcpKind) -> Vec<u8> {
+    let payload = &PAYLOAD[..f.payload];
+    if f.tcp {
+        tcp_frame(side, src, sport, dst, dport, 64, kind, 1000, 2000, payload)
+    } else {
+        udp_frame(side, src, sport, dst, dport, 64, payload, false)
+    }
+}
+
+/// The flows' remote ports tell their translated packets apart.
+fn dport_of(i: usize) -> u16 {
+    2000 + i as u16
+}
+
+/// 0: the defaults; 1: an MSS clamp (softwire SYNs take the full path);
+/// 2: two ports per subscriber, so that some new flows are refused, with
+/// ICMP errors encapsulated into their softwires (RFC 6888 REQ-8).
+const MODES: u8 = 3;
+
+fn config_for(mode: u8) -> EngineConfig {
+    let mut cfg = EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: (mode == 1).then_some(1400) }), ..config() };
+    if mode == 2 {
+        cfg.max_ports_per_subscriber = 2;
+    }
+    cfg
+}
+
+/// Everything observable about an engine after a batch.
+fn observe(e: &mut Engine) -> (String, usize, usize, Vec<(Side, Vec<u8>)>) {
+    let mut out = Vec::new();
+    e.drain_output(|o| out.push((o.side, o.data.clone())));
+    e.drain_events(|_| {});
+    (format!("{:?}", e.stats()), e.tables().session_count(), e.tables().mapping_count(), out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
+    #[test]
+    fn softwire_packets_and_replies_are_decided_as_the_full_path_does(
+        flows in flows(),
+        batches in proptest::collection::vec((prop_oneof![Just(300u64), Just(150_000), Just(301_000)], proptest::collection::vec((0usize..8, any::<bool>(), damage()), 1..100)), 1..6),
+        mode in 0..MODES,
+    ) {
+        let cfg = config_for(mode);
+        let (mut batched, mut single, mut full) = (engine(cfg.clone()), engine(cfg.clone()), engine(cfg));
+        let mut now = 1_000_000_000u64;
+        // Each flow's external endpoint, learned from its translated packets.
+        let mut ext: Vec<Option<([u8; 4], u16)>> = vec![None; flows.len()];
+        for (step_ms, batch) in batches {
+            now += step_ms * 1_000_000;
+            for side in [Side::Inside, Side::Outside] {
+                let mut frames = Vec::new();
+                for &(i, syn, d) in &batch {
+                    let i = i % flows.len();
+                    let f = &flows[i];
+                    let kind = if syn { TcpKind::Syn } else { TcpKind::Ack };
+                    frames.push(match (side, ext[i]) {
+                        (Side::Inside, _) => softwire(f.b4, &ipv4(f, side, HOSTS[f.host], f.sport, REMOTE, dport_of(i), kind), d),
+                        (Side::Outside, Some((eaddr, eport))) => ipv4(f, side, REMOTE, dport_of(i), eaddr, eport, kind),
+                        (Side::Outside, None) => continue,
+                    });
+                }
+                let (mut one_by_one, mut expected) = (frames.clone(), frames.clone());
+                let mut verdicts = vec![Verdict::Held; frames.len()];
+                batched.process_batch(&mut frames, side, now, &mut verdicts);
+                for (k, (a, b)) in one_by_one.iter_mut().zip(expected.iter_mut()).enumerate() {
+                    let (va, vb) = (single.process(a, side, now), full.process_full(b, side, now));
+                    prop_assert_eq!(verdicts[k], vb, "frame {} of the batch, batched", k);
+                    prop_assert_eq!(va, vb, "frame {} of the batch, one by one", k);
+                    prop_assert_eq!(&frames[k], &*b, "frame {} of the batch", k);
+                    prop_assert_eq!(&*a, &*b, "frame {} of the batch", k);
+                }
+                let seen = observe(&mut full);
+                prop_assert_eq!(&observe(&mut batched), &seen);
+                prop_assert_eq!(&observe(&mut single), &seen);
+                for (out_side, data) in &seen.3 {
+                    // Stand-ins (240.0.0.0/4) never reach the wire: what goes to a softwire host is encapsulated.
+                    if data.len() >= 34 && data[12..14] == [8, 0] {
+                        prop_assert!(data[26] < 240 && data[30] < 240, "a stand-in left in {:?}", data);
+                    }
+                    if *out_side != Side::Outside || data.len() < 38 || data[12..14] != [8, 0] || data[30..34] != REMOTE {
+                        continue;
+                    }
+                    if let Some(i) = u16::from_be_bytes([data[36], data[37]]).checked_sub(dport_of(0)).map(usize::from).filter(|&i| i < flows.len()) {
+                        ext[i] = Some(([data[26], data[27], data[28], data[29]], u16::from_be_bytes([data[34], data[35]])));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Beside an NPTv6 binding whose inside prefix covers a B4 (a configuration
+/// `check-config` warns about), a softwire packet tries NPTv6's fast path
+/// first: in a batch as frame by frame.
+#[test]
+fn beside_an_nptv6_binding_a_batch_gives_nptv6_precedence_as_frame_by_frame_does() {
+    let binding = natrix_engine::nptv6::Binding { inside: std::net::Ipv6Addr::from(b4(0)), outside: "2001:db8:99::".parse().unwrap(), prefix_len: 48 };
+    let cfg = EngineConfig { nptv6: vec![binding], ..config_for(0) };
+    let (mut batched, mut single) = (engine(cfg.clone()), engine(cfg));
+    let f = Flow { tcp: false, b4: 1, host: 0, sport: 1024, payload: 20 };
+    let packet = softwire(f.b4, &ipv4(&f, Side::Inside, HOSTS[0], f.sport, REMOTE, dport_of(0), TcpKind::Ack), Damage::None);
+    // The same packet as an atomic fragment (RFC 8200 section 4.5): not
+    // NPTv6's fast path's, so DS-Lite decapsulates it and the host gets its stand-in.
+    let mut atomic = packet[..54].to_vec();
+    atomic[20] = 44;
+    atomic[18..20].copy_from_slice(&(u16::from_be_bytes([packet[18], packet[19]]) + 8).to_be_bytes());
+    atomic.extend_from_slice(&[4, 0, 0, 0, 0, 0, 0, 7]);
+    atomic.extend_from_slice(&packet[54..]);
+    let mut first = [atomic.clone()];
+    batched.process_batch(&mut first, Side::Inside, SEC, &mut [Verdict::Held]);
+    assert_eq!(single.process(&mut atomic, Side::Inside, SEC), Verdict::Consumed);
+    assert_eq!(observe(&mut batched), observe(&mut single));
+    let (mut frames, mut one) = (vec![packet.clone()], packet);
+    let mut verdicts = [Verdict::Held];
+    batched.process_batch(&mut frames, Side::Inside, SEC, &mut verdicts);
+    assert_eq!(verdicts[0], Verdict::Forward(Side::Outside), "NPTv6 translated it in place");
+    assert_eq!(single.process(&mut one, Side::Inside, SEC), verdicts[0]);
+    assert_eq!(frames[0], one);
+    assert_eq!(&frames[0][22..28], &[0x20, 0x01, 0x0d, 0xb8, 0, 0x99], "its source prefix is the binding's outside one");
+    assert_eq!(observe(&mut batched), observe(&mut single));
+}
