@@ -1,8 +1,9 @@
 //! HOST_ID through the engine (seed 000, CONTRACTS.md "HOST_ID TCP
-//! options"), judged by etherparse: a SYN that grows leaves through the
-//! output queue in the original's place (verdict `Held`, counted as
-//! forwarded), with every checksum and length right and the TTL
-//! decremented once; the batch path decides as the frame path; established
+//! options"), judged by etherparse: a SYN that grows frame by frame leaves
+//! through the output queue in the original's place (verdict `Held`,
+//! counted as forwarded), with every checksum and length right and the TTL
+//! decremented once; in a batch of buffers with room it grows where it lies
+//! into the same bytes (verdict `Forward`); established
 //! traffic keeps the fast path's bytes; a policy drop is counted.
 
 mod common;

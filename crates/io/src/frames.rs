@@ -153,7 +153,8 @@ pub trait FramePorts: Send {
     /// (as many as both have); returns how many.
     ///
     /// # Safety
-    /// The caller holds every id, and they are distinct.
+    /// The caller holds every id, and they are distinct (so are their
+    /// buffers: a backend lays one frame in each).
     unsafe fn buffers<'a>(&'a mut self, ids: &[FrameId], out: &mut [&'a mut [u8]]) -> usize {
         let memory: &'a SharedFrames = self.memory();
         let mut n = 0;

@@ -20,7 +20,7 @@
 //! (`[nat] mode = "off"`) they are the same. Corrections, removals and
 //! strips overwrite bytes in place (NOPs, seed 000 section 8.3), so lengths
 //! never shrink; insertion that needs more room asks the pipeline for a
-//! longer copy (`HookVerdict::Grow`). Options never exceed 40 bytes: what
+//! longer frame (`HookVerdict::Grow`), in its buffer or in a copy. Options never exceed 40 bytes: what
 //! does not fit is not inserted, and counted (`no_room`).
 //!
 //! Speed: in SYN mode only SYNs are looked at, so established traffic keeps

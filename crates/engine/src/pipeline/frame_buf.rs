@@ -31,12 +31,13 @@ impl FrameBuf for &mut [u8] {
     }
 }
 
+/// A frame filling an array: its length is fixed, so a frame that must
+/// grow is copied.
 impl<const N: usize> FrameBuf for [u8; N] {
     fn frame(&mut self) -> &mut [u8] {
         self
     }
 
-    /// An array's length is fixed.
     fn set_frame_len(&mut self, len: usize) -> Option<&mut [u8]> {
         (len == N).then_some(self)
     }

@@ -146,10 +146,12 @@ pub trait Middlebox: Send {
     fn on_frame(&mut self, frame: &mut [u8], info: &FrameInfo) -> HookVerdict;
 
     /// After `on_frame` answered `Grow(n)`: `frame` is the frame, `len`
-    /// bytes long, followed by `n` bytes of no particular content; the
-    /// function writes the longer frame, which ends where its IP packet
-    /// ends, and returns its length (at most `frame.len()`). Functions
-    /// after it see the longer frame.
+    /// bytes long, followed by `n` bytes left from whatever the buffer
+    /// held before (another frame's bytes: every byte of the result must be
+    /// written); the function writes the longer frame, which ends where its
+    /// IP packet ends, and returns its length (at most `frame.len()`).
+    /// Functions after it see the longer frame. Only functions that answer
+    /// `Grow` are asked; the default leaves the frame as it was.
     fn grow(&mut self, _frame: &mut [u8], len: usize, _info: &FrameInfo) -> usize {
         len
     }
@@ -163,8 +165,9 @@ pub trait Middlebox: Send {
     /// and only when `prefetches` says it does something.
     fn prefetch(&self, _frame: &[u8], _side: Side) {}
 
-    /// Whether `prefetch` does anything: a batch none of the functions
-    /// prefetches for is not walked before it runs.
+    /// Whether `prefetch` does anything (a function that implements one
+    /// implements both): a batch none of the functions prefetches for is
+    /// not walked before it runs.
     fn prefetches(&self) -> bool {
         false
     }
@@ -347,6 +350,8 @@ impl Hooks {
             match verdict {
                 HookVerdict::Continue => {}
                 HookVerdict::Drop(r) => return HookVerdict::Drop(r),
+                // Nothing to grow by, or before translation: as `Continue`.
+                HookVerdict::Grow(0) => {}
                 HookVerdict::Grow(_) if at == Point::BeforeTranslation => {}
                 HookVerdict::Grow(by) => {
                     self.suspended = Some(Suspended { function: i, by, info: *info });

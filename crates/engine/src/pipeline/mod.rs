@@ -67,6 +67,17 @@ pub enum Verdict {
     Consumed,
 }
 
+/// A translated frame whose functions wait for it to grow.
+#[derive(Debug, Clone, Copy)]
+struct ToLengthen {
+    /// The side it leaves by.
+    out: Side,
+    /// Where its IPv4 header starts.
+    l3: usize,
+    /// The side it came from.
+    from: Side,
+}
+
 /// What the engine has done, for reports and metrics.
 #[derive(Debug, Clone, Default)]
 pub struct Stats {
@@ -112,9 +123,8 @@ pub struct Engine {
     /// its own buffer; taken by the first IPv4 stage that reads it.
     frame_can_grow: bool,
     /// A frame that a function asked to grow, left for `process_batch`
-    /// to lengthen in its buffer: the side it leaves by, where its IPv4
-    /// header starts and the side it came from.
-    to_lengthen: Option<(Side, usize, Side)>,
+    /// to lengthen in its buffer.
+    to_lengthen: Option<ToLengthen>,
     counters: FrameCounters,
     now_ns: u64,
     now_s: u32,
@@ -318,9 +328,10 @@ impl Engine {
     /// Translates `frames`, all arrived on `side` at `now_ns`, in place;
     /// `verdicts[i]` says what became of `frames[i]`. The same verdicts as
     /// `process` frame by frame, in fewer nanoseconds: NAPT44 prefetches the
-    /// table lines of the whole batch before it decides any frame.
-    /// A frame a function makes longer (HOST_ID's options) grows where it
-    /// lies when its buffer has room (`FrameBuf::set_frame_len`).
+    /// table lines of the whole batch before it decides any frame. One
+    /// difference: a frame a function makes longer (HOST_ID's options)
+    /// grows where it lies when its buffer has room (`FrameBuf::set_frame_len`)
+    /// and is forwarded (`Forward`), where `process` sends a longer copy (`Held`).
     pub fn process_batch<F: FrameBuf>(&mut self, frames: &mut [F], side: Side, now_ns: u64, verdicts: &mut [Verdict]) {
         assert_eq!(frames.len(), verdicts.len(), "process_batch: one verdict per frame");
         self.advance(now_ns);
@@ -376,18 +387,24 @@ impl Engine {
         let v = self.nptv6_fast_or_full_path(f.frame(), side);
         self.frame_can_grow = false;
         match self.to_lengthen.take() {
-            Some((out, l3, from)) => self.grow_in_buffer(f, out, l3, from),
+            Some(g) => self.grow_in_buffer(f, g),
             None => v,
         }
     }
 
     /// Lengthens a frame a function asked to grow, in its buffer, and
-    /// finishes it there; in a copy where the buffer has no room.
-    fn grow_in_buffer<F: FrameBuf>(&mut self, f: &mut F, out: Side, l3: usize, from: Side) -> Verdict {
+    /// finishes it there; in a copy where the buffer has no room. One
+    /// that leaves for a softwire host is encapsulated, as `ipv4` does.
+    fn grow_in_buffer<F: FrameBuf>(&mut self, f: &mut F, g: ToLengthen) -> Verdict {
+        let ToLengthen { out, l3, from } = g;
         let len = f.frame().len() + self.hooks.growth().unwrap_or(0);
         let Some(frame) = f.set_frame_len(len) else { return self.grow_into_copy(f.frame(), out, l3, from) };
         let (result, end) = self.finish_grown(frame, out, l3);
-        let frame = f.set_frame_len(end).expect("shorter than the room it had");
+        // Never longer than the room it just had.
+        let frame = f.set_frame_len(end).unwrap_or_default();
+        if result == Ok(Some(Side::Inside)) && self.dslite.is_some() && to_softwire(frame, l3) {
+            return self.send_into_softwire(frame, l3, from);
+        }
         self.settle(frame, l3, from, result)
     }
 
@@ -484,7 +501,8 @@ impl Engine {
         if self.hooks.growth().is_some() {
             match result {
                 Ok(Some(out)) if can_grow => {
-                    self.to_lengthen = Some((out, ip.l3, side));
+                    // A placeholder: `full_path_in_buffer` decides it.
+                    self.to_lengthen = Some(ToLengthen { out, l3: ip.l3, from: side });
                     return Verdict::Held;
                 }
                 Ok(Some(out)) => return self.grow_into_copy(frame, out, ip.l3, side),
