@@ -40,6 +40,14 @@ impl FrameId {
     pub fn with_len(self, len: usize) -> FrameId {
         FrameId { len: len.min(room_end(self.at)) as u32, ..self }
     }
+
+    /// The frame that starts `start` bytes into this one and is `len`
+    /// bytes long, where it lies (a packet taken out of a tunnel); never
+    /// past the end of its buffer.
+    pub fn narrowed(self, start: usize, len: usize) -> FrameId {
+        let at = self.at + start.min(room_end(self.at)) as u64;
+        FrameId { at, ..self }.with_len(len)
+    }
 }
 
 /// How long a frame starting at `at` can be: every backend lays frames in
@@ -47,6 +55,11 @@ impl FrameId {
 /// aligned to `MAX_FRAME` from the start of their memory.
 fn room_end(at: u64) -> usize {
     MAX_FRAME - (at % MAX_FRAME as u64) as usize
+}
+
+/// The start of the buffer a frame starting at `at` lies in.
+fn buffer_of(at: u64) -> u64 {
+    at - at % MAX_FRAME as u64
 }
 
 /// The memory held frames lie in, for the dataplane's other threads: a
@@ -287,12 +300,12 @@ impl FramePorts for CopyingPorts {
         // copied it.
         let frame = unsafe { memory.frame(id) }.expect("buffers lie in the pool");
         let sent = ports[side].send(frame);
-        self.free.push(id.at);
+        self.free.push(buffer_of(id.at));
         sent
     }
 
     unsafe fn release(&mut self, id: FrameId) {
-        self.free.push(id.at);
+        self.free.push(buffer_of(id.at));
     }
 
     fn low_on_buffers(&self) -> bool {
@@ -389,6 +402,10 @@ mod tests {
         assert_eq!(id.with_len(200).len(), 200);
         assert_eq!(id.with_len(MAX_FRAME).len(), MAX_FRAME - 256);
         assert_eq!(id.with_len(MAX_FRAME).at, id.at);
+        let inner = id.narrowed(40, 60);
+        assert_eq!((inner.at, inner.len()), (id.at + 40, 60));
+        assert_eq!(id.narrowed(40, MAX_FRAME).len(), MAX_FRAME - 296, "still within its buffer");
+        assert_eq!(buffer_of(inner.at), 3 * MAX_FRAME as u64);
     }
 
     /// Holding most buffers (a worker fallen behind with frames handed to

@@ -105,7 +105,7 @@ impl Stage {
             for ((&i, v), (b, id)) in slots[..n].iter().zip(&verdicts[..n]).zip(bufs.iter().zip(batch.iter())) {
                 let f = &mut frames[i];
                 (f.0, f.1, f.2) = match *v {
-                    Verdict::Forward(to) => (to, Staged::Held(id.with_len(b.len())), Next::Route),
+                    Verdict::Forward(to) => (to, Staged::Held(id.narrowed(b.start(), b.len())), Next::Route),
                     _ => (f.0, f.1, Next::Nothing),
                 };
             }
@@ -157,6 +157,9 @@ mod tests {
                 frame[1] = 0xee;
                 if i % 5 == 0 {
                     f.set_frame_len(74).expect("room in the buffer")[70..].copy_from_slice(&[0xcd; 4]);
+                } else if i % 7 == 0 {
+                    frame[10] = 0x77;
+                    f.narrow(10, 50);
                 }
                 *v = if i % 3 == 0 { Verdict::Drop(natrix_engine::DropReason::NoMapping) } else { Verdict::Forward(side.other()) };
             }
@@ -175,6 +178,14 @@ mod tests {
             };
             // SAFETY: the stage holds id.
             let f = unsafe { ports.frame(id) };
+            if f[0] == 0x77 {
+                // Narrowed: it starts 10 bytes into the frame that arrived
+                // ([i; 70] with 0xee at 1 and 0x77 at 10).
+                let i = f[1];
+                assert_eq!((f.len(), i % 7, i % 5 == 0), (50, 0, false), "frame {i} narrowed where it lies");
+                held += 1;
+                continue;
+            }
             let i = f[0];
             assert_eq!(f[1], 0xee, "frame {i} translated in place");
             if i % 5 == 0 && i % 3 != 0 {

@@ -1,7 +1,8 @@
 //! Frames as I/O backends lend them: in a buffer that may have room after
 //! the frame's end (an AF_XDP chunk, a buffer of a pool), so a function
 //! that makes a frame longer (HOST_ID's options) writes it where it lies
-//! instead of into a copy.
+//! instead of into a copy; and whose start can move, so a packet taken out
+//! of a tunnel (a DS-Lite softwire) leaves from where it lies.
 
 /// A frame handed to `Engine::process_batch`, in its buffer.
 pub trait FrameBuf {
@@ -12,6 +13,16 @@ pub trait FrameBuf {
     /// bytes past its old end have no particular content. None, with the
     /// frame unchanged, when the buffer has no room for `len` bytes.
     fn set_frame_len(&mut self, len: usize) -> Option<&mut [u8]>;
+
+    /// Whether `narrow` can move the frame's start: not for a buffer whose
+    /// owner learns only a verdict (a bare slice) or whose start is fixed
+    /// (an array). The engine then copies what it would narrow the frame
+    /// to into a frame of its own, and leaves this one as it arrived.
+    const NARROWS: bool = false;
+
+    /// Makes the frame the `len` bytes at `start` of itself, where they
+    /// lie (only called where `NARROWS`).
+    fn narrow(&mut self, _start: usize, _len: usize) {}
 }
 
 /// A frame in a slice of exactly its length: no room to grow.
@@ -53,12 +64,22 @@ impl FrameBuf for Vec<u8> {
         self.resize(len, 0);
         Some(self)
     }
+
+    const NARROWS: bool = true;
+
+    fn narrow(&mut self, start: usize, len: usize) {
+        let end = (start + len).min(self.len());
+        self.truncate(end);
+        self.drain(..start.min(end));
+    }
 }
 
 /// A frame at the start of a larger buffer, the rest of it room to grow
-/// into: how the live dataplane lends a received frame.
+/// into: how the live dataplane lends a received frame. Its start may
+/// move later into the buffer (`narrow`).
 pub struct InBuffer<'a> {
     buf: &'a mut [u8],
+    start: usize,
     len: usize,
 }
 
@@ -66,7 +87,12 @@ impl<'a> InBuffer<'a> {
     /// The frame `buf[..len]`; `len` is cut to the buffer's length.
     pub fn new(buf: &'a mut [u8], len: usize) -> Self {
         let len = len.min(buf.len());
-        InBuffer { buf, len }
+        InBuffer { buf, start: 0, len }
+    }
+
+    /// Where the frame starts now, from the buffer's start.
+    pub fn start(&self) -> usize {
+        self.start
     }
 
     /// The frame's length now.
@@ -81,13 +107,21 @@ impl<'a> InBuffer<'a> {
 
 impl FrameBuf for InBuffer<'_> {
     fn frame(&mut self) -> &mut [u8] {
-        &mut self.buf[..self.len]
+        &mut self.buf[self.start..self.start + self.len]
     }
 
     fn set_frame_len(&mut self, len: usize) -> Option<&mut [u8]> {
-        let frame = self.buf.get_mut(..len)?;
+        let frame = self.buf.get_mut(self.start..self.start + len)?;
         self.len = len;
         Some(frame)
+    }
+
+    const NARROWS: bool = true;
+
+    fn narrow(&mut self, start: usize, len: usize) {
+        let start = start.min(self.len);
+        self.start += start;
+        self.len = len.min(self.len - start);
     }
 }
 
@@ -114,5 +148,19 @@ mod tests {
 
         let mut v = vec![1u8; 3];
         assert_eq!(v.set_frame_len(6).map(|b| b.to_vec()), Some(vec![1, 1, 1, 0, 0, 0]));
+        v.narrow(1, 3);
+        assert_eq!(v, [1, 1, 0]);
+    }
+
+    #[test]
+    fn a_frame_narrowed_in_its_buffer_starts_later_and_grows_from_there() {
+        let mut buf: Vec<u8> = (0..16).collect();
+        let mut f = InBuffer::new(&mut buf, 10);
+        f.narrow(4, 5);
+        assert_eq!((f.start(), f.len()), (4, 5));
+        assert_eq!(f.frame(), &[4, 5, 6, 7, 8]);
+        assert_eq!(f.set_frame_len(12).map(|b| b.len()), Some(12));
+        assert!(f.set_frame_len(13).is_none(), "the buffer ends 12 bytes after the new start");
+        const { assert!(!<[u8; 4] as FrameBuf>::NARROWS && !<&mut [u8] as FrameBuf>::NARROWS) };
     }
 }

@@ -52,7 +52,9 @@ const NS: u64 = 1_000_000_000;
 /// What became of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
-    /// Rewritten in place; send it on this side.
+    /// Rewritten in place; send it on this side. A frame of a batch is
+    /// sent as its `FrameBuf` now holds it: longer (options inserted), or
+    /// starting later (a softwire packet decapsulated where it lay).
     Forward(Side),
     Drop(DropReason),
     /// Taken by the engine: kept (a fragment waiting for its first
@@ -373,7 +375,7 @@ impl Engine {
         for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
             self.nat.prefetch_ahead(&mut candidates, i, side);
             *v = match &candidates[i] {
-                Some(c) if EXTRAS && softwires >> i & 1 == 1 => self.decide_carried(f.frame(), c),
+                Some(c) if EXTRAS && softwires >> i & 1 == 1 => self.decide_carried(f, c),
                 Some(c) if !(EXTRAS && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide::<EXTRAS>(f.frame(), side, c),
                 _ => self.full_path_in_buffer(f, side),
             };

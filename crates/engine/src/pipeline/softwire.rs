@@ -6,11 +6,13 @@
 //! decapsulated copy nor the host's address replaced. In a batch that
 //! happens in a stage of its own beside NAPT44's (`softwire_candidates`),
 //! the stand-in looked up there once and carried to the decision with the
-//! candidate. Only then is the inner packet copied into a frame of its own,
-//! in one copy, and translated there: an established flow's external
-//! address replaces the host's under one checksum update, and only a packet
-//! that opens a flow gets the stand-in written first (what the opening's
-//! policy, logs and refusals name).
+//! candidate. Only then is the inner packet made a frame of its own, where
+//! it lies (the end of the IPv6 header becomes its Ethernet header, and the
+//! frame's start moves past the rest, `FrameBuf::narrow`), and translated
+//! there: an established flow's external address replaces the host's under
+//! one checksum update, and only a packet that opens a flow gets the
+//! stand-in written first (what the opening's policy, logs and refusals
+//! name). A frame whose start cannot move leaves as a copy.
 //!
 //! Replies the fast path translated towards a stand-in are encapsulated
 //! from the record their candidate gives (`encapsulate_translated`),
@@ -69,9 +71,9 @@ impl Engine {
     /// done (nothing counted), for the full path: another shape, a B4 that
     /// is refused, a SYN to clamp, a packet the fast path leaves alone, a
     /// host that cannot have a stand-in.
-    pub(super) fn plain_softwire_in(&mut self, frame: &[u8]) -> Option<Verdict> {
+    pub(super) fn plain_softwire_in(&mut self, mut frame: &mut [u8]) -> Option<Verdict> {
         let c = self.carried_candidate(frame, StandIn::Interned)?;
-        Some(self.decide_carried(frame, &c))
+        Some(self.decide_carried(&mut frame, &c))
     }
 
     /// The candidate of the IPv4 packet the softwire packet `frame`
@@ -109,16 +111,63 @@ impl Engine {
         Some(c)
     }
 
-    /// Decides the softwire packet `frame` by its carried candidate `c`:
-    /// decapsulated into a frame of its own and translated there.
-    pub(super) fn decide_carried(&mut self, frame: &[u8], c: &Candidate) -> Verdict {
-        let mut buf = self.router.buffer();
-        // The inner packet and the 14 bytes before it, its Ethernet header to be: one copy.
-        buf.extend_from_slice(&frame[INNER - L3..INNER + c.datagram_len()]);
-        buf[..12].copy_from_slice(&frame[..12]);
+    /// Decides the softwire packet in `f` by its carried candidate `c`:
+    /// decapsulated where it lies and translated there; it leaves from
+    /// there, or as a copy when `f`'s start cannot move or it goes back
+    /// into a softwire (a hairpin).
+    pub(super) fn decide_carried<F: FrameBuf>(&mut self, f: &mut F, c: &Candidate) -> Verdict {
+        // The inner packet and the 14 bytes before it, the end of the IPv6
+        // header, which become its Ethernet header.
+        const ETH_AT: usize = INNER - L3;
+        let len = L3 + c.datagram_len();
+        if !F::NARROWS {
+            let mut copy = self.router.buffer();
+            copy.extend_from_slice(&f.frame()[ETH_AT..ETH_AT + len]);
+            let v = self.decapsulated(&mut copy, f.frame(), c);
+            return self.send_decapsulated(v, copy);
+        }
+        let frame = f.frame();
+        let (outer, buf) = frame.split_at_mut(ETH_AT);
+        let buf = &mut buf[..len];
+        match self.decapsulated(buf, outer, c) {
+            Verdict::Forward(Side::Outside) => {
+                f.narrow(ETH_AT, len);
+                Verdict::Forward(Side::Outside)
+            }
+            // A hairpin, back into a softwire: encapsulated from a copy.
+            Verdict::Forward(Side::Inside) => {
+                let mut copy = self.router.buffer();
+                copy.extend_from_slice(&f.frame()[ETH_AT..ETH_AT + len]);
+                self.send_decapsulated(Verdict::Forward(Side::Inside), copy)
+            }
+            v => v,
+        }
+    }
+
+    /// A decided decapsulated packet that does not leave where it lies:
+    /// sent as the frame `copy` (a hairpin goes back into a softwire), or
+    /// not at all.
+    fn send_decapsulated(&mut self, v: Verdict, copy: Vec<u8>) -> Verdict {
+        match v {
+            Verdict::Forward(out) => {
+                self.send_rebuilt(out, copy, L3);
+                Verdict::Consumed
+            }
+            v => {
+                self.router.recycle(copy);
+                v
+            }
+        }
+    }
+
+    /// Translates the softwire packet decapsulated into `buf` (its inner
+    /// packet behind 14 bytes to become its Ethernet header, the softwire
+    /// frame's own `outer` bytes giving its addresses), counted and settled.
+    fn decapsulated(&mut self, buf: &mut [u8], outer: &[u8], c: &Candidate) -> Verdict {
+        buf[..12].copy_from_slice(&outer[..12]);
         buf[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV4.to_be_bytes());
         let stand_in = c.src();
-        let result = self.nat.decide_outbound(&mut buf, c, |buf| {
+        let result = self.nat.decide_outbound(buf, c, |buf| {
             // Opening a flow: the stand-in is the source its policy sees (logs, held SYNs, refusals quoting it).
             let at = L3 + ipv4::MIN_HEADER_LEN;
             let l4 = if c.ip_proto() == natrix_wire::proto::TCP { rewrite::L4::Tcp { at, len: c.datagram_len() - ipv4::MIN_HEADER_LEN } } else { rewrite::L4::Udp { at } };
@@ -130,16 +179,7 @@ impl Engine {
         if let Some(k) = self.nat.subs.identities_mut().counters_mut(stand_in) {
             k.decapsulated += 1;
         }
-        match self.settle(&buf, L3, Side::Inside, result.map(Some)) {
-            Verdict::Forward(out) => {
-                self.send_rebuilt(out, buf, L3);
-                Verdict::Consumed
-            }
-            v => {
-                self.router.recycle(buf);
-                v
-            }
-        }
+        self.settle(buf, L3, Side::Inside, result.map(Some))
     }
 
     /// A frame NAPT44's fast path translated from candidate `c`, arrived
