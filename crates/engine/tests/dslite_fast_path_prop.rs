@@ -13,8 +13,9 @@
 //! rewritten, every frame sent (decapsulated, encapsulated, ICMP
 //! refusals into softwires), counters and table sizes must match, and no
 //! frame sent may carry a stand-in (240.0.0.0/4, never on the wire). A
-//! batch's softwire packet leaves decapsulated where it lay (`Forward`)
-//! where the others send the same bytes through their queue (`Consumed`).
+//! batch's softwire packet leaves decapsulated where it lay, and a reply
+//! encapsulated where it lay (`Forward`), where the others send the same
+//! bytes through their queue (`Consumed`).
 
 mod common;
 
@@ -181,13 +182,14 @@ proptest! {
                 let (mut one_by_one, mut expected) = (frames.clone(), frames.clone());
                 let mut verdicts = vec![Verdict::Held; frames.len()];
                 batched.process_batch(&mut frames, side, now, &mut verdicts);
-                // A batch's softwire packet decapsulated where it lay leaves
-                // from there: the frame the others send through their queue.
+                // A batch's softwire packet decapsulated where it lay, or a
+                // reply encapsulated where it lay, leaves from there: the
+                // frame the others send through their queue.
                 let mut in_place = Vec::new();
                 for (k, (a, b)) in one_by_one.iter_mut().zip(expected.iter_mut()).enumerate() {
                     let (va, vb) = (single.process(a, side, now), full.process_full(b, side, now));
-                    if (verdicts[k], vb) == (Verdict::Forward(Side::Outside), Verdict::Consumed) {
-                        in_place.push((Side::Outside, frames[k].clone()));
+                    if let (Verdict::Forward(to), Verdict::Consumed) = (verdicts[k], vb) {
+                        in_place.push((to, frames[k].clone()));
                     } else {
                         prop_assert_eq!(verdicts[k], vb, "frame {} of the batch, batched", k);
                         // A frame not forwarded is not sent: a batch may have begun decapsulating it where it lay.

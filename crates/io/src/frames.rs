@@ -34,30 +34,23 @@ impl FrameId {
         self.len == 0
     }
 
-    /// The same frame, made `len` bytes long where it lies (a function
-    /// wrote a longer frame into the room after it); never past the end of
-    /// its buffer.
-    pub fn with_len(self, len: usize) -> FrameId {
-        FrameId { len: len.min(room_end(self.at)) as u32, ..self }
+    /// Where the frame starts in its buffer.
+    pub fn offset(&self) -> usize {
+        (self.at % MAX_FRAME as u64) as usize
     }
 
-    /// The frame that starts `start` bytes into this one and is `len`
-    /// bytes long, where it lies (a packet taken out of a tunnel); never
-    /// past the end of its buffer.
-    pub fn narrowed(self, start: usize, len: usize) -> FrameId {
-        let at = self.at + start.min(room_end(self.at)) as u64;
-        FrameId { at, ..self }.with_len(len)
+    /// The frame changed where it lies (made longer or shorter, its start
+    /// moved): now `len` bytes from `start` bytes into its buffer; never
+    /// outside the buffer.
+    pub fn placed(self, start: usize, len: usize) -> FrameId {
+        let start = start.min(MAX_FRAME);
+        FrameId { at: buffer_of(self.at) + start as u64, len: len.min(MAX_FRAME - start) as u32, ..self }
     }
 }
 
-/// How long a frame starting at `at` can be: every backend lays frames in
-/// `MAX_FRAME`-byte buffers (AF_XDP chunks, the copying pool's buffers)
-/// aligned to `MAX_FRAME` from the start of their memory.
-fn room_end(at: u64) -> usize {
-    MAX_FRAME - (at % MAX_FRAME as u64) as usize
-}
-
-/// The start of the buffer a frame starting at `at` lies in.
+/// The start of the buffer a frame starting at `at` lies in: every backend
+/// lays frames in `MAX_FRAME`-byte buffers (AF_XDP chunks, the copying
+/// pool's buffers) aligned to `MAX_FRAME` from the start of their memory.
 fn buffer_of(at: u64) -> u64 {
     at - at % MAX_FRAME as u64
 }
@@ -101,15 +94,16 @@ impl SharedFrames {
         Some(unsafe { std::slice::from_raw_parts_mut(self.area.base().add(start), id.len as usize) })
     }
 
-    /// A held frame's buffer: its bytes and the room after them, to the
-    /// end of the buffer it lies in; None for an id that does not lie here.
+    /// A held frame's whole buffer: the room before it (`id.offset()`
+    /// bytes), its bytes and the room after them; None for an id that
+    /// does not lie here.
     ///
     /// # Safety
     /// As `frame`: the calling thread holds `id`.
     #[allow(clippy::mut_from_ref)] // exclusive by the contract of `frame`
     pub unsafe fn buffer(&self, id: FrameId) -> Option<&mut [u8]> {
         // SAFETY: the caller holds id; the buffer around it is the frame's alone.
-        unsafe { self.frame(id.with_len(MAX_FRAME)) }
+        unsafe { self.frame(id.placed(0, MAX_FRAME)) }
     }
 }
 
@@ -162,7 +156,7 @@ pub trait FramePorts: Send {
     }
 
     /// Puts the buffers of held frames (`SharedFrames::buffer`: each frame
-    /// and the room after it), writable, into `out` in the order of `ids`
+    /// and the room around it), writable, into `out` in the order of `ids`
     /// (as many as both have); returns how many.
     ///
     /// # Safety
@@ -371,11 +365,12 @@ mod tests {
             // SAFETY: held came from receive and each id is held once.
             unsafe { ports.buffers(&held, &mut views) };
             assert_eq!(views[0][..2], [round, 0xee]);
-            assert_eq!(views[0].len(), MAX_FRAME, "the frame and the room after it");
+            assert_eq!(views[0].len(), MAX_FRAME, "the frame and the room around it");
+            assert_eq!(held[0].offset(), 0, "the pool copies a frame to its buffer's start");
             // Every other round the frame grows into its room by 4 bytes.
             let id = if round % 2 == 0 {
                 views[0][60..64].copy_from_slice(&[0xab; 4]);
-                held[0].with_len(64)
+                held[0].placed(0, 64)
             } else {
                 held[0]
             };
@@ -399,12 +394,15 @@ mod tests {
     #[test]
     fn a_frame_grows_at_most_to_its_buffers_end() {
         let id = FrameId { at: 3 * MAX_FRAME as u64 + 256, len: 100, queue: 0 };
-        assert_eq!(id.with_len(200).len(), 200);
-        assert_eq!(id.with_len(MAX_FRAME).len(), MAX_FRAME - 256);
-        assert_eq!(id.with_len(MAX_FRAME).at, id.at);
-        let inner = id.narrowed(40, 60);
+        assert_eq!(id.offset(), 256);
+        assert_eq!(id.placed(256, 200).len(), 200);
+        assert_eq!(id.placed(256, MAX_FRAME).len(), MAX_FRAME - 256);
+        assert_eq!(id.placed(256, MAX_FRAME).at, id.at);
+        let inner = id.placed(296, 60);
         assert_eq!((inner.at, inner.len()), (id.at + 40, 60));
-        assert_eq!(id.narrowed(40, MAX_FRAME).len(), MAX_FRAME - 296, "still within its buffer");
+        let outer = id.placed(216, 140);
+        assert_eq!((outer.at, outer.len()), (id.at - 40, 140), "its start moved into the room before it");
+        assert_eq!(id.placed(MAX_FRAME + 5, 10).len(), 0, "never outside its buffer");
         assert_eq!(buffer_of(inner.at), 3 * MAX_FRAME as u64);
     }
 

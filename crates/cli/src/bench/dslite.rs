@@ -117,12 +117,17 @@ struct Round {
     errors: u64,
 }
 
+/// Room before each frame in its buffer, as AF_XDP leaves (256 bytes
+/// there): enough for the 40 bytes of an outer IPv6 header.
+const ROOM: usize = 64;
+
 /// A frame of either kind, as the engine's batches take them: in a buffer
-/// whose start may move, as an I/O backend's (a softwire packet leaves
-/// decapsulated from where it lay).
+/// with room before it and a start that may move, as an I/O backend's (a
+/// softwire packet leaves decapsulated from where it lay, a reply
+/// encapsulated where it lay).
 #[derive(Clone, Copy)]
 struct Frame {
-    bytes: [u8; SOFTWIRE_LEN],
+    bytes: [u8; ROOM + SOFTWIRE_LEN],
     start: usize,
     len: usize,
 }
@@ -130,6 +135,12 @@ struct Frame {
 impl Frame {
     fn bytes(&self) -> &[u8] {
         &self.bytes[self.start..self.start + self.len]
+    }
+
+    /// A new frame of `len` bytes after the room, to be written.
+    fn fresh(&mut self, len: usize) -> &mut [u8] {
+        (self.start, self.len) = (ROOM, len);
+        &mut self.bytes[ROOM..ROOM + len]
     }
 }
 
@@ -148,7 +159,13 @@ impl FrameBuf for Frame {
 
     fn narrow(&mut self, start: usize, len: usize) {
         self.start += start.min(self.len);
-        self.len = len.min(SOFTWIRE_LEN - self.start);
+        self.len = len.min(self.bytes.len() - self.start);
+    }
+
+    fn widen_front(&mut self, by: usize) -> Option<&mut [u8]> {
+        self.start = self.start.checked_sub(by)?;
+        self.len += by;
+        Some(&mut self.bytes[self.start..self.start + self.len])
     }
 }
 
@@ -160,14 +177,13 @@ fn outbound(f: &mut Frame, i: u64, setup: Setup, tcp_flags: u8) {
     let src = if setup == Setup::Softwire { HOST } else { fl.sub };
     build(&mut plain, fl.tcp, src, fl.sport, fl.server, fl.dport, tcp_flags);
     if setup == Setup::Napt44 {
-        f.bytes[..FRAME_LEN].copy_from_slice(&plain);
-        (f.start, f.len) = (0, FRAME_LEN);
+        f.fresh(FRAME_LEN).copy_from_slice(&plain);
         return;
     }
     let b4 = b4_of(fl.sub);
     // The B4 sends the IPv4 packet alone, without the Ethernet padding of the NAPT44 frame.
     let inner = usize::from(get_u16_at(&plain, 16));
-    let b = &mut f.bytes;
+    let b = f.fresh(54 + inner);
     b[..12].copy_from_slice(&plain[..12]);
     b[12..14].copy_from_slice(&[0x86, 0xdd]);
     b[14..18].copy_from_slice(&[0x60, 0, 0, 0]);
@@ -177,7 +193,6 @@ fn outbound(f: &mut Frame, i: u64, setup: Setup, tcp_flags: u8) {
     b[22..38].copy_from_slice(&b4.octets());
     b[38..54].copy_from_slice(&AFTR.octets());
     b[54..54 + inner].copy_from_slice(&plain[14..14 + inner]);
-    (f.start, f.len) = (0, 54 + inner);
 }
 
 /// The B4 of the subscriber NAPT44's frames give `sub`.
@@ -194,7 +209,7 @@ fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
     // Each engine starts from a heap the one before gave back.
     super::release_free_heap();
     let mut engine = Engine::new(config(flows, setup)).map_err(|e| Failure::Other(e.to_string()))?;
-    let mut frames = vec![Frame { bytes: [0; SOFTWIRE_LEN], start: 0, len: 0 }; BATCH];
+    let mut frames = vec![Frame { bytes: [0; ROOM + SOFTWIRE_LEN], start: ROOM, len: 0 }; BATCH];
     let mut verdicts = [Verdict::Held; BATCH];
     let mut external = vec![(0u32, 0u16); flows as usize];
     let mut errors = 0u64;
@@ -264,8 +279,7 @@ fn established_inbound(engine: &mut Engine, frames: &mut [Frame], external: &[(u
             let fl = flow(0, (i + k) as u64);
             let (ext, eport) = external[i + k];
             build(&mut plain, fl.tcp, fl.server, fl.dport, ext, eport, TCP_ACK);
-            f.bytes[..FRAME_LEN].copy_from_slice(&plain);
-            (f.start, f.len) = (0, FRAME_LEN);
+            f.fresh(FRAME_LEN).copy_from_slice(&plain);
         }
         let t = thread_cpu_ns();
         engine.process_batch(&mut frames[..n], Side::Outside, now, &mut verdicts[..n]);
@@ -278,11 +292,18 @@ fn established_inbound(engine: &mut Engine, frames: &mut [Frame], external: &[(u
             }
         });
         busy += thread_cpu_ns() - t;
+        // A softwire's reply leaves encapsulated where it lay, or (one
+        // that needs fragments) through the queue, in order.
+        let mut queued = to_b4s[..sent].iter();
         for k in 0..n {
             let fl = flow(0, (i + k) as u64);
-            let ok = match setup {
-                Setup::Napt44 => verdicts[k] == Verdict::Forward(Side::Inside) && get_u32_at(frames[k].bytes(), 30) == fl.sub && get_u16_at(frames[k].bytes(), 36) == fl.sport,
-                Setup::Softwire => verdicts[k] == Verdict::Consumed && to_b4s[k] == u128::from(b4_of(fl.sub)),
+            let b4 = u128::from(b4_of(fl.sub));
+            let f = frames[k].bytes();
+            let ok = match (setup, verdicts[k]) {
+                (Setup::Napt44, Verdict::Forward(Side::Inside)) => get_u32_at(f, 30) == fl.sub && get_u16_at(f, 36) == fl.sport,
+                (Setup::Softwire, Verdict::Forward(Side::Inside)) => f[12..14] == [0x86, 0xdd] && f[38..54] == b4.to_be_bytes(),
+                (Setup::Softwire, Verdict::Consumed) => queued.next() == Some(&b4),
+                _ => false,
             };
             errors += u64::from(!ok);
         }

@@ -71,9 +71,9 @@ impl Stage {
 
     /// Hands the frames waiting for the engine to `translate`, up to
     /// `MAX_POP` at a time with their sides, each writable where it lies
-    /// with the room after it in its buffer (a frame the engine makes
-    /// longer grows there); the verdicts it writes decide which are sent
-    /// and where.
+    /// with the room around it in its buffer (a frame the engine makes
+    /// longer grows there, one it puts into a tunnel gets its headers
+    /// before it); the verdicts it writes decide which are sent and where.
     pub(super) fn translate_held(&mut self, ports: &mut dyn FramePorts, mut translate: impl FnMut(&[Side], &mut [InBuffer], &mut [Verdict])) {
         let Stage { frames, batch, .. } = self;
         let mut next = 0;
@@ -96,16 +96,16 @@ impl Stage {
             // SAFETY: each staged id was received once and is still held.
             let got = unsafe { ports.buffers(batch, &mut views[..n]) };
             debug_assert_eq!(got, n, "every held frame lies in the backend's buffers");
-            let mut bufs: [InBuffer; MAX_POP] = std::array::from_fn(|_| InBuffer::new(&mut [], 0));
+            let mut bufs: [InBuffer; MAX_POP] = std::array::from_fn(|_| InBuffer::new(&mut [], 0, 0));
             for ((b, v), id) in bufs.iter_mut().zip(views.iter_mut()).zip(batch.iter()) {
-                *b = InBuffer::new(std::mem::take(v), id.len());
+                *b = InBuffer::new(std::mem::take(v), id.offset(), id.len());
             }
             let mut verdicts = [Verdict::Held; MAX_POP];
             translate(&sides[..n], &mut bufs[..n], &mut verdicts[..n]);
             for ((&i, v), (b, id)) in slots[..n].iter().zip(&verdicts[..n]).zip(bufs.iter().zip(batch.iter())) {
                 let f = &mut frames[i];
                 (f.0, f.1, f.2) = match *v {
-                    Verdict::Forward(to) => (to, Staged::Held(id.narrowed(b.start(), b.len())), Next::Route),
+                    Verdict::Forward(to) => (to, Staged::Held(id.placed(b.start(), b.len())), Next::Route),
                     _ => (f.0, f.1, Next::Nothing),
                 };
             }

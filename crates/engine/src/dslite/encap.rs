@@ -53,7 +53,12 @@ impl Softwire<'_> {
         buf.extend_from_slice(self.eth);
         let l3 = buf.len();
         buf[l3 - 2..l3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
-        // Built whole, then appended in one go.
+        buf.extend_from_slice(&self.header(next_header, payload_len));
+        payload(buf);
+    }
+
+    /// The outer IPv6 header, built whole to be written in one go.
+    pub fn header(&self, next_header: u8, payload_len: usize) -> [u8; ipv6::HEADER_LEN] {
         let mut h = [0u8; ipv6::HEADER_LEN];
         h[0] = 0x60;
         h[4..6].copy_from_slice(&(payload_len as u16).to_be_bytes());
@@ -61,8 +66,7 @@ impl Softwire<'_> {
         h[7] = HOP_LIMIT;
         h[8..24].copy_from_slice(&self.aftr.octets());
         h[24..40].copy_from_slice(&self.b4.octets());
-        buf.extend_from_slice(&h);
-        payload(buf);
+        h
     }
 }
 

@@ -2,7 +2,8 @@
 //! the frame's end (an AF_XDP chunk, a buffer of a pool), so a function
 //! that makes a frame longer (HOST_ID's options) writes it where it lies
 //! instead of into a copy; and whose start can move, so a packet taken out
-//! of a tunnel (a DS-Lite softwire) leaves from where it lies.
+//! of a tunnel (a DS-Lite softwire) leaves from where it lies, and one put
+//! into a tunnel gets its new headers in the room before it.
 
 /// A frame handed to `Engine::process_batch`, in its buffer.
 pub trait FrameBuf {
@@ -23,6 +24,13 @@ pub trait FrameBuf {
     /// Makes the frame the `len` bytes at `start` of itself, where they
     /// lie (only called where `NARROWS`).
     fn narrow(&mut self, _start: usize, _len: usize) {}
+
+    /// Moves the frame's start `by` bytes earlier, into the room its buffer
+    /// has before it, and returns the longer frame (the first `by` bytes of
+    /// no particular content); None, with the frame unchanged, without room.
+    fn widen_front(&mut self, _by: usize) -> Option<&mut [u8]> {
+        None
+    }
 }
 
 /// A frame in a slice of exactly its length: no room to grow.
@@ -72,11 +80,16 @@ impl FrameBuf for Vec<u8> {
         self.truncate(end);
         self.drain(..start.min(end));
     }
+
+    /// A vector makes room in front by moving its bytes.
+    fn widen_front(&mut self, by: usize) -> Option<&mut [u8]> {
+        self.splice(..0, std::iter::repeat_n(0, by));
+        Some(self)
+    }
 }
 
-/// A frame at the start of a larger buffer, the rest of it room to grow
-/// into: how the live dataplane lends a received frame. Its start may
-/// move later into the buffer (`narrow`).
+/// A frame in a larger buffer, with room before and after it: how the live
+/// dataplane lends a received frame.
 pub struct InBuffer<'a> {
     buf: &'a mut [u8],
     start: usize,
@@ -84,10 +97,11 @@ pub struct InBuffer<'a> {
 }
 
 impl<'a> InBuffer<'a> {
-    /// The frame `buf[..len]`; `len` is cut to the buffer's length.
-    pub fn new(buf: &'a mut [u8], len: usize) -> Self {
-        let len = len.min(buf.len());
-        InBuffer { buf, start: 0, len }
+    /// The frame `buf[start..start + len]`, cut to the buffer.
+    pub fn new(buf: &'a mut [u8], start: usize, len: usize) -> Self {
+        let start = start.min(buf.len());
+        let len = len.min(buf.len() - start);
+        InBuffer { buf, start, len }
     }
 
     /// Where the frame starts now, from the buffer's start.
@@ -123,6 +137,12 @@ impl FrameBuf for InBuffer<'_> {
         self.start += start;
         self.len = len.min(self.len - start);
     }
+
+    fn widen_front(&mut self, by: usize) -> Option<&mut [u8]> {
+        let start = self.start.checked_sub(by)?;
+        (self.start, self.len) = (start, self.len + by);
+        Some(&mut self.buf[start..start + self.len])
+    }
 }
 
 #[cfg(test)]
@@ -132,7 +152,7 @@ mod tests {
     #[test]
     fn a_frame_grows_only_into_room_its_buffer_has() {
         let mut buf = [7u8; 8];
-        let mut f = InBuffer::new(&mut buf, 5);
+        let mut f = InBuffer::new(&mut buf, 0, 5);
         assert_eq!(f.frame(), &[7; 5]);
         assert!(f.set_frame_len(9).is_none());
         assert_eq!(f.len(), 5);
@@ -155,12 +175,18 @@ mod tests {
     #[test]
     fn a_frame_narrowed_in_its_buffer_starts_later_and_grows_from_there() {
         let mut buf: Vec<u8> = (0..16).collect();
-        let mut f = InBuffer::new(&mut buf, 10);
+        let mut f = InBuffer::new(&mut buf, 0, 10);
+        assert!(f.widen_front(1).is_none(), "no room before the buffer's start");
         f.narrow(4, 5);
         assert_eq!((f.start(), f.len()), (4, 5));
         assert_eq!(f.frame(), &[4, 5, 6, 7, 8]);
         assert_eq!(f.set_frame_len(12).map(|b| b.len()), Some(12));
         assert!(f.set_frame_len(13).is_none(), "the buffer ends 12 bytes after the new start");
+        assert_eq!(f.widen_front(3).map(|b| b.len()), Some(15));
+        assert_eq!((f.start(), f.len()), (1, 15));
+        assert_eq!(f.frame()[..3], [1, 2, 3]);
+        let mut v = vec![7u8; 2];
+        assert_eq!(v.widen_front(2).map(|b| b.to_vec()), Some(vec![0, 0, 7, 7]));
         const { assert!(!<[u8; 4] as FrameBuf>::NARROWS && !<&mut [u8] as FrameBuf>::NARROWS) };
     }
 }

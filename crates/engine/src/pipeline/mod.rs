@@ -311,7 +311,7 @@ impl Engine {
         self.counters.received[side as usize] += 1;
         if self.nat.config().translate {
             if let Some(c) = self.nat.candidate(frame, side).filter(|c| !self.hooks.wants(c.ip_proto(), c.tcp_flags())) {
-                return self.decide::<true>(frame, side, &c);
+                return self.decide::<true, &mut [u8]>(&mut &mut *frame, side, &c);
             }
         }
         self.nptv6_fast_or_full_path(frame, side)
@@ -376,7 +376,7 @@ impl Engine {
             self.nat.prefetch_ahead(&mut candidates, i, side);
             *v = match &candidates[i] {
                 Some(c) if EXTRAS && softwires >> i & 1 == 1 => self.decide_carried(f, c),
-                Some(c) if !(EXTRAS && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide::<EXTRAS>(f.frame(), side, c),
+                Some(c) if !(EXTRAS && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide::<EXTRAS, F>(f, side, c),
                 _ => self.full_path_in_buffer(f, side),
             };
         }
@@ -455,14 +455,15 @@ impl Engine {
     /// NAPT44's verdict on a candidate frame. `EXTRAS` false: DS-Lite is
     /// known not to be configured, and its checks are left out.
     #[inline(always)]
-    fn decide<const EXTRAS: bool>(&mut self, frame: &mut [u8], side: Side, c: &nat44::Candidate) -> Verdict {
+    fn decide<const EXTRAS: bool, F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &nat44::Candidate) -> Verdict {
+        let frame = f.frame();
         if EXTRAS {
             if let Some(ds) = self.dslite.as_mut().filter(|_| side == Side::Outside) {
                 ds.keep_if_large(frame, nat44::fast::L3);
             }
         }
         match self.nat.decide(frame, side, c) {
-            Some(Ok(Side::Inside)) if EXTRAS && self.dslite.is_some() && to_softwire(frame, nat44::fast::L3) => self.encapsulate_translated(frame, side, c),
+            Some(Ok(Side::Inside)) if EXTRAS && self.dslite.is_some() && to_softwire(frame, nat44::fast::L3) => self.encapsulate_translated(f, side, c),
             Some(Ok(out)) => {
                 self.counters.forwarded[out as usize] += 1;
                 Verdict::Forward(out)

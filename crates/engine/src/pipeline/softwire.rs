@@ -18,12 +18,14 @@
 //! from the record their candidate gives (`encapsulate_translated`),
 //! without parsing them again.
 
-use natrix_wire::{ethernet, get_u16_at, get_u32_at, ipv4, tcp};
+use natrix_wire::{ethernet, get_u16_at, get_u32_at, ipv4, ipv6, tcp};
 
 use super::frame::Ip;
 use super::frame_buf::FrameBuf;
 use super::{Engine, Origin, Verdict};
 use crate::drop::DropReason;
+use crate::dslite::encap::Softwire;
+use crate::dslite::mss;
 use crate::dslite::plain::{self, INNER};
 use crate::nat44::fast::{Candidate, L3};
 use crate::nat44::MAX_BATCH;
@@ -185,8 +187,12 @@ impl Engine {
     /// A frame NAPT44's fast path translated from candidate `c`, arrived
     /// on `side`, towards a softwire host: given its host's inner address
     /// back and encapsulated to its B4, read from the fixed layout the
-    /// candidate was checked for rather than parsed again.
-    pub(super) fn encapsulate_translated(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Verdict {
+    /// candidate was checked for rather than parsed again. Where it fits
+    /// the softwire's MTU and its buffer has room before it, the outer
+    /// headers go there and it leaves where it lies; else its frames leave
+    /// through the output queue.
+    pub(super) fn encapsulate_translated<F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &Candidate) -> Verdict {
+        let frame = f.frame();
         let stand_in = get_u32_at(frame, L3 + ipv4::DST_OFFSET);
         let Identity::Softwire { b4, inner } = self.nat.subs.identities().resolve(stand_in) else { return self.softwire_verdict(Err(DropReason::NoMapping)) };
         rewrite::replace_address(frame, c.ip_proto() == natrix_wire::proto::TCP, Which::Dst, inner);
@@ -204,7 +210,38 @@ impl Engine {
             dont_fragment: get_u16_at(frame, L3 + ipv4::FLAGS_FRAG_OFFSET) & ipv4::DONT_FRAGMENT != 0,
             tcp_flags: c.tcp_flags(),
         };
-        let result = self.encapsulate_to(frame, &ip, b4, self.now_ns, Origin::of_arrival(side));
+        if let Some(v) = self.encapsulate_in_buffer(f, &ip, b4) {
+            return v;
+        }
+        let result = self.encapsulate_to(f.frame(), &ip, b4, self.now_ns, Origin::of_arrival(side));
         self.softwire_verdict(result)
+    }
+
+    /// Encapsulates the translated packet in `f` (given its host's inner
+    /// address) to `b4` where it lies: its Ethernet header and the outer
+    /// IPv6 header go into the room before it. None, and nothing sent, for
+    /// a packet that needs fragmenting or a buffer without that room.
+    fn encapsulate_in_buffer<F: FrameBuf>(&mut self, f: &mut F, ip: &Ip, b4: std::net::Ipv6Addr) -> Option<Verdict> {
+        let ds = self.dslite.as_mut()?;
+        let softwire = Softwire { eth: &[], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(b4, ds.cfg.mtu) };
+        let total = ip.total_len();
+        if !softwire.fits(total) {
+            return None;
+        }
+        // Clamping twice (here, then in the queue's path without room) changes nothing more.
+        if let Some(c) = ds.cfg.mss_clamp {
+            mss::clamp(f.frame(), ip, c);
+        }
+        let frame = f.widen_front(ipv6::HEADER_LEN)?;
+        frame.copy_within(ipv6::HEADER_LEN..ipv6::HEADER_LEN + 12, 0);
+        frame[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
+        frame[L3..L3 + ipv6::HEADER_LEN].copy_from_slice(&softwire.header(ipv6::next_header::IPV4, total));
+        // Ethernet padding after the inner packet is not the softwire's.
+        f.set_frame_len(L3 + ipv6::HEADER_LEN + total);
+        ds.stats.encapsulated += 1;
+        if let Some(k) = self.nat.subs.identities_mut().counters_mut(ip.dst) {
+            k.encapsulated += 1;
+        }
+        Some(self.verdict_of(Ok(Some(Side::Inside))))
     }
 }
