@@ -6,7 +6,8 @@
 //! 192.0.0.2 and whose frames are the same IPv4 packets inside IPv6 to the
 //! AFTR. After a pass that opens every flow, an established pass outbound
 //! (decapsulated, translated) and one inbound (translated, encapsulated to
-//! the B4) are timed. The engines run in alternation, `ROUNDS` times, and
+//! the B4) are timed. Frames lie in buffers with room before them, as
+//! AF_XDP's do, so both leave where they lay. The engines run in alternation, `ROUNDS` times, and
 //! each figure is the median of its rounds; time is the thread's CPU time,
 //! so a shared host's preemptions do not count. Every packet is checked to
 //! come out where it should, and both engines' bytes per session are given
