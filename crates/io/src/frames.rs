@@ -43,7 +43,8 @@ impl FrameId {
     /// moved): now `len` bytes from `start` bytes into its buffer; never
     /// outside the buffer.
     pub fn placed(self, start: usize, len: usize) -> FrameId {
-        let start = start.min(MAX_FRAME);
+        // A start at the buffer's end would name the next buffer.
+        let start = start.min(MAX_FRAME - 1);
         FrameId { at: buffer_of(self.at) + start as u64, len: len.min(MAX_FRAME - start) as u32, ..self }
     }
 }
@@ -402,7 +403,8 @@ mod tests {
         assert_eq!((inner.at, inner.len()), (id.at + 40, 60));
         let outer = id.placed(216, 140);
         assert_eq!((outer.at, outer.len()), (id.at - 40, 140), "its start moved into the room before it");
-        assert_eq!(id.placed(MAX_FRAME + 5, 10).len(), 0, "never outside its buffer");
+        let beyond = id.placed(MAX_FRAME + 5, 10);
+        assert_eq!((buffer_of(beyond.at), beyond.len()), (3 * MAX_FRAME as u64, 1), "never outside its buffer");
         assert_eq!(buffer_of(inner.at), 3 * MAX_FRAME as u64);
     }
 

@@ -163,6 +163,8 @@ impl FrameBuf for Frame {
         self.len = len.min(self.bytes.len() - self.start);
     }
 
+    const WIDENS: bool = true;
+
     fn widen_front(&mut self, by: usize) -> Option<&mut [u8]> {
         self.start = self.start.checked_sub(by)?;
         self.len += by;

@@ -19,10 +19,27 @@ pub(crate) struct Softwire<'a> {
     pub mtu: u16,
 }
 
+/// Whether `inner` bytes fit in one outer packet of a softwire of `mtu`.
+pub(crate) fn fits(mtu: u16, inner: usize) -> bool {
+    inner + ipv6::HEADER_LEN <= usize::from(mtu)
+}
+
+/// The outer IPv6 header from `aftr` to `b4`, built whole to be written in one go.
+pub(crate) fn outer_header(aftr: Ipv6Addr, b4: Ipv6Addr, next_header: u8, payload_len: usize) -> [u8; ipv6::HEADER_LEN] {
+    let mut h = [0u8; ipv6::HEADER_LEN];
+    h[0] = 0x60;
+    h[4..6].copy_from_slice(&(payload_len as u16).to_be_bytes());
+    h[6] = next_header;
+    h[7] = HOP_LIMIT;
+    h[8..24].copy_from_slice(&aftr.octets());
+    h[24..40].copy_from_slice(&b4.octets());
+    h
+}
+
 impl Softwire<'_> {
     /// Whether `inner` bytes fit in one outer packet.
     pub fn fits(&self, inner: usize) -> bool {
-        inner + ipv6::HEADER_LEN <= usize::from(self.mtu)
+        fits(self.mtu, inner)
     }
 
     /// Hands `emit` each frame that carries `inner`: one when it fits, else
@@ -53,20 +70,8 @@ impl Softwire<'_> {
         buf.extend_from_slice(self.eth);
         let l3 = buf.len();
         buf[l3 - 2..l3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
-        buf.extend_from_slice(&self.header(next_header, payload_len));
+        buf.extend_from_slice(&outer_header(self.aftr, self.b4, next_header, payload_len));
         payload(buf);
-    }
-
-    /// The outer IPv6 header, built whole to be written in one go.
-    pub fn header(&self, next_header: u8, payload_len: usize) -> [u8; ipv6::HEADER_LEN] {
-        let mut h = [0u8; ipv6::HEADER_LEN];
-        h[0] = 0x60;
-        h[4..6].copy_from_slice(&(payload_len as u16).to_be_bytes());
-        h[6] = next_header;
-        h[7] = HOP_LIMIT;
-        h[8..24].copy_from_slice(&self.aftr.octets());
-        h[24..40].copy_from_slice(&self.b4.octets());
-        h
     }
 }
 

@@ -25,6 +25,10 @@ pub trait FrameBuf {
     /// lie (only called where `NARROWS`).
     fn narrow(&mut self, _start: usize, _len: usize) {}
 
+    /// Whether `widen_front` can ever succeed: not for a bare slice or an
+    /// array, for which the engine then spares itself the preparations.
+    const WIDENS: bool = false;
+
     /// Moves the frame's start `by` bytes earlier, into the room its buffer
     /// has before it, and returns the longer frame (the first `by` bytes of
     /// no particular content); None, with the frame unchanged, without room.
@@ -80,6 +84,8 @@ impl FrameBuf for Vec<u8> {
         self.truncate(end);
         self.drain(..start.min(end));
     }
+
+    const WIDENS: bool = true;
 
     /// A vector makes room in front by moving its bytes.
     fn widen_front(&mut self, by: usize) -> Option<&mut [u8]> {
@@ -137,6 +143,8 @@ impl FrameBuf for InBuffer<'_> {
         self.start += start;
         self.len = len.min(self.len - start);
     }
+
+    const WIDENS: bool = true;
 
     fn widen_front(&mut self, by: usize) -> Option<&mut [u8]> {
         let start = self.start.checked_sub(by)?;

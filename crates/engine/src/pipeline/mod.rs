@@ -53,8 +53,9 @@ const NS: u64 = 1_000_000_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// Rewritten in place; send it on this side. A frame of a batch is
-    /// sent as its `FrameBuf` now holds it: longer (options inserted), or
-    /// starting later (a softwire packet decapsulated where it lay).
+    /// sent as its `FrameBuf` now holds it: longer (options inserted),
+    /// starting later (a softwire packet decapsulated where it lay) or
+    /// earlier (a reply encapsulated where it lay).
     Forward(Side),
     Drop(DropReason),
     /// Taken by the engine: kept (a fragment waiting for its first
@@ -330,10 +331,15 @@ impl Engine {
     /// Translates `frames`, all arrived on `side` at `now_ns`, in place;
     /// `verdicts[i]` says what became of `frames[i]`. The same verdicts as
     /// `process` frame by frame, in fewer nanoseconds: NAPT44 prefetches the
-    /// table lines of the whole batch before it decides any frame. One
-    /// difference: a frame a function makes longer (HOST_ID's options)
-    /// grows where it lies when its buffer has room (`FrameBuf::set_frame_len`)
-    /// and is forwarded (`Forward`), where `process` sends a longer copy (`Held`).
+    /// table lines of the whole batch before it decides any frame. The
+    /// difference: a frame whose length or start changes (HOST_ID's options
+    /// inserted, a softwire packet decapsulated, a reply encapsulated)
+    /// changes where it lies when its buffer allows (`FrameBuf`) and is
+    /// forwarded (`Forward`), where `process` sends a copy (`Held`,
+    /// `Consumed`). Only while the output queue is empty, though: a frame
+    /// sent from its buffer leaves before everything queued, so once a
+    /// frame of the batch is queued, the rest are too, and a flow's frames
+    /// keep their order.
     pub fn process_batch<F: FrameBuf>(&mut self, frames: &mut [F], side: Side, now_ns: u64, verdicts: &mut [Verdict]) {
         assert_eq!(frames.len(), verdicts.len(), "process_batch: one verdict per frame");
         self.advance(now_ns);
@@ -440,6 +446,12 @@ impl Engine {
         (Ok(Some(out)), end)
     }
 
+    /// Whether a frame may change its length or start where it lies: only
+    /// while nothing waits in the output queue, which it would overtake.
+    fn may_change_in_place(&self) -> bool {
+        !self.router.has_output()
+    }
+
     /// NPTv6's fast path (`nptv6::fast`) for a plain IPv6 frame a binding
     /// maps; the full path for every other frame.
     #[inline(always)]
@@ -503,7 +515,7 @@ impl Engine {
         let result = self.ipv4_stages(frame, ip, side);
         if self.hooks.growth().is_some() {
             match result {
-                Ok(Some(out)) if can_grow => {
+                Ok(Some(out)) if can_grow && self.may_change_in_place() => {
                     // A placeholder: `full_path_in_buffer` decides it.
                     self.to_lengthen = Some(ToLengthen { out, l3: ip.l3, from: side });
                     return Verdict::Held;
@@ -722,14 +734,22 @@ impl Engine {
             router.queue_final(Side::Inside, at_ns, b);
             frames += 1;
         });
-        ds.stats.encapsulated += 1;
-        if let Some(c) = self.nat.subs.identities_mut().counters_mut(ip.dst) {
+        self.count_encapsulated(ip.dst, frames);
+        Ok(())
+    }
+
+    /// A packet to the softwire host whose stand-in is `stand_in` left in
+    /// `frames` outer packets (more than one: fragments).
+    fn count_encapsulated(&mut self, stand_in: u32, frames: u64) {
+        if let Some(ds) = self.dslite.as_mut() {
+            ds.stats.encapsulated += 1;
+            if frames > 1 {
+                ds.stats.fragmented += frames;
+            }
+        }
+        if let Some(c) = self.nat.subs.identities_mut().counters_mut(stand_in) {
             c.encapsulated += 1;
         }
-        if frames > 1 {
-            ds.stats.fragmented += frames;
-        }
-        Ok(())
     }
 
     /// The stages of an IPv4 frame, up to its verdict.

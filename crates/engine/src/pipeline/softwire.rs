@@ -24,15 +24,18 @@ use super::frame::Ip;
 use super::frame_buf::FrameBuf;
 use super::{Engine, Origin, Verdict};
 use crate::drop::DropReason;
-use crate::dslite::encap::Softwire;
-use crate::dslite::mss;
 use crate::dslite::plain::{self, INNER};
+use crate::dslite::{encap, mss};
 use crate::nat44::fast::{Candidate, L3};
 use crate::nat44::MAX_BATCH;
 use crate::rewrite::{self, Which};
 use crate::state::deterministic::Member;
 use crate::state::identity::Identity;
 use crate::Side;
+
+/// Where a plain softwire packet's inner packet gets its Ethernet header:
+/// the last 14 bytes of the IPv6 header.
+const ETH_AT: usize = INNER - L3;
 
 /// How a softwire packet's host gets its stand-in.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -115,32 +118,28 @@ impl Engine {
 
     /// Decides the softwire packet in `f` by its carried candidate `c`:
     /// decapsulated where it lies and translated there; it leaves from
-    /// there, or as a copy when `f`'s start cannot move or it goes back
+    /// there, or as a copy through the output queue when `f`'s start
+    /// cannot move, something queued would be overtaken, or it goes back
     /// into a softwire (a hairpin).
     pub(super) fn decide_carried<F: FrameBuf>(&mut self, f: &mut F, c: &Candidate) -> Verdict {
-        // The inner packet and the 14 bytes before it, the end of the IPv6
-        // header, which become its Ethernet header.
-        const ETH_AT: usize = INNER - L3;
         let len = L3 + c.datagram_len();
-        if !F::NARROWS {
+        if !F::NARROWS || !self.may_change_in_place() {
             let mut copy = self.router.buffer();
             copy.extend_from_slice(&f.frame()[ETH_AT..ETH_AT + len]);
             let v = self.decapsulated(&mut copy, f.frame(), c);
             return self.send_decapsulated(v, copy);
         }
-        let frame = f.frame();
-        let (outer, buf) = frame.split_at_mut(ETH_AT);
-        let buf = &mut buf[..len];
-        match self.decapsulated(buf, outer, c) {
+        let (outer, buf) = f.frame().split_at_mut(ETH_AT);
+        match self.decapsulated(&mut buf[..len], outer, c) {
             Verdict::Forward(Side::Outside) => {
                 f.narrow(ETH_AT, len);
                 Verdict::Forward(Side::Outside)
             }
             // A hairpin, back into a softwire: encapsulated from a copy.
-            Verdict::Forward(Side::Inside) => {
+            v @ Verdict::Forward(Side::Inside) => {
                 let mut copy = self.router.buffer();
                 copy.extend_from_slice(&f.frame()[ETH_AT..ETH_AT + len]);
-                self.send_decapsulated(Verdict::Forward(Side::Inside), copy)
+                self.send_decapsulated(v, copy)
             }
             v => v,
         }
@@ -222,10 +221,12 @@ impl Engine {
     /// IPv6 header go into the room before it. None, and nothing sent, for
     /// a packet that needs fragmenting or a buffer without that room.
     fn encapsulate_in_buffer<F: FrameBuf>(&mut self, f: &mut F, ip: &Ip, b4: std::net::Ipv6Addr) -> Option<Verdict> {
+        if !F::WIDENS || !self.may_change_in_place() {
+            return None;
+        }
         let ds = self.dslite.as_mut()?;
-        let softwire = Softwire { eth: &[], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(b4, ds.cfg.mtu) };
         let total = ip.total_len();
-        if !softwire.fits(total) {
+        if !encap::fits(ds.mtus.of(b4, ds.cfg.mtu), total) {
             return None;
         }
         // Clamping twice (here, then in the queue's path without room) changes nothing more.
@@ -235,13 +236,10 @@ impl Engine {
         let frame = f.widen_front(ipv6::HEADER_LEN)?;
         frame.copy_within(ipv6::HEADER_LEN..ipv6::HEADER_LEN + 12, 0);
         frame[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
-        frame[L3..L3 + ipv6::HEADER_LEN].copy_from_slice(&softwire.header(ipv6::next_header::IPV4, total));
+        frame[L3..L3 + ipv6::HEADER_LEN].copy_from_slice(&encap::outer_header(ds.cfg.aftr, b4, ipv6::next_header::IPV4, total));
         // Ethernet padding after the inner packet is not the softwire's.
         f.set_frame_len(L3 + ipv6::HEADER_LEN + total);
-        ds.stats.encapsulated += 1;
-        if let Some(k) = self.nat.subs.identities_mut().counters_mut(ip.dst) {
-            k.encapsulated += 1;
-        }
+        self.count_encapsulated(ip.dst, 1);
         Some(self.verdict_of(Ok(Some(Side::Inside))))
     }
 }

@@ -34,7 +34,7 @@ use crate::port::{IoError, PacketPort, MAX_FRAME};
 pub use ports::{XdpMode, XdpPorts};
 
 /// UMEM chunk size; one frame per chunk, so a chunk holds the largest frame.
-/// Exactly `MAX_FRAME`, in aligned mode: `FrameId::with_len` and
+/// Exactly `MAX_FRAME`, in aligned mode: `FrameId::placed` and
 /// `SharedFrames::buffer` find the end of a frame's chunk by that alignment.
 const FRAME_SIZE: u32 = MAX_FRAME as u32;
 /// The kernel's XDP_PACKET_HEADROOM, which copy mode leaves at the start of
