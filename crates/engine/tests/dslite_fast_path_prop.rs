@@ -15,13 +15,15 @@
 //! frame sent may carry a stand-in (240.0.0.0/4, never on the wire). A
 //! batch's softwire packet leaves decapsulated where it lay, and a reply
 //! encapsulated where it lay (`Forward`), where the others send the same
-//! bytes through their queue (`Consumed`).
+//! bytes through their queue (`Consumed`), in the same order. The batch's
+//! frames lie in 2048-byte buffers with 0, 16, 40 or 256 bytes before them:
+//! without 40, replies go through the queue.
 
 mod common;
 
 use common::*;
 use natrix_engine::dslite::DsliteConfig;
-use natrix_engine::{Engine, EngineConfig, Side, Verdict};
+use natrix_engine::{Engine, EngineConfig, FrameBuf, InBuffer, Side, Verdict};
 use proptest::prelude::*;
 
 const AFTR: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1];
@@ -133,11 +135,16 @@ fn dport_of(i: usize) -> u16 {
 
 /// 0: the defaults; 1: an MSS clamp (softwire SYNs take the full path);
 /// 2: two ports per subscriber, so that some new flows are refused, with
-/// ICMP errors encapsulated into their softwires (RFC 6888 REQ-8).
-const MODES: u8 = 3;
+/// ICMP errors encapsulated into their softwires (RFC 6888 REQ-8); 3: a
+/// softwire MTU of 100, so that replies of over 60 bytes are fragmented
+/// (through the queue) among smaller ones (encapsulated where they lie).
+const MODES: u8 = 4;
 
 fn config_for(mode: u8) -> EngineConfig {
-    let mut cfg = EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: (mode == 1).then_some(1400) }), ..config() };
+    let mut cfg = EngineConfig {
+        dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: if mode == 3 { 100 } else { 1500 }, mss_clamp: (mode == 1).then_some(1400) }),
+        ..config()
+    };
     if mode == 2 {
         cfg.max_ports_per_subscriber = 2;
     }
@@ -159,6 +166,7 @@ proptest! {
         flows in flows(),
         batches in proptest::collection::vec((prop_oneof![Just(300u64), Just(150_000), Just(301_000)], proptest::collection::vec((0usize..8, any::<bool>(), damage()), 1..100)), 1..6),
         mode in 0..MODES,
+        room in prop_oneof![Just(0usize), Just(16), Just(40), Just(256)],
     ) {
         let cfg = config_for(mode);
         let (mut batched, mut single, mut full) = (engine(cfg.clone()), engine(cfg.clone()), engine(cfg));
@@ -181,7 +189,13 @@ proptest! {
                 }
                 let (mut one_by_one, mut expected) = (frames.clone(), frames.clone());
                 let mut verdicts = vec![Verdict::Held; frames.len()];
-                batched.process_batch(&mut frames, side, now, &mut verdicts);
+                // The batch's frames lie in buffers as the dataplane lends
+                // them: `room` bytes before each (AF_XDP leaves 256, the
+                // copying pool none), the rest of 2048 after.
+                let mut buffers: Vec<Vec<u8>> = frames.iter().map(|f| [vec![0xa5; room], f.clone(), vec![0x5a; 2048 - room - f.len()]].concat()).collect();
+                let mut lent: Vec<InBuffer> = buffers.iter_mut().zip(&frames).map(|(b, f)| InBuffer::new(b, room, f.len())).collect();
+                batched.process_batch(&mut lent, side, now, &mut verdicts);
+                let frames: Vec<Vec<u8>> = lent.iter_mut().map(|b| b.frame().to_vec()).collect();
                 // A batch's softwire packet decapsulated where it lay, or a
                 // reply encapsulated where it lay, leaves from there: the
                 // frame the others send through their queue.
