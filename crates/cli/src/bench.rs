@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::Failure;
 
+mod buffers;
 mod dslite;
 mod host_id;
 mod nptv6;

@@ -16,10 +16,11 @@
 use std::net::Ipv6Addr;
 
 use natrix_engine::dslite::DsliteConfig;
-use natrix_engine::{Engine, EngineConfig, FrameBuf, Side, Verdict};
+use natrix_engine::{Engine, EngineConfig, Side, Verdict};
 use natrix_wire::{get_u16_at, get_u32_at};
 use serde::Serialize;
 
+use super::buffers::Buffers;
 use super::host_id::{median, table_config, thread_cpu_ns};
 use super::{build, flow, FRAME_LEN, TCP_ACK, TCP_SYN};
 use crate::Failure;
@@ -122,71 +123,26 @@ struct Round {
 /// there): enough for the 40 bytes of an outer IPv6 header.
 const ROOM: usize = 64;
 
-/// A frame of either kind, as the engine's batches take them: in a buffer
-/// with room before it and a start that may move, as an I/O backend's (a
-/// softwire packet leaves decapsulated from where it lay, a reply
-/// encapsulated where it lay).
-#[derive(Clone, Copy)]
-struct Frame {
-    bytes: [u8; ROOM + SOFTWIRE_LEN],
-    start: usize,
-    len: usize,
-}
-
-impl Frame {
-    fn bytes(&self) -> &[u8] {
-        &self.bytes[self.start..self.start + self.len]
-    }
-
-    /// A new frame of `len` bytes after the room, to be written.
-    fn fresh(&mut self, len: usize) -> &mut [u8] {
-        (self.start, self.len) = (ROOM, len);
-        &mut self.bytes[ROOM..ROOM + len]
-    }
-}
-
-impl FrameBuf for Frame {
-    fn frame(&mut self) -> &mut [u8] {
-        &mut self.bytes[self.start..self.start + self.len]
-    }
-
-    fn set_frame_len(&mut self, len: usize) -> Option<&mut [u8]> {
-        let frame = self.bytes.get_mut(self.start..self.start + len)?;
-        self.len = len;
-        Some(frame)
-    }
-
-    const NARROWS: bool = true;
-
-    fn narrow(&mut self, start: usize, len: usize) {
-        self.start += start.min(self.len);
-        self.len = len.min(self.bytes.len() - self.start);
-    }
-
-    const WIDENS: bool = true;
-
-    fn widen_front(&mut self, by: usize) -> Option<&mut [u8]> {
-        self.start = self.start.checked_sub(by)?;
-        self.len += by;
-        Some(&mut self.bytes[self.start..self.start + self.len])
-    }
-}
+/// The frames of a batch, of either kind, in buffers with room before
+/// them, as an I/O backend's (a softwire packet leaves decapsulated from
+/// where it lay, a reply encapsulated where it lay).
+type Frames = Buffers<{ ROOM + SOFTWIRE_LEN }>;
 
 /// Flow `i`'s frame from the inside: the NAPT44 frame, or for a softwire
 /// the same IPv4 packet from 192.0.0.2 inside IPv6 from its subscriber's B4.
-fn outbound(f: &mut Frame, i: u64, setup: Setup, tcp_flags: u8) {
+fn outbound(frames: &mut Frames, k: usize, i: u64, setup: Setup, tcp_flags: u8) {
     let fl = flow(0, i);
     let mut plain = [0u8; FRAME_LEN];
     let src = if setup == Setup::Softwire { HOST } else { fl.sub };
     build(&mut plain, fl.tcp, src, fl.sport, fl.server, fl.dport, tcp_flags);
     if setup == Setup::Napt44 {
-        f.fresh(FRAME_LEN).copy_from_slice(&plain);
+        frames.fresh(k, ROOM, FRAME_LEN).copy_from_slice(&plain);
         return;
     }
     let b4 = b4_of(fl.sub);
     // The B4 sends the IPv4 packet alone, without the Ethernet padding of the NAPT44 frame.
     let inner = usize::from(get_u16_at(&plain, 16));
-    let b = f.fresh(54 + inner);
+    let b = frames.fresh(k, ROOM, 54 + inner);
     b[..12].copy_from_slice(&plain[..12]);
     b[12..14].copy_from_slice(&[0x86, 0xdd]);
     b[14..18].copy_from_slice(&[0x60, 0, 0, 0]);
@@ -212,7 +168,7 @@ fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
     // Each engine starts from a heap the one before gave back.
     super::release_free_heap();
     let mut engine = Engine::new(config(flows, setup)).map_err(|e| Failure::Other(e.to_string()))?;
-    let mut frames = vec![Frame { bytes: [0; ROOM + SOFTWIRE_LEN], start: ROOM, len: 0 }; BATCH];
+    let mut frames = Frames::new(BATCH);
     let mut verdicts = [Verdict::Held; BATCH];
     let mut external = vec![(0u32, 0u16); flows as usize];
     let mut errors = 0u64;
@@ -221,17 +177,17 @@ fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
     let mut i = 0;
     while i < flows {
         let n = (flows - i).min(BATCH as u64) as usize;
-        frames.iter_mut().take(n).enumerate().for_each(|(k, f)| outbound(f, i + k as u64, setup, TCP_SYN));
-        engine.process_batch(&mut frames[..n], Side::Inside, now, &mut verdicts[..n]);
+        (0..n).for_each(|k| outbound(&mut frames, k, i + k as u64, setup, TCP_SYN));
+        frames.lend(n, |lent| engine.process_batch(lent, Side::Inside, now, &mut verdicts[..n]));
         // A host's first packet leaves as a copy (its stand-in is made on
         // the full path), the others decapsulated where they lay.
         let mut left = Vec::with_capacity(n);
         engine.drain_output(|o| left.push(external_of(&o.data)));
         let mut queued = left.into_iter();
-        for k in 0..n {
+        for (k, v) in verdicts[..n].iter().enumerate() {
             let at = (i + k as u64) as usize;
-            match verdicts[k] {
-                Verdict::Forward(Side::Outside) => external[at] = external_of(frames[k].bytes()),
+            match *v {
+                Verdict::Forward(Side::Outside) => external[at] = external_of(frames.frame(k)),
                 Verdict::Consumed if setup == Setup::Softwire => match queued.next() {
                     Some(e) => external[at] = e,
                     None => errors += 1,
@@ -250,19 +206,21 @@ fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
 }
 
 /// The timed established pass from the inside: (CPU ns, errors).
-fn established_outbound(engine: &mut Engine, frames: &mut [Frame], flows: u64, setup: Setup, now: u64) -> (u64, u64) {
+fn established_outbound(engine: &mut Engine, frames: &mut Frames, flows: u64, setup: Setup, now: u64) -> (u64, u64) {
     let mut verdicts = [Verdict::Held; BATCH];
     let (mut busy, mut errors, mut i) = (0u64, 0u64, 0u64);
     while i < flows {
         let n = (flows - i).min(BATCH as u64) as usize;
-        frames.iter_mut().take(n).enumerate().for_each(|(k, f)| outbound(f, i + k as u64, setup, TCP_ACK));
-        let t = thread_cpu_ns();
-        engine.process_batch(&mut frames[..n], Side::Inside, now, &mut verdicts[..n]);
+        (0..n).for_each(|k| outbound(frames, k, i + k as u64, setup, TCP_ACK));
         let mut left = 0;
-        engine.drain_output(|o| left += usize::from(o.side == Side::Outside));
-        busy += thread_cpu_ns() - t;
+        frames.lend(n, |lent| {
+            let t = thread_cpu_ns();
+            engine.process_batch(lent, Side::Inside, now, &mut verdicts[..n]);
+            engine.drain_output(|o| left += usize::from(o.side == Side::Outside));
+            busy += thread_cpu_ns() - t;
+        });
         // Decapsulated where they lay, or (a softwire packet whose frame could not narrow) as copies.
-        let in_place = frames[..n].iter().zip(&verdicts[..n]).filter(|(f, v)| **v == Verdict::Forward(Side::Outside) && f.bytes()[12..14] == [8, 0]).count();
+        let in_place = (0..n).filter(|&k| verdicts[k] == Verdict::Forward(Side::Outside) && frames.frame(k)[12..14] == [8, 0]).count();
         errors += n.abs_diff(in_place + left) as u64;
         i += n as u64;
     }
@@ -272,37 +230,39 @@ fn established_outbound(engine: &mut Engine, frames: &mut [Frame], flows: u64, s
 /// The timed established pass of replies from the servers: (CPU ns,
 /// errors). A reply must reach its host: in place for NAPT44, encapsulated
 /// to the flow's B4 for a softwire.
-fn established_inbound(engine: &mut Engine, frames: &mut [Frame], external: &[(u32, u16)], setup: Setup, now: u64) -> (u64, u64) {
+fn established_inbound(engine: &mut Engine, frames: &mut Frames, external: &[(u32, u16)], setup: Setup, now: u64) -> (u64, u64) {
     let mut verdicts = [Verdict::Held; BATCH];
     let (mut busy, mut errors, mut i) = (0u64, 0u64, 0usize);
     let mut plain = [0u8; FRAME_LEN];
     while i < external.len() {
         let n = (external.len() - i).min(BATCH);
-        for (k, f) in frames.iter_mut().take(n).enumerate() {
+        for k in 0..n {
             let fl = flow(0, (i + k) as u64);
             let (ext, eport) = external[i + k];
             build(&mut plain, fl.tcp, fl.server, fl.dport, ext, eport, TCP_ACK);
-            f.fresh(FRAME_LEN).copy_from_slice(&plain);
+            frames.fresh(k, ROOM, FRAME_LEN).copy_from_slice(&plain);
         }
-        let t = thread_cpu_ns();
-        engine.process_batch(&mut frames[..n], Side::Outside, now, &mut verdicts[..n]);
         let mut to_b4s = [0u128; BATCH];
         let mut sent = 0;
-        engine.drain_output(|o| {
-            if o.side == Side::Inside && o.data[12..14] == [0x86, 0xdd] && sent < BATCH {
-                to_b4s[sent] = u128::from_be_bytes(o.data[38..54].try_into().unwrap_or([0; 16]));
-                sent += 1;
-            }
+        frames.lend(n, |lent| {
+            let t = thread_cpu_ns();
+            engine.process_batch(lent, Side::Outside, now, &mut verdicts[..n]);
+            engine.drain_output(|o| {
+                if o.side == Side::Inside && o.data[12..14] == [0x86, 0xdd] && sent < BATCH {
+                    to_b4s[sent] = u128::from_be_bytes(o.data[38..54].try_into().unwrap_or([0; 16]));
+                    sent += 1;
+                }
+            });
+            busy += thread_cpu_ns() - t;
         });
-        busy += thread_cpu_ns() - t;
         // A softwire's reply leaves encapsulated where it lay, or (one
         // that needs fragments) through the queue, in order.
         let mut queued = to_b4s[..sent].iter();
-        for k in 0..n {
+        for (k, v) in verdicts[..n].iter().enumerate() {
             let fl = flow(0, (i + k) as u64);
             let b4 = u128::from(b4_of(fl.sub));
-            let f = frames[k].bytes();
-            let ok = match (setup, verdicts[k]) {
+            let f = frames.frame(k);
+            let ok = match (setup, *v) {
                 (Setup::Napt44, Verdict::Forward(Side::Inside)) => get_u32_at(f, 30) == fl.sub && get_u16_at(f, 36) == fl.sport,
                 (Setup::Softwire, Verdict::Forward(Side::Inside)) => f[12..14] == [0x86, 0xdd] && f[38..54] == b4.to_be_bytes(),
                 (Setup::Softwire, Verdict::Consumed) => queued.next() == Some(&b4),

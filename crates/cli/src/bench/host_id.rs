@@ -16,9 +16,10 @@
 //! be forwarded.
 
 use natrix_engine::host_id::{HostIdConfig, Kinds, Mode, Origin, WingData};
-use natrix_engine::{Engine, EngineConfig, FrameBuf, Side, Verdict};
+use natrix_engine::{Engine, EngineConfig, Side, Verdict};
 use serde::Serialize;
 
+use super::buffers::Buffers;
 use super::syn_accel::{first_syn, segment, SYN_LEN};
 use crate::Failure;
 
@@ -33,31 +34,12 @@ const L4: usize = 34;
 /// Room after each frame in its buffer, more than any insertion needs.
 const ROOM: usize = 64;
 
-/// A received frame in its buffer, with room after it.
-#[derive(Clone)]
-struct Received {
-    bytes: [u8; SYN_LEN + ROOM],
-    len: usize,
-}
+/// SYNs in buffers with room after them, as received frames lie.
+type Frames = Buffers<{ SYN_LEN + ROOM }>;
 
-impl Received {
-    /// The buffer's first `SYN_LEN` bytes as the frame, to be written.
-    fn syn(&mut self) -> &mut [u8; SYN_LEN] {
-        self.len = SYN_LEN;
-        (&mut self.bytes[..SYN_LEN]).try_into().expect("SYN_LEN bytes")
-    }
-}
-
-impl FrameBuf for Received {
-    fn frame(&mut self) -> &mut [u8] {
-        &mut self.bytes[..self.len]
-    }
-
-    fn set_frame_len(&mut self, len: usize) -> Option<&mut [u8]> {
-        let frame = self.bytes.get_mut(..len)?;
-        self.len = len;
-        Some(frame)
-    }
+/// Buffer `k`'s frame made a SYN-sized frame at its start, to be written.
+fn syn(frames: &mut Frames, k: usize) -> &mut [u8; SYN_LEN] {
+    frames.fresh(k, 0, SYN_LEN).try_into().expect("SYN_LEN bytes")
 }
 
 #[derive(Serialize)]
@@ -172,23 +154,25 @@ fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
     // Each engine starts from a heap the one before gave back, as the others do.
     super::release_free_heap();
     let mut engine = Engine::new(config(flows, setup)).map_err(|e| Failure::Other(e.to_string()))?;
-    let mut frames = vec![Received { bytes: [0; SYN_LEN + ROOM], len: SYN_LEN }; BATCH];
+    let mut frames = Frames::new(BATCH);
     let mut verdicts = [Verdict::Held; BATCH];
     let (mut syn_busy, mut est_busy, mut errors) = (0u64, 0u64, 0u64);
     let now = 1_000_000_000u64;
     let mut i = 0;
     while i < flows {
         let n = (flows - i).min(BATCH as u64) as usize;
-        frames.iter_mut().take(n).enumerate().for_each(|(k, f)| first_syn(f.syn(), i + k as u64));
-        let t = thread_cpu_ns();
-        engine.process_batch(&mut frames[..n], Side::Inside, now, &mut verdicts[..n]);
+        (0..n).for_each(|k| first_syn(syn(&mut frames, k), i + k as u64));
         // Each SYN leaves grown by insertion (or not, without it): where it
         // lay, or as a copy through the output queue.
         let mut as_expected = 0;
-        engine.drain_output(|o| as_expected += usize::from(o.side == Side::Outside && o.data.len() == SYN_LEN + GROWTH));
-        syn_busy += thread_cpu_ns() - t;
+        frames.lend(n, |lent| {
+            let t = thread_cpu_ns();
+            engine.process_batch(lent, Side::Inside, now, &mut verdicts[..n]);
+            engine.drain_output(|o| as_expected += usize::from(o.side == Side::Outside && o.data.len() == SYN_LEN + GROWTH));
+            syn_busy += thread_cpu_ns() - t;
+        });
         let len = if inserting { SYN_LEN + GROWTH } else { SYN_LEN };
-        as_expected += frames.iter().zip(&verdicts[..n]).filter(|(f, v)| **v == Verdict::Forward(Side::Outside) && f.len == len).count();
+        as_expected += (0..n).filter(|&k| verdicts[k] == Verdict::Forward(Side::Outside) && frames.frame(k).len() == len).count();
         errors += (n - as_expected) as u64;
         i += n as u64;
     }
@@ -196,17 +180,19 @@ fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
     let mut i = 0;
     while i < flows {
         let n = (flows - i).min(BATCH as u64) as usize;
-        for (k, f) in frames.iter_mut().take(n).enumerate() {
-            let f = f.syn();
+        for k in 0..n {
+            let f = syn(&mut frames, k);
             first_syn(f, i + k as u64);
             let (src, dst) = (natrix_wire::get_u32_at(f, 26), natrix_wire::get_u32_at(f, 30));
             let (sport, dport) = (natrix_wire::get_u16_at(f, L4), natrix_wire::get_u16_at(f, L4 + 2));
             let seq = natrix_wire::get_u32_at(f, L4 + 4).wrapping_add(1);
             segment(f, (src, sport), (dst, dport), seq, 1, 0x10);
         }
-        let t = thread_cpu_ns();
-        engine.process_batch(&mut frames[..n], Side::Inside, now, &mut verdicts[..n]);
-        est_busy += thread_cpu_ns() - t;
+        frames.lend(n, |lent| {
+            let t = thread_cpu_ns();
+            engine.process_batch(lent, Side::Inside, now, &mut verdicts[..n]);
+            est_busy += thread_cpu_ns() - t;
+        });
         errors += verdicts[..n].iter().filter(|v| **v != Verdict::Forward(Side::Outside)).count() as u64;
         i += n as u64;
     }

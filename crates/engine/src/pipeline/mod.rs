@@ -410,10 +410,7 @@ impl Engine {
         let (result, end) = self.finish_grown(frame, out, l3);
         // Never longer than the room it just had.
         let frame = f.set_frame_len(end).unwrap_or_default();
-        if result == Ok(Some(Side::Inside)) && self.dslite.is_some() && to_softwire(frame, l3) {
-            return self.send_into_softwire(frame, l3, from);
-        }
-        self.settle(frame, l3, from, result)
+        self.settle_translated(frame, l3, from, result)
     }
 
     /// Lengthens a frame a function asked to grow in a copy, which leaves
@@ -524,10 +521,16 @@ impl Engine {
                 _ => self.hooks.cancel(),
             }
         }
-        if result == Ok(Some(Side::Inside)) && self.dslite.is_some() && to_softwire(frame, ip.l3) {
-            return self.send_into_softwire(frame, ip.l3, side);
+        self.settle_translated(frame, ip.l3, side, result)
+    }
+
+    /// `settle` for an IPv4 frame through the stages: one that leaves for a
+    /// softwire host is encapsulated to its B4 instead.
+    fn settle_translated(&mut self, frame: &mut [u8], l3: usize, side: Side, result: Result<Option<Side>, DropReason>) -> Verdict {
+        if result == Ok(Some(Side::Inside)) && self.dslite.is_some() && to_softwire(frame, l3) {
+            return self.send_into_softwire(frame, l3, side);
         }
-        self.settle(frame, ip.l3, side, result)
+        self.settle(frame, l3, side, result)
     }
 
     /// An IPv6 frame on the inside with DS-Lite on: a softwire packet, a
