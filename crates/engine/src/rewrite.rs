@@ -50,10 +50,12 @@ const SIMPLE_L4: usize = natrix_wire::ethernet::HEADER_LEN + natrix_wire::ipv4::
 
 /// `rewrite` and the TTL decrement of forwarding in one, for the fast path's
 /// frames (Ethernet, IPv4 without options, TCP or UDP, lengths checked):
-/// each checksum takes one sum of all its changes, folded once.
+/// each checksum takes one sum of all its changes, folded once. `TTL`
+/// false leaves the TTL to the router's stage, for a frame middlebox
+/// functions see between translation and routing.
 #[inline(always)]
-pub fn rewrite_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) {
-    let patched = patch_forward(frame, tcp, which, addr, port);
+pub fn rewrite_forward<const TTL: bool>(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) {
+    let patched = patch_forward::<TTL>(frame, tcp, which, addr, port);
     debug_assert!(patched.is_some(), "rewrite_forward: the fast path let through a frame too short for its transport header");
 }
 
@@ -65,7 +67,7 @@ pub fn rewrite_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, por
 /// it are selected, not branched on: live traffic mixes TCP and UDP
 /// unpredictably.
 #[inline(always)]
-fn patch_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) -> Option<()> {
+fn patch_forward<const TTL: bool>(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16) -> Option<()> {
     const L3: usize = natrix_wire::ethernet::HEADER_LEN;
     let f = frame.first_chunk_mut::<{ SIMPLE_L4 + natrix_wire::tcp::MIN_HEADER_LEN }>()?;
     let (a, p) = match which {
@@ -77,10 +79,14 @@ fn patch_forward(frame: &mut [u8], tcp: bool, which: Which, addr: u32, port: u16
     let port_delta = Delta::from_u16(ne_u16(f, p), u16::from_ne_bytes(new_port));
     f[a..a + 4].copy_from_slice(&new_addr);
     f[p..p + 2].copy_from_slice(&new_port);
-    // TTL shares its 16-bit checksum word with the protocol byte.
-    let ttl_word = ne_u16(f, L3 + IP_TTL);
-    f[L3 + IP_TTL] -= 1;
-    let ip_delta = addr_delta.plus(Delta::from_u16(ttl_word, ne_u16(f, L3 + IP_TTL)));
+    let ip_delta = if TTL {
+        // TTL shares its 16-bit checksum word with the protocol byte.
+        let ttl_word = ne_u16(f, L3 + IP_TTL);
+        f[L3 + IP_TTL] -= 1;
+        addr_delta.plus(Delta::from_u16(ttl_word, ne_u16(f, L3 + IP_TTL)))
+    } else {
+        addr_delta
+    };
     let c = ip_delta.apply(ne_u16(f, L3 + IP_CHECKSUM));
     f[L3 + IP_CHECKSUM..L3 + IP_CHECKSUM + 2].copy_from_slice(&c.to_ne_bytes());
     // Arithmetic on the flag rather than a select keeps the offset's range

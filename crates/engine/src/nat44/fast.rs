@@ -20,7 +20,7 @@ use natrix_wire::{ethernet, get_u16_at, get_u32_at, proto};
 
 use crate::drop::DropReason;
 use crate::nat44::{Flow, Looked, Nat44};
-use crate::pipeline::frame::is_martian;
+use crate::pipeline::frame::{is_martian, Ip};
 use crate::rewrite::{self, Which, L4};
 use crate::state::sessions::{Found, NIL};
 use crate::state::subscribers::NONE;
@@ -37,7 +37,7 @@ const UDP_HEADER: usize = natrix_wire::udp::HEADER_LEN;
 /// The shortest frame the fast path takes: room for a TCP header. A UDP
 /// frame is shorter only with under 12 bytes of payload where nothing padded
 /// it to Ethernet's 60-byte minimum; the full path takes it.
-const VIEW: usize = AT + TCP_HEADER;
+pub(crate) const VIEW: usize = AT + TCP_HEADER;
 
 /// A frame the fast path may take: checked, parsed, and its lookup key hashed.
 #[derive(Clone, Copy)]
@@ -86,6 +86,25 @@ impl Candidate {
 
     pub(crate) fn dst(&self) -> u32 {
         self.dst
+    }
+
+    /// The full path's parse of the candidate `frame` (`frame::parse`),
+    /// from the checks already made: untagged, no IP options, unfragmented.
+    pub(crate) fn ip(&self, frame: &[u8; VIEW]) -> Ip {
+        Ip {
+            l3: L3,
+            l4: AT,
+            l4_len: usize::from(self.l4_len),
+            proto: self.proto.ip_number(),
+            src: self.src,
+            dst: self.dst,
+            ttl: frame[L3 + 8],
+            ident: get_u16_at(frame, L3 + 4),
+            first_frag: false,
+            later_frag: false,
+            dont_fragment: frame[L3 + 6] & 0x40 != 0,
+            tcp_flags: self.tcp_flags,
+        }
     }
 }
 
@@ -161,11 +180,12 @@ impl Nat44 {
 
     /// Translates the candidate `frame` if its session exists and returns
     /// the side it leaves on; otherwise leaves it untouched and returns what
-    /// the lookup found, for the full path's handling. Inlined always, as
+    /// the lookup found, for the full path's handling. `TTL`: whether the
+    /// rewrite decrements the TTL too (`rewrite_forward`). Inlined always, as
     /// `candidate` is: as a call it costs an established packet about 17
     /// instructions of prologue and epilogue (callgrind).
     #[inline(always)]
-    pub(crate) fn forward(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Result<Side, Option<Found>> {
+    fn forward<const TTL: bool>(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Result<Side, Option<Found>> {
         let (found, dir, refresh) = match side {
             Side::Inside => (self.tables.lookup_in_hinted(c.hint, c.hash, c.proto, c.src, c.sport, c.dst, c.dport), Direction::Out, true),
             Side::Outside => (self.tables.lookup_out_hinted(c.hint, c.hash, c.proto, c.dst, c.dport, c.src, c.sport), Direction::In, self.cfg.inbound_refresh),
@@ -176,7 +196,7 @@ impl Nat44 {
             Side::Inside => (Which::Src, ends.ext_addr, ends.ext_port),
             Side::Outside => (Which::Dst, ends.int_addr, ends.int_port),
         };
-        rewrite::rewrite_forward(frame, c.proto == Proto::Tcp, which, addr, port);
+        rewrite::rewrite_forward::<TTL>(frame, c.proto == Proto::Tcp, which, addr, port);
         Ok(side.other())
     }
 
@@ -186,10 +206,21 @@ impl Nat44 {
     /// have made; None: an inbound one without a session, for the full path.
     #[inline(always)]
     pub(crate) fn decide(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Option<Result<Side, DropReason>> {
-        match (self.forward(frame, side, c), side) {
+        match (self.forward::<true>(frame, side, c), side) {
             (Ok(out), _) => Some(Ok(out)),
-            (Err(found), Side::Inside) => Some(self.open(frame, c, found)),
+            (Err(found), Side::Inside) => Some(self.open::<true>(frame, c, found)),
             (Err(_), Side::Outside) => None,
+        }
+    }
+
+    /// `decide` for an outbound candidate that middlebox functions see
+    /// after translation, before the router decrements its TTL: translated
+    /// by its session, or opening one, TTL untouched.
+    #[inline]
+    pub(crate) fn decide_outbound_unrouted(&mut self, frame: &mut [u8], c: &Candidate) -> Result<Side, DropReason> {
+        match self.forward::<false>(frame, Side::Inside, c) {
+            Ok(out) => Ok(out),
+            Err(found) => self.open::<false>(frame, c, found),
         }
     }
 
@@ -199,11 +230,11 @@ impl Nat44 {
     /// its stand-in, which only the opening's policy needs to see).
     #[inline(always)]
     pub(crate) fn decide_outbound(&mut self, frame: &mut [u8], c: &Candidate, prepare: impl FnOnce(&mut [u8])) -> Result<Side, DropReason> {
-        match self.forward(frame, Side::Inside, c) {
+        match self.forward::<true>(frame, Side::Inside, c) {
             Ok(out) => Ok(out),
             Err(found) => {
                 prepare(frame);
-                self.open(frame, c, found)
+                self.open::<true>(frame, c, found)
             }
         }
     }
@@ -232,7 +263,7 @@ impl Nat44 {
     /// what `forward`'s lookup found: the full path's policy from there on.
     /// Out of line, so the established path it branches from stays compact.
     #[inline(never)]
-    fn open(&mut self, frame: &mut [u8], c: &Candidate, found: Option<Found>) -> Result<Side, DropReason> {
+    fn open<const TTL: bool>(&mut self, frame: &mut [u8], c: &Candidate, found: Option<Found>) -> Result<Side, DropReason> {
         // A candidate is TCP or UDP (`transport`).
         debug_assert!(c.proto != Proto::Icmp);
         let l4 = if c.proto == Proto::Tcp { L4::Tcp { at: AT, len: usize::from(c.l4_len) } } else { L4::Udp { at: AT } };
@@ -242,7 +273,7 @@ impl Nat44 {
         // session's external endpoint is the whole rewrite.
         let sid = self.outbound_session(c.src, c.dst, &flow, true, Looked { hash_in: c.hash, found, sub_hint: c.sub })?;
         let ends = self.tables.endpoints(sid);
-        rewrite::rewrite_forward(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);
+        rewrite::rewrite_forward::<TTL>(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);
         Ok(Side::Outside)
     }
 }

@@ -311,8 +311,10 @@ impl Engine {
         self.advance(now_ns);
         self.counters.received[side as usize] += 1;
         if self.nat.config().translate {
-            if let Some(c) = self.nat.candidate(frame, side).filter(|c| !self.hooks.wants(c.ip_proto(), c.tcp_flags())) {
-                return self.decide::<true, &mut [u8]>(&mut &mut *frame, side, &c);
+            match self.nat.candidate(frame, side) {
+                Some(c) if !self.hooks.wants(c.ip_proto(), c.tcp_flags()) => return self.decide::<true, &mut [u8]>(&mut &mut *frame, side, &c),
+                Some(c) if side == Side::Inside => return self.decide_for_functions(&mut &mut *frame, &c),
+                _ => {}
             }
         }
         self.nptv6_fast_or_full_path(frame, side)
@@ -383,6 +385,7 @@ impl Engine {
             *v = match &candidates[i] {
                 Some(c) if EXTRAS && softwires >> i & 1 == 1 => self.decide_carried(f, c),
                 Some(c) if !(EXTRAS && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide::<EXTRAS, F>(f, side, c),
+                Some(c) if EXTRAS && side == Side::Inside => self.decide_for_functions(f, c),
                 _ => self.full_path_in_buffer(f, side),
             };
         }
@@ -479,6 +482,28 @@ impl Engine {
             }
             Some(Err(r)) => self.settle(frame, nat44::fast::L3, side, Err(r)),
             None => self.full_path(frame, side),
+        }
+    }
+
+    /// NAPT44's fast path for an outbound candidate a middlebox function
+    /// wants: the full path's stages from the functions before translation
+    /// on, with `decide`'s translation; the candidate has passed every
+    /// check before them (it is no local, hairpin, short-lived or too big
+    /// frame). A frame a function makes longer grows in its buffer, as
+    /// `full_path_in_buffer` grows it.
+    fn decide_for_functions<F: FrameBuf>(&mut self, f: &mut F, c: &nat44::Candidate) -> Verdict {
+        let Some(head) = f.frame().first_chunk::<{ nat44::fast::VIEW }>() else { return self.full_path_in_buffer(f, Side::Inside) };
+        let ip = c.ip(head);
+        let result = self.translated_between_functions(f.frame(), &ip, Side::Inside, |e, frame| e.nat.decide_outbound_unrouted(frame, c).map(Some));
+        match (result, self.hooks.growth()) {
+            (Ok(Some(out)), Some(_)) if self.may_change_in_place() => self.grow_in_buffer(f, ToLengthen { out, l3: ip.l3, from: Side::Inside }),
+            (Ok(Some(out)), Some(_)) => self.grow_into_copy(f.frame(), out, ip.l3, Side::Inside),
+            (result, growth) => {
+                if growth.is_some() {
+                    self.hooks.cancel();
+                }
+                self.settle_translated(f.frame(), ip.l3, Side::Inside, result)
+            }
         }
     }
 
@@ -760,13 +785,26 @@ impl Engine {
         let admitted = self.ipv4_local_and_admission(frame, ip, side)?;
         self.router.check_ttl(frame, ip.l3, ip.ttl, side)?;
         self.router.check_mtu(frame, ip.l3, ip.total_len(), ip.dont_fragment, side)?;
+        self.translated_between_functions(frame, ip, side, |e, frame| match (e.nat.config().translate, admitted) {
+            (false, _) => Ok(Some(side.other())),
+            (true, None) => e.nat.translate_outbound(frame, ip, &mut e.router),
+            (true, Some(inbound)) => e.nat.translate_inbound(frame, ip, inbound, &mut e.router),
+        })
+    }
+
+    /// The stages of an admitted IPv4 frame from the functions before
+    /// translation on: those, `translate`, the functions after it and the
+    /// router's TTL.
+    #[inline(always)]
+    fn translated_between_functions(
+        &mut self,
+        frame: &mut [u8],
+        ip: &Ip,
+        side: Side,
+        translate: impl FnOnce(&mut Self, &mut [u8]) -> Result<Option<Side>, DropReason>,
+    ) -> Result<Option<Side>, DropReason> {
         self.run_hooks(hooks::Point::BeforeTranslation, frame, ip, side)?;
-        let out = match (self.nat.config().translate, admitted) {
-            (false, _) => Some(side.other()),
-            (true, None) => self.nat.translate_outbound(frame, ip, &mut self.router)?,
-            (true, Some(inbound)) => self.nat.translate_inbound(frame, ip, inbound, &mut self.router)?,
-        };
-        let Some(out) = out else { return Ok(None) };
+        let Some(out) = translate(self, frame)? else { return Ok(None) };
         self.run_hooks(hooks::Point::AfterTranslation, frame, ip, out)?;
         // A frame a function makes longer gets its TTL once it has grown.
         if self.hooks.growth().is_none() {
