@@ -206,6 +206,7 @@ fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
 }
 
 /// The timed established pass from the inside: (CPU ns, errors).
+#[inline(never)]
 fn established_outbound(engine: &mut Engine, frames: &mut Frames, flows: u64, setup: Setup, now: u64) -> (u64, u64) {
     let mut verdicts = [Verdict::Held; BATCH];
     let (mut busy, mut errors, mut i) = (0u64, 0u64, 0u64);
@@ -230,6 +231,7 @@ fn established_outbound(engine: &mut Engine, frames: &mut Frames, flows: u64, se
 /// The timed established pass of replies from the servers: (CPU ns,
 /// errors). A reply must reach its host: in place for NAPT44, encapsulated
 /// to the flow's B4 for a softwire.
+#[inline(never)]
 fn established_inbound(engine: &mut Engine, frames: &mut Frames, external: &[(u32, u16)], setup: Setup, now: u64) -> (u64, u64) {
     let mut verdicts = [Verdict::Held; BATCH];
     let (mut busy, mut errors, mut i) = (0u64, 0u64, 0usize);
