@@ -212,8 +212,9 @@ pub trait FramePorts: Send {
 }
 
 /// Two `PacketPort`s as `FramePorts`: a received frame is copied once into
-/// a buffer of natrix's own, where it is held and translated; transmitting
-/// it hands the port that buffer (which the port copies to the kernel).
+/// a buffer of natrix's own (`HEADROOM` bytes in), where it is held and
+/// translated; transmitting it hands the port that buffer (which the port
+/// copies to the kernel).
 pub struct CopyingPorts {
     ports: [Box<dyn PacketPort>; 2],
     /// The buffer pool (`Pool`).
@@ -226,6 +227,22 @@ pub struct CopyingPorts {
 
 /// Buffers held frames are copied into.
 const COPY_BUFFERS: usize = 4096;
+
+/// Room the pool leaves before each frame it copies, as AF_XDP's copy mode
+/// leaves XDP_PACKET_HEADROOM: a frame may start earlier where it lies
+/// (a reply to a DS-Lite softwire host gets its outer IPv6 header there).
+const HEADROOM: usize = 128;
+
+/// Where in its buffer a received frame of `len` bytes is copied: after
+/// the headroom, or at the buffer's start for a frame too long to have it
+/// (a jumbo frame), which then makes any longer frame as a copy.
+fn start_in_buffer(len: usize) -> usize {
+    if len + HEADROOM <= MAX_FRAME {
+        HEADROOM
+    } else {
+        0
+    }
+}
 
 /// `COPY_BUFFERS` frame buffers in one allocation that never moves.
 struct Pool {
@@ -274,7 +291,8 @@ impl FramePorts for CopyingPorts {
                     starved[side] += 1;
                     return;
                 };
-                let id = FrameId { at, len: frame.len().min(MAX_FRAME) as u32, queue: 0 };
+                let len = frame.len().min(MAX_FRAME);
+                let id = FrameId { at: at + start_in_buffer(len) as u64, len: len as u32, queue: 0 };
                 // SAFETY: the buffer at `at` was free, so nobody else holds it.
                 let buf = unsafe { memory.frame(id) }.expect("buffers lie in the pool");
                 buf.copy_from_slice(&frame[..buf.len()]);
@@ -365,13 +383,16 @@ mod tests {
             let mut views: [&mut [u8]; 1] = [&mut []];
             // SAFETY: held came from receive and each id is held once.
             unsafe { ports.buffers(&held, &mut views) };
-            assert_eq!(views[0][..2], [round, 0xee]);
+            let at = held[0].offset();
+            assert_eq!(at, HEADROOM, "the pool leaves room before a frame");
             assert_eq!(views[0].len(), MAX_FRAME, "the frame and the room around it");
-            assert_eq!(held[0].offset(), 0, "the pool copies a frame to its buffer's start");
-            // Every other round the frame grows into its room by 4 bytes.
+            assert_eq!(views[0][at..at + 2], [round, 0xee]);
+            // Every other round the frame grows into its room: 4 bytes
+            // before it (as an encapsulation would) and 4 after it.
             let id = if round % 2 == 0 {
-                views[0][60..64].copy_from_slice(&[0xab; 4]);
-                held[0].placed(0, 64)
+                views[0][at - 4..at].copy_from_slice(&[0xcd; 4]);
+                views[0][at + 60..at + 64].copy_from_slice(&[0xab; 4]);
+                held[0].placed(at - 4, 68)
             } else {
                 held[0]
             };
@@ -380,15 +401,36 @@ mod tests {
             ports.flush().unwrap();
             let sent = out_peer.take_sent();
             assert_eq!(sent.len(), 1);
-            assert_eq!(sent[0][..2], [round, 0xee]);
             if round % 2 == 0 {
-                assert_eq!(sent[0].len(), 64);
-                assert_eq!(sent[0][60..], [0xab; 4]);
+                assert_eq!(sent[0].len(), 68);
+                assert_eq!(sent[0][..6], [0xcd, 0xcd, 0xcd, 0xcd, round, 0xee]);
+                assert_eq!(sent[0][64..], [0xab; 4]);
             } else {
+                assert_eq!(sent[0][..2], [round, 0xee]);
                 assert_eq!(sent[0].len(), 60);
             }
         }
         assert_eq!(ports.free.len(), COPY_BUFFERS, "every buffer is free again");
+    }
+
+    /// A frame too long to have the headroom (a jumbo frame up to the
+    /// buffer's size) is received whole, from its buffer's start.
+    #[test]
+    fn a_frame_too_long_for_the_headroom_is_received_whole() {
+        let (inside, peer) = MemoryPort::pair().unwrap();
+        let mut ports = CopyingPorts::new([Box::new(inside), Box::new(MemoryPort::pair().unwrap().0)]);
+        for len in [MAX_FRAME - HEADROOM, MAX_FRAME - HEADROOM + 1, MAX_FRAME] {
+            let frame: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            peer.inject(&frame);
+            let mut got = None;
+            ports.receive(0, 1, &mut |id, bytes| {
+                got = Some((id.offset(), bytes.to_vec()));
+                false
+            });
+            let (offset, bytes) = got.expect("received");
+            assert_eq!(bytes, frame, "{len} bytes arrive whole");
+            assert_eq!(offset, if len == MAX_FRAME - HEADROOM { HEADROOM } else { 0 });
+        }
     }
 
     /// A frame never grows past the end of the buffer it lies in.

@@ -123,8 +123,9 @@ mod tests {
     /// Received frames, interleaved with frames natrix made, more than one
     /// batch of them: each received frame is translated once, in order,
     /// where it lies, and its verdict decides where it goes; a frame made
-    /// longer grows into the room after it and leaves at its new length;
-    /// the made frames are left as they are.
+    /// longer grows into the room after it, or before it (the pool's
+    /// headroom, where an encapsulation writes its header), and leaves at
+    /// its new start and length; the made frames are left as they are.
     #[test]
     fn held_frames_are_translated_in_place_in_batches_and_keep_their_order() {
         let (inside, in_peer) = MemoryPort::pair().unwrap();
@@ -160,6 +161,8 @@ mod tests {
                 } else if i % 7 == 0 {
                     frame[10] = 0x77;
                     f.narrow(10, 50);
+                } else if i % 11 == 0 {
+                    f.widen_front(40).expect("room before the frame")[..40].fill(0x99);
                 }
                 *v = if i % 3 == 0 { Verdict::Drop(natrix_engine::DropReason::NoMapping) } else { Verdict::Forward(side.other()) };
             }
@@ -183,6 +186,13 @@ mod tests {
                 // ([i; 70] with 0xee at 1 and 0x77 at 10).
                 let i = f[1];
                 assert_eq!((f.len(), i % 7, i % 5 == 0), (50, 0, false), "frame {i} narrowed where it lies");
+                held += 1;
+                continue;
+            }
+            if f[0] == 0x99 {
+                // Widened: 40 bytes written before the frame that arrived.
+                let i = f[40];
+                assert_eq!((f.len(), f[41], i % 11), (110, 0xee, 0), "frame {i} widened where it lies");
                 held += 1;
                 continue;
             }
