@@ -131,6 +131,17 @@ def test_curl_from_two_homes_reaches_the_server_from_pool_addresses(homes, http_
         assert h.in_pool(peer, homes.pool), f"the server saw {peer}, not a pool address of {homes.pool}"
 
 
+def test_curl_from_two_homes_through_af_packet(natrix, http_server):  # noqa: F811
+    """AF_PACKET's copies leave room before each frame, where a reply to a
+    home gets its outer headers: the same downloads as over AF_XDP."""
+    aftr = natrix({"dslite": {"aftr": AFTR}, "io": "af_packet"})
+    url = f"http://{SRV1}:{HTTP_PORT}/"
+    with b4s(HOMES):
+        peers = both(lambda ns: json.loads(in_home(ns, "curl", "-4", "-sS", "--noproxy", "*", "--max-time", "5", url))["peer"])
+    for peer in peers:
+        assert h.in_pool(peer, aftr.pool), f"the server saw {peer}, not a pool address of {aftr.pool}"
+
+
 UDP_ECHO = """
 import socket, sys, threading
 srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
