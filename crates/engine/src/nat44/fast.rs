@@ -186,6 +186,14 @@ impl Nat44 {
     /// instructions of prologue and epilogue (callgrind).
     #[inline(always)]
     fn forward<const TTL: bool>(&mut self, frame: &mut [u8], side: Side, c: &Candidate) -> Result<Side, Option<Found>> {
+        self.forward_to::<TTL>(frame, side, c, |_, addr| addr).map(|(out, _)| out)
+    }
+
+    /// `forward`, an inbound frame translated to the address `to_host`
+    /// gives for its session's internal address; with the side it leaves
+    /// on, that internal address.
+    #[inline(always)]
+    fn forward_to<const TTL: bool>(&mut self, frame: &mut [u8], side: Side, c: &Candidate, to_host: impl FnOnce(&Self, u32) -> u32) -> Result<(Side, u32), Option<Found>> {
         let (found, dir, refresh) = match side {
             Side::Inside => (self.tables.lookup_in_hinted(c.hint, c.hash, c.proto, c.src, c.sport, c.dst, c.dport), Direction::Out, true),
             Side::Outside => (self.tables.lookup_out_hinted(c.hint, c.hash, c.proto, c.dst, c.dport, c.src, c.sport), Direction::In, self.cfg.inbound_refresh),
@@ -194,10 +202,10 @@ impl Nat44 {
         let ends = self.track(session, dir, c.tcp_flags, refresh);
         let (which, addr, port) = match side {
             Side::Inside => (Which::Src, ends.ext_addr, ends.ext_port),
-            Side::Outside => (Which::Dst, ends.int_addr, ends.int_port),
+            Side::Outside => (Which::Dst, to_host(self, ends.int_addr), ends.int_port),
         };
         rewrite::rewrite_forward::<TTL>(frame, c.proto == Proto::Tcp, which, addr, port);
-        Ok(side.other())
+        Ok((side.other(), ends.int_addr))
     }
 
     /// Decides a candidate `frame`: translated here if its session exists;
@@ -211,6 +219,17 @@ impl Nat44 {
             (Err(found), Side::Inside) => Some(self.open::<true>(frame, c, found)),
             (Err(_), Side::Outside) => None,
         }
+    }
+
+    /// `decide` for an inbound candidate where a session's internal address
+    /// may be the stand-in of a host behind a DS-Lite B4: the frame is
+    /// translated straight to the host's inner address (one checksum
+    /// update, not one to the stand-in and another from it). With the side
+    /// it leaves on, the session's internal address; None: no session, for
+    /// the full path.
+    #[inline(always)]
+    pub(crate) fn decide_inbound_to_hosts(&mut self, frame: &mut [u8], c: &Candidate) -> Option<(Side, u32)> {
+        self.forward_to::<true>(frame, Side::Outside, c, |nat, addr| nat.subs.identities().inner_of(addr).unwrap_or(addr)).ok()
     }
 
     /// `decide` for an outbound candidate that middlebox functions see

@@ -375,11 +375,15 @@ impl Engine {
     #[inline(always)]
     fn translate_chunk<const EXTRAS: bool, F: FrameBuf>(&mut self, chunk: &mut [F], side: Side, out: &mut [Verdict]) {
         let mut candidates: [Option<nat44::Candidate>; MAX_BATCH] = [None; MAX_BATCH];
-        self.nat.prepare_batch(chunk, side, &mut candidates);
         // Which candidates are softwire packets' (`softwire`), bit i for frame i.
         // Beside NPTv6 bindings a softwire packet tries NPTv6's fast path
         // first, in a batch as frame by frame, so then there is no such stage.
-        let softwires = if EXTRAS && side == Side::Inside && self.dslite.is_some() && self.nptv6.is_empty() { self.softwire_candidates(chunk, &mut candidates) } else { 0 };
+        let softwires = if EXTRAS && side == Side::Inside && self.dslite.is_some() && self.nptv6.is_empty() {
+            self.prepare_batch_with_softwires(chunk, &mut candidates)
+        } else {
+            self.nat.prepare_batch(chunk, side, &mut candidates);
+            0
+        };
         for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
             self.nat.prefetch_ahead(&mut candidates, i, side);
             *v = match &candidates[i] {
@@ -468,20 +472,36 @@ impl Engine {
     /// known not to be configured, and its checks are left out.
     #[inline(always)]
     fn decide<const EXTRAS: bool, F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &nat44::Candidate) -> Verdict {
-        let frame = f.frame();
-        if EXTRAS {
-            if let Some(ds) = self.dslite.as_mut().filter(|_| side == Side::Outside) {
-                ds.keep_if_large(frame, nat44::fast::L3);
-            }
+        if EXTRAS && side == Side::Outside && self.dslite.is_some() {
+            return self.decide_towards_softwires(f, c);
         }
+        let frame = f.frame();
         match self.nat.decide(frame, side, c) {
-            Some(Ok(Side::Inside)) if EXTRAS && self.dslite.is_some() && to_softwire(frame, nat44::fast::L3) => self.encapsulate_translated(f, side, c),
             Some(Ok(out)) => {
                 self.counters.forwarded[out as usize] += 1;
                 Verdict::Forward(out)
             }
             Some(Err(r)) => self.settle(frame, nat44::fast::L3, side, Err(r)),
             None => self.full_path(frame, side),
+        }
+    }
+
+    /// `decide` for an inbound candidate with DS-Lite on: a reply to a
+    /// softwire host is translated to its inner address and encapsulated
+    /// to its B4.
+    #[inline(always)]
+    fn decide_towards_softwires<F: FrameBuf>(&mut self, f: &mut F, c: &nat44::Candidate) -> Verdict {
+        let frame = f.frame();
+        if let Some(ds) = self.dslite.as_mut() {
+            ds.keep_if_large(frame, nat44::fast::L3);
+        }
+        match self.nat.decide_inbound_to_hosts(frame, c) {
+            Some((_, stand_in)) if identity::is_softwire(stand_in) => self.encapsulate_translated(f, Side::Outside, c, stand_in),
+            Some((out, _)) => {
+                self.counters.forwarded[out as usize] += 1;
+                Verdict::Forward(out)
+            }
+            None => self.full_path(frame, Side::Outside),
         }
     }
 

@@ -47,25 +47,28 @@ enum StandIn {
 }
 
 impl Engine {
-    /// DS-Lite's batch stage, beside NAPT44's (`nat44::batch`): each plain
-    /// softwire packet of `chunk` that NAPT44's fast path may take, whose
-    /// host has a stand-in, gets its carried candidate in its empty slot of
-    /// `candidates`, its bucket and then its record on their way to the
-    /// cache. Returns which slots hold one (bit i for slot i). Nothing is
-    /// counted and no stand-in made.
-    pub(super) fn softwire_candidates<F: FrameBuf>(&mut self, chunk: &mut [F], candidates: &mut [Option<Candidate>; MAX_BATCH]) -> u64 {
+    /// NAPT44's batch stages (`nat44::batch`) for an inside batch that may
+    /// hold softwire packets: an IPv4 frame gets NAPT44's candidate; a plain
+    /// softwire packet that NAPT44's fast path may take, whose host has a
+    /// stand-in, its carried candidate; each one's bucket and then its
+    /// record on their way to the cache. Returns which slots hold a carried
+    /// one (bit i for slot i). Nothing is counted and no stand-in made.
+    pub(super) fn prepare_batch_with_softwires<F: FrameBuf>(&mut self, chunk: &mut [F], candidates: &mut [Option<Candidate>; MAX_BATCH]) -> u64 {
         let mut softwires = 0u64;
         for (i, (f, slot)) in chunk.iter_mut().zip(candidates.iter_mut()).enumerate() {
-            if slot.is_some() {
-                continue;
-            }
-            if let Some(c) = self.carried_candidate(f.frame(), StandIn::Existing) {
+            let frame = f.frame();
+            *slot = if frame.get(12..L3) == Some(&ethernet::ETHERTYPE_IPV6.to_be_bytes()) {
+                let c = self.carried_candidate(frame, StandIn::Existing);
+                softwires |= u64::from(c.is_some()) << i;
+                c
+            } else {
+                self.nat.candidate(frame, Side::Inside)
+            };
+            if let Some(c) = slot {
                 self.nat.tables().prefetch_bucket(c.hash());
-                *slot = Some(c);
-                softwires |= 1 << i;
             }
         }
-        for c in candidates.iter_mut().enumerate().filter(|(i, _)| softwires >> i & 1 == 1).filter_map(|(_, c)| c.as_mut()) {
+        for c in candidates.iter_mut().take(chunk.len()).flatten() {
             self.nat.prefetch_and_hint(c, true);
         }
         softwires
@@ -184,54 +187,42 @@ impl Engine {
     }
 
     /// A frame NAPT44's fast path translated from candidate `c`, arrived
-    /// on `side`, towards a softwire host: given its host's inner address
-    /// back and encapsulated to its B4, read from the fixed layout the
+    /// on `side`, to the inner address of the softwire host whose stand-in
+    /// `stand_in` is: encapsulated to its B4, read from the fixed layout the
     /// candidate was checked for rather than parsed again. Where it fits
     /// the softwire's MTU and its buffer has room before it, the outer
     /// headers go there and it leaves where it lies; else its frames leave
     /// through the output queue.
-    pub(super) fn encapsulate_translated<F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &Candidate) -> Verdict {
-        let frame = f.frame();
-        let stand_in = get_u32_at(frame, L3 + ipv4::DST_OFFSET);
-        let Identity::Softwire { b4, inner } = self.nat.subs.identities().resolve(stand_in) else { return self.softwire_verdict(Err(DropReason::NoMapping)) };
-        rewrite::replace_address(frame, c.ip_proto() == natrix_wire::proto::TCP, Which::Dst, inner);
-        let ip = Ip {
-            l3: L3,
-            l4: L3 + ipv4::MIN_HEADER_LEN,
-            l4_len: c.datagram_len() - ipv4::MIN_HEADER_LEN,
-            proto: c.ip_proto(),
-            src: get_u32_at(frame, L3 + ipv4::SRC_OFFSET),
-            dst: stand_in,
-            ttl: frame[L3 + ipv4::TTL_OFFSET],
-            ident: get_u16_at(frame, L3 + ipv4::IDENT_OFFSET),
-            first_frag: false,
-            later_frag: false,
-            dont_fragment: get_u16_at(frame, L3 + ipv4::FLAGS_FRAG_OFFSET) & ipv4::DONT_FRAGMENT != 0,
-            tcp_flags: c.tcp_flags(),
-        };
-        if let Some(v) = self.encapsulate_in_buffer(f, &ip, b4) {
+    #[inline(never)]
+    pub(super) fn encapsulate_translated<F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &Candidate, stand_in: u32) -> Verdict {
+        let Identity::Softwire { b4, .. } = self.nat.subs.identities().resolve(stand_in) else { return self.softwire_verdict(Err(DropReason::NoMapping)) };
+        if let Some(v) = self.encapsulate_in_buffer(f, c, stand_in, b4) {
             return v;
         }
+        let ip = translated_ip(f.frame(), c, stand_in);
         let result = self.encapsulate_to(f.frame(), &ip, b4, self.now_ns, Origin::of_arrival(side));
         self.softwire_verdict(result)
     }
 
     /// Encapsulates the translated packet in `f` (given its host's inner
-    /// address) to `b4` where it lies: its Ethernet header and the outer
-    /// IPv6 header go into the room before it. None, and nothing sent, for
-    /// a packet that needs fragmenting or a buffer without that room.
-    fn encapsulate_in_buffer<F: FrameBuf>(&mut self, f: &mut F, ip: &Ip, b4: std::net::Ipv6Addr) -> Option<Verdict> {
+    /// address, the stand-in `stand_in` its session names) to `b4` where it
+    /// lies: its Ethernet header and the outer IPv6 header go into the room
+    /// before it. None, and nothing sent, for a packet that needs
+    /// fragmenting or a buffer without that room.
+    fn encapsulate_in_buffer<F: FrameBuf>(&mut self, f: &mut F, c: &Candidate, stand_in: u32, b4: std::net::Ipv6Addr) -> Option<Verdict> {
         if !F::WIDENS || !self.may_change_in_place() {
             return None;
         }
         let ds = self.dslite.as_mut()?;
-        let total = ip.total_len();
+        let total = c.datagram_len();
         if !encap::fits(ds.mtus.of(b4, ds.cfg.mtu), total) {
             return None;
         }
-        // Clamping twice (here, then in the queue's path without room) changes nothing more.
-        if let Some(c) = ds.cfg.mss_clamp {
-            mss::clamp(f.frame(), ip, c);
+        // Only a SYN has an MSS to clamp. Clamping twice (here, then in the
+        // queue's path without room) changes nothing more.
+        if let Some(clamp) = ds.cfg.mss_clamp.filter(|_| c.tcp_flags() & tcp::flags::SYN != 0) {
+            let frame = f.frame();
+            mss::clamp(frame, &translated_ip(frame, c, stand_in), clamp);
         }
         let frame = f.widen_front(ipv6::HEADER_LEN)?;
         frame.copy_within(ipv6::HEADER_LEN..ipv6::HEADER_LEN + 12, 0);
@@ -239,7 +230,27 @@ impl Engine {
         frame[L3..L3 + ipv6::HEADER_LEN].copy_from_slice(&encap::outer_header(ds.cfg.aftr, b4, ipv6::next_header::IPV4, total));
         // Ethernet padding after the inner packet is not the softwire's.
         f.set_frame_len(L3 + ipv6::HEADER_LEN + total);
-        self.count_encapsulated(ip.dst, 1);
+        self.count_encapsulated(stand_in, 1);
         Some(self.verdict_of(Ok(Some(Side::Inside))))
+    }
+}
+
+/// The full path's parse of a frame NAPT44's fast path translated from
+/// candidate `c` towards the stand-in `stand_in` (`frame::parse`), from the
+/// fixed layout the candidate was checked for; its source as translated.
+fn translated_ip(frame: &[u8], c: &Candidate, stand_in: u32) -> Ip {
+    Ip {
+        l3: L3,
+        l4: L3 + ipv4::MIN_HEADER_LEN,
+        l4_len: c.datagram_len() - ipv4::MIN_HEADER_LEN,
+        proto: c.ip_proto(),
+        src: get_u32_at(frame, L3 + ipv4::SRC_OFFSET),
+        dst: stand_in,
+        ttl: frame[L3 + ipv4::TTL_OFFSET],
+        ident: get_u16_at(frame, L3 + ipv4::IDENT_OFFSET),
+        first_frag: false,
+        later_frag: false,
+        dont_fragment: get_u16_at(frame, L3 + ipv4::FLAGS_FRAG_OFFSET) & ipv4::DONT_FRAGMENT != 0,
+        tcp_flags: c.tcp_flags(),
     }
 }

@@ -369,6 +369,14 @@ impl Identities {
     }
 
     /// What an internal address (or a subscriber key) stands for.
+    /// The inner address of the host whose stand-in `addr` is; None for
+    /// any other address.
+    #[inline]
+    pub fn inner_of(&self, addr: u32) -> Option<u32> {
+        let (_, inner) = self.endpoints.get(addr.checked_sub(ENDPOINTS).filter(|_| is_softwire(addr))? as usize)?;
+        Some(*inner)
+    }
+
     pub fn resolve(&self, addr: u32) -> Identity {
         match addr {
             a if is_softwire(a) && ((a - ENDPOINTS) as usize) < self.endpoints.len() => {
