@@ -76,6 +76,7 @@ impl DsliteConfig {
         mtu - 80
     }
 
+    #[inline]
     pub fn accepts(&self, b4: Ipv6Addr) -> bool {
         self.b4_prefixes.is_empty() || self.b4_prefixes.iter().any(|p| p.contains(b4))
     }

@@ -167,6 +167,7 @@ impl Engine {
     /// Translates the softwire packet decapsulated into `buf` (its inner
     /// packet behind 14 bytes to become its Ethernet header, the softwire
     /// frame's own `outer` bytes giving its addresses), counted and settled.
+    #[inline(always)]
     fn decapsulated(&mut self, buf: &mut [u8], outer: &[u8], c: &Candidate) -> Verdict {
         buf[..12].copy_from_slice(&outer[..12]);
         buf[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV4.to_be_bytes());
