@@ -4,8 +4,8 @@
 //! their softwire: the candidate is read from the inner packet with the
 //! stand-in as its internal address, so the lookup needs neither a
 //! decapsulated copy nor the host's address replaced. In a batch that
-//! happens in a stage of its own beside NAPT44's (`softwire_candidates`),
-//! the stand-in looked up there once and carried to the decision with the
+//! happens in NAPT44's first stage (`prepare_batch_with_softwires`), the
+//! stand-in looked up there once and carried to the decision with the
 //! candidate. Only then is the inner packet made a frame of its own, where
 //! it lies (the end of the IPv6 header becomes its Ethernet header, and the
 //! frame's start moves past the rest, `FrameBuf::narrow`), and translated
@@ -14,9 +14,10 @@
 //! stand-in written first (what the opening's policy, logs and refusals
 //! name). A frame whose start cannot move leaves as a copy.
 //!
-//! Replies the fast path translated towards a stand-in are encapsulated
-//! from the record their candidate gives (`encapsulate_translated`),
-//! without parsing them again.
+//! A reply whose session names a stand-in is translated by the fast path
+//! straight to its host's inner address (`Nat44::decide_inbound_to_hosts`)
+//! and encapsulated from the record its candidate gives
+//! (`encapsulate_translated`), without parsing it again.
 
 use natrix_wire::{ethernet, get_u16_at, get_u32_at, ipv4, ipv6, tcp};
 
