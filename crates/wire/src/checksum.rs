@@ -40,7 +40,7 @@ pub fn sum_words(data: &[u8]) -> u32 {
 /// added to the low, and the carry of that (at most 1, which cannot carry
 /// again) added back. No loop, no branch.
 #[inline]
-fn fold64(acc: u64) -> u32 {
+pub(crate) fn fold64(acc: u64) -> u32 {
     let (sum, carry) = (acc as u32).overflowing_add((acc >> 32) as u32);
     sum + u32::from(carry)
 }

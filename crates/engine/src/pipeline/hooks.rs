@@ -377,7 +377,7 @@ impl Hooks {
     /// bytes it asked for. The function that asked writes the longer frame,
     /// and the functions after it see that; the verdict, and the frame's
     /// new length.
-    #[inline]
+    #[inline(always)]
     pub fn resume(&mut self, frame: &mut [u8]) -> (HookVerdict, usize) {
         // Read where it lies: the common case, the last function growing
         // the frame, copies nothing.
