@@ -313,6 +313,7 @@ impl HostId {
     /// HOST_ID_BOUCADAIR when enabled. Origin 3 has nothing to say about a
     /// plain IPv4 subscriber (no B4): the segment goes without it, counted,
     /// and one its host wrote is removed like any option not wanted.
+    #[inline]
     fn add_boucadair(&mut self, w: &mut Wanted, s: Subscriber) {
         let Some(origin) = self.cfg.boucadair else { return };
         match options::boucadair(self.cfg.kinds.boucadair, origin, self.cfg.lifetime, s) {

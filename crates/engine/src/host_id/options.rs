@@ -218,6 +218,7 @@ impl Wanted {
     }
 
     /// These options less the `kept` ones (by `Which`: present and correct).
+    #[inline]
     pub fn without(&self, kept: [bool; 3]) -> Wanted {
         if kept == [false; 3] {
             return *self;
