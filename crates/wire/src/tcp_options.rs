@@ -337,8 +337,9 @@ fn splice(frame: &mut [u8], at: Layout, options: &[u8]) -> Result<Inserted, Inse
     let new_word = old_word + ((added as u16) << 10);
     set_u16(seg, field::DATA_OFF, new_word);
 
-    let old_len = (segment_end - tcp_at) as u16;
-    let checksum = Delta::from_sums(removed, written).plus(Delta::from_u16(old_word, new_word)).plus(Delta::from_u16(old_len, old_len + added as u16));
+    // The pseudo-header's length: 32 bits over IPv6 (RFC 8200 section 8.1).
+    let old_len = (segment_end - tcp_at) as u32;
+    let checksum = Delta::from_sums(removed, written).plus(Delta::from_u16(old_word, new_word)).plus(Delta::from_u32(old_len, old_len + added as u32));
     Ok(Inserted { added, checksum })
 }
 
