@@ -13,7 +13,7 @@
 
 use crate::checksum::{self, Delta};
 use crate::error::{need, Field, InsertError, WireError};
-use crate::{get_u16, ipv4, ipv6, set_u16};
+use crate::{get_u16, get_u32, ipv4, ipv6, set_u16, set_u32};
 
 /// The most option bytes a TCP header holds (data offset 15).
 pub const MAX_LEN: usize = 40;
@@ -288,6 +288,12 @@ pub struct Layout {
 
 /// `insert` for a segment whose `layout` the caller has read: the options
 /// are not walked again. `options` must be well-formed.
+///
+/// Made for the packet path, where it runs for every SYN that gets HOST_ID
+/// options: the options are written where they go, the NOPs after them
+/// with the word they end, and the changed words summed a 32-bit word at
+/// a time.
+#[inline(always)]
 fn splice(frame: &mut [u8], at: Layout, options: &[u8]) -> Result<Inserted, InsertError> {
     let Layout { tcp_at, header_len: old_hl, options_end: keep, segment_end } = at;
     let padded = (keep + options.len()).next_multiple_of(4);
@@ -299,32 +305,72 @@ fn splice(frame: &mut [u8], at: Layout, options: &[u8]) -> Result<Inserted, Inse
     if segment_end + added > frame.len() {
         return Err(InsertError::NoTailRoom { needed: segment_end + added, actual: frame.len() });
     }
+    let seg = &mut frame[tcp_at..segment_end + added];
 
-    // What the checksum covered before: the data offset word and the header
-    // from the last even offset at or before `keep`. The payload moves by a
-    // multiple of 4 bytes, so its words and their sum stay the same.
-    let from = keep & !1;
-    let removed = Delta::from_slices(&frame[tcp_at + from..tcp_at + old_hl], &[]);
-    let old_word = get_u16(frame, tcp_at + field::DATA_OFF);
-
-    // A SYN seldom has a payload to move.
+    // What the checksum covered before: the header's words from the one
+    // holding `keep` on. The payload moves by a multiple of 4 bytes, so its
+    // sum stays the same; a SYN seldom has one.
+    let from = keep & !3;
+    let removed = if from < old_hl { checksum::sum_words(&seg[from..old_hl]) } else { 0 };
     if segment_end > tcp_at + old_hl {
-        frame.copy_within(tcp_at + old_hl..segment_end, tcp_at + new_hl);
+        seg.copy_within(old_hl..segment_end - tcp_at, new_hl);
     }
-    let h = &mut frame[tcp_at..tcp_at + new_hl];
-    h[keep..keep + options.len()].copy_from_slice(options);
-    h[keep + options.len()..padded].fill(kind::NOP);
+    let written = if keep == from {
+        write_aligned(seg, keep, options)
+    } else {
+        let end = keep + options.len();
+        seg[keep..end].copy_from_slice(options);
+        // The fewest NOPs to the word boundary: the last word's bytes past
+        // `end` (none to 3), written with that word.
+        let nops = !(u32::MAX << ((padded - end) * 8));
+        let last = get_u32(seg, padded - 4) & !nops | NOP_WORD & nops;
+        set_u32(seg, padded - 4, last);
+        checksum::sum_words(&seg[from..padded])
+    };
+    // EOL and zeros sum to nothing.
     if padded < new_hl {
-        h[padded] = kind::EOL;
-        h[padded + 1..].fill(0);
+        seg[padded] = kind::EOL;
+        seg[padded + 1..new_hl].fill(0);
     }
-    h[field::DATA_OFF] = ((new_hl / 4) as u8) << 4 | (h[field::DATA_OFF] & 0x0f);
-    let new_word = get_u16(h, field::DATA_OFF);
+    let old_word = get_u16(seg, field::DATA_OFF);
+    // The data offset's nibble grows by `added / 4`: no carry out of the word.
+    let new_word = old_word + ((added as u16) << 10);
+    set_u16(seg, field::DATA_OFF, new_word);
 
+    // The pseudo-header's length: 32 bits over IPv6 (RFC 8200 section 8.1).
     let old_len = (segment_end - tcp_at) as u32;
-    let checksum = Delta::from_u16(old_word, new_word).plus(removed).plus(Delta::from_slices(&[], &h[from..new_hl])).plus(Delta::from_u32(old_len, old_len + added as u32));
+    let checksum = Delta::from_sums(removed, written).plus(Delta::from_u16(old_word, new_word)).plus(Delta::from_u32(old_len, old_len + added as u32));
     Ok(Inserted { added, checksum })
 }
+
+/// Writes `options` at `at`, a word boundary of `seg`, then the fewest
+/// NOPs to the next one, a 32-bit word at a time, and returns their sum:
+/// the common case (a host's options that end on a word, as Linux's and
+/// Windows' SYNs do), with no copy by length and nothing read back.
+#[inline(always)]
+fn write_aligned(seg: &mut [u8], at: usize, options: &[u8]) -> u32 {
+    let mut sum = 0u64;
+    let mut words = options.chunks_exact(4);
+    let mut to = at;
+    for w in &mut words {
+        let w = u32::from_be_bytes([w[0], w[1], w[2], w[3]]);
+        set_u32(seg, to, w);
+        sum += u64::from(w);
+        to += 4;
+    }
+    let last = match *words.remainder() {
+        [] => return checksum::fold64(sum),
+        [a] => [a, kind::NOP, kind::NOP, kind::NOP],
+        [a, b] => [a, b, kind::NOP, kind::NOP],
+        [a, b, c, ..] => [a, b, c, kind::NOP],
+    };
+    let last = u32::from_be_bytes(last);
+    set_u32(seg, to, last);
+    checksum::fold64(sum + u64::from(last))
+}
+
+/// Four NOPs, as one big-endian word.
+const NOP_WORD: u32 = u32::from_be_bytes([kind::NOP; 4]);
 
 /// `insert` into the TCP segment of the unfragmented IPv4 packet at `ip_at`,
 /// then updates the total length, the header checksum and the TCP checksum,
@@ -353,6 +399,7 @@ pub fn insert_ipv4(frame: &mut [u8], ip_at: usize, options: &[u8]) -> Result<Ins
 /// `at` says (`at.segment_end` the packet's end). Only the room is checked:
 /// the headers and the host's options are not read again, which is what
 /// makes inserting into a SYN cheap on the packet path.
+#[inline(always)]
 pub fn insert_ipv4_at(frame: &mut [u8], ip_at: usize, at: Layout, options: &[u8]) -> Result<Inserted, InsertError> {
     let total = at.segment_end - ip_at;
     if total + MAX_LEN > usize::from(u16::MAX) {

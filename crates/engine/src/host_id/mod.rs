@@ -43,7 +43,7 @@ use crate::Side;
 
 use ack_mode::{Connection, Echoed, Waiting};
 pub use options::Which;
-use options::{OptionBytes, Scan, Subscriber};
+use options::{Scan, Subscriber, Wanted};
 pub use policy::{Action, Rule, RuleOption};
 
 /// `[host_id] mode`.
@@ -258,26 +258,6 @@ struct Staged {
     first_ack: bool,
 }
 
-/// The options a segment must carry, in the order natrix inserts them.
-#[derive(Debug, Clone, Copy, Default)]
-struct Wanted {
-    options: [Option<(Which, OptionBytes)>; 3],
-}
-
-impl Wanted {
-    fn add(&mut self, which: Which, bytes: OptionBytes) {
-        self.options[which as usize] = Some((which, bytes));
-    }
-
-    fn get(&self, which: Which) -> Option<&OptionBytes> {
-        self.options[which as usize].as_ref().map(|(_, b)| b)
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &(Which, OptionBytes)> {
-        self.options.iter().flatten()
-    }
-}
-
 pub struct HostId {
     cfg: HostIdConfig,
     stats: HostIdStats,
@@ -285,8 +265,7 @@ pub struct HostId {
     echoed: Echoed,
     events: Vec<HostIdEvent>,
     /// The options `grow` inserts, decided by `on_frame`.
-    pending: [u8; tcp_options::MAX_LEN],
-    pending_len: usize,
+    pending: Wanted,
     /// Whether `pending` goes into an ACK mode first ACK.
     pending_first_ack: bool,
     /// Where `pending` goes: the segment as `enforce` read it.
@@ -302,26 +281,25 @@ impl HostId {
             staged: None,
             echoed: Echoed::new(echo_capacity),
             events: Vec::new(),
-            pending: [0; tcp_options::MAX_LEN],
-            pending_len: 0,
+            pending: Wanted::default(),
             pending_first_ack: false,
             pending_at: Layout { tcp_at: 0, header_len: 0, options_end: 0, segment_end: 0 },
         }
     }
 
     /// The options a subscriber's opening SYN carries: WING and ENABLED in
-    /// both modes, BOUCADAIR in SYN mode only (ACK mode puts it in the first ACK).
+    /// both modes, BOUCADAIR in SYN mode only (ACK mode puts it in the first
+    /// ACK); added in the order they go in.
     fn syn_options(&mut self, s: Subscriber) -> Wanted {
-        let (c, k) = (&self.cfg, &self.cfg.kinds);
         let mut w = Wanted::default();
-        if let Some(data) = c.wing {
-            w.add(Which::Wing, options::wing(k.wing, data, s));
+        if let Some(data) = self.cfg.wing {
+            w.add(Which::Wing, &options::wing(self.cfg.kinds.wing, data, s));
         }
-        if c.enabled || c.mode == Mode::Ack {
-            w.add(Which::Enabled, options::enabled(k.enabled));
-        }
-        if c.mode == Mode::Syn {
+        if self.cfg.mode == Mode::Syn {
             self.add_boucadair(&mut w, s);
+        }
+        if self.cfg.enabled || self.cfg.mode == Mode::Ack {
+            w.add(Which::Enabled, &options::enabled(self.cfg.kinds.enabled));
         }
         w
     }
@@ -335,10 +313,11 @@ impl HostId {
     /// HOST_ID_BOUCADAIR when enabled. Origin 3 has nothing to say about a
     /// plain IPv4 subscriber (no B4): the segment goes without it, counted,
     /// and one its host wrote is removed like any option not wanted.
+    #[inline]
     fn add_boucadair(&mut self, w: &mut Wanted, s: Subscriber) {
         let Some(origin) = self.cfg.boucadair else { return };
         match options::boucadair(self.cfg.kinds.boucadair, origin, self.cfg.lifetime, s) {
-            Some(bytes) => w.add(Which::Boucadair, bytes),
+            Some(bytes) => w.add(Which::Boucadair, &bytes),
             None => self.stats.no_b4 += 1,
         }
     }
@@ -456,8 +435,8 @@ impl HostId {
             match correct {
                 Some(bytes) => {
                     kept[p.which as usize] = true;
-                    if view.area()[p.offset() - tcp::MIN_HEADER_LEN..][..p.len()] != *bytes.as_slice() {
-                        delta = delta.plus(view.overwrite(p.offset(), bytes.as_slice()).expect("within the header"));
+                    if view.area()[p.offset() - tcp::MIN_HEADER_LEN..][..p.len()] != *bytes {
+                        delta = delta.plus(view.overwrite(p.offset(), bytes).expect("within the header"));
                         self.stats.corrected += 1;
                     }
                 }
@@ -472,13 +451,9 @@ impl HostId {
             apply_tcp_checksum(frame, tcp_at, delta);
         }
 
-        self.pending_len = 0;
-        for (_, b) in wanted.iter().filter(|(w, _)| !kept[*w as usize]) {
-            let b = b.as_slice();
-            self.pending[self.pending_len..self.pending_len + b.len()].copy_from_slice(b);
-            self.pending_len += b.len();
-        }
-        if self.pending_len == 0 {
+        self.pending = wanted.without(kept);
+        let pending_len = self.pending.as_slice().len();
+        if pending_len == 0 {
             return HookVerdict::Continue;
         }
         if scan.malformed {
@@ -487,7 +462,7 @@ impl HostId {
         }
         // The scan's end: corrections and NOPs in place never move it.
         let Some(end) = scan.options_end() else { return HookVerdict::Continue };
-        let padded = (end + self.pending_len).next_multiple_of(4);
+        let padded = (end + pending_len).next_multiple_of(4);
         if padded > tcp::MIN_HEADER_LEN + tcp_options::MAX_LEN {
             self.stats.no_room += 1;
             return HookVerdict::Continue;
@@ -496,7 +471,7 @@ impl HostId {
         match padded.saturating_sub(hl) {
             // It fits where the host's EOL padding was: no growth.
             0 => {
-                if tcp_options::insert_ipv4_at(frame, info.l3, self.pending_at, &self.pending[..self.pending_len]).is_ok() {
+                if tcp_options::insert_ipv4_at(frame, info.l3, self.pending_at, self.pending.as_slice()).is_ok() {
                     self.count_inserted();
                 }
                 HookVerdict::Continue
@@ -604,7 +579,7 @@ impl Middlebox for HostId {
     /// Inserts the options `on_frame` decided into the longer frame.
     fn grow(&mut self, frame: &mut [u8], _len: usize, info: &FrameInfo) -> usize {
         let at = self.pending_at;
-        match tcp_options::insert_ipv4_at(frame, info.l3, at, &self.pending[..self.pending_len]) {
+        match tcp_options::insert_ipv4_at(frame, info.l3, at, self.pending.as_slice()) {
             Ok(ins) => {
                 self.count_inserted();
                 at.segment_end + ins.added

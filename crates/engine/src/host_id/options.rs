@@ -144,36 +144,22 @@ pub struct Subscriber {
     pub b4: Option<Ipv6Addr>,
 }
 
-/// Option bytes natrix writes: up to the 40 bytes of an options area.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OptionBytes {
-    bytes: [u8; 10],
-    /// A byte: every SYN's wanted options are built and copied around.
-    len: u8,
-}
-
-impl OptionBytes {
-    pub fn as_slice(&self) -> &[u8] {
-        &self.bytes[..usize::from(self.len)]
-    }
-}
-
 /// HOST_ID_WING: the last 16 bits of the private IPv4 source (seed 000
 /// section 8.4), or the internal source port.
-pub fn wing(kind: u8, data: WingData, s: Subscriber) -> OptionBytes {
+pub fn wing(kind: u8, data: WingData, s: Subscriber) -> [u8; Which::Wing.option_len()] {
     let v = match data {
         WingData::Ipv4Low16 => s.addr as u16,
         WingData::Port => s.port,
     };
     let [a, b] = v.to_be_bytes();
-    OptionBytes { bytes: [kind, 4, a, b, 0, 0, 0, 0, 0, 0], len: 4 }
+    [kind, 4, a, b]
 }
 
 /// HOST_ID_BOUCADAIR: lifetime in the high nibble and origin in the low
 /// nibble of one byte, then 7 data bytes, the value left-aligned and
 /// zero-padded (CONTRACTS.md, "HOST_ID TCP options"). None for origin 3 (the
 /// B4's first 56 bits, seed 000 section 7.1) when the subscriber has no B4.
-pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> Option<OptionBytes> {
+pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> Option<[u8; Which::Boucadair.option_len()]> {
     let mut b = [kind, 10, (lifetime << 4) | origin.number(), 0, 0, 0, 0, 0, 0, 0];
     let (port, addr) = (s.port.to_be_bytes(), s.addr.to_be_bytes());
     match origin {
@@ -185,15 +171,66 @@ pub fn boucadair(kind: u8, origin: Origin, lifetime: u8, s: Subscriber) -> Optio
         }
         Origin::Ipv6Prefix => b[3..10].copy_from_slice(&s.b4?.octets()[..B4_PREFIX_BYTES]),
     }
-    Some(OptionBytes { bytes: b, len: 10 })
+    Some(b)
 }
 
 /// Origin 3 carries the first 56 bits of the B4.
 const B4_PREFIX_BYTES: usize = 7;
 
 /// HOST_ID_ENABLED: kind and length 2, no data.
-pub fn enabled(kind: u8) -> OptionBytes {
-    OptionBytes { bytes: [kind, 2, 0, 0, 0, 0, 0, 0, 0, 0], len: 2 }
+pub fn enabled(kind: u8) -> [u8; Which::Enabled.option_len()] {
+    [kind, 2]
+}
+
+/// The HOST_ID options a segment must carry, one after the other in the
+/// order natrix inserts them (WING, BOUCADAIR, ENABLED), as they go into
+/// the header: built once per SYN, and inserted as they lie.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Wanted {
+    bytes: [u8; Wanted::MAX_LEN],
+    len: u8,
+    /// Where each option starts in `bytes`, by `Which`; None: not wanted.
+    starts: [Option<u8>; 3],
+}
+
+impl Wanted {
+    /// All three options.
+    const MAX_LEN: usize = Which::Wing.option_len() + Which::Boucadair.option_len() + Which::Enabled.option_len();
+
+    /// Appends `which`'s bytes; options are added in the order they go in.
+    #[inline]
+    pub fn add(&mut self, which: Which, option: &[u8]) {
+        let start = usize::from(self.len);
+        self.bytes[start..start + option.len()].copy_from_slice(option);
+        self.starts[which as usize] = Some(self.len);
+        self.len += option.len() as u8;
+    }
+
+    /// `which`'s bytes, if wanted.
+    pub fn get(&self, which: Which) -> Option<&[u8]> {
+        let start = usize::from(self.starts[which as usize]?);
+        self.bytes.get(start..start + which.option_len())
+    }
+
+    /// The options, one after the other.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+
+    /// These options less the `kept` ones (by `Which`: present and correct).
+    #[inline]
+    pub fn without(&self, kept: [bool; 3]) -> Wanted {
+        if kept == [false; 3] {
+            return *self;
+        }
+        let mut rest = Wanted::default();
+        for which in Which::ALL.into_iter().filter(|w| !kept[*w as usize]) {
+            if let Some(option) = self.get(which) {
+                rest.add(which, option);
+            }
+        }
+        rest
+    }
 }
 
 /// The value a policy rule compares: WING's 2 data bytes, BOUCADAIR's 8
@@ -217,16 +254,33 @@ mod tests {
 
     #[test]
     fn the_layouts_of_section_3() {
-        assert_eq!(wing(200, WingData::Ipv4Low16, SUB).as_slice(), [200, 4, 0x00, 0x0a]);
-        assert_eq!(wing(200, WingData::Port, SUB).as_slice(), [200, 4, 0x15, 0x6a]);
-        assert_eq!(enabled(202).as_slice(), [202, 2]);
-        let b = |origin, lifetime, s| boucadair(201, origin, lifetime, s).map(|o| o.as_slice().to_vec());
+        assert_eq!(wing(200, WingData::Ipv4Low16, SUB), [200, 4, 0x00, 0x0a]);
+        assert_eq!(wing(200, WingData::Port, SUB), [200, 4, 0x15, 0x6a]);
+        assert_eq!(enabled(202), [202, 2]);
+        let b = |origin, lifetime, s| boucadair(201, origin, lifetime, s).map(|o| o.to_vec());
         assert_eq!(b(Origin::Port, 0, SUB).unwrap(), [201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0]);
         assert_eq!(b(Origin::Ipv4, 3, SUB).unwrap(), [201, 10, 0x31, 100, 64, 0, 10, 0, 0, 0]);
         assert_eq!(b(Origin::PortIpv4, 15, SUB).unwrap(), [201, 10, 0xf2, 0x15, 0x6a, 100, 64, 0, 10, 0]);
         let behind_b4 = Subscriber { b4: Some("2001:db8:100:ab12:3456::2".parse().unwrap()), ..SUB };
         assert_eq!(b(Origin::Ipv6Prefix, 0, behind_b4).unwrap(), [201, 10, 0x03, 0x20, 0x01, 0x0d, 0xb8, 0x01, 0x00, 0xab], "the B4's first 56 bits");
         assert_eq!(b(Origin::Ipv6Prefix, 0, SUB), None, "a plain IPv4 subscriber has no B4");
+    }
+
+    #[test]
+    fn wanted_options_lie_one_after_the_other_and_kept_ones_leave() {
+        let mut w = Wanted::default();
+        w.add(Which::Wing, &wing(200, WingData::Port, SUB));
+        w.add(Which::Boucadair, &boucadair(201, Origin::Port, 0, SUB).unwrap());
+        w.add(Which::Enabled, &enabled(202));
+        assert_eq!(w.as_slice(), [200, 4, 0x15, 0x6a, 201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0, 202, 2]);
+        assert_eq!(w.get(Which::Boucadair), Some(&[201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0][..]));
+        assert_eq!(w.without([false; 3]), w);
+        assert_eq!(w.without([false, true, false]).as_slice(), [200, 4, 0x15, 0x6a, 202, 2]);
+        assert_eq!(w.without([false, true, false]).get(Which::Enabled), Some(&[202, 2][..]));
+        assert_eq!(w.without([true; 3]).as_slice(), []);
+        let mut only_enabled = Wanted::default();
+        only_enabled.add(Which::Enabled, &enabled(202));
+        assert_eq!((only_enabled.get(Which::Wing), only_enabled.get(Which::Enabled)), (None, Some(&[202, 2][..])));
     }
 
     #[test]

@@ -363,8 +363,9 @@ impl Hooks {
     }
 
     /// Bytes the suspended run asked the frame to grow by, if a run is suspended.
+    #[inline]
     pub fn growth(&self) -> Option<usize> {
-        self.suspended.map(|s| s.by)
+        self.suspended.as_ref().map(|s| s.by)
     }
 
     /// Ends a suspended run without growing the frame.
@@ -376,13 +377,22 @@ impl Hooks {
     /// bytes it asked for. The function that asked writes the longer frame,
     /// and the functions after it see that; the verdict, and the frame's
     /// new length.
+    #[inline(always)]
     pub fn resume(&mut self, frame: &mut [u8]) -> (HookVerdict, usize) {
-        let Some(s) = self.suspended.take() else { return (HookVerdict::Continue, frame.len()) };
+        // Read where it lies: the common case, the last function growing
+        // the frame, copies nothing.
+        let Some(s) = self.suspended.as_ref() else { return (HookVerdict::Continue, frame.len()) };
+        let (function, by) = (s.function, s.by);
+        let len = self.functions[function].grow(frame, frame.len() - by, &s.info).min(frame.len());
+        if function + 1 == self.functions.len() {
+            self.suspended = None;
+            return (HookVerdict::Continue, len);
+        }
         let mut info = s.info;
-        let len = self.functions[s.function].grow(frame, frame.len() - s.by, &info).min(frame.len());
+        self.suspended = None;
         let frame = &mut frame[..len];
         info.l4_len = len.saturating_sub(info.l4);
-        let verdict = match self.run_from(s.function + 1, frame, &info) {
+        let verdict = match self.run_from(function + 1, frame, &info) {
             // One growth per frame: a second function asking for more waits for none.
             HookVerdict::Grow(_) => {
                 self.suspended = None;

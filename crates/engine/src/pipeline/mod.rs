@@ -441,6 +441,7 @@ impl Engine {
     /// The rest of the stages of a translated frame whose functions stopped
     /// for it to grow: `frame` is it with the room asked for. The functions
     /// finish, then the router's TTL; the result, and the frame's new length.
+    #[inline(always)]
     fn finish_grown(&mut self, frame: &mut [u8], out: Side, l3: usize) -> (Result<Option<Side>, DropReason>, usize) {
         let (verdict, end) = self.hooks.resume(frame);
         if let HookVerdict::Drop(r) = verdict {
