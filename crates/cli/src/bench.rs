@@ -65,8 +65,8 @@ enum Mode {
     /// (DATA both ways) passes; `--flows` associations (default 1M), one worker.
     Sctp,
     /// HOST_ID (seed 000): first SYNs with and without HOST_ID_WING and
-    /// HOST_ID_BOUCADAIR inserted, then their data segments; `--flows` flows
-    /// (default 8,192, opened again to 131,072 SYNs a round), one worker.
+    /// HOST_ID_BOUCADAIR inserted, then their data segments; `--flows` SYNs
+    /// (default 1M), one worker.
     HostId,
     /// DS-Lite (RFC 6333): established packets through softwires beside
     /// NAPT44 alone, both ways, and bytes per session; `--flows` flows

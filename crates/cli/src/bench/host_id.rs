@@ -1,14 +1,13 @@
 //! `natrix bench --mode host-id`: what HOST_ID (seed 000) costs, on one
 //! core. A SYN-heavy pass offers `--flows` first SYNs (Linux's 74-byte
-//! SYN, each opening its NAPT44 session; 8,192 by default, tables the
-//! caches hold, repeated to 131,072 SYNs a round) to three engines: one without
+//! SYN, each opening its NAPT44 session) to three engines: one without
 //! `[host_id]`; one with `mode = "syn"` and no option enabled, which looks
 //! at every SYN and inserts nothing (the function runs before and after
 //! NAPT44's translation); and one that inserts HOST_ID_WING and
 //! HOST_ID_BOUCADAIR (port then IPv4) into every SYN, which grows it by 16
 //! bytes where it lies: each frame sits in a buffer with room after it, as
 //! an I/O backend's buffers have. Insertion's own cost is the third less
-//! the second. Each engine's first SYN pass is untimed (see `round`). Then an established pass of the same flows' data segments
+//! the second. Then an established pass of the same flows' data segments
 //! (ACKs), which HOST_ID in SYN mode must leave to NAPT44's fast path. The
 //! engines run in alternation, `ROUNDS` times, each round starting with
 //! the next of them, and each figure is the median of its rounds, so a
@@ -27,13 +26,7 @@ use crate::Failure;
 
 const BATCH: usize = 64;
 const ROUNDS: usize = 6;
-/// Flows whose tables stay in the caches, so that the engines' memory
-/// (which pages of it are huge, where it lies) cannot tell them apart and
-/// the SYN's own work is what differs.
-const DEFAULT_FLOWS: u64 = 8192;
-/// First SYNs each engine is timed on per round: the pass over its flows
-/// is repeated (released and opened again) until it has seen this many.
-const SYNS_PER_ROUND: u64 = 1 << 17;
+const DEFAULT_FLOWS: u64 = 1 << 20;
 const POOL_BASE: u32 = 0xc613_0000;
 const FLOWS_PER_SUBSCRIBER: u64 = 64;
 /// WING (4) and BOUCADAIR (10) and 2 NOPs.
@@ -162,26 +155,33 @@ struct Round {
 }
 
 fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
+    let inserting = setup == Setup::Inserting;
     // Each engine starts from a heap the one before gave back, as the others do.
     super::release_free_heap();
     let mut engine = Engine::new(config(flows, setup)).map_err(|e| Failure::Other(e.to_string()))?;
     let mut frames = Frames::new(BATCH);
     let mut verdicts = [Verdict::Held; BATCH];
-    let (mut est_busy, mut errors) = (0u64, 0u64);
+    let (mut syn_busy, mut est_busy, mut errors) = (0u64, 0u64, 0u64);
     let now = 1_000_000_000u64;
-    // Untimed: the first pass faults in the pages the tables take, which a
-    // running CGN has long had. Each timed pass opens the flows the pass
-    // before released.
-    errors += syn_pass(&mut engine, &mut frames, flows, setup).errors;
-    let passes = (SYNS_PER_ROUND / flows).max(1);
-    let mut syn_busy = 0;
-    for _ in 0..passes {
-        engine.release_all();
-        engine.drain_events(|_| {});
-        let timed = syn_pass(&mut engine, &mut frames, flows, setup);
-        syn_busy += timed.busy_ns;
-        errors += timed.errors;
+    let mut i = 0;
+    while i < flows {
+        let n = (flows - i).min(BATCH as u64) as usize;
+        (0..n).for_each(|k| first_syn(syn(&mut frames, k), i + k as u64));
+        // Each SYN leaves grown by insertion (or not, without it): where it
+        // lay, or as a copy through the output queue.
+        let mut as_expected = 0;
+        frames.lend(n, |lent| {
+            let t = thread_cpu_ns();
+            engine.process_batch(lent, Side::Inside, now, &mut verdicts[..n]);
+            engine.drain_output(|o| as_expected += usize::from(o.side == Side::Outside && o.data.len() == SYN_LEN + GROWTH));
+            syn_busy += thread_cpu_ns() - t;
+        });
+        let len = if inserting { SYN_LEN + GROWTH } else { SYN_LEN };
+        as_expected += (0..n).filter(|&k| verdicts[k] == Verdict::Forward(Side::Outside) && frames.frame(k).len() == len).count();
+        errors += (n - as_expected) as u64;
+        i += n as u64;
     }
+    engine.drain_events(|_| {});
     let mut i = 0;
     while i < flows {
         let n = (flows - i).min(BATCH as u64) as usize;
@@ -201,39 +201,7 @@ fn round(flows: u64, setup: Setup) -> Result<Round, Failure> {
         errors += verdicts[..n].iter().filter(|v| **v != Verdict::Forward(Side::Outside)).count() as u64;
         i += n as u64;
     }
-    Ok(Round { syn_ns: syn_busy as f64 / (flows * passes) as f64, established_ns: est_busy as f64 / flows as f64, errors })
-}
-
-struct Pass {
-    busy_ns: u64,
-    errors: u64,
-}
-
-/// The first SYN of each of `flows` flows through `engine`, timed; each
-/// must leave grown by insertion (or not, without it): where it lay, or as
-/// a copy through the output queue.
-fn syn_pass(engine: &mut Engine, frames: &mut Frames, flows: u64, setup: Setup) -> Pass {
-    let len = if setup == Setup::Inserting { SYN_LEN + GROWTH } else { SYN_LEN };
-    let mut verdicts = [Verdict::Held; BATCH];
-    let (mut busy_ns, mut errors) = (0u64, 0u64);
-    let now = 1_000_000_000u64;
-    let mut i = 0;
-    while i < flows {
-        let n = (flows - i).min(BATCH as u64) as usize;
-        (0..n).for_each(|k| first_syn(syn(frames, k), i + k as u64));
-        let mut as_expected = 0;
-        frames.lend(n, |lent| {
-            let t = thread_cpu_ns();
-            engine.process_batch(lent, Side::Inside, now, &mut verdicts[..n]);
-            engine.drain_output(|o| as_expected += usize::from(o.side == Side::Outside && o.data.len() == SYN_LEN + GROWTH));
-            busy_ns += thread_cpu_ns() - t;
-        });
-        as_expected += (0..n).filter(|&k| verdicts[k] == Verdict::Forward(Side::Outside) && frames.frame(k).len() == len).count();
-        errors += (n - as_expected) as u64;
-        i += n as u64;
-    }
-    engine.drain_events(|_| {});
-    Pass { busy_ns, errors }
+    Ok(Round { syn_ns: syn_busy as f64 / flows as f64, established_ns: est_busy as f64 / flows as f64, errors })
 }
 
 /// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID).
