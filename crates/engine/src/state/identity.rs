@@ -368,7 +368,6 @@ impl Identities {
         self.endpoint_use.live()
     }
 
-    /// What an internal address (or a subscriber key) stands for.
     /// The inner address of the host whose stand-in `addr` is; None for
     /// any other address.
     #[inline]
@@ -377,6 +376,7 @@ impl Identities {
         Some(*inner)
     }
 
+    /// What an internal address (or a subscriber key) stands for.
     pub fn resolve(&self, addr: u32) -> Identity {
         match addr {
             a if is_softwire(a) && ((a - ENDPOINTS) as usize) < self.endpoints.len() => {
