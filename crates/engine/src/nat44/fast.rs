@@ -37,7 +37,7 @@ const UDP_HEADER: usize = natrix_wire::udp::HEADER_LEN;
 /// The shortest frame the fast path takes: room for a TCP header. A UDP
 /// frame is shorter only with under 12 bytes of payload where nothing padded
 /// it to Ethernet's 60-byte minimum; the full path takes it.
-pub(crate) const VIEW: usize = AT + TCP_HEADER;
+const VIEW: usize = AT + TCP_HEADER;
 
 /// A frame the fast path may take: checked, parsed, and its lookup key hashed.
 #[derive(Clone, Copy)]
@@ -89,8 +89,9 @@ impl Candidate {
     }
 
     /// The full path's parse of the candidate `frame` (`frame::parse`),
-    /// from the checks already made: untagged, no IP options, unfragmented.
-    pub(crate) fn ip(&self, frame: &[u8; VIEW]) -> Ip {
+    /// from the checks already made: untagged, no IP options, unfragmented,
+    /// at least `VIEW` bytes.
+    pub(crate) fn ip(&self, frame: &[u8]) -> Ip {
         Ip {
             l3: L3,
             l4: AT,
@@ -116,11 +117,7 @@ impl Nat44 {
     /// the compiler inlines it by itself.
     #[inline(always)]
     pub(crate) fn candidate(&self, frame: &[u8], side: Side) -> Option<Candidate> {
-        let h = frame.first_chunk::<VIEW>()?;
-        if get_u16_at(h, 12) != ethernet::ETHERTYPE_IPV4 {
-            return None;
-        }
-        self.candidate_of(h, frame.len(), side, |src| (!is_martian(src)).then_some(src))
+        self.candidate_of(ipv4_view(frame)?, frame.len(), side, |src| (!is_martian(src)).then_some(src))
     }
 
     /// `candidate` for a packet decapsulated from a softwire (DS-Lite) into
@@ -129,11 +126,7 @@ impl Nat44 {
     /// martian source would not.
     #[inline]
     pub(crate) fn softwire_candidate(&self, frame: &[u8]) -> Option<Candidate> {
-        let h = frame.first_chunk::<VIEW>()?;
-        if get_u16_at(h, 12) != ethernet::ETHERTYPE_IPV4 {
-            return None;
-        }
-        self.candidate_of(h, frame.len(), Side::Inside, |src| crate::state::identity::is_softwire(src).then_some(src))
+        self.candidate_of(ipv4_view(frame)?, frame.len(), Side::Inside, |src| crate::state::identity::is_softwire(src).then_some(src))
     }
 
     /// `candidate` for the IPv4 packet a softwire packet carries from
@@ -232,28 +225,19 @@ impl Nat44 {
         self.forward_to::<true>(frame, Side::Outside, c, |nat, addr| nat.subs.identities().inner_of(addr).unwrap_or(addr)).ok()
     }
 
-    /// `decide` for an outbound candidate that middlebox functions see
-    /// after translation, before the router decrements its TTL: translated
-    /// by its session, or opening one, TTL untouched.
-    #[inline]
-    pub(crate) fn decide_outbound_unrouted(&mut self, frame: &mut [u8], c: &Candidate) -> Result<Side, DropReason> {
-        match self.forward::<false>(frame, Side::Inside, c) {
-            Ok(out) => Ok(out),
-            Err(found) => self.open::<false>(frame, c, found),
-        }
-    }
-
     /// `decide` for an outbound candidate whose frame must change before a
     /// flow is opened from it: `prepare` runs only when there is no session
     /// to translate it by (a softwire packet's host address gives way to
-    /// its stand-in, which only the opening's policy needs to see).
+    /// its stand-in, which only the opening's policy needs to see). `TTL`
+    /// false leaves the TTL to the router, for a frame middlebox functions
+    /// see after translation.
     #[inline(always)]
-    pub(crate) fn decide_outbound(&mut self, frame: &mut [u8], c: &Candidate, prepare: impl FnOnce(&mut [u8])) -> Result<Side, DropReason> {
-        match self.forward::<true>(frame, Side::Inside, c) {
+    pub(crate) fn decide_outbound<const TTL: bool>(&mut self, frame: &mut [u8], c: &Candidate, prepare: impl FnOnce(&mut [u8])) -> Result<Side, DropReason> {
+        match self.forward::<TTL>(frame, Side::Inside, c) {
             Ok(out) => Ok(out),
             Err(found) => {
                 prepare(frame);
-                self.open::<true>(frame, c, found)
+                self.open::<TTL>(frame, c, found)
             }
         }
     }
@@ -295,6 +279,13 @@ impl Nat44 {
         rewrite::rewrite_forward::<TTL>(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);
         Ok(Side::Outside)
     }
+}
+
+/// The fixed-length head of an untagged Ethernet/IPv4 `frame` long enough
+/// for the fast path, which its checks read without bounds checks.
+#[inline(always)]
+fn ipv4_view(frame: &[u8]) -> Option<&[u8; VIEW]> {
+    frame.first_chunk::<VIEW>().filter(|h| get_u16_at(*h, 12) == ethernet::ETHERTYPE_IPV4)
 }
 
 /// The transport of a candidate datagram of `l4_len` bytes: TCP (with its

@@ -513,18 +513,11 @@ impl Engine {
     /// frame). A frame a function makes longer grows in its buffer, as
     /// `full_path_in_buffer` grows it.
     fn decide_for_functions<F: FrameBuf>(&mut self, f: &mut F, c: &nat44::Candidate) -> Verdict {
-        let Some(head) = f.frame().first_chunk::<{ nat44::fast::VIEW }>() else { return self.full_path_in_buffer(f, Side::Inside) };
-        let ip = c.ip(head);
-        let result = self.translated_between_functions(f.frame(), &ip, Side::Inside, |e, frame| e.nat.decide_outbound_unrouted(frame, c).map(Some));
+        let ip = c.ip(f.frame());
+        let result = self.translated_between_functions(f.frame(), &ip, Side::Inside, |e, frame| e.nat.decide_outbound::<false>(frame, c, |_| {}).map(Some));
         match (result, self.hooks.growth()) {
             (Ok(Some(out)), Some(_)) if self.may_change_in_place() => self.grow_in_buffer(f, ToLengthen { out, l3: ip.l3, from: Side::Inside }),
-            (Ok(Some(out)), Some(_)) => self.grow_into_copy(f.frame(), out, ip.l3, Side::Inside),
-            (result, growth) => {
-                if growth.is_some() {
-                    self.hooks.cancel();
-                }
-                self.settle_translated(f.frame(), ip.l3, Side::Inside, result)
-            }
+            _ => self.leave_translated(f.frame(), ip.l3, Side::Inside, result, false),
         }
     }
 
@@ -556,18 +549,26 @@ impl Engine {
         }
         let can_grow = std::mem::take(&mut self.frame_can_grow);
         let result = self.ipv4_stages(frame, ip, side);
+        self.leave_translated(frame, ip.l3, side, result, can_grow)
+    }
+
+    /// A frame through the IPv4 stages leaves: made longer first where a
+    /// function asked for it (in its buffer when `can_grow`, left to
+    /// `full_path_in_buffer` behind a placeholder verdict; else in a copy),
+    /// then settled.
+    #[inline(always)]
+    fn leave_translated(&mut self, frame: &mut [u8], l3: usize, side: Side, result: Result<Option<Side>, DropReason>, can_grow: bool) -> Verdict {
         if self.hooks.growth().is_some() {
             match result {
                 Ok(Some(out)) if can_grow && self.may_change_in_place() => {
-                    // A placeholder: `full_path_in_buffer` decides it.
-                    self.to_lengthen = Some(ToLengthen { out, l3: ip.l3, from: side });
+                    self.to_lengthen = Some(ToLengthen { out, l3, from: side });
                     return Verdict::Held;
                 }
-                Ok(Some(out)) => return self.grow_into_copy(frame, out, ip.l3, side),
+                Ok(Some(out)) => return self.grow_into_copy(frame, out, l3, side),
                 _ => self.hooks.cancel(),
             }
         }
-        self.settle_translated(frame, ip.l3, side, result)
+        self.settle_translated(frame, l3, side, result)
     }
 
     /// `settle` for an IPv4 frame through the stages: one that leaves for a

@@ -173,7 +173,7 @@ impl Engine {
         buf[..12].copy_from_slice(&outer[..12]);
         buf[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV4.to_be_bytes());
         let stand_in = c.src();
-        let result = self.nat.decide_outbound(buf, c, |buf| {
+        let result = self.nat.decide_outbound::<true>(buf, c, |buf| {
             // Opening a flow: the stand-in is the source its policy sees (logs, held SYNs, refusals quoting it).
             let at = L3 + ipv4::MIN_HEADER_LEN;
             let l4 = if c.ip_proto() == natrix_wire::proto::TCP { rewrite::L4::Tcp { at, len: c.datagram_len() - ipv4::MIN_HEADER_LEN } } else { rewrite::L4::Udp { at } };
@@ -238,21 +238,8 @@ impl Engine {
 }
 
 /// The full path's parse of a frame NAPT44's fast path translated from
-/// candidate `c` towards the stand-in `stand_in` (`frame::parse`), from the
-/// fixed layout the candidate was checked for; its source as translated.
+/// candidate `c` towards the stand-in `stand_in` (`frame::parse`): the
+/// candidate's, its destination translated.
 fn translated_ip(frame: &[u8], c: &Candidate, stand_in: u32) -> Ip {
-    Ip {
-        l3: L3,
-        l4: L3 + ipv4::MIN_HEADER_LEN,
-        l4_len: c.datagram_len() - ipv4::MIN_HEADER_LEN,
-        proto: c.ip_proto(),
-        src: get_u32_at(frame, L3 + ipv4::SRC_OFFSET),
-        dst: stand_in,
-        ttl: frame[L3 + ipv4::TTL_OFFSET],
-        ident: get_u16_at(frame, L3 + ipv4::IDENT_OFFSET),
-        first_frag: false,
-        later_frag: false,
-        dont_fragment: get_u16_at(frame, L3 + ipv4::FLAGS_FRAG_OFFSET) & ipv4::DONT_FRAGMENT != 0,
-        tcp_flags: c.tcp_flags(),
-    }
+    Ip { dst: stand_in, ..c.ip(frame) }
 }
