@@ -102,6 +102,35 @@ fn the_batch_path_grows_syns_where_they_lie_into_the_frames_the_frame_path_copie
     }
 }
 
+/// A subscriber's segment after its SYN, with data (no option for HOST_ID).
+fn data_after_syn(sport: u16) -> Vec<u8> {
+    let (ms, md) = macs(Side::Inside);
+    let b = PacketBuilder::ethernet2(ms, md).ipv4(SUB, SERVER, 64).tcp(sport, 80, ISN + 1, 64240).ack(1);
+    let mut v = Vec::new();
+    b.write(&mut v, b"GET / HTTP/1.0\r\n\r\n").unwrap();
+    v
+}
+
+/// A SYN grown into a copy waits in the output queue, which leaves after
+/// the frames forwarded where they lie: the segment behind it in the same
+/// batch must not overtake it, so it is queued behind it too.
+#[test]
+fn a_segment_batched_behind_a_syn_grown_into_a_copy_leaves_after_it() {
+    let mut e = with_host_id(config(), host_id(Mode::Syn, vec![]));
+    let mut fs = [syn(42000), data_after_syn(42000)];
+    let mut slices: Vec<&mut [u8]> = fs.iter_mut().map(|f| f.as_mut_slice()).collect();
+    let mut verdicts = [Verdict::Forward(Side::Inside); 2];
+    e.process_batch(&mut slices, Side::Inside, T0, &mut verdicts);
+    assert_eq!(verdicts, [Verdict::Held; 2], "nothing leaves from where it lies");
+    let out = outputs(&mut e);
+    assert_eq!(out.len(), 2);
+    let (first, second) = (must_decode(&out[0].2), must_decode(&out[1].2));
+    assert!(first.tcp().syn && !first.tcp().options.as_slice().is_empty(), "the grown SYN first");
+    assert!(!second.tcp().syn && second.payload.len() == 18, "then the data segment");
+    assert_eq!(second.tcp().source_port, first.tcp().source_port, "one flow");
+    assert_eq!(e.stats().forwarded[Side::Outside as usize], 2);
+}
+
 #[test]
 fn established_traffic_keeps_its_bytes_in_syn_mode() {
     let mut plain = engine(config());

@@ -22,6 +22,10 @@ pub struct OutQueue {
     /// A frame was pushed (not `push_final`) since the queue was last
     /// drained or taken from.
     own: bool,
+    /// A frame that stands in a flow's order (one forwarded, released or
+    /// rebuilt, not one natrix generated) was queued since the queue was
+    /// last drained.
+    ordered: bool,
 }
 
 impl OutQueue {
@@ -43,13 +47,33 @@ impl OutQueue {
         self.own = true;
     }
 
-    /// `push` for a frame nothing will rebuild before it leaves.
+    /// `push` for a frame that stands in a flow's order.
+    pub fn push_ordered(&mut self, side: Side, time_ns: u64, data: Vec<u8>) {
+        self.push(side, time_ns, data);
+        self.ordered = true;
+    }
+
+    /// `push_ordered` for a frame nothing will rebuild before it leaves.
     pub fn push_final(&mut self, side: Side, time_ns: u64, data: Vec<u8>) {
         self.frames.push(OutFrame { side, time_ns, data });
+        self.ordered = true;
+    }
+
+    /// `push_final` at `at`, before the frames queued since the queue held
+    /// `at` frames.
+    pub fn insert_final(&mut self, at: usize, side: Side, time_ns: u64, data: Vec<u8>) {
+        self.frames.insert(at, OutFrame { side, time_ns, data });
+        self.ordered = true;
     }
 
     pub fn has_own(&self) -> bool {
         self.own
+    }
+
+    /// The queue's length, while it holds a frame that stands in a flow's
+    /// order.
+    pub fn ordered_len(&self) -> Option<usize> {
+        self.ordered.then_some(self.frames.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -65,6 +89,7 @@ impl OutQueue {
     /// Hands each queued frame to `f` in order and keeps the buffers.
     pub fn drain(&mut self, mut f: impl FnMut(&OutFrame)) {
         self.own = false;
+        self.ordered = false;
         for fr in self.frames.drain(..) {
             f(&fr);
             self.spare.push(fr.data);

@@ -60,9 +60,10 @@ pub enum Verdict {
     Drop(DropReason),
     /// Taken by the engine: kept (a fragment waiting for its first
     /// fragment), to come out later through the output queue; or forwarded
-    /// already, as a longer copy a middlebox function wrote (HOST_ID options
-    /// inserted into a frame whose buffer had no room), which waits in the
-    /// output queue.
+    /// already, as a copy that waits in the output queue: a longer one a
+    /// middlebox function wrote (HOST_ID options inserted into a frame
+    /// whose buffer had no room), or, in a batch, one that would otherwise
+    /// overtake a frame of its flow queued before it.
     Held,
     /// Replaced by a frame of another shape that leaves through the output
     /// queue (a softwire packet decapsulated, or a packet encapsulated
@@ -338,10 +339,11 @@ impl Engine {
     /// inserted, a softwire packet decapsulated, a reply encapsulated)
     /// changes where it lies when its buffer allows (`FrameBuf`) and is
     /// forwarded (`Forward`), where `process` sends a copy (`Held`,
-    /// `Consumed`). Only while the output queue is empty, though: a frame
-    /// sent from its buffer leaves before everything queued, so once a
-    /// frame of the batch is queued, the rest are too, and a flow's frames
-    /// keep their order.
+    /// `Consumed`). The caller sends the frames forwarded where they lie
+    /// first, then the output queue (`drain_output`); so once a frame that
+    /// stands in a flow's order is queued, every later frame the batch
+    /// forwards is queued behind it (`Held`), and each flow's frames leave
+    /// in the order they arrived, as they do frame by frame.
     pub fn process_batch<F: FrameBuf>(&mut self, frames: &mut [F], side: Side, now_ns: u64, verdicts: &mut [Verdict]) {
         assert_eq!(frames.len(), verdicts.len(), "process_batch: one verdict per frame");
         self.advance(now_ns);
@@ -359,7 +361,7 @@ impl Engine {
             }
             if !translate {
                 for (f, v) in chunk.iter_mut().zip(out.iter_mut()) {
-                    *v = self.full_path_in_buffer(f, side);
+                    *v = self.in_flow_order(f, |e, f| e.full_path_in_buffer(f, side));
                 }
             } else if extras {
                 self.translate_chunk::<true, F>(chunk, side, out);
@@ -386,12 +388,31 @@ impl Engine {
         };
         for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
             self.nat.prefetch_ahead(&mut candidates, i, side);
-            *v = match &candidates[i] {
-                Some(c) if EXTRAS && softwires >> i & 1 == 1 => self.decide_carried(f, c),
-                Some(c) if !(EXTRAS && self.hooks.wants(c.ip_proto(), c.tcp_flags())) => self.decide::<EXTRAS, F>(f, side, c),
-                Some(c) if EXTRAS && side == Side::Inside => self.decide_for_functions(f, c),
-                _ => self.full_path_in_buffer(f, side),
-            };
+            let c = &candidates[i];
+            *v = self.in_flow_order(f, |e, f| match c {
+                Some(c) if EXTRAS && softwires >> i & 1 == 1 => e.decide_carried(f, c),
+                Some(c) if !(EXTRAS && e.hooks.wants(c.ip_proto(), c.tcp_flags())) => e.decide::<EXTRAS, F>(f, side, c),
+                Some(c) if EXTRAS && side == Side::Inside => e.decide_for_functions(f, c),
+                _ => e.full_path_in_buffer(f, side),
+            });
+        }
+    }
+
+    /// A frame of a batch decided by `decide`. The frames forwarded where
+    /// they lie leave before the output queue; so once a frame that stands
+    /// in a flow's order waits there (one grown into a copy, a softwire
+    /// packet rebuilt, a fragment released), a later frame of the batch
+    /// forwarded where it lies would overtake it: that one leaves as a
+    /// copy behind it (`Held`) instead.
+    #[inline(always)]
+    fn in_flow_order<F: FrameBuf>(&mut self, f: &mut F, decide: impl FnOnce(&mut Self, &mut F) -> Verdict) -> Verdict {
+        let Some(at) = self.router.overtaking_at() else { return decide(self, f) };
+        match decide(self, f) {
+            Verdict::Forward(out) => {
+                self.router.queue_behind(at, out, f.frame());
+                Verdict::Held
+            }
+            v => v,
         }
     }
 

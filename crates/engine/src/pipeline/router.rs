@@ -233,13 +233,30 @@ impl Router {
     /// function made longer), stamped `at_ns`. The pipeline counts it as
     /// forwarded.
     pub fn queue_rebuilt(&mut self, side: Side, at_ns: u64, buf: Vec<u8>) {
-        self.out.push(side, at_ns, buf);
+        self.out.push_ordered(side, at_ns, buf);
     }
 
     /// `queue_rebuilt` for a frame that leaves as it is: a softwire packet
     /// decapsulated and translated, or one encapsulated to its B4.
     pub fn queue_final(&mut self, side: Side, at_ns: u64, buf: Vec<u8>) {
         self.out.push_final(side, at_ns, buf);
+    }
+
+    /// Where a frame forwarded now must wait so as not to overtake one
+    /// of its flow that waits in the queue: at the queue's end, once a
+    /// frame forwarded, released or rebuilt (not one natrix generated)
+    /// waits there. None: it may leave from where it lies.
+    pub fn overtaking_at(&self) -> Option<usize> {
+        self.out.ordered_len()
+    }
+
+    /// Queues a copy of a frame forwarded after others of its batch had to
+    /// wait in the queue, at `at` (from `overtaking_at`): behind them, but
+    /// before what its own translation queued (the fragments it released).
+    pub fn queue_behind(&mut self, at: usize, side: Side, frame: &[u8]) {
+        let mut buf = self.out.buffer();
+        buf.extend_from_slice(frame);
+        self.out.insert_final(at, side, self.now_ns, buf);
     }
 
     /// Whether a frame other than a final one was queued since the queue
@@ -264,7 +281,7 @@ impl Router {
     pub fn release(&mut self, side: Side, frame: &[u8]) {
         let mut buf = self.out.buffer();
         buf.extend_from_slice(frame);
-        self.out.push(side, self.now_ns, buf);
+        self.out.push_ordered(side, self.now_ns, buf);
         self.released[side as usize] += 1;
     }
 
