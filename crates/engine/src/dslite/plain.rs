@@ -15,7 +15,8 @@ const L3: usize = ethernet::HEADER_LEN;
 pub(crate) const INNER: usize = L3 + ipv6::HEADER_LEN;
 
 /// The B4 (IPv6 source) of `frame` if it is a plain softwire packet to
-/// `aftr`, and the length of its inner IPv4 packet.
+/// `aftr`, and the length of its inner IPv4 packet. The B4 is not checked
+/// (`may_be_b4`).
 #[inline]
 pub(crate) fn plain_softwire(frame: &[u8], aftr: &Ipv6Addr) -> Option<(Ipv6Addr, usize)> {
     let h = frame.first_chunk::<{ INNER + 20 }>()?;
@@ -31,12 +32,14 @@ pub(crate) fn plain_softwire(frame: &[u8], aftr: &Ipv6Addr) -> Option<(Ipv6Addr,
         return None;
     }
     let src: [u8; 16] = h[L3 + 8..L3 + 24].try_into().ok()?;
-    let b4 = Ipv6Addr::from(src);
-    // What the full parse refuses as a source is its to count.
-    if b4.is_multicast() || b4.is_unspecified() || b4.is_loopback() {
-        return None;
-    }
-    Some((b4, payload))
+    Some((Ipv6Addr::from(src), payload))
+}
+
+/// Whether the full parse takes `b4` as a softwire packet's source: what
+/// it refuses is its to count.
+#[inline]
+pub(crate) fn may_be_b4(b4: &Ipv6Addr) -> bool {
+    !(b4.is_multicast() || b4.is_unspecified() || b4.is_loopback())
 }
 
 #[cfg(test)]

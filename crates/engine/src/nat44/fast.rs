@@ -22,6 +22,7 @@ use crate::drop::DropReason;
 use crate::nat44::{Flow, Looked, Nat44};
 use crate::pipeline::frame::{is_martian, Ip};
 use crate::rewrite::{self, Which, L4};
+use crate::state::identity::Endpoint;
 use crate::state::sessions::{Found, NIL};
 use crate::state::subscribers::NONE;
 use crate::trackers::Direction;
@@ -219,10 +220,20 @@ impl Nat44 {
     /// translated straight to the host's inner address (one checksum
     /// update, not one to the stand-in and another from it). With the side
     /// it leaves on, the session's internal address; None: no session, for
-    /// the full path.
+    /// the full path. With a softwire host's stand-in, the host too.
     #[inline(always)]
-    pub(crate) fn decide_inbound_to_hosts(&mut self, frame: &mut [u8], c: &Candidate) -> Option<(Side, u32)> {
-        self.forward_to::<true>(frame, Side::Outside, c, |nat, addr| nat.subs.identities().inner_of(addr).unwrap_or(addr)).ok()
+    pub(crate) fn decide_inbound_to_hosts(&mut self, frame: &mut [u8], c: &Candidate) -> Option<(Side, u32, Option<Endpoint>)> {
+        let mut host = None;
+        let (out, int_addr) = self
+            .forward_to::<true>(frame, Side::Outside, c, |nat, addr| match nat.subs.identities().endpoint_of(addr) {
+                Some(e) => {
+                    host = Some(e);
+                    e.inner
+                }
+                None => addr,
+            })
+            .ok()?;
+        Some((out, int_addr, host))
     }
 
     /// `decide` for an outbound candidate whose frame must change before a

@@ -313,7 +313,12 @@ impl Engine {
         self.counters.received[side as usize] += 1;
         if self.nat.config().translate {
             match self.nat.candidate(frame, side) {
-                Some(c) if !self.hooks.wants(c.ip_proto(), c.tcp_flags()) => return self.decide::<true, &mut [u8]>(&mut &mut *frame, side, &c),
+                Some(c) if !self.hooks.wants(c.ip_proto(), c.tcp_flags()) => {
+                    return match side {
+                        Side::Outside if self.dslite.is_some() => self.decide_towards_softwires(&mut &mut *frame, &c),
+                        _ => self.decide(&mut &mut *frame, side, &c),
+                    }
+                }
                 Some(c) if side == Side::Inside => return self.decide_for_functions(&mut &mut *frame, &c),
                 _ => {}
             }
@@ -386,12 +391,15 @@ impl Engine {
             self.nat.prepare_batch(chunk, side, &mut candidates);
             0
         };
+        // Whether replies may be for softwire hosts, once for the chunk.
+        let replies = EXTRAS && side == Side::Outside && self.dslite.is_some();
         for (i, (f, v)) in chunk.iter_mut().zip(out.iter_mut()).enumerate() {
             self.nat.prefetch_ahead(&mut candidates, i, side);
             let c = &candidates[i];
             *v = self.in_flow_order(f, |e, f| match c {
                 Some(c) if EXTRAS && softwires >> i & 1 == 1 => e.decide_carried(f, c),
-                Some(c) if !(EXTRAS && e.hooks.wants(c.ip_proto(), c.tcp_flags())) => e.decide::<EXTRAS, F>(f, side, c),
+                Some(c) if replies && !e.hooks.wants(c.ip_proto(), c.tcp_flags()) => e.decide_towards_softwires(f, c),
+                Some(c) if !(EXTRAS && e.hooks.wants(c.ip_proto(), c.tcp_flags())) => e.decide(f, side, c),
                 Some(c) if EXTRAS && side == Side::Inside => e.decide_for_functions(f, c),
                 _ => e.full_path_in_buffer(f, side),
             });
@@ -490,13 +498,10 @@ impl Engine {
         Verdict::Forward(out)
     }
 
-    /// NAPT44's verdict on a candidate frame. `EXTRAS` false: DS-Lite is
-    /// known not to be configured, and its checks are left out.
+    /// NAPT44's verdict on a candidate frame (with DS-Lite on, an inbound
+    /// one is `decide_towards_softwires`').
     #[inline(always)]
-    fn decide<const EXTRAS: bool, F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &nat44::Candidate) -> Verdict {
-        if EXTRAS && side == Side::Outside && self.dslite.is_some() {
-            return self.decide_towards_softwires(f, c);
-        }
+    fn decide<F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &nat44::Candidate) -> Verdict {
         let frame = f.frame();
         match self.nat.decide(frame, side, c) {
             Some(Ok(out)) => {
@@ -518,8 +523,8 @@ impl Engine {
             ds.keep_if_large(frame, nat44::fast::L3);
         }
         match self.nat.decide_inbound_to_hosts(frame, c) {
-            Some((_, stand_in)) if identity::is_softwire(stand_in) => self.encapsulate_translated(f, Side::Outside, c, stand_in),
-            Some((out, _)) => {
+            Some((_, stand_in, Some(host))) => self.encapsulate_translated(f, Side::Outside, c, stand_in, host),
+            Some((out, _, None)) => {
                 self.counters.forwarded[out as usize] += 1;
                 Verdict::Forward(out)
             }
@@ -805,20 +810,21 @@ impl Engine {
             router.queue_final(Side::Inside, at_ns, b);
             frames += 1;
         });
-        self.count_encapsulated(ip.dst, frames);
+        let host = self.nat.subs.identities().endpoint_of(ip.dst);
+        self.count_encapsulated(host, frames);
         Ok(())
     }
 
-    /// A packet to the softwire host whose stand-in is `stand_in` left in
-    /// `frames` outer packets (more than one: fragments).
-    fn count_encapsulated(&mut self, stand_in: u32, frames: u64) {
+    /// A packet to the softwire host `host` left in `frames` outer packets
+    /// (more than one: fragments).
+    fn count_encapsulated(&mut self, host: Option<identity::Endpoint>, frames: u64) {
         if let Some(ds) = self.dslite.as_mut() {
             ds.stats.encapsulated += 1;
             if frames > 1 {
                 ds.stats.fragmented += frames;
             }
         }
-        if let Some(c) = self.nat.subs.identities_mut().counters_mut(stand_in) {
+        if let Some(c) = host.and_then(|h| self.nat.subs.identities_mut().endpoint_counters_mut(h)) {
             c.encapsulated += 1;
         }
     }
@@ -974,6 +980,8 @@ impl Engine {
         if let (Some(ds), Some(cfg)) = (self.dslite.as_mut(), self.nat.config().dslite.clone()) {
             ds.cfg = cfg;
         }
+        // A softwire endpoint admitted under the old configuration is admitted again.
+        self.nat.subs.identities_mut().forget_recent();
         self.pcp.reconfigure(self.nat.config().pcp, self.nat.config().inside_addr);
         Ok(())
     }

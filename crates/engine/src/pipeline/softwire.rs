@@ -31,7 +31,7 @@ use crate::nat44::fast::{Candidate, L3};
 use crate::nat44::MAX_BATCH;
 use crate::rewrite::{self, Which};
 use crate::state::deterministic::Member;
-use crate::state::identity::Identity;
+use crate::state::identity::Endpoint;
 use crate::Side;
 
 /// Where a plain softwire packet's inner packet gets its Ethernet header:
@@ -93,23 +93,17 @@ impl Engine {
         let ds = self.dslite.as_ref()?;
         let (b4, len) = plain::plain_softwire(frame, &ds.cfg.aftr)?;
         let clamps = ds.cfg.mss_clamp.is_some();
-        // Deterministic mode numbers B4s: one it does not number has no range.
-        if !ds.cfg.accepts(b4) || self.nat.deterministic().is_some_and(|d| d.index_of_member(Member::B4(b4)).is_none()) {
-            return None;
-        }
         // Without the 20 bytes a TCP header needs the fast path takes nothing: no stand-in made for it.
         if len < ipv4::MIN_HEADER_LEN + tcp::MIN_HEADER_LEN {
             return None;
         }
         let host = get_u32_at(frame, INNER + ipv4::SRC_OFFSET);
-        let stand_in = match (self.nat.subs.identities_mut().find_softwire(b4, host), stand_in) {
-            (Some(s), _) => s,
-            (None, StandIn::Existing) => return None,
-            (None, StandIn::Interned) => {
-                // A packet the full path drops unparsed (a bad checksum, lengths that disagree) makes no stand-in.
-                self.nat.carried_candidate(frame, INNER, 0)?;
-                self.nat.subs.identities_mut().intern_softwire(b4, host, self.now_s)?
-            }
+        // The endpoint last found was admitted then, under the configuration
+        // still in force (a reload forgets it): a run of one softwire's
+        // packets is admitted once.
+        let stand_in = match self.nat.subs.identities().recent_softwire(b4, host) {
+            Some(s) => s,
+            None => self.admitted_stand_in(frame, b4, host, stand_in)?,
         };
         let c = self.nat.carried_candidate(frame, INNER, stand_in)?;
         let syn = c.tcp_flags() & tcp::flags::SYN != 0;
@@ -118,6 +112,27 @@ impl Engine {
             return None;
         }
         Some(c)
+    }
+
+    /// The stand-in of host `host` behind `b4`, whose softwire packet is
+    /// `frame`, if the B4 is admitted (a valid source, within `b4_prefixes`
+    /// and, in deterministic mode, numbered); made if `stand_in` allows.
+    #[inline(never)]
+    fn admitted_stand_in(&mut self, frame: &[u8], b4: std::net::Ipv6Addr, host: u32, stand_in: StandIn) -> Option<u32> {
+        let ds = self.dslite.as_ref()?;
+        // Deterministic mode numbers B4s: one it does not number has no range.
+        if !plain::may_be_b4(&b4) || !ds.cfg.accepts(b4) || self.nat.deterministic().is_some_and(|d| d.index_of_member(Member::B4(b4)).is_none()) {
+            return None;
+        }
+        match (self.nat.subs.identities_mut().find_softwire(b4, host), stand_in) {
+            (Some(s), _) => Some(s),
+            (None, StandIn::Existing) => None,
+            (None, StandIn::Interned) => {
+                // A packet the full path drops unparsed (a bad checksum, lengths that disagree) makes no stand-in.
+                self.nat.carried_candidate(frame, INNER, 0)?;
+                self.nat.subs.identities_mut().intern_softwire(b4, host, self.now_s)
+            }
+        }
     }
 
     /// Decides the softwire packet in `f` by its carried candidate `c`:
@@ -189,16 +204,16 @@ impl Engine {
     }
 
     /// A frame NAPT44's fast path translated from candidate `c`, arrived
-    /// on `side`, to the inner address of the softwire host whose stand-in
-    /// `stand_in` is: encapsulated to its B4, read from the fixed layout the
-    /// candidate was checked for rather than parsed again. Where it fits
-    /// the softwire's MTU and its buffer has room before it, the outer
-    /// headers go there and it leaves where it lies; else its frames leave
-    /// through the output queue.
+    /// on `side`, to the inner address of the softwire host `host`, whose
+    /// stand-in `stand_in` is: encapsulated to its B4, read from the fixed
+    /// layout the candidate was checked for rather than parsed again. Where
+    /// it fits the softwire's MTU and its buffer has room before it, the
+    /// outer headers go there and it leaves where it lies; else its frames
+    /// leave through the output queue.
     #[inline(never)]
-    pub(super) fn encapsulate_translated<F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &Candidate, stand_in: u32) -> Verdict {
-        let Identity::Softwire { b4, .. } = self.nat.subs.identities().resolve(stand_in) else { return self.softwire_verdict(Err(DropReason::NoMapping)) };
-        if let Some(v) = self.encapsulate_in_buffer(f, c, stand_in, b4) {
+    pub(super) fn encapsulate_translated<F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &Candidate, stand_in: u32, host: Endpoint) -> Verdict {
+        let Some(b4) = self.nat.subs.identities().endpoint_b4(host) else { return self.softwire_verdict(Err(DropReason::NoMapping)) };
+        if let Some(v) = self.encapsulate_in_buffer(f, c, stand_in, (host, b4)) {
             return v;
         }
         let ip = translated_ip(f.frame(), c, stand_in);
@@ -207,11 +222,11 @@ impl Engine {
     }
 
     /// Encapsulates the translated packet in `f` (given its host's inner
-    /// address, the stand-in `stand_in` its session names) to `b4` where it
-    /// lies: its Ethernet header and the outer IPv6 header go into the room
-    /// before it. None, and nothing sent, for a packet that needs
-    /// fragmenting or a buffer without that room.
-    fn encapsulate_in_buffer<F: FrameBuf>(&mut self, f: &mut F, c: &Candidate, stand_in: u32, b4: std::net::Ipv6Addr) -> Option<Verdict> {
+    /// address, the stand-in `stand_in` its session names) to the host's
+    /// B4 `b4` where it lies: its Ethernet header and the outer IPv6 header
+    /// go into the room before it. None, and nothing sent, for a packet
+    /// that needs fragmenting or a buffer without that room.
+    fn encapsulate_in_buffer<F: FrameBuf>(&mut self, f: &mut F, c: &Candidate, stand_in: u32, (host, b4): (Endpoint, std::net::Ipv6Addr)) -> Option<Verdict> {
         if !F::WIDENS || !self.may_change_in_place() {
             return None;
         }
@@ -232,7 +247,10 @@ impl Engine {
         frame[L3..L3 + ipv6::HEADER_LEN].copy_from_slice(&encap::outer_header(ds.cfg.aftr, b4, ipv6::next_header::IPV4, total));
         // Ethernet padding after the inner packet is not the softwire's.
         f.set_frame_len(L3 + ipv6::HEADER_LEN + total);
-        self.count_encapsulated(stand_in, 1);
+        ds.stats.encapsulated += 1;
+        if let Some(k) = self.nat.subs.identities_mut().endpoint_counters_mut(host) {
+            k.encapsulated += 1;
+        }
         Some(self.verdict_of(Ok(Some(Side::Inside))))
     }
 }

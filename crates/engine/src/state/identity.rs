@@ -44,6 +44,15 @@ pub enum Identity {
     Softwire { b4: Ipv6Addr, inner: u32 },
 }
 
+/// A softwire host as its stand-in names it: its B4's key and its inner
+/// address. A reply translated to the inner address finds its B4 and the
+/// B4's counters by the key, without looking up the stand-in again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoint {
+    b4_key: u32,
+    pub inner: u32,
+}
+
 /// Whether an internal address is a softwire endpoint's stand-in.
 #[inline(always)]
 pub fn is_softwire(int_addr: u32) -> bool {
@@ -189,6 +198,19 @@ impl Identities {
         }
     }
 
+    /// The stand-in of host `inner` behind `b4` if it is the endpoint last
+    /// found or interned.
+    #[inline(always)]
+    pub fn recent_softwire(&self, b4: Ipv6Addr, inner: u32) -> Option<u32> {
+        LastEndpoint::of(self.last, b4, inner)
+    }
+
+    /// Forgets the endpoint last found or interned (`recent_softwire`):
+    /// the B4s admitted may have changed.
+    pub fn forget_recent(&mut self) {
+        self.last = None;
+    }
+
     /// The stand-in of host `inner` behind `b4` if it has one; makes none.
     #[inline]
     pub fn find_softwire(&mut self, b4: Ipv6Addr, inner: u32) -> Option<u32> {
@@ -287,6 +309,18 @@ impl Identities {
         self.b4_counters.get_mut((b4_key - B4S) as usize)
     }
 
+    /// The counters of the B4 of `e`.
+    #[inline]
+    pub(crate) fn endpoint_counters_mut(&mut self, e: Endpoint) -> Option<&mut SoftwireCounters> {
+        self.b4_counters.get_mut((e.b4_key - B4S) as usize)
+    }
+
+    /// The B4 of `e`.
+    #[inline]
+    pub(crate) fn endpoint_b4(&self, e: Endpoint) -> Option<Ipv6Addr> {
+        self.b4s.get((e.b4_key - B4S) as usize).copied()
+    }
+
     /// The counters of a B4 by its address, if it has a stand-in.
     pub(crate) fn counters_of_b4_mut(&mut self, b4: Ipv6Addr) -> Option<&mut SoftwireCounters> {
         let (b4s, uses) = (&self.b4s, &self.b4_use);
@@ -368,12 +402,11 @@ impl Identities {
         self.endpoint_use.live()
     }
 
-    /// The inner address of the host whose stand-in `addr` is; None for
-    /// any other address.
+    /// The softwire host whose stand-in `addr` is; None for any other address.
     #[inline]
-    pub fn inner_of(&self, addr: u32) -> Option<u32> {
-        let (_, inner) = self.endpoints.get(addr.checked_sub(ENDPOINTS).filter(|_| is_softwire(addr))? as usize)?;
-        Some(*inner)
+    pub fn endpoint_of(&self, addr: u32) -> Option<Endpoint> {
+        let &(b4_key, inner) = self.endpoints.get(addr.checked_sub(ENDPOINTS).filter(|_| is_softwire(addr))? as usize)?;
+        Some(Endpoint { b4_key, inner })
     }
 
     /// What an internal address (or a subscriber key) stands for.
