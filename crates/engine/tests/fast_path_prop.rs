@@ -102,15 +102,10 @@ fn observe(e: &mut Engine) -> (String, usize, usize, Vec<Vec<u8>>) {
 }
 
 /// Whether a batch's verdict on a frame gives it the fate frame by frame
-/// gave it: the same drop, or sent on. A batch may send in place what
-/// `process_full` sends as a longer copy, and send as a copy what would
-/// otherwise overtake a frame of its flow waiting in the output queue.
+/// gave it: the same verdict, or a copy (`Held`) of what would otherwise
+/// overtake a frame of its flow waiting in the output queue.
 fn same_fate(batch: Verdict, one_by_one: Verdict) -> bool {
-    match (batch, one_by_one) {
-        (Verdict::Drop(a), Verdict::Drop(b)) => a == b,
-        (Verdict::Drop(_), _) | (_, Verdict::Drop(_)) => false,
-        _ => true,
-    }
+    batch == one_by_one || (batch == Verdict::Held && matches!(one_by_one, Verdict::Forward(_)))
 }
 
 /// Frames in the order they left, grouped by what a receiver sees as one

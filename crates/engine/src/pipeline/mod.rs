@@ -524,6 +524,7 @@ impl Engine {
         }
         match self.nat.decide_inbound_to_hosts(frame, c) {
             Some((_, stand_in, Some(host))) => self.encapsulate_translated(f, Side::Outside, c, stand_in, host),
+            Some((_, stand_in, None)) if identity::is_softwire(stand_in) => self.softwire_verdict(Err(DropReason::NoMapping)),
             Some((out, _, None)) => {
                 self.counters.forwarded[out as usize] += 1;
                 Verdict::Forward(out)
@@ -749,14 +750,20 @@ impl Engine {
         }
     }
 
-    /// Frames natrix queued for softwire hosts, encapsulated in their place.
+    /// Frames natrix queued for softwire hosts (its own, fragments it
+    /// released), encapsulated in their place: the queue is taken out and
+    /// queued again in order, so a frame of a flow keeps its place before
+    /// the flow's later frames.
     fn encapsulate_queued(&mut self) {
         // Only natrix's own frames may still need it: those the pipeline rebuilt are final.
         if !self.router.has_own_output() {
             return;
         }
-        for f in self.router.take_queued(|f| f.side == Side::Inside && ethernet_l3(&f.data).is_some_and(|l3| to_softwire(&f.data, l3))) {
-            let l3 = ethernet_l3(&f.data).unwrap_or(0);
+        for f in self.router.take_queued(|_| true) {
+            let Some(l3) = ethernet_l3(&f.data).filter(|&l3| f.side == Side::Inside && to_softwire(&f.data, l3)) else {
+                self.router.queue_final(f.side, f.time_ns, f.data);
+                continue;
+            };
             // Frames natrix made itself: one it cannot encapsulate is not sent.
             let mut data = f.data;
             let _ = self.encapsulate(&mut data, l3, f.time_ns, Origin::Natrix);

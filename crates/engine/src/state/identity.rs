@@ -76,7 +76,10 @@ pub struct Identities {
     /// come in runs, and each of a run names the same (B4, inner address),
     /// whose two hash lookups this spares. Forgotten whenever `reclaim`
     /// frees a stand-in, so a recycled one is never served for the pair it
-    /// stood for before.
+    /// stood for before. The fast path takes a pair found here as admitted
+    /// (`recent_softwire`), so only an admitted B4's pairs may be found or
+    /// interned, and a reload that may change who is admitted forgets it
+    /// (`forget_recent`).
     last: Option<LastEndpoint>,
     seed: u64,
 }
