@@ -1,5 +1,6 @@
 //! HOST_ID's insertion where a SYN lies (a batch of frames in buffers with
-//! room) against the copy `process` makes, for SYNs of any options layout
+//! room: vectors, and buffers lent as the live dataplane lends them, with
+//! or without enough room after the frame) against the copy `process` makes, for SYNs of any options layout
 //! a host may send (EOL and padding anywhere, odd offsets, options that
 //! leave no room), with a payload or Ethernet padding: both leave the same
 //! bytes, which etherparse decodes with every checksum right, the TTL
@@ -11,7 +12,7 @@ mod common;
 use common::*;
 use etherparse::PacketBuilder;
 use natrix_engine::host_id::{HostIdConfig, Kinds, Mode, Origin, WingData};
-use natrix_engine::{Engine, EngineConfig, Side, Verdict};
+use natrix_engine::{Engine, EngineConfig, InBuffer, Side, Verdict};
 use proptest::prelude::*;
 
 const SUB: [u8; 4] = [100, 64, 0, 10];
@@ -74,6 +75,22 @@ fn options_end(area: &[u8]) -> usize {
     area.len()
 }
 
+/// `frame` through an inserting engine's batch path, lent in a buffer with
+/// `room` bytes after it (`InBuffer`, as the live dataplane lends frames):
+/// the verdict, the frame as it then lies, and what left through the
+/// output queue.
+fn lent_in_buffer(frame: &[u8], room: usize) -> (Verdict, Vec<u8>, Vec<Vec<u8>>) {
+    let mut e = inserting();
+    let mut buffer = frame.to_vec();
+    buffer.resize(frame.len() + room, 0xaa);
+    let mut lent = [InBuffer::new(&mut buffer, 0, frame.len())];
+    let mut verdicts = [Verdict::Held];
+    e.process_batch(&mut lent, Side::Inside, T0, &mut verdicts);
+    let (start, len) = (lent[0].start(), lent[0].len());
+    let queued = outputs(&mut e).into_iter().map(|(_, _, f)| f).collect();
+    (verdicts[0], buffer[start..start + len].to_vec(), queued)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
     #[test]
@@ -82,6 +99,7 @@ proptest! {
         payload in proptest::collection::vec(any::<u8>(), 0..40),
         padding in 0usize..8,
         sport in 1024u16..65535,
+        room in 0usize..24,
     ) {
         let original = syn(sport, &area, &payload, padding);
 
@@ -111,6 +129,19 @@ proptest! {
             prop_assert_eq!(&frames[0], &copy);
             copy
         };
+        // Lent with `room` bytes after it: grown where it lies when they
+        // hold the growth (at most 16 bytes; the Ethernet padding a grown
+        // frame sheds not counted), else sent as the copy.
+        let (v_lent, lent, lent_queued) = lent_in_buffer(&original, room);
+        let growth = (frames[0].len() + padding).saturating_sub(original.len());
+        if fits && growth > room {
+            prop_assert_eq!(v_lent, Verdict::Held);
+            prop_assert_eq!(&lent_queued, &vec![frames[0].clone()]);
+        } else {
+            prop_assert_eq!(v_lent, Verdict::Forward(Side::Outside));
+            prop_assert!(lent_queued.is_empty());
+            prop_assert_eq!(&lent, &frames[0]);
+        }
         let d = must_decode(&out);
         prop_assert_eq!(d.ip.time_to_live, 63);
         prop_assert_eq!(&d.payload, &payload);

@@ -137,6 +137,34 @@ fn the_batch_path_decides_as_the_frame_path() {
     assert_eq!(one.stats().syn_accel.unwrap().resets, 8);
 }
 
+/// With HOST_ID inserting before it, a SYN lent in a buffer with room grows
+/// where it lies within the run of functions, and the accelerator after
+/// HOST_ID sees it grown: its copies are the SYN as it left, options and
+/// all (seed 003 section 4.3.3, seed 000 section 7).
+#[test]
+fn copies_of_a_syn_grown_where_it_lies_carry_its_host_id_options() {
+    use natrix_engine::host_id::{HostIdConfig, Kinds, Mode, Origin, WingData};
+    use natrix_engine::InBuffer;
+    let h = HostIdConfig { mode: Mode::Syn, wing: Some(WingData::Ipv4Low16), boucadair: Some(Origin::PortIpv4), lifetime: 0, enabled: false, kinds: Kinds::DEFAULT, rules: vec![] };
+    let mut e = defaults(EngineConfig { host_id: Some(h), ..config() });
+    let first = syn(5060, ISN);
+    let mut buffer = first.clone();
+    buffer.resize(first.len() + 64, 0xaa);
+    let mut lent = [InBuffer::new(&mut buffer, 0, first.len())];
+    let mut verdicts = [Verdict::Held];
+    e.process_batch(&mut lent, Side::Inside, T0, &mut verdicts);
+    assert_eq!(verdicts[0], Verdict::Forward(Side::Outside));
+    let (start, len) = (lent[0].start(), lent[0].len());
+    let left = buffer[start..start + len].to_vec();
+    let d = must_decode(&left);
+    assert_eq!(d.tcp().options.as_slice()[..2], [Kinds::DEFAULT.wing, 4], "WING went in where the SYN lay");
+    let copies: Vec<_> = tick(&mut e, T0, T0 + 1_999 * MS).into_iter().filter(|o| o.0 == Side::Outside).collect();
+    assert_eq!(copies.len(), 3);
+    for c in &copies {
+        assert_eq!(c.2, left, "a copy is the SYN as natrix forwarded it, HOST_ID options included");
+    }
+}
+
 #[test]
 fn router_mode_accelerates_untranslated() {
     let cfg = EngineConfig { translate: false, ..config() };

@@ -15,6 +15,17 @@ pub trait FrameBuf {
     /// frame unchanged, when the buffer has no room for `len` bytes.
     fn set_frame_len(&mut self, len: usize) -> Option<&mut [u8]>;
 
+    /// The frame followed by the room its buffer has after it (bytes of
+    /// no particular content), and the frame's length: what a function
+    /// may grow the frame into where it lies, before `set_frame_len` says
+    /// how long it came out. By default no room: the frame grows, if its
+    /// buffer lets it, through `set_frame_len` alone.
+    fn with_room(&mut self) -> (&mut [u8], usize) {
+        let frame = self.frame();
+        let len = frame.len();
+        (frame, len)
+    }
+
     /// Whether `narrow` can move the frame's start: not for a buffer whose
     /// owner learns only a verdict (a bare slice) or whose start is fixed
     /// (an array). The engine then copies what it would narrow the frame
@@ -136,6 +147,10 @@ impl FrameBuf for InBuffer<'_> {
         Some(frame)
     }
 
+    fn with_room(&mut self) -> (&mut [u8], usize) {
+        (&mut self.buf[self.start..], self.len)
+    }
+
     const NARROWS: bool = true;
 
     fn narrow(&mut self, start: usize, len: usize) {
@@ -162,6 +177,8 @@ mod tests {
         let mut buf = [7u8; 8];
         let mut f = InBuffer::new(&mut buf, 0, 5);
         assert_eq!(f.frame(), &[7; 5]);
+        assert_eq!(f.with_room().0.len(), 8, "the rest of the buffer lent as room");
+        assert_eq!(f.with_room().1, 5);
         assert!(f.set_frame_len(9).is_none());
         assert_eq!(f.len(), 5);
         assert_eq!(f.set_frame_len(8).map(|b| b.len()), Some(8));
@@ -170,6 +187,7 @@ mod tests {
 
         let mut exact = [0u8; 4];
         let mut s: &mut [u8] = &mut exact;
+        assert_eq!(s.with_room().0.len(), 4, "a bare slice has no room");
         assert!(s.set_frame_len(5).is_none());
         assert_eq!(s.set_frame_len(3).map(|b| b.len()), Some(3));
         assert_eq!(s.frame().len(), 3);

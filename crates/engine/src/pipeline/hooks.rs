@@ -123,10 +123,10 @@ pub enum HookVerdict {
     Continue,
     Drop(DropReason),
     /// The frame needs up to this many more bytes than it has (options
-    /// inserted, a header added): the functions after this one wait while
-    /// the pipeline lengthens the frame, in its own buffer where that has
-    /// room (else in a copy that leaves through the output queue), and
-    /// hands it to `grow`. Honoured after translation only, where nothing
+    /// inserted, a header added): the frame is lengthened and handed to
+    /// `grow` before the functions after this one run; at once where its
+    /// buffer has the room, else by the pipeline while they wait (in a
+    /// copy that leaves through the output queue when the buffer has none). Honoured after translation only, where nothing
     /// rewrites the frame any more; before, it counts as `Continue`.
     Grow(usize),
 }
@@ -311,17 +311,22 @@ impl Hooks {
         !self.functions.is_empty() && self.interest.wants(proto, tcp_flags)
     }
 
-    /// Runs the functions of `at` that want the frame, in the order they
-    /// were added; the first drop ends it. A function that asks for a
-    /// longer frame (after translation) suspends the run: the pipeline
-    /// lengthens the frame and `resume`s.
-    pub fn run(&mut self, at: Point, frame: &mut [u8], ip: &Ip, ctx: Context) -> HookVerdict {
+    /// Runs the functions of `at` that want the frame, the first `*len`
+    /// bytes of `buf`, in the order they were added; the first drop ends
+    /// it. A function that asks for a longer frame (after translation)
+    /// gets it at once where the rest of `buf`, room the frame may grow
+    /// into where it lies, holds it, and `*len` becomes its new length: the
+    /// common growth (HOST_ID's options in a SYN lent with its buffer) then
+    /// costs no round trip through the pipeline. Without that room it
+    /// suspends the run: the pipeline lengthens the frame and `resume`s.
+    #[inline]
+    pub fn run(&mut self, at: Point, buf: &mut [u8], len: &mut usize, ip: &Ip, ctx: Context) -> HookVerdict {
         if !self.interest.wants(ip.proto, ip.tcp_flags) {
             return HookVerdict::Continue;
         }
         // Read from the frame, not the parse: after translation they are the rewritten ones.
-        let (src, dst) = natrix_wire::ipv4::Packet::new_lax(&frame[ip.l3..]).map_or((ip.src, ip.dst), |p| (p.src_addr(), p.dst_addr()));
-        let info = FrameInfo {
+        let (src, dst) = natrix_wire::ipv4::Packet::new_lax(&buf[ip.l3..*len]).map_or((ip.src, ip.dst), |p| (p.src_addr(), p.dst_addr()));
+        let mut info = FrameInfo {
             l3: ip.l3,
             l4: ip.l4,
             l4_len: ip.l4_len,
@@ -334,25 +339,32 @@ impl Hooks {
             now_ns: ctx.now_ns,
             softwire: ctx.softwire,
         };
-        self.run_from(0, frame, &info)
+        self.run_from(0, buf, len, &mut info, false)
     }
 
-    /// Runs the functions from the `first`th on, as `run` does.
+    /// Runs the functions from the `first`th on, as `run` does;
+    /// `grown`: the frame has grown already, and grows no more.
     #[inline(always)]
-    fn run_from(&mut self, first: usize, frame: &mut [u8], info: &FrameInfo) -> HookVerdict {
+    fn run_from(&mut self, first: usize, buf: &mut [u8], len: &mut usize, info: &mut FrameInfo, mut grown: bool) -> HookVerdict {
         let at = info.point;
         for (i, f) in self.functions.iter_mut().enumerate().skip(first) {
             if !(f.point().includes(at) && f.interest().wants(info.proto, info.tcp_flags)) {
                 continue;
             }
-            let verdict = f.on_frame(frame, info);
+            let verdict = f.on_frame(&mut buf[..*len], info);
             self.wake_ns = self.wake_ns.min(f.next_wake_ns());
             match verdict {
                 HookVerdict::Continue => {}
                 HookVerdict::Drop(r) => return HookVerdict::Drop(r),
-                // Nothing to grow by, or before translation: as `Continue`.
+                // Nothing to grow by, before translation, or a second
+                // function asking for more (one growth per frame): as `Continue`.
                 HookVerdict::Grow(0) => {}
-                HookVerdict::Grow(_) if at == Point::BeforeTranslation => {}
+                HookVerdict::Grow(_) if at == Point::BeforeTranslation || grown => {}
+                HookVerdict::Grow(by) if *len + by <= buf.len() => {
+                    *len = f.grow(&mut buf[..*len + by], *len, info).min(*len + by);
+                    info.l4_len = len.saturating_sub(info.l4);
+                    grown = true;
+                }
                 HookVerdict::Grow(by) => {
                     self.suspended = Some(Suspended { function: i, by, info: *info });
                     return HookVerdict::Grow(by);
@@ -383,23 +395,15 @@ impl Hooks {
         // the frame, copies nothing.
         let Some(s) = self.suspended.as_ref() else { return (HookVerdict::Continue, frame.len()) };
         let (function, by) = (s.function, s.by);
-        let len = self.functions[function].grow(frame, frame.len() - by, &s.info).min(frame.len());
+        let mut len = self.functions[function].grow(frame, frame.len() - by, &s.info).min(frame.len());
         if function + 1 == self.functions.len() {
             self.suspended = None;
             return (HookVerdict::Continue, len);
         }
         let mut info = s.info;
         self.suspended = None;
-        let frame = &mut frame[..len];
         info.l4_len = len.saturating_sub(info.l4);
-        let verdict = match self.run_from(function + 1, frame, &info) {
-            // One growth per frame: a second function asking for more waits for none.
-            HookVerdict::Grow(_) => {
-                self.suspended = None;
-                HookVerdict::Continue
-            }
-            v => v,
-        };
+        let verdict = self.run_from(function + 1, frame, &mut len, &mut info, true);
         (verdict, len)
     }
 

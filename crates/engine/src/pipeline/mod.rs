@@ -540,8 +540,14 @@ impl Engine {
     /// frame). A frame a function makes longer grows in its buffer, as
     /// `full_path_in_buffer` grows it.
     fn decide_for_functions<F: FrameBuf>(&mut self, f: &mut F, c: &nat44::Candidate) -> Verdict {
-        let ip = c.ip(f.frame());
-        let result = self.translated_between_functions(f.frame(), &ip, Side::Inside, |e, frame| e.nat.decide_outbound::<false>(frame, c, |_| {}).map(Some));
+        let (buf, len) = f.with_room();
+        let ip = c.ip(&buf[..len]);
+        let mut end = len;
+        let result = self.translated_between_functions(buf, &mut end, &ip, Side::Inside, |e, frame| e.nat.decide_outbound::<false>(frame, c, |_| {}).map(Some));
+        if end != len {
+            // Grown into the room `with_room` lent: the buffer has it.
+            f.set_frame_len(end);
+        }
         match (result, self.hooks.growth()) {
             (Ok(Some(out)), Some(_)) if self.may_change_in_place() => self.grow_in_buffer(f, ToLengthen { out, l3: ip.l3, from: Side::Inside }),
             _ => self.leave_translated(f.frame(), ip.l3, Side::Inside, result, false),
@@ -841,7 +847,8 @@ impl Engine {
         let admitted = self.ipv4_local_and_admission(frame, ip, side)?;
         self.router.check_ttl(frame, ip.l3, ip.ttl, side)?;
         self.router.check_mtu(frame, ip.l3, ip.total_len(), ip.dont_fragment, side)?;
-        self.translated_between_functions(frame, ip, side, |e, frame| match (e.nat.config().translate, admitted) {
+        let mut len = frame.len();
+        self.translated_between_functions(frame, &mut len, ip, side, |e, frame| match (e.nat.config().translate, admitted) {
             (false, _) => Ok(Some(side.other())),
             (true, None) => e.nat.translate_outbound(frame, ip, &mut e.router),
             (true, Some(inbound)) => e.nat.translate_inbound(frame, ip, inbound, &mut e.router),
@@ -850,21 +857,25 @@ impl Engine {
 
     /// The stages of an admitted IPv4 frame from the functions before
     /// translation on: those, `translate`, the functions after it and the
-    /// router's TTL.
+    /// router's TTL. The frame is the first `*len` bytes of `buf`; the rest
+    /// is room a function after translation may grow it into, where it
+    /// may change where it lies, and `*len` says how long it came out.
     #[inline(always)]
     fn translated_between_functions(
         &mut self,
-        frame: &mut [u8],
+        buf: &mut [u8],
+        len: &mut usize,
         ip: &Ip,
         side: Side,
         translate: impl FnOnce(&mut Self, &mut [u8]) -> Result<Option<Side>, DropReason>,
     ) -> Result<Option<Side>, DropReason> {
-        self.run_hooks(hooks::Point::BeforeTranslation, frame, ip, side)?;
-        let Some(out) = translate(self, frame)? else { return Ok(None) };
-        self.run_hooks(hooks::Point::AfterTranslation, frame, ip, out)?;
-        // A frame a function makes longer gets its TTL once it has grown.
+        self.run_hooks(hooks::Point::BeforeTranslation, &mut buf[..*len], ip, side)?;
+        let Some(out) = translate(self, &mut buf[..*len])? else { return Ok(None) };
+        let room = if buf.len() > *len && self.may_change_in_place() { buf.len() } else { *len };
+        self.run_hooks_in_room(hooks::Point::AfterTranslation, &mut buf[..room], len, ip, out)?;
+        // A frame a function makes longer elsewhere gets its TTL once it has grown.
         if self.hooks.growth().is_none() {
-            self.router.decrement_ttl(frame, ip.l3);
+            self.router.decrement_ttl(&mut buf[..*len], ip.l3);
         }
         Ok(Some(out))
     }
@@ -905,11 +916,18 @@ impl Engine {
     }
 
     fn run_hooks(&mut self, at: hooks::Point, frame: &mut [u8], ip: &Ip, side: Side) -> Result<(), DropReason> {
+        let mut len = frame.len();
+        self.run_hooks_in_room(at, frame, &mut len, ip, side)
+    }
+
+    /// `run_hooks` for the frame of `*len` bytes at the start of `buf`,
+    /// which may grow into the rest (`Hooks::run`).
+    fn run_hooks_in_room(&mut self, at: hooks::Point, buf: &mut [u8], len: &mut usize, ip: &Ip, side: Side) -> Result<(), DropReason> {
         if self.hooks.is_empty() {
             return Ok(());
         }
         let ctx = hooks::Context { side, now_ns: self.now_ns, softwire: self.softwire_host(ip.src) };
-        match self.hooks.run(at, frame, ip, ctx) {
+        match self.hooks.run(at, buf, len, ip, ctx) {
             HookVerdict::Drop(r) => Err(r),
             HookVerdict::Continue | HookVerdict::Grow(_) => Ok(()),
         }
