@@ -64,14 +64,9 @@ impl From<natrix_io::IoError> for TestError {
 pub struct CpuTimes {
     /// Busy time of every CPU of the machine together.
     pub machine_busy_ns: u64,
-    /// The device's own CPU time, where it can be told apart: natrix's
+    /// The device's own work, where it can be told apart: natrix's
     /// process, or the kernel's softirq time on the CPU it forwards on.
     pub dut_ns: Option<u64>,
-    /// The part of `dut_ns` spent on frames: a polling device's time
-    /// between frames left out (natrix's workers' busy time), where the
-    /// device says it; the kernel, which does not poll, spends all of
-    /// its `dut_ns` on frames.
-    pub dut_work_ns: Option<u64>,
 }
 
 /// The device under test with the tester around it.
@@ -479,9 +474,8 @@ pub fn goodput(tb: &mut dyn Testbed, s: &Settings, ladder: &[Rung]) -> Result<Ve
 }
 
 /// CPU time per forwarded frame at a fixed rate both devices sustain: the
-/// whole machine's busy time (less its idle background), the device's own
-/// process, and of that the time spent on frames (below its saturation a
-/// polling device's process time counts its waiting too).
+/// whole machine's busy time (less its idle background) and the device's
+/// own process.
 pub fn cpu_cost(tb: &mut dyn Testbed, s: &Settings) -> Result<Option<Line>, TestError> {
     establish(tb, s)?;
     let Some(quiet_start) = tb.cpu() else { return Ok(None) };
@@ -496,14 +490,12 @@ pub fn cpu_cost(tb: &mut dyn Testbed, s: &Settings) -> Result<Option<Line>, Test
     let frames = o.forward.received.max(1) as f64;
     let busy = after.machine_busy_ns.saturating_sub(before.machine_busy_ns) as f64 - background_per_ns * o.elapsed_ns as f64;
     let dut = after.dut_ns.zip(before.dut_ns).map(|(a, b)| a.saturating_sub(b) as f64 / frames);
-    let work = after.dut_work_ns.zip(before.dut_work_ns).map(|(a, b)| a.saturating_sub(b) as f64 / frames);
     let result = object([
         ("rate_pps", json!(s.cpu_rate)),
         ("forwarded", json!(o.forward.received)),
         ("loss", json!(o.forward.loss())),
         ("machine_ns_per_frame", json!(busy.max(0.0) / frames)),
         ("dut_ns_per_frame", json!(dut)),
-        ("dut_work_ns_per_frame", json!(work)),
         ("background_cpus", json!(background_per_ns)),
     ]);
     Ok(Some(line(tb, "cpu", "natrix", CONNECTION_FRAME, s.flows.into(), met(Criterion::Zero, o.forward.loss()), result, short_of(s.cpu_rate, o.forward.sent_pps()))))

@@ -26,11 +26,6 @@ pub trait Dut {
     /// CPU time the device has spent, where it can be told apart from the
     /// tester's and the lab's.
     fn cpu_ns(&self) -> Option<u64>;
-    /// Of `cpu_ns`, the time spent on frames rather than waiting for them.
-    /// A device that does not poll waits without CPU.
-    fn work_ns(&self) -> Option<u64> {
-        self.cpu_ns()
-    }
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -158,41 +153,9 @@ impl Dut for Natrix {
     /// frame into natrix's UMEM, the receive work RPS puts in the kernel's
     /// softirq time for the kernel's run.
     fn cpu_ns(&self) -> Option<u64> {
-        Some(process_cpu_ns(self.child.as_ref()?.id())? + napi_ns())
+        let napi: u64 = super::lab::napi_threads().into_iter().filter_map(|pid| process_cpu_ns(pid as u32)).sum();
+        Some(process_cpu_ns(self.child.as_ref()?.id())? + napi)
     }
-
-    /// natrix's workers poll between frames; the time they spent on
-    /// frames is their busy time (`natrix_worker_busy_seconds_total`, a
-    /// round of the loop that moved frames, its system calls included),
-    /// and its links' NAPI threads only ever work.
-    fn work_ns(&self) -> Option<u64> {
-        self.child.as_ref()?;
-        // The management endpoint listens inside nx-nat.
-        let busy = in_netns(NAT_NS, workers_busy_ns).ok().flatten()?;
-        Some(busy + napi_ns())
-    }
-}
-
-/// CPU time of the NAPI threads of natrix's links (threaded NAPI, see `lab`).
-fn napi_ns() -> u64 {
-    super::lab::napi_threads().into_iter().filter_map(|pid| process_cpu_ns(pid as u32)).sum()
-}
-
-/// natrix's workers' busy time, summed, from its metrics.
-fn workers_busy_ns() -> Option<u64> {
-    let mut s = TcpStream::connect(API).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).ok()?;
-    busy_seconds(&answer).map(|secs| (secs * 1e9) as u64)
-}
-
-/// The sum of the `natrix_worker_busy_seconds_total` samples in a metrics
-/// page; None without any.
-fn busy_seconds(page: &str) -> Option<f64> {
-    let samples: Vec<f64> = page.lines().filter(|l| l.starts_with("natrix_worker_busy_seconds_total{")).filter_map(|l| l.rsplit(' ').next()?.parse().ok()).collect();
-    (!samples.is_empty()).then(|| samples.iter().sum())
 }
 
 impl Drop for Natrix {
@@ -343,17 +306,6 @@ pub fn machine_busy_ns() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_workers_busy_time_is_summed_from_the_metrics_page() {
-        let page = "# HELP natrix_worker_busy_seconds_total Time each worker spent processing frames.\n\
-                    # TYPE natrix_worker_busy_seconds_total counter\n\
-                    natrix_worker_busy_seconds_total{worker=\"0\"} 1.5\n\
-                    natrix_worker_busy_seconds_total{worker=\"1\"} 0.25\n\
-                    natrix_workers 2\n";
-        assert_eq!(busy_seconds(page), Some(1.75));
-        assert_eq!(busy_seconds("natrix_workers 2\n"), None, "no worker sample: no figure");
-    }
 
     #[test]
     fn this_process_and_the_machine_have_cpu_time() {
