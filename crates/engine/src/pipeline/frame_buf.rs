@@ -18,8 +18,10 @@ pub trait FrameBuf {
     /// The frame followed by the room its buffer has after it (bytes of
     /// no particular content), and the frame's length: what a function
     /// may grow the frame into where it lies, before `set_frame_len` says
-    /// how long it came out. By default no room: the frame grows, if its
-    /// buffer lets it, through `set_frame_len` alone.
+    /// how long it came out. The first `len` bytes are `frame()`, and
+    /// `set_frame_len` must then accept any length up to the slice's. By
+    /// default no room: the frame grows, if its buffer lets it, through
+    /// `set_frame_len` alone.
     fn with_room(&mut self) -> (&mut [u8], usize) {
         let frame = self.frame();
         let len = frame.len();

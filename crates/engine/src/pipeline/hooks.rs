@@ -124,10 +124,13 @@ pub enum HookVerdict {
     Drop(DropReason),
     /// The frame needs up to this many more bytes than it has (options
     /// inserted, a header added): the frame is lengthened and handed to
-    /// `grow` before the functions after this one run; at once where its
-    /// buffer has the room, else by the pipeline while they wait (in a
-    /// copy that leaves through the output queue when the buffer has none). Honoured after translation only, where nothing
-    /// rewrites the frame any more; before, it counts as `Continue`.
+    /// `grow` before the functions after this one run; at once where the
+    /// run was lent the room (an outbound frame's fast path, its buffer
+    /// with room, nothing waiting in the output queue), else by the
+    /// pipeline while they wait (in a copy that leaves through the output
+    /// queue when the buffer has none). Honoured after translation only,
+    /// where nothing rewrites the frame any more; before, it counts as
+    /// `Continue`.
     Grow(usize),
 }
 
@@ -360,7 +363,7 @@ impl Hooks {
                 // function asking for more (one growth per frame): as `Continue`.
                 HookVerdict::Grow(0) => {}
                 HookVerdict::Grow(_) if at == Point::BeforeTranslation || grown => {}
-                HookVerdict::Grow(by) if *len + by <= buf.len() => {
+                HookVerdict::Grow(by) if by <= buf.len() - *len => {
                     *len = f.grow(&mut buf[..*len + by], *len, info).min(*len + by);
                     info.l4_len = len.saturating_sub(info.l4);
                     grown = true;

@@ -537,8 +537,10 @@ impl Engine {
     /// wants: the full path's stages from the functions before translation
     /// on, with `decide`'s translation; the candidate has passed every
     /// check before them (it is no local, hairpin, short-lived or too big
-    /// frame). A frame a function makes longer grows in its buffer, as
-    /// `full_path_in_buffer` grows it.
+    /// frame). A frame a function makes longer grows within the run of
+    /// functions where its buffer lends the room (`FrameBuf::with_room`)
+    /// and nothing waits in the output queue; else in its buffer after
+    /// the run, or in a copy, as `full_path_in_buffer` grows it.
     fn decide_for_functions<F: FrameBuf>(&mut self, f: &mut F, c: &nat44::Candidate) -> Verdict {
         let (buf, len) = f.with_room();
         let ip = c.ip(&buf[..len]);
@@ -546,7 +548,8 @@ impl Engine {
         let result = self.translated_between_functions(buf, &mut end, &ip, Side::Inside, |e, frame| e.nat.decide_outbound::<false>(frame, c, |_| {}).map(Some));
         if end != len {
             // Grown into the room `with_room` lent: the buffer has it.
-            f.set_frame_len(end);
+            let set = f.set_frame_len(end).is_some();
+            debug_assert!(set, "a FrameBuf refused the length of the room it lent");
         }
         match (result, self.hooks.growth()) {
             (Ok(Some(out)), Some(_)) if self.may_change_in_place() => self.grow_in_buffer(f, ToLengthen { out, l3: ip.l3, from: Side::Inside }),
