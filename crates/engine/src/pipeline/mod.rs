@@ -314,10 +314,8 @@ impl Engine {
         if self.nat.config().translate {
             match self.nat.candidate(frame, side) {
                 Some(c) if !self.hooks.wants(c.ip_proto(), c.tcp_flags()) => {
-                    return match side {
-                        Side::Outside if self.dslite.is_some() => self.decide_towards_softwires(&mut &mut *frame, &c),
-                        _ => self.decide(&mut &mut *frame, side, &c),
-                    }
+                    let replies = side == Side::Outside && self.dslite.is_some();
+                    return self.decide_unwanted(&mut &mut *frame, side, &c, replies);
                 }
                 Some(c) if side == Side::Inside => return self.decide_for_functions(&mut &mut *frame, &c),
                 _ => {}
@@ -398,8 +396,7 @@ impl Engine {
             let c = &candidates[i];
             *v = self.in_flow_order(f, |e, f| match c {
                 Some(c) if EXTRAS && softwires >> i & 1 == 1 => e.decide_carried(f, c),
-                Some(c) if replies && !e.hooks.wants(c.ip_proto(), c.tcp_flags()) => e.decide_towards_softwires(f, c),
-                Some(c) if !(EXTRAS && e.hooks.wants(c.ip_proto(), c.tcp_flags())) => e.decide(f, side, c),
+                Some(c) if !(EXTRAS && e.hooks.wants(c.ip_proto(), c.tcp_flags())) => e.decide_unwanted(f, side, c, replies),
                 Some(c) if EXTRAS && side == Side::Inside => e.decide_for_functions(f, c),
                 _ => e.full_path_in_buffer(f, side),
             });
@@ -496,6 +493,18 @@ impl Engine {
         let out = side.other();
         self.counters.forwarded[out as usize] += 1;
         Verdict::Forward(out)
+    }
+
+    /// The verdict on a candidate frame no middlebox function wants:
+    /// NAPT44's (`decide`), or, where `replies` may be for softwire hosts
+    /// (DS-Lite on, an inbound frame), `decide_towards_softwires`'.
+    #[inline(always)]
+    fn decide_unwanted<F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &nat44::Candidate, replies: bool) -> Verdict {
+        if replies {
+            self.decide_towards_softwires(f, c)
+        } else {
+            self.decide(f, side, c)
+        }
     }
 
     /// NAPT44's verdict on a candidate frame (with DS-Lite on, an inbound

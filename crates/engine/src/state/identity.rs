@@ -308,8 +308,8 @@ impl Identities {
     /// The counters of the B4 of softwire endpoint `int_addr` (None for any other address).
     #[inline]
     pub(crate) fn counters_mut(&mut self, int_addr: u32) -> Option<&mut SoftwireCounters> {
-        let &(b4_key, _) = self.endpoints.get(int_addr.checked_sub(ENDPOINTS).filter(|_| is_softwire(int_addr))? as usize)?;
-        self.b4_counters.get_mut((b4_key - B4S) as usize)
+        let e = self.endpoint_of(int_addr)?;
+        self.endpoint_counters_mut(e)
     }
 
     /// The counters of the B4 of `e`.
