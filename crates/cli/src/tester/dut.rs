@@ -37,15 +37,16 @@ pub struct Natrix {
     exe: PathBuf,
     config: PathBuf,
     log: PathBuf,
-    cpu: Option<usize>,
+    /// Its CPUs (empty: all).
+    cpus: Vec<usize>,
     /// The subscribers whose sessions `delete_all` clears.
     subscribers: Vec<Ipv4Addr>,
     child: Option<Child>,
 }
 
 impl Natrix {
-    pub fn start(exe: &Path, config: &Path, log: &Path, cpu: Option<usize>, subscribers: Vec<Ipv4Addr>) -> Result<Natrix, TestError> {
-        let mut n = Natrix { exe: exe.to_owned(), config: config.to_owned(), log: log.to_owned(), cpu, subscribers, child: None };
+    pub fn start(exe: &Path, config: &Path, log: &Path, cpus: Vec<usize>, subscribers: Vec<Ipv4Addr>) -> Result<Natrix, TestError> {
+        let mut n = Natrix { exe: exe.to_owned(), config: config.to_owned(), log: log.to_owned(), cpus, subscribers, child: None };
         n.launch()?;
         Ok(n)
     }
@@ -55,15 +56,13 @@ impl Natrix {
         let err = log.try_clone().map_err(|e| dut_error(&self.log, e))?;
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", NAT_NS]).arg(&self.exe).arg("run").arg("--config").arg(&self.config).stdin(Stdio::null()).stdout(log).stderr(err);
-        let cpu = self.cpu;
+        let pinned = (!self.cpus.is_empty()).then(|| super::lab::cpu_set(&self.cpus));
         // SAFETY: only sched_setaffinity and setpriority between fork and
         // exec, both async-signal-safe; natrix and its threads inherit the
         // CPU mask and the nice value (the tester's, see sys::NICE).
         unsafe {
             cmd.pre_exec(move || {
-                if let Some(cpu) = cpu {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut set);
+                if let Some(set) = pinned {
                     libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
                 }
                 libc::setpriority(libc::PRIO_PROCESS, 0, natrix_tester::sys::NICE);
@@ -73,8 +72,8 @@ impl Natrix {
         let logged_before = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
         self.child = Some(cmd.spawn().map_err(|e| TestError::Dut(format!("cannot start natrix: {e}")))?);
         self.wait_ready(logged_before)?;
-        if let Some(cpu) = cpu {
-            super::lab::napi_on_cpu(cpu);
+        if !self.cpus.is_empty() {
+            super::lab::napi_on_cpus(&self.cpus);
         }
         Ok(())
     }
@@ -149,7 +148,7 @@ impl Dut for Natrix {
 
     /// natrix's process, all threads: its NAT work and, in system time,
     /// the kernel sending its frames on; and the NAPI threads of its links
-    /// (see `lab::napi_on_cpu`), which run the XDP program and copy each
+    /// (see `lab::napi_on_cpus`), which run the XDP program and copy each
     /// frame into natrix's UMEM, the receive work RPS puts in the kernel's
     /// softirq time for the kernel's run.
     fn cpu_ns(&self) -> Option<u64> {
@@ -191,8 +190,8 @@ fn dut_error(path: &Path, e: std::io::Error) -> TestError {
 pub struct Kernel {
     /// A ctnetlink socket opened inside nx-nat.
     netlink: OwnedFd,
-    /// The CPU its forwarding is steered to; None: all of them.
-    cpu: Option<usize>,
+    /// The CPUs its forwarding is steered to; empty: all of them.
+    cpus: Vec<usize>,
 }
 
 const NETLINK_NETFILTER: i32 = 12;
@@ -200,7 +199,7 @@ const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 const IPCTNL_MSG_CT_DELETE: u16 = 2;
 
 impl Kernel {
-    pub fn open(cpu: Option<usize>) -> Result<Kernel, TestError> {
+    pub fn open(cpus: Vec<usize>) -> Result<Kernel, TestError> {
         let socket = || {
             // SAFETY: plain socket creation.
             let fd = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, NETLINK_NETFILTER) };
@@ -211,7 +210,7 @@ impl Kernel {
             Ok(unsafe { OwnedFd::from_raw_fd(fd) })
         };
         let netlink = in_netns(NAT_NS, socket).and_then(|r| r).map_err(|e| TestError::Dut(format!("a ctnetlink socket in {NAT_NS}: {e}")))?;
-        Ok(Kernel { netlink, cpu })
+        Ok(Kernel { netlink, cpus })
     }
 
     /// Deletes every IPv4 conntrack entry of nx-nat: IPCTNL_MSG_CT_DELETE
@@ -257,10 +256,13 @@ impl Dut for Kernel {
     }
 
     /// The kernel forwards in softirq context; with the NAT's receive
-    /// steered to the device's CPU (RPS, see `lab`), that CPU's softirq
-    /// time is the kernel's forwarding, NAT and sending on.
+    /// steered to the device's CPUs (RPS, see `lab`), their softirq time
+    /// is the kernel's forwarding, NAT and sending on.
     fn cpu_ns(&self) -> Option<u64> {
-        softirq_ns(self.cpu)
+        if self.cpus.is_empty() {
+            return softirq_ns(None);
+        }
+        self.cpus.iter().map(|&c| softirq_ns(Some(c))).sum()
     }
 }
 

@@ -106,18 +106,21 @@ impl Lab {
             lab.natrix_config = (kind == Kind::Natrix).then_some(config);
         }
         if kind == Kind::Kernel {
-            lab.prepare_kernel()?;
+            lab.prepare_kernel(opts.workers)?;
         }
         Ok(lab)
     }
 
     /// conntrack timeouts as long as natrix's, and the NAT's receive work
-    /// steered off the tester's CPU (RPS), as natrix runs off it.
-    fn prepare_kernel(&mut self) -> Result<(), Failure> {
+    /// steered off the tester's CPU onto the device's CPUs (RPS), as
+    /// natrix with as many workers runs on them.
+    fn prepare_kernel(&mut self, workers: u32) -> Result<(), Failure> {
         for (path, value) in KERNEL_UDP_TIMEOUTS {
             self.set(path, value)?;
         }
-        if let Some(mask) = dut_cpu_mask() {
+        let cpus = dut_cpus(workers);
+        if !cpus.is_empty() {
+            let mask = format!("{:x}", cpu_mask(&cpus));
             for dev in ["inside", "outside"] {
                 self.set(&format!("/sys/class/net/{dev}/queues/rx-0/rps_cpus"), &mask)?;
             }
@@ -193,14 +196,31 @@ pub fn subscribers() -> Vec<Ipv4Addr> {
     (0..SUBSCRIBERS).map(|i| Ipv4Addr::from(u32::from(FIRST_SUBSCRIBER) + i)).collect()
 }
 
-/// The CPU the device under test runs on, off the tester's CPU 0, when
-/// the machine has more than one.
-pub fn dut_cpu() -> Option<usize> {
-    (available_cpus() > 1).then_some(1)
+/// The CPUs the device under test runs on, off the tester's CPU 0: one
+/// per worker from CPU 1 on, natrix's or (for the kernel, as many) its
+/// receive work's. A host with fewer CPUs gives what it has past CPU 0,
+/// which the workers then share; a host with one CPU gives none, and
+/// everything shares it.
+pub fn dut_cpus(workers: u32) -> Vec<usize> {
+    (1..available_cpus()).take(workers.max(1) as usize).collect()
 }
 
-fn dut_cpu_mask() -> Option<String> {
-    dut_cpu().map(|cpu| format!("{:x}", 1u64 << cpu))
+/// The bit mask of `cpus`, as RPS and the affinity calls take it.
+pub fn cpu_mask(cpus: &[usize]) -> u64 {
+    cpus.iter().fold(0, |m, &c| m | 1u64 << c)
+}
+
+/// `cpus` as a `cpu_set_t`.
+pub fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data, all zeroes a valid empty set;
+    // CPU_SET writes inside it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &cpu in cpus {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        set
+    }
 }
 
 /// CPUs online, whatever this thread's own affinity (the tester pins
@@ -247,25 +267,21 @@ fn existing_kind() -> Result<Kind, Failure> {
 
 /// Writes a /proc or /sys file as seen from nx-nat (`ip netns exec`
 /// mounts that namespace's /sys).
-/// Threaded NAPI on nx-nat's links, each NAPI thread on `cpu`: with
+/// Threaded NAPI on nx-nat's links, the NAPI threads on `cpus`: with
 /// AF_XDP, veth runs the XDP program that hands natrix a frame, and copies
 /// it, in the NAPI of the CPU that sent it (the tester's); in threads of
 /// their own that work follows natrix to its CPU, as RPS moves the
 /// kernel's receive work for the kernel's run. veth has NAPI only while an
 /// XDP program is attached, so this runs once natrix is up; the setting
 /// outlives natrix harmlessly (a threaded NAPI where there is one).
-pub fn napi_on_cpu(cpu: usize) {
+pub fn napi_on_cpus(cpus: &[usize]) {
     for dev in ["inside", "outside"] {
         let _ = write_in_nat(&format!("/sys/class/net/{dev}/threaded"), "1");
     }
+    let set = cpu_set(cpus);
     for pid in napi_threads() {
-        // SAFETY: cpu_set_t is plain data, all zeroes a valid empty set;
-        // CPU_SET writes inside it, and sched_setaffinity reads it.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
+        // SAFETY: set is a live cpu_set_t of the size given.
+        unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
     }
 }
 

@@ -89,7 +89,8 @@ pub struct Args {
     /// `[syn_accel] destinations` added to the lab's configuration.
     #[arg(long, conflicts_with = "config")]
     syn_accel: bool,
-    /// natrix's `workers`.
+    /// natrix's `workers`. The device, natrix or the kernel, runs on as many CPUs after the tester's CPU 0 (the
+    /// kernel's receive work steered there by RPS), where the host has them.
     #[arg(long, default_value_t = 1)]
     workers: u32,
     /// natrix's `io`.
@@ -192,8 +193,8 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let workdir = WorkDir::create()?;
     testbed::catch_interrupts();
     exact_timers();
-    // The tester's loop runs on CPU 0, the device on CPU 1, both ahead of
-    // the ordinary work of a shared machine.
+    // The tester's loop runs on CPU 0, the device on the CPUs after it
+    // (`lab::dut_cpus`), both ahead of the ordinary work of a shared machine.
     let _ = pin_current_thread(0);
     let _ = raise_priority();
     let mut out = Output::create(args.json, &args.out)?;
@@ -317,11 +318,11 @@ fn open_tester(lab: &Lab, args: &Args, placement: Placement) -> Result<Tester, F
 /// The device, started (natrix) or reached (the kernel's conntrack).
 fn start_dut(lab: &Lab, kind: Kind, args: &Args, exe: &Path, workdir: &Path) -> Result<Box<dyn dut::Dut>, Failure> {
     Ok(match kind {
-        Kind::Kernel => Box::new(dut::Kernel::open(lab::dut_cpu()).map_err(|e| Failure::Other(e.to_string()))?),
+        Kind::Kernel => Box::new(dut::Kernel::open(lab::dut_cpus(args.workers)).map_err(|e| Failure::Other(e.to_string()))?),
         Kind::Natrix => {
             let config = natrix_config(lab, args, workdir)?;
             let log = workdir.join("natrix.log");
-            Box::new(dut::Natrix::start(exe, &config, &log, lab::dut_cpu(), lab::subscribers()).map_err(|e| Failure::Other(e.to_string()))?)
+            Box::new(dut::Natrix::start(exe, &config, &log, lab::dut_cpus(args.workers), lab::subscribers()).map_err(|e| Failure::Other(e.to_string()))?)
         }
     })
 }
