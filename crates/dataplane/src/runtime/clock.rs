@@ -2,8 +2,13 @@
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-/// Empty polls before a thread sleeps (unless busy polling).
-const SPINS_BEFORE_SLEEP: u32 = 200;
+/// How long a thread keeps polling after its last frame before it sleeps
+/// (unless busy polling): long enough that a steady stream of frames never
+/// puts it to sleep between two of them, short enough that an idle
+/// thread gives its CPU back at once. A poll that finds a socket empty
+/// runs the device's receive work itself (AF_XDP's busy polling), so these
+/// polls do the kernel's work for it rather than wait for it.
+const SPIN_NS: u64 = 50_000;
 /// A sleeping thread still wakes this often to run the engine's timers.
 pub(super) const SLEEP_MS: i32 = 100;
 
@@ -21,28 +26,29 @@ impl Clock {
         Clock { start: Instant::now(), unix_at_start_ns: unix }
     }
 
-    pub(super) fn now_ns(&self) -> u64 {
-        self.unix_at_start_ns + self.start.elapsed().as_nanos() as u64
+    /// Engine time at `instant`, for a loop that reads the clock once a round.
+    pub(super) fn at(&self, instant: Instant) -> u64 {
+        self.unix_at_start_ns + instant.saturating_duration_since(self.start).as_nanos() as u64
     }
 }
 
 /// Decides when an idle thread sleeps.
 pub(super) struct Idle {
-    spins: u32,
+    last_work_ns: u64,
     busy_poll: bool,
 }
 
 impl Idle {
     pub(super) fn new(busy_poll: bool) -> Idle {
-        Idle { spins: 0, busy_poll }
+        Idle { last_work_ns: 0, busy_poll }
     }
 
-    pub(super) fn should_sleep(&mut self, did_work: bool) -> bool {
+    /// After a round that started at `now` (engine time) and did work or not.
+    pub(super) fn should_sleep(&mut self, did_work: bool, now: u64) -> bool {
         if did_work {
-            self.spins = 0;
+            self.last_work_ns = now;
             return false;
         }
-        self.spins += 1;
         if self.busy_poll {
             // A thread that never sleeps gives the CPU away after an empty
             // poll: the kernel work that feeds and drains natrix's sockets
@@ -52,7 +58,38 @@ impl Idle {
             // Without busy polling the thread soon sleeps instead, and a
             // yield there would only hand other tasks whole time slices.
             std::thread::yield_now();
+            return false;
         }
-        !self.busy_poll && self.spins > SPINS_BEFORE_SLEEP
+        now.saturating_sub(self.last_work_ns) > SPIN_NS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_keeps_polling_for_a_while_after_its_last_frame_then_sleeps() {
+        let mut idle = Idle::new(false);
+        assert!(!idle.should_sleep(true, 1_000_000));
+        assert!(!idle.should_sleep(false, 1_000_000 + SPIN_NS / 2));
+        assert!(idle.should_sleep(false, 1_000_000 + SPIN_NS + 1));
+        // A frame starts the spin again.
+        assert!(!idle.should_sleep(true, 5_000_000));
+        assert!(!idle.should_sleep(false, 5_000_000 + SPIN_NS));
+    }
+
+    #[test]
+    fn a_busy_polling_thread_never_sleeps() {
+        let mut idle = Idle::new(true);
+        assert!(!idle.should_sleep(false, 0));
+        assert!(!idle.should_sleep(false, 10 * SPIN_NS));
+    }
+
+    #[test]
+    fn engine_time_follows_the_instant_it_is_read_at() {
+        let clock = Clock::new();
+        let later = clock.start + std::time::Duration::from_micros(7);
+        assert_eq!(clock.at(later) - clock.at(clock.start), 7_000);
     }
 }

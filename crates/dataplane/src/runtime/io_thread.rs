@@ -51,7 +51,7 @@ impl IoThread {
         let mut woken = vec![false; self.lanes.to_workers.len()];
         while !stop.load(Ordering::Relaxed) {
             let t0 = Instant::now();
-            let now = clock.now_ns();
+            let now = clock.at(t0);
             let mut n = self.receive_and_steer(now, &mut woken);
             self.translate_own(now, &mut woken);
             n += self.collect_from_workers(now, &mut woken);
@@ -67,7 +67,7 @@ impl IoThread {
             if n > 0 {
                 self.worker.busy_ns += t0.elapsed().as_nanos() as u64;
             }
-            if idle.should_sleep(n > 0) {
+            if idle.should_sleep(n > 0, now) {
                 bell.going_to_sleep();
                 if self.lanes.from_workers.iter().all(Consumer::is_empty) && self.own_input.is_empty() {
                     self.links.wait(bell.fd());

@@ -452,7 +452,7 @@ fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, note
         let ports: [Box<dyn PacketPort>; 2] = [Box::new(AfPacketPort::open(inside)?), Box::new(AfPacketPort::open(outside)?)];
         Ok(Box::new(CopyingPorts::new(ports)))
     };
-    let af_xdp = || XdpPorts::open(&[&inside.name, &outside.name], settings.busy_poll);
+    let af_xdp = || XdpPorts::open(&[&inside.name, &outside.name]);
     match settings.io {
         IoChoice::AfPacket => af_packet(),
         IoChoice::AfXdp => Ok(Box::new(described(af_xdp()?, notes))),

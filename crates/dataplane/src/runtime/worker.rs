@@ -148,7 +148,7 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
     let mut idle = Idle::new(busy_poll);
     while !stop.load(Ordering::Relaxed) {
         let t0 = Instant::now();
-        let now = clock.now_ns();
+        let now = clock.at(t0);
         let mut n = 0;
         for side in [Side::Inside, Side::Outside] {
             n += links.receive(side, now, &mut |id, _, stage| {
@@ -166,7 +166,7 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
         if n > 0 {
             worker.busy_ns += t0.elapsed().as_nanos() as u64;
         }
-        if idle.should_sleep(n > 0) {
+        if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
             links.wait(bell.fd());
             bell.woke();
@@ -192,7 +192,7 @@ pub(super) fn run_worker(
     let mut unreturned: Vec<FrameId> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let t0 = Instant::now();
-        let now = clock.now_ns();
+        let now = clock.at(t0);
         let mut dropped = 0;
         let waiting = unreturned.len();
         unreturned.retain(|&id| !output.push_release(id));
@@ -237,7 +237,7 @@ pub(super) fn run_worker(
         if n > 0 {
             worker.busy_ns += t0.elapsed().as_nanos() as u64;
         }
-        if idle.should_sleep(n > 0) {
+        if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
             if input.is_empty() {
                 wait_readable(&[bell.fd()], SLEEP_MS);

@@ -154,14 +154,18 @@ pub struct XdpPorts {
 impl XdpPorts {
     /// Opens a socket on every receive queue of every interface, all on one
     /// UMEM: zero-copy where every interface's driver offers it, copy mode
-    /// otherwise. With `busy_poll`, sockets prefer busy polling (and empty
-    /// receives run the device's receive work on the calling thread).
-    pub fn open(interfaces: &[&str], busy_poll: bool) -> Result<XdpPorts, IoError> {
+    /// otherwise. The sockets prefer busy polling: a receive that finds a
+    /// socket's ring empty runs its device's receive work on the calling
+    /// thread (where the kernel has busy polling), so a busy thread does
+    /// that work itself instead of waiting for the kernel's softirq or
+    /// NAPI thread to be scheduled.
+    pub fn open(interfaces: &[&str]) -> Result<XdpPorts, IoError> {
         let with_queues: Vec<(&str, u32)> = interfaces.iter().map(|&name| (name, super::rx_queues(name).or_else(|| sysfs_rx_queues(name)).unwrap_or(1))).collect();
-        XdpPorts::open_queues(&with_queues, busy_poll)
+        XdpPorts::open_queues(&with_queues, true)
     }
 
-    /// Opens the first `queues` receive queues of each interface.
+    /// Opens the first `queues` receive queues of each interface, the
+    /// sockets preferring busy polling or not.
     pub(super) fn open_queues(interfaces: &[(&str, u32)], busy_poll: bool) -> Result<XdpPorts, IoError> {
         match XdpPorts::open_as(interfaces, busy_poll, XdpMode::ZeroCopy) {
             // One interface's driver took zero-copy and another's did not:

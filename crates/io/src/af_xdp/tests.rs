@@ -208,7 +208,7 @@ fn held_frames_leave_by_the_other_interface_changed_in_place_and_no_chunk_leaks(
     };
     ns.add_veth_pair(PORT2_IF, PEER2_IF, 1);
     ns.run(|| {
-        let mut ports = XdpPorts::open(&[PORT_IF, PORT2_IF], false).expect("AF_XDP opens on both");
+        let mut ports = XdpPorts::open(&[PORT_IF, PORT2_IF]).expect("AF_XDP opens on both");
         assert_eq!(ports.mode(), XdpMode::Copy, "veth has no zero-copy");
         let peers = [RawSocket::open(PEER_IF), RawSocket::open(PEER2_IF)];
         let macs = [PORT_IF, PEER_IF, PORT2_IF, PEER2_IF].map(|i| Interface::lookup(i).unwrap().mac);
@@ -278,7 +278,7 @@ fn every_receive_queue_has_a_socket_and_is_served() {
     };
     ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
     ns.run(|| {
-        let mut ports = XdpPorts::open(&[PORT2_IF, PORT_IF], false).expect("AF_XDP opens on every queue");
+        let mut ports = XdpPorts::open(&[PORT2_IF, PORT_IF]).expect("AF_XDP opens on every queue");
         assert_eq!((ports.queues(0), ports.queues(1)), (2, 1));
         let peer = RawSocket::open_all(PEER2_IF);
         let (port_mac, peer_mac) = (Interface::lookup(PORT2_IF).unwrap().mac, Interface::lookup(PEER2_IF).unwrap().mac);
