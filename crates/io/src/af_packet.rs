@@ -1,7 +1,9 @@
 //! AF_PACKET backend: a TPACKET_V3 receive ring (the kernel fills whole
 //! blocks of frames; one poll wakes us for many) and batched transmit with
-//! one sendmmsg() per batch. It works on every Linux interface, which makes
-//! it the fallback when AF_XDP is refused.
+//! one sendmmsg() per batch, which reads the frames where they lie
+//! (`send_from`: the dataplane's held frames, with no copy in natrix) or
+//! from the port's own queue (`send`: a copy). It works on every Linux
+//! interface, which makes it the fallback when AF_XDP is refused.
 //!
 //! The kernel still sees every frame natrix receives this way: natrix's
 //! interfaces must carry no kernel IP address and the namespace must not
@@ -31,6 +33,10 @@ pub struct AfPacketPort {
     next_offset: usize,
     tx_buf: Box<[[u8; MAX_FRAME]]>,
     tx_len: Vec<usize>,
+    /// One sendmmsg's frames and messages, kept between calls so that
+    /// sending allocates nothing.
+    iov: Vec<libc::iovec>,
+    msgs: Vec<libc::mmsghdr>,
     /// Frames a sender left with a partial checksum (offload on its
     /// interface), never forwarded corrupt, and VLAN-tagged frames.
     refused: u64,
@@ -72,11 +78,47 @@ impl AfPacketPort {
             next_offset: 0,
             tx_buf: vec![[0u8; MAX_FRAME]; TX_QUEUE].into_boxed_slice(),
             tx_len: Vec::with_capacity(TX_QUEUE),
+            iov: Vec::with_capacity(TX_QUEUE),
+            msgs: Vec::with_capacity(TX_QUEUE),
             refused: 0,
             kernel_drops: 0,
             tx_errors: 0,
             sendmmsg_calls: 0,
         })
+    }
+
+    /// Sends the frames `iov` points at, in order, `TX_QUEUE` to a
+    /// sendmmsg. A frame the device refuses (its queue full) is lost, as on
+    /// a real link, and counted; any other failure loses the rest.
+    fn send_messages(&mut self, iov: &[libc::iovec]) -> Result<(), IoError> {
+        let mut done = 0;
+        while done < iov.len() {
+            let batch = &iov[done..iov.len().min(done + TX_QUEUE)];
+            self.msgs.clear();
+            self.msgs.extend(batch.iter().map(|v| {
+                // SAFETY: msghdr is plain data; zero is a valid empty header.
+                let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
+                hdr.msg_iov = std::ptr::from_ref(v).cast_mut();
+                hdr.msg_iovlen = 1;
+                libc::mmsghdr { msg_hdr: hdr, msg_len: 0 }
+            }));
+            self.sendmmsg_calls += 1;
+            // SAFETY: msgs point at iovecs in `iov`, which point at frames
+            // alive for the call; sendmmsg writes only msg_len.
+            let sent = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), self.msgs.as_mut_ptr(), self.msgs.len() as u32, libc::MSG_DONTWAIT) };
+            if sent <= 0 {
+                let err = std::io::Error::last_os_error();
+                if err.kind() == std::io::ErrorKind::WouldBlock || err.raw_os_error() == Some(libc::ENOBUFS) {
+                    self.tx_errors += 1;
+                    done += 1;
+                    continue;
+                }
+                self.tx_errors += (iov.len() - done) as u64;
+                return Err(IoError::Os { op: "sending frames", interface: self.name.clone(), source: err });
+            }
+            done += sent as usize;
+        }
+        Ok(())
     }
 
     fn block_desc(&self, block: usize) -> *mut libc::tpacket_block_desc {
@@ -166,31 +208,24 @@ impl PacketPort for AfPacketPort {
     }
 
     fn flush(&mut self) -> Result<(), IoError> {
-        let mut done = 0;
-        while done < self.tx_len.len() {
-            let mut iov: Vec<libc::iovec> = Vec::new();
-            let mut msgs: Vec<libc::mmsghdr> = Vec::new();
-            build_messages(&mut self.tx_buf[done..], &self.tx_len[done..], &mut iov, &mut msgs);
-            self.sendmmsg_calls += 1;
-            // SAFETY: msgs point at iovecs over tx_buf, alive for the call.
-            let sent = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, libc::MSG_DONTWAIT) };
-            if sent <= 0 {
-                let err = std::io::Error::last_os_error();
-                if err.kind() == std::io::ErrorKind::WouldBlock || err.raw_os_error() == Some(libc::ENOBUFS) {
-                    // The device refused the first frame (its queue is full):
-                    // that one is lost, as on a real link; try the rest.
-                    self.tx_errors += 1;
-                    done += 1;
-                    continue;
-                }
-                self.tx_errors += (self.tx_len.len() - done) as u64;
-                self.tx_len.clear();
-                return Err(IoError::Os { op: "sending frames", interface: self.name.clone(), source: err });
-            }
-            done += sent as usize;
-        }
+        let mut iov = std::mem::take(&mut self.iov);
+        iov.extend(self.tx_buf.iter_mut().zip(&self.tx_len).map(|(buf, &len)| libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: len }));
         self.tx_len.clear();
-        Ok(())
+        let sent = self.send_messages(&iov);
+        iov.clear();
+        self.iov = iov;
+        sent
+    }
+
+    fn send_from(&mut self, frames: &[&[u8]]) -> Result<(), IoError> {
+        self.flush()?;
+        let mut iov = std::mem::take(&mut self.iov);
+        // sendmmsg only reads through these pointers.
+        iov.extend(frames.iter().map(|f| libc::iovec { iov_base: f.as_ptr().cast_mut().cast(), iov_len: f.len() }));
+        let sent = self.send_messages(&iov);
+        iov.clear();
+        self.iov = iov;
+        sent
     }
 
     fn fd(&self) -> RawFd {
@@ -242,19 +277,6 @@ fn is_incoming(hdr: *const libc::tpacket3_hdr) -> bool {
     // SAFETY: TPACKET_V3 places a sockaddr_ll at this offset in every frame slot.
     let sll = unsafe { &*(hdr.cast::<u8>().add(sll_at).cast::<libc::sockaddr_ll>()) };
     sll.sll_pkttype != libc::PACKET_OUTGOING
-}
-
-fn build_messages(bufs: &mut [[u8; MAX_FRAME]], lens: &[usize], iov: &mut Vec<libc::iovec>, msgs: &mut Vec<libc::mmsghdr>) {
-    for (buf, &len) in bufs.iter_mut().zip(lens) {
-        iov.push(libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: len });
-    }
-    for v in iov.iter_mut() {
-        // SAFETY: msghdr is plain data; zero is a valid empty header.
-        let mut hdr: libc::msghdr = unsafe { std::mem::zeroed() };
-        hdr.msg_iov = v;
-        hdr.msg_iovlen = 1;
-        msgs.push(libc::mmsghdr { msg_hdr: hdr, msg_len: 0 });
-    }
 }
 
 fn set_int(fd: &OwnedFd, opt: libc::c_int, value: libc::c_int, op: &'static str, name: &str) -> Result<(), IoError> {

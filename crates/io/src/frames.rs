@@ -213,20 +213,28 @@ pub trait FramePorts: Send {
 
 /// Two `PacketPort`s as `FramePorts`: a received frame is copied once into
 /// a buffer of natrix's own (`HEADROOM` bytes in), where it is held and
-/// translated; transmitting it hands the port that buffer (which the port
-/// copies to the kernel).
+/// translated; transmitting it queues that buffer, and a flush hands the
+/// port the queued buffers in order where they lie (`send_from`: AF_PACKET's
+/// sendmmsg reads them there), so a frame is copied once in natrix, on
+/// receive, and frames natrix makes join the same queue.
 pub struct CopyingPorts {
     ports: [Box<dyn PacketPort>; 2],
     /// The buffer pool (`Pool`).
     memory: SharedFrames,
     /// Offsets of the buffers nobody holds.
     free: Vec<u64>,
+    /// Frames queued for each side, in the order they leave.
+    queued: [Vec<FrameId>; 2],
     /// Frames dropped on receive because every buffer was held.
     starved: [u64; 2],
 }
 
 /// Buffers held frames are copied into.
 const COPY_BUFFERS: usize = 4096;
+/// Frames queued for one side past which a transmit flushes them first.
+const QUEUE_LIMIT: usize = 512;
+/// Frames handed to a port's `send_from` at a time.
+const SEND_CHUNK: usize = 64;
 
 /// Room the pool leaves before each frame it copies, as AF_XDP's copy mode
 /// leaves XDP_PACKET_HEADROOM: a frame may start earlier where it lies
@@ -278,13 +286,36 @@ impl FrameArea for Pool {
 impl CopyingPorts {
     pub fn new(ports: [Box<dyn PacketPort>; 2]) -> CopyingPorts {
         let free = (0..COPY_BUFFERS as u64).rev().map(|b| b * MAX_FRAME as u64).collect();
-        CopyingPorts { ports, memory: SharedFrames::new(Arc::new(Pool::new())), free, starved: [0; 2] }
+        CopyingPorts { ports, memory: SharedFrames::new(Arc::new(Pool::new())), free, queued: [Vec::with_capacity(QUEUE_LIMIT), Vec::with_capacity(QUEUE_LIMIT)], starved: [0; 2] }
+    }
+
+    /// Hands side `side`'s port its queued frames where they lie, in
+    /// order, and frees their buffers.
+    fn send_queued(&mut self, side: usize) -> Result<(), IoError> {
+        let CopyingPorts { ports, memory, free, queued, .. } = self;
+        let mut result = Ok(());
+        for chunk in queued[side].chunks(SEND_CHUNK) {
+            let mut views: [&[u8]; SEND_CHUNK] = [&[]; SEND_CHUNK];
+            for (view, &id) in views.iter_mut().zip(chunk) {
+                // SAFETY: a queued id's buffer is this pool's, and nobody
+                // else holds it until it is freed below.
+                *view = unsafe { memory.frame(id) }.expect("buffers lie in the pool");
+            }
+            if let Err(e) = ports[side].send_from(&views[..chunk.len()]) {
+                result = Err(e);
+            }
+        }
+        if queued[side].is_empty() {
+            result = ports[side].send_from(&[]);
+        }
+        free.extend(queued[side].drain(..).map(|id| buffer_of(id.at)));
+        result
     }
 }
 
 impl FramePorts for CopyingPorts {
     fn receive(&mut self, side: usize, max: usize, f: &mut dyn FnMut(FrameId, &mut [u8]) -> bool) -> usize {
-        let CopyingPorts { ports, memory, free, starved } = self;
+        let CopyingPorts { ports, memory, free, starved, .. } = self;
         ports[side]
             .recv_batch(max, &mut |frame| {
                 let Some(at) = free.pop() else {
@@ -308,13 +339,12 @@ impl FramePorts for CopyingPorts {
     }
 
     unsafe fn transmit(&mut self, side: usize, id: FrameId) -> bool {
-        let CopyingPorts { ports, memory, .. } = self;
-        // SAFETY: the caller holds id until it is freed below, after send
-        // copied it.
-        let frame = unsafe { memory.frame(id) }.expect("buffers lie in the pool");
-        let sent = ports[side].send(frame);
-        self.free.push(buffer_of(id.at));
-        sent
+        if self.queued[side].len() >= QUEUE_LIMIT {
+            // A failure is the port's to count; the frame still queues.
+            let _ = self.send_queued(side);
+        }
+        self.queued[side].push(id);
+        true
     }
 
     unsafe fn release(&mut self, id: FrameId) {
@@ -326,11 +356,19 @@ impl FramePorts for CopyingPorts {
     }
 
     fn send(&mut self, side: usize, frame: &[u8]) -> bool {
-        self.ports[side].send(frame)
+        if frame.is_empty() || frame.len() > MAX_FRAME {
+            return false;
+        }
+        let Some(at) = self.free.pop() else { return false };
+        let id = FrameId { at, len: frame.len() as u32, queue: 0 };
+        // SAFETY: the buffer at `at` was free, so nobody else holds it.
+        unsafe { self.memory.frame(id) }.expect("buffers lie in the pool").copy_from_slice(frame);
+        // SAFETY: the buffer is ours, given up to the queue.
+        unsafe { self.transmit(side, id) }
     }
 
     fn flush(&mut self) -> Result<(), IoError> {
-        let (a, b) = (self.ports[0].flush(), self.ports[1].flush());
+        let (a, b) = (self.send_queued(0), self.send_queued(1));
         a.and(b)
     }
 
@@ -411,6 +449,62 @@ mod tests {
             }
         }
         assert_eq!(ports.free.len(), COPY_BUFFERS, "every buffer is free again");
+    }
+
+    /// Transmitted frames wait in their buffers until the flush, which
+    /// hands them over in the order they were queued, frames natrix made
+    /// among them: a buffer is not reused for a frame received meanwhile.
+    #[test]
+    fn queued_frames_leave_in_order_from_their_own_buffers() {
+        let (inside, in_peer) = MemoryPort::pair().unwrap();
+        let (outside, out_peer) = MemoryPort::pair().unwrap();
+        let mut ports = CopyingPorts::new([Box::new(inside), Box::new(outside)]);
+        let receive_one = |ports: &mut CopyingPorts, byte: u8| {
+            in_peer.inject(&[byte; 60]);
+            let mut got = None;
+            ports.receive(0, 1, &mut |id, _| {
+                got = Some(id);
+                true
+            });
+            got.expect("received")
+        };
+        let first = receive_one(&mut ports, 1);
+        // SAFETY: each id is received once and given up once.
+        assert!(unsafe { ports.transmit(1, first) });
+        assert!(ports.send(1, &[2; 42]));
+        let third = receive_one(&mut ports, 3);
+        // SAFETY: as above.
+        assert!(unsafe { ports.transmit(1, third) });
+        // Frames received meanwhile take other buffers, and leave the
+        // queued ones as they were.
+        for byte in 10..20 {
+            let id = receive_one(&mut ports, byte);
+            // SAFETY: as above.
+            unsafe { ports.frame(id) }.fill(0xff);
+            // SAFETY: as above.
+            unsafe { ports.release(id) };
+        }
+        assert!(out_peer.take_sent().is_empty(), "nothing leaves before the flush");
+        ports.flush().unwrap();
+        assert_eq!(out_peer.take_sent(), vec![vec![1; 60], vec![2; 42], vec![3; 60]]);
+        assert_eq!(ports.free.len(), COPY_BUFFERS, "every buffer is free again");
+    }
+
+    /// A side that queues more than its limit between flushes sends the
+    /// earlier frames first, in order, and loses none.
+    #[test]
+    fn a_long_queue_is_sent_early_and_in_order() {
+        let (outside, out_peer) = MemoryPort::pair().unwrap();
+        let outside = outside.with_tx_capacity(4 * QUEUE_LIMIT);
+        let mut ports = CopyingPorts::new([Box::new(MemoryPort::pair().unwrap().0), Box::new(outside)]);
+        let count = QUEUE_LIMIT * 2 + 3;
+        for i in 0..count {
+            assert!(ports.send(1, &(i as u32).to_be_bytes()));
+        }
+        ports.flush().unwrap();
+        let sent = out_peer.take_sent();
+        let order: Vec<u32> = sent.iter().map(|f| u32::from_be_bytes(f[..4].try_into().unwrap())).collect();
+        assert_eq!(order, (0..count as u32).collect::<Vec<_>>());
     }
 
     /// A frame too long to have the headroom (a jumbo frame up to the

@@ -70,6 +70,16 @@ pub trait PacketPort: Send {
     /// Makes the kernel transmit everything queued.
     fn flush(&mut self) -> Result<(), IoError>;
 
+    /// Transmits what `send` queued, then `frames` in order, now: a port
+    /// that can hands the kernel the frames where they lie, without a copy.
+    /// Frames the port cannot take are counted as `dropped_on_transmit`.
+    fn send_from(&mut self, frames: &[&[u8]]) -> Result<(), IoError> {
+        for frame in frames {
+            self.send(frame);
+        }
+        self.flush()
+    }
+
     /// Readable when frames are waiting; for poll().
     fn fd(&self) -> RawFd;
 
