@@ -227,7 +227,7 @@ impl Engine {
     /// go into the room before it. None, and nothing sent, for a packet
     /// that needs fragmenting or a buffer without that room.
     fn encapsulate_in_buffer<F: FrameBuf>(&mut self, f: &mut F, c: &Candidate, stand_in: u32, (host, b4): (Endpoint, std::net::Ipv6Addr)) -> Option<Verdict> {
-        if !F::WIDENS || !self.may_change_in_place() {
+        if !F::WIDENS || !F::NARROWS || !self.may_change_in_place() {
             return None;
         }
         let ds = self.dslite.as_mut()?;
@@ -241,12 +241,15 @@ impl Engine {
             let frame = f.frame();
             mss::clamp(frame, &translated_ip(frame, c, stand_in), clamp);
         }
-        let frame = f.widen_front(ipv6::HEADER_LEN)?;
-        frame.copy_within(ipv6::HEADER_LEN..ipv6::HEADER_LEN + 12, 0);
-        frame[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
-        frame[L3..L3 + ipv6::HEADER_LEN].copy_from_slice(&encap::outer_header(ds.cfg.aftr, b4, ipv6::next_header::IPV4, total));
-        // Ethernet padding after the inner packet is not the softwire's.
-        f.set_frame_len(L3 + ipv6::HEADER_LEN + total);
+        // The headers' bytes, bounds checked once: the frame held the inner
+        // packet behind an Ethernet header, so it is longer than them.
+        let head = f.widen_front(ipv6::HEADER_LEN)?.first_chunk_mut::<{ L3 + ipv6::HEADER_LEN }>()?;
+        head.copy_within(ipv6::HEADER_LEN..ipv6::HEADER_LEN + 12, 0);
+        head[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
+        head[L3..].copy_from_slice(&encap::outer_header(ds.cfg.aftr, b4, ipv6::next_header::IPV4, total));
+        // Ethernet padding after the inner packet is not the softwire's:
+        // cut where it lies (the frame is longer), no bounds to check.
+        f.narrow(0, L3 + ipv6::HEADER_LEN + total);
         ds.stats.encapsulated += 1;
         if let Some(k) = self.nat.subs.identities_mut().endpoint_counters_mut(host) {
             k.encapsulated += 1;

@@ -266,6 +266,7 @@ impl Identities {
             self.endpoint_use.free.extend(reused);
             return None;
         }
+        debug_assert!(id < RANGE, "endpoint ids stay below RANGE: endpoint_of relies on it");
         if id as usize == self.endpoints.len() {
             self.endpoints.push((b4_key, inner));
         } else {
@@ -408,7 +409,9 @@ impl Identities {
     /// The softwire host whose stand-in `addr` is; None for any other address.
     #[inline]
     pub fn endpoint_of(&self, addr: u32) -> Option<Endpoint> {
-        let &(b4_key, inner) = self.endpoints.get(addr.checked_sub(ENDPOINTS).filter(|_| is_softwire(addr))? as usize)?;
+        // One bounds check tells: any other address lands at RANGE or past
+        // it, and endpoint ids stay below RANGE (`intern_indexed`).
+        let &(b4_key, inner) = self.endpoints.get(addr.wrapping_sub(ENDPOINTS) as usize)?;
         Some(Endpoint { b4_key, inner })
     }
 
