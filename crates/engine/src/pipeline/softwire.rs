@@ -53,7 +53,8 @@ impl Engine {
     /// softwire packet that NAPT44's fast path may take, whose host has a
     /// stand-in, its carried candidate; each one's bucket and then its
     /// record on their way to the cache. Returns which slots hold a carried
-    /// one (bit i for slot i). Nothing is counted and no stand-in made.
+    /// one (bit i for slot i), each counted decapsulated already
+    /// (`carried_candidate`). No stand-in is made.
     pub(super) fn prepare_batch_with_softwires<F: FrameBuf>(&mut self, chunk: &mut [F], candidates: &mut [Option<Candidate>; MAX_BATCH]) -> u64 {
         let mut softwires = 0u64;
         for (i, (f, slot)) in chunk.iter_mut().zip(candidates.iter_mut()).enumerate() {
@@ -87,7 +88,9 @@ impl Engine {
 
     /// The candidate of the IPv4 packet the softwire packet `frame`
     /// carries, its internal address the stand-in of (B4, host), if it is
-    /// plain and the fast path may take it.
+    /// plain and the fast path may take it. One returned is counted
+    /// decapsulated here, where its B4 is the endpoint last found: every
+    /// carried candidate is decapsulated (`decide_carried`).
     #[inline]
     fn carried_candidate(&mut self, frame: &[u8], stand_in: StandIn) -> Option<Candidate> {
         let ds = self.dslite.as_ref()?;
@@ -110,6 +113,14 @@ impl Engine {
         // The AFTR's own address (PCP), SYNs to clamp, and what a middlebox function wants: the full path's.
         if c.dst() == crate::dslite::AFTR_IPV4 || (syn && clamps) || (!self.hooks.is_empty() && self.hooks.wants(c.ip_proto(), c.tcp_flags())) {
             return None;
+        }
+        if let Some(ds) = self.dslite.as_mut() {
+            ds.stats.decapsulated += 1;
+        }
+        let ids = self.nat.subs.identities_mut();
+        debug_assert_eq!(ids.recent_softwire(b4, host), Some(stand_in), "the B4 counted is the candidate's");
+        if let Some(k) = ids.recent_counters_mut() {
+            k.decapsulated += 1;
         }
         Some(c)
     }
@@ -182,7 +193,7 @@ impl Engine {
 
     /// Translates the softwire packet decapsulated into `buf` (its inner
     /// packet behind 14 bytes to become its Ethernet header, the softwire
-    /// frame's own `outer` bytes giving its addresses), counted and settled.
+    /// frame's own `outer` bytes giving its addresses), and settled.
     #[inline(always)]
     fn decapsulated(&mut self, buf: &mut [u8], outer: &[u8], c: &Candidate) -> Verdict {
         buf[..12].copy_from_slice(&outer[..12]);
@@ -194,13 +205,13 @@ impl Engine {
             let l4 = if c.ip_proto() == natrix_wire::proto::TCP { rewrite::L4::Tcp { at, len: c.datagram_len() - ipv4::MIN_HEADER_LEN } } else { rewrite::L4::Udp { at } };
             rewrite::rewrite(buf, L3, l4, Which::Src, stand_in, get_u16_at(buf, at));
         });
-        if let Some(ds) = self.dslite.as_mut() {
-            ds.stats.decapsulated += 1;
+        match result {
+            Ok(out) => {
+                self.counters.forwarded[out as usize] += 1;
+                Verdict::Forward(out)
+            }
+            Err(r) => self.settle(buf, L3, Side::Inside, Err(r)),
         }
-        if let Some(k) = self.nat.subs.identities_mut().counters_mut(stand_in) {
-            k.decapsulated += 1;
-        }
-        self.settle(buf, L3, Side::Inside, result.map(Some))
     }
 
     /// A frame NAPT44's fast path translated from candidate `c`, arrived
