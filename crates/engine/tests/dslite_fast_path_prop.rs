@@ -11,7 +11,7 @@
 //! mixed in batches; between batches the clock moves far enough for flows
 //! to expire and their stand-ins to be recycled. Verdicts, the frames as
 //! rewritten, every frame sent (decapsulated, encapsulated, ICMP
-//! refusals into softwires), counters and table sizes must match, and no
+//! refusals into softwires), counters (each B4's too) and table sizes must match, and no
 //! frame sent may carry a stand-in (240.0.0.0/4, never on the wire). A
 //! batch's softwire packet leaves decapsulated where it lay, and a reply
 //! encapsulated where it lay (`Forward`), where the others send the same
@@ -151,12 +151,17 @@ fn config_for(mode: u8) -> EngineConfig {
     cfg
 }
 
-/// Everything observable about an engine after a batch.
+/// Everything observable about an engine after a batch: its stats with
+/// each B4's own counters (of the B4s with mappings), its table sizes and
+/// the frames it sent.
 fn observe(e: &mut Engine) -> (String, usize, usize, Vec<(Side, Vec<u8>)>) {
     let mut out = Vec::new();
     e.drain_output(|o| out.push((o.side, o.data.clone())));
     e.drain_events(|_| {});
-    (format!("{:?}", e.stats()), e.tables().session_count(), e.tables().mapping_count(), out)
+    let mut per_b4: Vec<String> = e.mapping_views(None).iter().filter_map(|m| Some(format!("{} {:?}", m.b4?, m.softwire?.counters))).collect();
+    per_b4.sort();
+    per_b4.dedup();
+    (format!("{:?} {per_b4:?}", e.stats()), e.tables().session_count(), e.tables().mapping_count(), out)
 }
 
 proptest! {

@@ -25,7 +25,7 @@ pub(crate) fn fits(mtu: u16, inner: usize) -> bool {
 }
 
 /// The outer IPv6 header from `aftr` to `b4`, built whole to be written in one go.
-pub(crate) fn outer_header(aftr: Ipv6Addr, b4: Ipv6Addr, next_header: u8, payload_len: usize) -> [u8; ipv6::HEADER_LEN] {
+pub(crate) fn outer_header(aftr: &Ipv6Addr, b4: &Ipv6Addr, next_header: u8, payload_len: usize) -> [u8; ipv6::HEADER_LEN] {
     let mut h = [0u8; ipv6::HEADER_LEN];
     h[0] = 0x60;
     h[4..6].copy_from_slice(&(payload_len as u16).to_be_bytes());
@@ -70,7 +70,7 @@ impl Softwire<'_> {
         buf.extend_from_slice(self.eth);
         let l3 = buf.len();
         buf[l3 - 2..l3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
-        buf.extend_from_slice(&outer_header(self.aftr, self.b4, next_header, payload_len));
+        buf.extend_from_slice(&outer_header(&self.aftr, &self.b4, next_header, payload_len));
         payload(buf);
     }
 }

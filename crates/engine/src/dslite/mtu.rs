@@ -22,12 +22,12 @@ pub(crate) struct SoftwireMtus {
 
 impl SoftwireMtus {
     /// The outer MTU towards `b4`.
-    pub fn of(&self, b4: Ipv6Addr, configured: u16) -> u16 {
+    pub fn of(&self, b4: &Ipv6Addr, configured: u16) -> u16 {
         // Most AFTRs never see a packet too big: no hash of the address then.
         if self.lowered.is_empty() {
             return configured;
         }
-        self.lowered.get(&b4).map_or(configured, |&m| m.min(configured))
+        self.lowered.get(b4).map_or(configured, |&m| m.min(configured))
     }
 
     /// Reads the ICMPv6 message `ip` addressed to `aftr`: when it is a valid
@@ -36,7 +36,7 @@ impl SoftwireMtus {
     pub fn on_icmpv6(&mut self, frame: &[u8], ip: &Ip6, aftr: Ipv6Addr, configured: u16) -> Option<Ipv6Addr> {
         let (b4, reported) = packet_too_big(frame, ip, aftr)?;
         let mtu = reported.clamp(ipv6::MIN_MTU as u32, u32::from(u16::MAX)) as u16;
-        if mtu >= self.of(b4, configured) || (self.lowered.len() >= MAX_LOWERED && !self.lowered.contains_key(&b4)) {
+        if mtu >= self.of(&b4, configured) || (self.lowered.len() >= MAX_LOWERED && !self.lowered.contains_key(&b4)) {
             return None;
         }
         self.lowered.insert(b4, mtu);

@@ -818,7 +818,7 @@ impl Engine {
         if let Some(c) = ds.cfg.mss_clamp {
             mss::clamp(buf, ip, c);
         }
-        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(b4, ds.cfg.mtu) };
+        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(&b4, ds.cfg.mtu) };
         let total = ip.total_len();
         if !softwire.fits(total) && ip.dont_fragment && origin == Origin::Outside && !ds.original.is_empty() {
             let from = self.router.source(Side::Outside);

@@ -53,7 +53,8 @@ impl Engine {
     /// softwire packet that NAPT44's fast path may take, whose host has a
     /// stand-in, its carried candidate; each one's bucket and then its
     /// record on their way to the cache. Returns which slots hold a carried
-    /// one (bit i for slot i). Nothing is counted and no stand-in made.
+    /// one (bit i for slot i), each counted decapsulated already: every
+    /// carried candidate is (`decide_carried`). No stand-in is made.
     pub(super) fn prepare_batch_with_softwires<F: FrameBuf>(&mut self, chunk: &mut [F], candidates: &mut [Option<Candidate>; MAX_BATCH]) -> u64 {
         let mut softwires = 0u64;
         for (i, (f, slot)) in chunk.iter_mut().zip(candidates.iter_mut()).enumerate() {
@@ -72,7 +73,16 @@ impl Engine {
         for c in candidates.iter_mut().take(chunk.len()).flatten() {
             self.nat.prefetch_and_hint(c, true);
         }
+        self.count_decapsulated(softwires.count_ones());
         softwires
+    }
+
+    /// Counts `n` softwire packets decapsulated, in DS-Lite's total (each
+    /// B4's are counted with their candidates, `carried_candidate`).
+    fn count_decapsulated(&mut self, n: u32) {
+        if let Some(ds) = self.dslite.as_mut() {
+            ds.stats.decapsulated += u64::from(n);
+        }
     }
 
     /// A plain softwire packet (`dslite::plain`) of a flow NAPT44's fast
@@ -82,12 +92,16 @@ impl Engine {
     /// host that cannot have a stand-in.
     pub(super) fn plain_softwire_in(&mut self, mut frame: &mut [u8]) -> Option<Verdict> {
         let c = self.carried_candidate(frame, StandIn::Interned)?;
+        self.count_decapsulated(1);
         Some(self.decide_carried(&mut frame, &c))
     }
 
     /// The candidate of the IPv4 packet the softwire packet `frame`
     /// carries, its internal address the stand-in of (B4, host), if it is
-    /// plain and the fast path may take it.
+    /// plain and the fast path may take it. One returned is counted
+    /// decapsulated for its B4 here, where the B4 is the endpoint last
+    /// found (DS-Lite's total by the caller, `count_decapsulated`): every
+    /// carried candidate is decapsulated (`decide_carried`).
     #[inline]
     fn carried_candidate(&mut self, frame: &[u8], stand_in: StandIn) -> Option<Candidate> {
         let ds = self.dslite.as_ref()?;
@@ -110,6 +124,11 @@ impl Engine {
         // The AFTR's own address (PCP), SYNs to clamp, and what a middlebox function wants: the full path's.
         if c.dst() == crate::dslite::AFTR_IPV4 || (syn && clamps) || (!self.hooks.is_empty() && self.hooks.wants(c.ip_proto(), c.tcp_flags())) {
             return None;
+        }
+        let ids = self.nat.subs.identities_mut();
+        debug_assert_eq!(ids.recent_softwire(b4, host), Some(stand_in), "the B4 counted is the candidate's");
+        if let Some(k) = ids.recent_counters_mut() {
+            k.decapsulated += 1;
         }
         Some(c)
     }
@@ -182,7 +201,7 @@ impl Engine {
 
     /// Translates the softwire packet decapsulated into `buf` (its inner
     /// packet behind 14 bytes to become its Ethernet header, the softwire
-    /// frame's own `outer` bytes giving its addresses), counted and settled.
+    /// frame's own `outer` bytes giving its addresses), and settled.
     #[inline(always)]
     fn decapsulated(&mut self, buf: &mut [u8], outer: &[u8], c: &Candidate) -> Verdict {
         buf[..12].copy_from_slice(&outer[..12]);
@@ -194,13 +213,13 @@ impl Engine {
             let l4 = if c.ip_proto() == natrix_wire::proto::TCP { rewrite::L4::Tcp { at, len: c.datagram_len() - ipv4::MIN_HEADER_LEN } } else { rewrite::L4::Udp { at } };
             rewrite::rewrite(buf, L3, l4, Which::Src, stand_in, get_u16_at(buf, at));
         });
-        if let Some(ds) = self.dslite.as_mut() {
-            ds.stats.decapsulated += 1;
+        match result {
+            Ok(out) => {
+                self.counters.forwarded[out as usize] += 1;
+                Verdict::Forward(out)
+            }
+            Err(r) => self.settle(buf, L3, Side::Inside, Err(r)),
         }
-        if let Some(k) = self.nat.subs.identities_mut().counters_mut(stand_in) {
-            k.decapsulated += 1;
-        }
-        self.settle(buf, L3, Side::Inside, result.map(Some))
     }
 
     /// A frame NAPT44's fast path translated from candidate `c`, arrived
@@ -213,7 +232,7 @@ impl Engine {
     #[inline(never)]
     pub(super) fn encapsulate_translated<F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &Candidate, stand_in: u32, host: Endpoint) -> Verdict {
         let Some(b4) = self.nat.subs.identities().endpoint_b4(host) else { return self.softwire_verdict(Err(DropReason::NoMapping)) };
-        if let Some(v) = self.encapsulate_in_buffer(f, c, stand_in, (host, b4)) {
+        if let Some(v) = self.encapsulate_in_buffer(f, c, stand_in, host, &b4) {
             return v;
         }
         let ip = translated_ip(f.frame(), c, stand_in);
@@ -226,8 +245,8 @@ impl Engine {
     /// B4 `b4` where it lies: its Ethernet header and the outer IPv6 header
     /// go into the room before it. None, and nothing sent, for a packet
     /// that needs fragmenting or a buffer without that room.
-    fn encapsulate_in_buffer<F: FrameBuf>(&mut self, f: &mut F, c: &Candidate, stand_in: u32, (host, b4): (Endpoint, std::net::Ipv6Addr)) -> Option<Verdict> {
-        if !F::WIDENS || !self.may_change_in_place() {
+    fn encapsulate_in_buffer<F: FrameBuf>(&mut self, f: &mut F, c: &Candidate, stand_in: u32, host: Endpoint, b4: &std::net::Ipv6Addr) -> Option<Verdict> {
+        if !F::WIDENS || !F::NARROWS || !self.may_change_in_place() {
             return None;
         }
         let ds = self.dslite.as_mut()?;
@@ -241,12 +260,15 @@ impl Engine {
             let frame = f.frame();
             mss::clamp(frame, &translated_ip(frame, c, stand_in), clamp);
         }
-        let frame = f.widen_front(ipv6::HEADER_LEN)?;
-        frame.copy_within(ipv6::HEADER_LEN..ipv6::HEADER_LEN + 12, 0);
-        frame[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
-        frame[L3..L3 + ipv6::HEADER_LEN].copy_from_slice(&encap::outer_header(ds.cfg.aftr, b4, ipv6::next_header::IPV4, total));
-        // Ethernet padding after the inner packet is not the softwire's.
-        f.set_frame_len(L3 + ipv6::HEADER_LEN + total);
+        // The headers' bytes, bounds checked once: the frame held the inner
+        // packet behind an Ethernet header, so it is longer than them.
+        let head = f.widen_front(ipv6::HEADER_LEN)?.first_chunk_mut::<{ L3 + ipv6::HEADER_LEN }>()?;
+        head.copy_within(ipv6::HEADER_LEN..ipv6::HEADER_LEN + 12, 0);
+        head[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
+        head[L3..].copy_from_slice(&encap::outer_header(&ds.cfg.aftr, b4, ipv6::next_header::IPV4, total));
+        // Ethernet padding after the inner packet is not the softwire's:
+        // cut where it lies (the frame is longer), no bounds to check.
+        f.narrow(0, L3 + ipv6::HEADER_LEN + total);
         ds.stats.encapsulated += 1;
         if let Some(k) = self.nat.subs.identities_mut().endpoint_counters_mut(host) {
             k.encapsulated += 1;

@@ -84,12 +84,14 @@ pub struct Identities {
     seed: u64,
 }
 
-/// (B4, inner address) and the stand-in they were last given.
+/// (B4, inner address), the stand-in they were last given, and the B4's
+/// key (for its counters).
 #[derive(Clone, Copy)]
 struct LastEndpoint {
     b4: Ipv6Addr,
     inner: u32,
     stand_in: u32,
+    b4_key: u32,
 }
 
 impl LastEndpoint {
@@ -221,7 +223,7 @@ impl Identities {
             return Some(stand_in);
         }
         let stand_in = self.find_indexed(b4, inner)?;
-        self.last = Some(LastEndpoint { b4, inner, stand_in });
+        self.remember(b4, inner, stand_in);
         Some(stand_in)
     }
 
@@ -241,8 +243,22 @@ impl Identities {
             return Some(stand_in);
         }
         let stand_in = self.intern_indexed(b4, inner, now_s)?;
-        self.last = Some(LastEndpoint { b4, inner, stand_in });
+        self.remember(b4, inner, stand_in);
         Some(stand_in)
+    }
+
+    /// Makes (`b4`, `inner`) and its stand-in the endpoint last found.
+    fn remember(&mut self, b4: Ipv6Addr, inner: u32, stand_in: u32) {
+        let b4_key = self.endpoints[(stand_in - ENDPOINTS) as usize].0;
+        self.last = Some(LastEndpoint { b4, inner, stand_in, b4_key });
+    }
+
+    /// The counters of the B4 of the endpoint last found or interned
+    /// (`recent_softwire`), without looking its stand-in up.
+    #[inline(always)]
+    pub(crate) fn recent_counters_mut(&mut self) -> Option<&mut SoftwireCounters> {
+        let last = self.last?;
+        self.b4_counters.get_mut((last.b4_key - B4S) as usize)
     }
 
     /// `intern_softwire` through the indexes alone.
@@ -266,6 +282,7 @@ impl Identities {
             self.endpoint_use.free.extend(reused);
             return None;
         }
+        debug_assert!(id < RANGE, "endpoint ids stay below RANGE: endpoint_of relies on it");
         if id as usize == self.endpoints.len() {
             self.endpoints.push((b4_key, inner));
         } else {
@@ -408,7 +425,9 @@ impl Identities {
     /// The softwire host whose stand-in `addr` is; None for any other address.
     #[inline]
     pub fn endpoint_of(&self, addr: u32) -> Option<Endpoint> {
-        let &(b4_key, inner) = self.endpoints.get(addr.checked_sub(ENDPOINTS).filter(|_| is_softwire(addr))? as usize)?;
+        // One bounds check tells: any other address lands at RANGE or past
+        // it, and endpoint ids stay below RANGE (`intern_indexed`).
+        let &(b4_key, inner) = self.endpoints.get(addr.wrapping_sub(ENDPOINTS) as usize)?;
         Some(Endpoint { b4_key, inner })
     }
 
