@@ -151,6 +151,17 @@ impl Delta {
         Delta(u32::from(!old) + u32::from(new))
     }
 
+    /// Difference for fields that grow by `by` in all (lengths, a data
+    /// offset's nibble), without wrapping: a field's 16-bit words sum, in
+    /// one's complement, to its value modulo 0xffff (2^16 is 1 there), so
+    /// the difference is `by` itself, with no old or new value to read.
+    /// Once applied, the same as `from_u16`/`from_u32` of the fields, but
+    /// for one's complement's two zeros when `by` and every other term are 0.
+    #[inline]
+    pub fn grown_by(by: u16) -> Self {
+        Delta(u32::from(by))
+    }
+
     /// Difference for replacing an IPv6 address `old` by `new` (eight 16-bit words).
     #[inline]
     pub fn from_ipv6(old: Ipv6Addr, new: Ipv6Addr) -> Self {
@@ -370,6 +381,24 @@ mod tests {
             let full = checksum(&data);
             proptest::prop_assert!(inc == full || (inc ^ full) == 0xffff && (inc == 0 || full == 0),
                 "inc {:04x} full {:04x}", inc, full);
+        }
+
+        /// A length field that grows: `grown_by` gives the checksum a full
+        /// recomputation gives, and what `from_u16` of the field gives.
+        #[test]
+        fn a_grown_field_equals_full(mut data in proptest::collection::vec(proptest::num::u8::ANY, 8..64),
+                                     at in 0usize..4, by in proptest::num::u16::ANY) {
+            let off = at * 2;
+            let old = u16::from_be_bytes([data[off], data[off + 1]]);
+            // Grown by at least one (as an insertion grows lengths), and no carry.
+            proptest::prop_assume!(old < u16::MAX);
+            let by = 1 + by % (u16::MAX - old);
+            let before = checksum(&data);
+            data[off..off + 2].copy_from_slice(&(old + by).to_be_bytes());
+            let (inc, full) = (Delta::grown_by(by).apply(before), checksum(&data));
+            proptest::prop_assert!(inc == full || (inc ^ full) == 0xffff && (inc == 0 || full == 0),
+                "inc {:04x} full {:04x}", inc, full);
+            proptest::prop_assert_eq!(inc, Delta::from_u16(old, old + by).apply(before));
         }
     }
 }

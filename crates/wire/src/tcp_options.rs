@@ -306,14 +306,40 @@ fn splice(frame: &mut [u8], at: Layout, options: &[u8]) -> Result<Inserted, Inse
         return Err(InsertError::NoTailRoom { needed: segment_end + added, actual: frame.len() });
     }
     let seg = &mut frame[tcp_at..segment_end + added];
+    // Linux's and Windows' SYNs: the host's options end on a word where the
+    // header does, and no payload follows. Nothing leaves the checksum and
+    // nothing moves: the options and their NOPs are written after the
+    // header, on a path with no calls (no registers to save around them).
+    let (removed, written) = if keep == old_hl && keep % 4 == 0 && seg.len() == new_hl {
+        (Delta::default(), write_aligned(seg, keep, options))
+    } else {
+        rewrite_header(seg, old_hl, keep, padded, options)
+    };
+    // The data offset's nibble grows by `added / 4`: no carry out of the word.
+    let offset_grown = (added as u16) << 10;
+    set_u16(seg, field::DATA_OFF, get_u16(seg, field::DATA_OFF) + offset_grown);
 
+    // The data offset and the pseudo-header's length (32 bits over IPv6,
+    // RFC 8200 section 8.1) grow: no old values to read and fold.
+    let grown = Delta::grown_by(offset_grown).plus(Delta::grown_by(added as u16));
+    let checksum = removed.plus(Delta::from_sums(0, written)).plus(grown);
+    Ok(Inserted { added, checksum })
+}
+
+/// `splice`'s header for any other segment, `seg` already grown to its new
+/// length: the payload moved, the options written after `keep` with the
+/// fewest NOPs to `padded`, the old padding left as EOL and zeros. The
+/// checksum's difference as the words taken out and the words written.
+#[inline(never)]
+fn rewrite_header(seg: &mut [u8], old_hl: usize, keep: usize, padded: usize, options: &[u8]) -> (Delta, u32) {
+    let new_hl = padded.max(old_hl);
     // What the checksum covered before: the header's words from the one
     // holding `keep` on. The payload moves by a multiple of 4 bytes, so its
     // sum stays the same; a SYN seldom has one.
     let from = keep & !3;
-    let removed = if from < old_hl { checksum::sum_words(&seg[from..old_hl]) } else { 0 };
-    if segment_end > tcp_at + old_hl {
-        seg.copy_within(old_hl..segment_end - tcp_at, new_hl);
+    let removed = if from < old_hl { Delta::from_sums(checksum::sum_words(&seg[from..old_hl]), 0) } else { Delta::default() };
+    if seg.len() > new_hl {
+        seg.copy_within(old_hl..seg.len() - (new_hl - old_hl), new_hl);
     }
     let written = if keep == from {
         write_aligned(seg, keep, options)
@@ -332,15 +358,7 @@ fn splice(frame: &mut [u8], at: Layout, options: &[u8]) -> Result<Inserted, Inse
         seg[padded] = kind::EOL;
         seg[padded + 1..new_hl].fill(0);
     }
-    let old_word = get_u16(seg, field::DATA_OFF);
-    // The data offset's nibble grows by `added / 4`: no carry out of the word.
-    let new_word = old_word + ((added as u16) << 10);
-    set_u16(seg, field::DATA_OFF, new_word);
-
-    // The pseudo-header's length: 32 bits over IPv6 (RFC 8200 section 8.1).
-    let old_len = (segment_end - tcp_at) as u32;
-    let checksum = Delta::from_sums(removed, written).plus(Delta::from_u16(old_word, new_word)).plus(Delta::from_u32(old_len, old_len + added as u32));
-    Ok(Inserted { added, checksum })
+    (removed, written)
 }
 
 /// Writes `options` at `at`, a word boundary of `seg`, then the fewest
@@ -414,7 +432,7 @@ pub fn insert_ipv4_at(frame: &mut [u8], ip_at: usize, at: Layout, options: &[u8]
 
 fn fix_lengths_v4(frame: &mut [u8], ip_at: usize, old_total: u16, new_total: u16) {
     set_u16(frame, ip_at + field::IPV4_TOTAL_LEN, new_total);
-    let c = Delta::from_u16(old_total, new_total).apply(get_u16(frame, ip_at + field::IPV4_CHECKSUM));
+    let c = Delta::grown_by(new_total - old_total).apply(get_u16(frame, ip_at + field::IPV4_CHECKSUM));
     set_u16(frame, ip_at + field::IPV4_CHECKSUM, c);
 }
 

@@ -287,37 +287,37 @@ impl HostId {
         }
     }
 
-    /// The options a subscriber's opening SYN carries: WING and ENABLED in
-    /// both modes, BOUCADAIR in SYN mode only (ACK mode puts it in the first
-    /// ACK); added in the order they go in.
-    fn syn_options(&mut self, s: Subscriber) -> Wanted {
-        let mut w = Wanted::default();
+    /// The options a subscriber's opening SYN carries, into `pending`: WING
+    /// and ENABLED in both modes, BOUCADAIR in SYN mode only (ACK mode puts
+    /// it in the first ACK); added in the order they go in. Built where
+    /// `grow` reads them, not copied there.
+    fn want_syn_options(&mut self, s: Subscriber) {
+        self.pending = Wanted::default();
         if let Some(data) = self.cfg.wing {
-            w.add(Which::Wing, &options::wing(self.cfg.kinds.wing, data, s));
+            self.pending.add(Which::Wing, &options::wing(self.cfg.kinds.wing, data, s));
         }
         if self.cfg.mode == Mode::Syn {
-            self.add_boucadair(&mut w, s);
+            self.want_boucadair(s);
         }
         if self.cfg.enabled || self.cfg.mode == Mode::Ack {
-            w.add(Which::Enabled, &options::enabled(self.cfg.kinds.enabled));
+            self.pending.add(Which::Enabled, &options::enabled(self.cfg.kinds.enabled));
         }
-        w
     }
 
-    fn first_ack_options(&mut self, s: Subscriber) -> Wanted {
-        let mut w = Wanted::default();
-        self.add_boucadair(&mut w, s);
-        w
+    fn want_first_ack_options(&mut self, s: Subscriber) {
+        self.pending = Wanted::default();
+        self.want_boucadair(s);
     }
 
-    /// HOST_ID_BOUCADAIR when enabled. Origin 3 has nothing to say about a
-    /// plain IPv4 subscriber (no B4): the segment goes without it, counted,
-    /// and one its host wrote is removed like any option not wanted.
-    #[inline]
-    fn add_boucadair(&mut self, w: &mut Wanted, s: Subscriber) {
+    /// HOST_ID_BOUCADAIR into `pending` when enabled. Origin 3 has nothing
+    /// to say about a plain IPv4 subscriber (no B4): the segment goes
+    /// without it, counted, and one its host wrote is removed like any
+    /// option not wanted.
+    #[inline(always)]
+    fn want_boucadair(&mut self, s: Subscriber) {
         let Some(origin) = self.cfg.boucadair else { return };
         match options::boucadair(self.cfg.kinds.boucadair, origin, self.cfg.lifetime, s) {
-            Some(bytes) => w.add(Which::Boucadair, &bytes),
+            Some(bytes) => self.pending.add(Which::Boucadair, &bytes),
             None => self.stats.no_b4 += 1,
         }
     }
@@ -395,18 +395,18 @@ impl HostId {
         if (st.seq, st.server, st.server_port) != (seg.seq, info.dst, seg.dst_port) {
             return HookVerdict::Continue;
         }
-        let wanted = if seg.is_opening_syn() {
-            self.syn_options(st.subscriber)
+        if seg.is_opening_syn() {
+            self.want_syn_options(st.subscriber);
         } else if st.first_ack {
-            self.first_ack_options(st.subscriber)
+            self.want_first_ack_options(st.subscriber);
         } else if self.cfg.mode == Mode::Ack && seg.has_options() {
             // Any other client segment: HOST_ID a host wrote itself goes.
-            Wanted::default()
+            self.pending = Wanted::default();
         } else {
             return HookVerdict::Continue;
-        };
+        }
         self.pending_first_ack = st.first_ack;
-        self.enforce(frame, info, seg, &wanted)
+        self.enforce(frame, info, seg)
     }
 
     /// `pending` went in.
@@ -420,8 +420,9 @@ impl HostId {
     /// Seed 000 section 7.2: an enabled option present is verified and
     /// corrected in place, one present but not enabled (or of the wrong
     /// length) is overwritten with NOPs; what is missing is inserted, all
-    /// of it or, without room, none.
-    fn enforce(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment, wanted: &Wanted) -> HookVerdict {
+    /// of it or, without room, none. `pending` holds the options wanted,
+    /// and is left with the ones to insert.
+    fn enforce(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) -> HookVerdict {
         let (tcp_at, hl) = (info.l4, seg.header_len);
         if is_fragment(frame, info.l3) {
             return HookVerdict::Continue;
@@ -430,7 +431,7 @@ impl HostId {
         let mut kept = [false; 3];
         let mut delta = Delta::default();
         for p in scan.iter() {
-            let correct = wanted.get(p.which).filter(|_| p.well_formed() && !kept[p.which as usize]);
+            let correct = self.pending.get(p.which).filter(|_| p.well_formed() && !kept[p.which as usize]);
             let mut view = Options::new_checked(&mut frame[tcp_at..tcp_at + hl]).expect("parsed by Segment::read");
             match correct {
                 Some(bytes) => {
@@ -451,7 +452,7 @@ impl HostId {
             apply_tcp_checksum(frame, tcp_at, delta);
         }
 
-        self.pending = wanted.without(kept);
+        self.pending.leave_out(kept);
         let pending_len = self.pending.as_slice().len();
         if pending_len == 0 {
             return HookVerdict::Continue;

@@ -217,11 +217,11 @@ impl Wanted {
         &self.bytes[..usize::from(self.len)]
     }
 
-    /// These options less the `kept` ones (by `Which`: present and correct).
+    /// Leaves out the `kept` options (by `Which`: present and correct).
     #[inline]
-    pub fn without(&self, kept: [bool; 3]) -> Wanted {
+    pub fn leave_out(&mut self, kept: [bool; 3]) {
         if kept == [false; 3] {
-            return *self;
+            return;
         }
         let mut rest = Wanted::default();
         for which in Which::ALL.into_iter().filter(|w| !kept[*w as usize]) {
@@ -229,7 +229,7 @@ impl Wanted {
                 rest.add(which, option);
             }
         }
-        rest
+        *self = rest;
     }
 }
 
@@ -274,10 +274,15 @@ mod tests {
         w.add(Which::Enabled, &enabled(202));
         assert_eq!(w.as_slice(), [200, 4, 0x15, 0x6a, 201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0, 202, 2]);
         assert_eq!(w.get(Which::Boucadair), Some(&[201, 10, 0x00, 0x15, 0x6a, 0, 0, 0, 0, 0][..]));
-        assert_eq!(w.without([false; 3]), w);
-        assert_eq!(w.without([false, true, false]).as_slice(), [200, 4, 0x15, 0x6a, 202, 2]);
-        assert_eq!(w.without([false, true, false]).get(Which::Enabled), Some(&[202, 2][..]));
-        assert_eq!(w.without([true; 3]).as_slice(), []);
+        let without = |kept| {
+            let mut rest = w;
+            rest.leave_out(kept);
+            rest
+        };
+        assert_eq!(without([false; 3]), w);
+        assert_eq!(without([false, true, false]).as_slice(), [200, 4, 0x15, 0x6a, 202, 2]);
+        assert_eq!(without([false, true, false]).get(Which::Enabled), Some(&[202, 2][..]));
+        assert_eq!(without([true; 3]).as_slice(), []);
         let mut only_enabled = Wanted::default();
         only_enabled.add(Which::Enabled, &enabled(202));
         assert_eq!((only_enabled.get(Which::Wing), only_enabled.get(Which::Enabled)), (None, Some(&[202, 2][..])));
