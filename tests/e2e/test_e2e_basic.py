@@ -143,7 +143,7 @@ def test_af_xdp_forwards_with_batched_system_calls(natrix, agent, servers, busy_
     # natrix's own ARP).
     assert calls["sent"] >= 400, calls
     assert 0 < calls["transmit"] <= calls["sent"], calls
-    assert calls["receive"] > 0, f"no busy polling of the device's receive work: {calls}"
+    assert calls["receive"] > 0, f"no receive call on an empty poll (the busy poll of the device's receive work): {calls}"
     if busy_poll:
         assert calls["wait"] == 0, f"a busy-polling thread slept: {calls}"
     else:

@@ -88,8 +88,9 @@ impl AfPacketPort {
     }
 
     /// Sends the frames `iov` points at, in order, `TX_QUEUE` to a
-    /// sendmmsg. A frame the device refuses (its queue full) is lost, as on
-    /// a real link, and counted; any other failure loses the rest.
+    /// sendmmsg. A frame the device or the kernel refuses (a full queue,
+    /// a frame it will not send) is lost, as on a real link, and counted;
+    /// a device that is gone loses the rest.
     fn send_messages(&mut self, iov: &[libc::iovec]) -> Result<(), IoError> {
         let mut done = 0;
         while done < iov.len() {
@@ -108,7 +109,7 @@ impl AfPacketPort {
             let sent = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), self.msgs.as_mut_ptr(), self.msgs.len() as u32, libc::MSG_DONTWAIT) };
             if sent <= 0 {
                 let err = std::io::Error::last_os_error();
-                if err.kind() == std::io::ErrorKind::WouldBlock || err.raw_os_error() == Some(libc::ENOBUFS) {
+                if !device_gone(&err) {
                     self.tx_errors += 1;
                     done += 1;
                     continue;
@@ -218,14 +219,14 @@ impl PacketPort for AfPacketPort {
     }
 
     fn send_from(&mut self, frames: &[&[u8]]) -> Result<(), IoError> {
-        self.flush()?;
+        let queued = self.flush();
         let mut iov = std::mem::take(&mut self.iov);
         // sendmmsg only reads through these pointers.
         iov.extend(frames.iter().map(|f| libc::iovec { iov_base: f.as_ptr().cast_mut().cast(), iov_len: f.len() }));
         let sent = self.send_messages(&iov);
         iov.clear();
         self.iov = iov;
-        sent
+        queued.and(sent)
     }
 
     fn fd(&self) -> RawFd {
@@ -277,6 +278,12 @@ fn is_incoming(hdr: *const libc::tpacket3_hdr) -> bool {
     // SAFETY: TPACKET_V3 places a sockaddr_ll at this offset in every frame slot.
     let sll = unsafe { &*(hdr.cast::<u8>().add(sll_at).cast::<libc::sockaddr_ll>()) };
     sll.sll_pkttype != libc::PACKET_OUTGOING
+}
+
+/// Errors after which no frame would leave: the interface went away or
+/// down, or the socket broke.
+fn device_gone(err: &std::io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENXIO | libc::ENODEV | libc::ENETDOWN | libc::EBADF | libc::ENOTSOCK))
 }
 
 fn set_int(fd: &OwnedFd, opt: libc::c_int, value: libc::c_int, op: &'static str, name: &str) -> Result<(), IoError> {

@@ -120,7 +120,7 @@ impl Lab {
         }
         let cpus = dut_cpus(workers);
         if !cpus.is_empty() {
-            let mask = format!("{:x}", cpu_mask(&cpus));
+            let mask = rps_mask(&cpus);
             for dev in ["inside", "outside"] {
                 self.set(&format!("/sys/class/net/{dev}/queues/rx-0/rps_cpus"), &mask)?;
             }
@@ -205,9 +205,14 @@ pub fn dut_cpus(workers: u32) -> Vec<usize> {
     (1..available_cpus()).take(workers.max(1) as usize).collect()
 }
 
-/// The bit mask of `cpus`, as RPS and the affinity calls take it.
-pub fn cpu_mask(cpus: &[usize]) -> u64 {
-    cpus.iter().fold(0, |m, &c| m | 1u64 << c)
+/// `cpus` as `rps_cpus` takes them: hexadecimal 32-bit groups, the
+/// highest first, separated by commas.
+fn rps_mask(cpus: &[usize]) -> String {
+    let mut groups = vec![0u32; cpus.iter().max().map_or(1, |&c| c / 32 + 1)];
+    for &c in cpus {
+        groups[c / 32] |= 1 << (c % 32);
+    }
+    groups.iter().rev().map(|g| format!("{g:08x}")).collect::<Vec<_>>().join(",")
 }
 
 /// `cpus` as a `cpu_set_t`.
@@ -321,4 +326,17 @@ fn command(program: &str, args: &[&str]) -> Result<String, Failure> {
         return Err(Failure::Other(format!("`{program} {}` failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rps_masks_are_32_bit_groups_highest_first() {
+        assert_eq!(rps_mask(&[1]), "00000002");
+        assert_eq!(rps_mask(&[1, 2]), "00000006");
+        assert_eq!(rps_mask(&[31, 32, 33]), "00000003,80000000");
+        assert_eq!(rps_mask(&[64]), "00000001,00000000,00000000");
+    }
 }

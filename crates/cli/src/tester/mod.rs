@@ -347,6 +347,9 @@ fn natrix_config(lab: &Lab, args: &Args, workdir: &Path) -> Result<PathBuf, Fail
     let base = lab.natrix_config.as_ref().ok_or_else(|| Failure::Other("the lab has no natrix configuration: pass --config".into()))?;
     let text = std::fs::read_to_string(base).map_err(|e| Failure::Other(format!("{}: {e} (pass --config)", base.display())))?;
     let mut cfg: toml::Table = text.parse().map_err(|e| Failure::Config(format!("{}: {e}", base.display())))?;
+    // A lab left up may have been built for other workers: the device's
+    // CPUs are sized by --workers (`lab::dut_cpus`), so natrix runs as many.
+    cfg.insert("workers".into(), toml::Value::Integer(i64::from(args.workers)));
     let conntrack_max: i64 = std::fs::read_to_string("/proc/sys/net/netfilter/nf_conntrack_max").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(262_144);
     let nat = cfg.entry("nat").or_insert_with(|| toml::Value::Table(toml::Table::new()));
     if let Some(nat) = nat.as_table_mut() {

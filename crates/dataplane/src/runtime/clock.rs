@@ -34,21 +34,25 @@ impl Clock {
 
 /// Decides when an idle thread sleeps.
 pub(super) struct Idle {
-    last_work_ns: u64,
+    /// When the current run of empty rounds began (engine time).
+    idle_since: Option<u64>,
     busy_poll: bool,
 }
 
 impl Idle {
     pub(super) fn new(busy_poll: bool) -> Idle {
-        Idle { last_work_ns: 0, busy_poll }
+        Idle { idle_since: None, busy_poll }
     }
 
-    /// After a round that started at `now` (engine time) and did work or not.
+    /// After a round that started at `now` (engine time) and did work or
+    /// not. The spin is timed from the first empty round, so a long
+    /// working round does not use it up.
     pub(super) fn should_sleep(&mut self, did_work: bool, now: u64) -> bool {
         if did_work {
-            self.last_work_ns = now;
+            self.idle_since = None;
             return false;
         }
+        let since = *self.idle_since.get_or_insert(now);
         if self.busy_poll {
             // A thread that never sleeps gives the CPU away after an empty
             // poll: the kernel work that feeds and drains natrix's sockets
@@ -60,7 +64,7 @@ impl Idle {
             std::thread::yield_now();
             return false;
         }
-        now.saturating_sub(self.last_work_ns) > SPIN_NS
+        now.saturating_sub(since) > SPIN_NS
     }
 }
 
@@ -72,11 +76,22 @@ mod tests {
     fn a_thread_keeps_polling_for_a_while_after_its_last_frame_then_sleeps() {
         let mut idle = Idle::new(false);
         assert!(!idle.should_sleep(true, 1_000_000));
-        assert!(!idle.should_sleep(false, 1_000_000 + SPIN_NS / 2));
-        assert!(idle.should_sleep(false, 1_000_000 + SPIN_NS + 1));
+        assert!(!idle.should_sleep(false, 1_000_100));
+        assert!(!idle.should_sleep(false, 1_000_100 + SPIN_NS / 2));
+        assert!(idle.should_sleep(false, 1_000_100 + SPIN_NS + 1));
         // A frame starts the spin again.
         assert!(!idle.should_sleep(true, 5_000_000));
-        assert!(!idle.should_sleep(false, 5_000_000 + SPIN_NS));
+        assert!(!idle.should_sleep(false, 5_000_100));
+        assert!(!idle.should_sleep(false, 5_000_100 + SPIN_NS));
+    }
+
+    #[test]
+    fn a_long_working_round_does_not_use_up_the_spin() {
+        let mut idle = Idle::new(false);
+        assert!(!idle.should_sleep(true, 1_000_000));
+        // The next round starts long after the working one did.
+        assert!(!idle.should_sleep(false, 1_000_000 + 3 * SPIN_NS), "the first empty round after a long one polls on");
+        assert!(idle.should_sleep(false, 1_000_000 + 4 * SPIN_NS + 1));
     }
 
     #[test]
