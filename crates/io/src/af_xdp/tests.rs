@@ -438,6 +438,9 @@ impl Netns {
             }
         }
         let ns = Netns { name };
+        // No frames of the kernel's own (IPv6's DAD, MLD, router
+        // solicitations): the ports count and drop only the tests' frames.
+        run_command(&["ip", "netns", "exec", &ns.name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]);
         ns.add_veth_pair(PORT_IF, PEER_IF, 1);
         Some(ns)
     }
