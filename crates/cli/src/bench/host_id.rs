@@ -221,24 +221,17 @@ fn round(flows: u64, setups: &[Setup]) -> Result<Vec<Round>, Failure> {
 // Each engine's SYNs under a symbol of their own, so that callgrind can
 // count each engine's instructions (`--toggle-collect`) though their
 // batches interleave; the black_box keeps the compiler from merging the
-// three identical bodies into one symbol.
-#[inline(never)]
-fn syns_without(t: &mut Timed, frames: &mut Frames, i: u64, n: usize) {
-    syn_batch(t, frames, i, n);
-    std::hint::black_box(0);
+// identical bodies into one symbol.
+macro_rules! syns_under_a_symbol_each {
+    ($($name:ident = $k:expr),*) => {$(
+        #[inline(never)]
+        fn $name(t: &mut Timed, frames: &mut Frames, i: u64, n: usize) {
+            syn_batch(t, frames, i, n);
+            std::hint::black_box($k);
+        }
+    )*};
 }
-
-#[inline(never)]
-fn syns_looked_at(t: &mut Timed, frames: &mut Frames, i: u64, n: usize) {
-    syn_batch(t, frames, i, n);
-    std::hint::black_box(1);
-}
-
-#[inline(never)]
-fn syns_inserting(t: &mut Timed, frames: &mut Frames, i: u64, n: usize) {
-    syn_batch(t, frames, i, n);
-    std::hint::black_box(2);
-}
+syns_under_a_symbol_each!(syns_without = 0, syns_looked_at = 1, syns_inserting = 2);
 
 /// First SYNs `i..i + n` through `t`'s engine, timed; each must leave
 /// grown by insertion (or not, without it): where it lay, or as a copy
