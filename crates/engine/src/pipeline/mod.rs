@@ -490,9 +490,7 @@ impl Engine {
         if !self.nptv6.fast_path(frame, side) {
             return self.full_path(frame, side);
         }
-        let out = side.other();
-        self.counters.forwarded[out as usize] += 1;
-        Verdict::Forward(out)
+        self.forwarded(side.other())
     }
 
     /// The verdict on a candidate frame no middlebox function wants:
@@ -513,10 +511,7 @@ impl Engine {
     fn decide<F: FrameBuf>(&mut self, f: &mut F, side: Side, c: &nat44::Candidate) -> Verdict {
         let frame = f.frame();
         match self.nat.decide(frame, side, c) {
-            Some(Ok(out)) => {
-                self.counters.forwarded[out as usize] += 1;
-                Verdict::Forward(out)
-            }
+            Some(Ok(out)) => self.forwarded(out),
             Some(Err(r)) => self.settle(frame, nat44::fast::L3, side, Err(r)),
             None => self.full_path(frame, side),
         }
@@ -534,10 +529,7 @@ impl Engine {
         match self.nat.decide_inbound_to_hosts(frame, c) {
             Some((_, stand_in, Some(host))) => self.encapsulate_translated(f, Side::Outside, c, stand_in, host),
             Some((_, stand_in, None)) if identity::is_softwire(stand_in) => self.softwire_verdict(Err(DropReason::NoMapping)),
-            Some((out, _, None)) => {
-                self.counters.forwarded[out as usize] += 1;
-                Verdict::Forward(out)
-            }
+            Some((out, _, None)) => self.forwarded(out),
             None => self.full_path(frame, Side::Outside),
         }
     }
@@ -968,12 +960,16 @@ impl Engine {
         self.verdict_of(result)
     }
 
+    /// A frame that leaves by `out`, counted.
+    #[inline(always)]
+    fn forwarded(&mut self, out: Side) -> Verdict {
+        self.counters.forwarded[out as usize] += 1;
+        Verdict::Forward(out)
+    }
+
     fn verdict_of(&mut self, result: Result<Option<Side>, DropReason>) -> Verdict {
         match result {
-            Ok(Some(out)) => {
-                self.counters.forwarded[out as usize] += 1;
-                Verdict::Forward(out)
-            }
+            Ok(Some(out)) => self.forwarded(out),
             Ok(None) => {
                 self.counters.held += 1;
                 Verdict::Held

@@ -214,10 +214,7 @@ impl Engine {
             rewrite::rewrite(buf, L3, l4, Which::Src, stand_in, get_u16_at(buf, at));
         });
         match result {
-            Ok(out) => {
-                self.counters.forwarded[out as usize] += 1;
-                Verdict::Forward(out)
-            }
+            Ok(out) => self.forwarded(out),
             Err(r) => self.settle(buf, L3, Side::Inside, Err(r)),
         }
     }
