@@ -87,6 +87,15 @@ impl AfPacketPort {
         })
     }
 
+    /// Sends the frames `self.iov` points at and empties it.
+    fn send_iov(&mut self) -> Result<(), IoError> {
+        let mut iov = std::mem::take(&mut self.iov);
+        let sent = self.send_messages(&iov);
+        iov.clear();
+        self.iov = iov;
+        sent
+    }
+
     /// Sends the frames `iov` points at, in order, `TX_QUEUE` to a
     /// sendmmsg. A frame the device or the kernel refuses (a full queue,
     /// a frame it will not send) is lost, as on a real link, and counted;
@@ -209,24 +218,17 @@ impl PacketPort for AfPacketPort {
     }
 
     fn flush(&mut self) -> Result<(), IoError> {
-        let mut iov = std::mem::take(&mut self.iov);
-        iov.extend(self.tx_buf.iter_mut().zip(&self.tx_len).map(|(buf, &len)| libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: len }));
-        self.tx_len.clear();
-        let sent = self.send_messages(&iov);
-        iov.clear();
-        self.iov = iov;
-        sent
+        let AfPacketPort { iov, tx_buf, tx_len, .. } = self;
+        iov.extend(tx_buf.iter_mut().zip(tx_len.iter()).map(|(buf, &len)| libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: len }));
+        tx_len.clear();
+        self.send_iov()
     }
 
     fn send_from(&mut self, frames: &[&[u8]]) -> Result<(), IoError> {
         let queued = self.flush();
-        let mut iov = std::mem::take(&mut self.iov);
         // sendmmsg only reads through these pointers.
-        iov.extend(frames.iter().map(|f| libc::iovec { iov_base: f.as_ptr().cast_mut().cast(), iov_len: f.len() }));
-        let sent = self.send_messages(&iov);
-        iov.clear();
-        self.iov = iov;
-        queued.and(sent)
+        self.iov.extend(frames.iter().map(|f| libc::iovec { iov_base: f.as_ptr().cast_mut().cast(), iov_len: f.len() }));
+        queued.and(self.send_iov())
     }
 
     fn fd(&self) -> RawFd {

@@ -306,7 +306,8 @@ impl CopyingPorts {
             }
         }
         if queued[side].is_empty() {
-            result = ports[side].send_from(&[]);
+            // What the port queued itself (a made frame when every buffer was held).
+            result = ports[side].flush();
         }
         free.extend(queued[side].drain(..).map(|id| buffer_of(id.at)));
         result
