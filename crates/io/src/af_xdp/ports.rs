@@ -9,9 +9,17 @@
 //! on a TX ring or waiting on a completion ring (the kernel's again), or on
 //! the free list. Completions and released frames go back to the free
 //! list, and fill rings are topped up from it.
+//!
+//! Per-queue workers (`open_per_queue`): the sockets are dealt out in sets,
+//! receive queue q of every interface to set q % sets, and each set is one
+//! worker's own, with a free list of its own. A frame one worker received
+//! and another transmitted completes on the transmitter's completion ring,
+//! so chunks drift towards the workers that transmit more; a set with more
+//! than its share gives the surplus to a depot the sets share, and one
+//! running short takes from it, a few hundred chunks at a time.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use super::program::XdpProgram;
 use super::umem::{bind, register_umem, xsk_socket, BindAs, Mmap, Ring, Rings};
@@ -25,9 +33,14 @@ pub(super) const FILL_CHUNKS: u32 = 2048;
 /// Chunks beyond the fill rings': frames natrix holds, frames queued for
 /// transmission and frames natrix makes.
 pub(super) const SPARE_CHUNKS: u32 = 4096;
+/// How far a set's free list may stray from its share before chunks move
+/// to or from the depot.
+const DEPOT_SLACK: usize = SPARE_CHUNKS as usize / 8;
 
 /// One socket: one receive queue of one interface.
 pub(super) struct Xsk {
+    /// The interface's receive queue the socket is bound to.
+    queue: u32,
     // Rings before the socket: they are unmapped before it closes.
     pub(super) rx: Ring<libc::xdp_desc>,
     pub(super) tx: Ring<libc::xdp_desc>,
@@ -123,6 +136,11 @@ fn sysfs_rx_queues(interface: &str) -> Option<u32> {
     u32::try_from(n).ok().filter(|&n| n > 0)
 }
 
+/// Each interface with its receive queues, one where nothing says.
+fn with_their_queues<'a>(interfaces: &[&'a str]) -> Vec<(&'a str, u32)> {
+    interfaces.iter().map(|&name| (name, super::rx_queues(name).or_else(|| sysfs_rx_queues(name)).unwrap_or(1))).collect()
+}
+
 fn chunk_of(addr: u64) -> u64 {
     addr & !u64::from(FRAME_SIZE - 1)
 }
@@ -135,9 +153,9 @@ pub enum XdpMode {
 }
 
 pub struct XdpPorts {
-    // Fields drop in this order: detach the programs (no more redirects),
-    // close the sockets, then free the UMEM.
-    _programs: Vec<XdpProgram>,
+    // Fields drop in this order: detach the programs (no more redirects;
+    // the last set to drop does), close the sockets, then free the UMEM.
+    _programs: Arc<[XdpProgram]>,
     sockets: Vec<Xsk>,
     /// Interface i's sockets are sockets[first[i]..first[i + 1]], socket q
     /// of them serving receive queue q.
@@ -146,6 +164,9 @@ pub struct XdpPorts {
     /// (`FramePorts::shared`): the last handle unmaps it.
     frames: SharedFrames,
     free: Vec<u64>,
+    /// Where the sets of per-queue workers pool surplus chunks; None for
+    /// one set of every socket.
+    depot: Option<Arc<Mutex<Vec<u64>>>>,
     interfaces: Vec<String>,
     mode: XdpMode,
     busy_poll: bool,
@@ -160,22 +181,41 @@ impl XdpPorts {
     /// that work itself instead of waiting for the kernel's softirq or
     /// NAPI thread to be scheduled.
     pub fn open(interfaces: &[&str]) -> Result<XdpPorts, IoError> {
-        let with_queues: Vec<(&str, u32)> = interfaces.iter().map(|&name| (name, super::rx_queues(name).or_else(|| sysfs_rx_queues(name)).unwrap_or(1))).collect();
+        let with_queues = with_their_queues(interfaces);
         XdpPorts::open_queues(&with_queues, true)
+    }
+
+    /// Opens every receive queue of every interface, as `open` does, and
+    /// deals the sockets out in `sets` sets for as many workers: queue q
+    /// of each interface to set q % sets. Where an interface has fewer
+    /// queues than `sets` (a set would have no socket to send from on
+    /// it), returns one set of every socket.
+    pub fn open_per_queue(interfaces: &[&str], sets: usize) -> Result<Vec<XdpPorts>, IoError> {
+        let with_queues = with_their_queues(interfaces);
+        let fewest = with_queues.iter().map(|&(_, q)| q as usize).min().unwrap_or(1);
+        if sets <= 1 || fewest < sets {
+            return Ok(vec![XdpPorts::open_queues(&with_queues, true)?]);
+        }
+        Ok(XdpPorts::open_queues_with(&with_queues, true, sets as u32)?.split(sets))
     }
 
     /// Opens the first `queues` receive queues of each interface, the
     /// sockets preferring busy polling or not.
     pub(super) fn open_queues(interfaces: &[(&str, u32)], busy_poll: bool) -> Result<XdpPorts, IoError> {
-        match XdpPorts::open_as(interfaces, busy_poll, XdpMode::ZeroCopy) {
+        XdpPorts::open_queues_with(interfaces, busy_poll, 1)
+    }
+
+    /// As `open_queues`, with spare chunks for `sets` sets.
+    fn open_queues_with(interfaces: &[(&str, u32)], busy_poll: bool, sets: u32) -> Result<XdpPorts, IoError> {
+        match XdpPorts::open_as(interfaces, busy_poll, XdpMode::ZeroCopy, sets) {
             // One interface's driver took zero-copy and another's did not:
             // the UMEM's mode is its first socket's, so all go copy mode.
-            Err(_) => XdpPorts::open_as(interfaces, busy_poll, XdpMode::Copy),
+            Err(_) => XdpPorts::open_as(interfaces, busy_poll, XdpMode::Copy, sets),
             ok => ok,
         }
     }
 
-    fn open_as(interfaces: &[(&str, u32)], busy_poll: bool, wanted: XdpMode) -> Result<XdpPorts, IoError> {
+    fn open_as(interfaces: &[(&str, u32)], busy_poll: bool, wanted: XdpMode, sets: u32) -> Result<XdpPorts, IoError> {
         let mut looked_up = Vec::with_capacity(interfaces.len());
         for &(name, queues) in interfaces {
             let iface = Interface::lookup(name)?;
@@ -183,7 +223,7 @@ impl XdpPorts {
             looked_up.push((iface.index, queues.max(1)));
         }
         let count: u32 = looked_up.iter().map(|&(_, q)| q).sum();
-        let chunks = count * FILL_CHUNKS + SPARE_CHUNKS;
+        let chunks = count * FILL_CHUNKS + sets * SPARE_CHUNKS;
         let umem = Mmap::anonymous((chunks * FRAME_SIZE) as usize).map_err(|e| os_error("allocating the UMEM", interfaces[0].0, e))?;
         let mut free: Vec<u64> = (0..chunks).rev().map(|c| u64::from(c) * u64::from(FRAME_SIZE)).collect();
         let mut mode = wanted;
@@ -203,7 +243,64 @@ impl XdpPorts {
         }
         let interfaces = interfaces.iter().map(|&(name, _)| name.to_owned()).collect();
         let frames = SharedFrames::new(Arc::new(umem));
-        Ok(XdpPorts { _programs: programs, sockets, first, frames, free, interfaces, mode, busy_poll })
+        Ok(XdpPorts { _programs: programs.into(), sockets, first, frames, free, depot: None, interfaces, mode, busy_poll })
+    }
+
+    /// Deals the sockets out in `sets` sets, receive queue q of each
+    /// interface to set q % sets, and the free chunks evenly; every
+    /// interface has at least `sets` queues.
+    fn split(self, sets: usize) -> Vec<XdpPorts> {
+        let XdpPorts { _programs: programs, sockets, first, frames, mut free, interfaces, mode, busy_poll, .. } = self;
+        let depot = Arc::new(Mutex::new(Vec::new()));
+        let mut parts: Vec<XdpPorts> = (0..sets)
+            .map(|_| XdpPorts {
+                _programs: programs.clone(),
+                sockets: Vec::new(),
+                first: vec![0],
+                frames: frames.clone(),
+                free: Vec::new(),
+                depot: Some(depot.clone()),
+                interfaces: interfaces.clone(),
+                mode,
+                busy_poll,
+            })
+            .collect();
+        let mut sockets = sockets.into_iter();
+        for side in 0..interfaces.len() {
+            for (q, socket) in sockets.by_ref().take(first[side + 1] - first[side]).enumerate() {
+                parts[q % sets].sockets.push(socket);
+            }
+            for part in &mut parts {
+                part.first.push(part.sockets.len());
+            }
+        }
+        let share = free.len() / sets;
+        for part in &mut parts {
+            part.free = free.split_off(free.len() - share);
+        }
+        depot.lock().unwrap_or_else(|p| p.into_inner()).append(&mut free);
+        parts
+    }
+
+    /// The receive queues of interface `side` this set serves.
+    pub fn served_queues(&self, side: usize) -> Vec<u32> {
+        self.sockets[self.first[side]..self.first[side + 1]].iter().map(|s| s.queue).collect()
+    }
+
+    /// Gives the depot what this set's free list holds past its share and
+    /// its slack, or takes back up to its share when it falls as far short.
+    fn balance(&mut self) {
+        let Some(depot) = &self.depot else { return };
+        let share = SPARE_CHUNKS as usize;
+        let have = self.free.len();
+        if have > share + DEPOT_SLACK {
+            depot.lock().unwrap_or_else(|p| p.into_inner()).extend(self.free.drain(share..));
+        } else if have + DEPOT_SLACK < share {
+            let mut depot = depot.lock().unwrap_or_else(|p| p.into_inner());
+            let take = (share - have).min(depot.len());
+            let from = depot.len() - take;
+            self.free.extend(depot.drain(from..));
+        }
     }
 
     pub fn mode(&self) -> XdpMode {
@@ -229,6 +326,12 @@ impl XdpPorts {
     #[cfg(test)]
     pub(super) fn chunks_not_lent(&self) -> usize {
         self.free.len()
+    }
+
+    /// Chunks in the depot the sets share, for the tests' ledger.
+    #[cfg(test)]
+    pub(super) fn chunks_in_depot(&self) -> usize {
+        self.depot.as_ref().map_or(0, |d| d.lock().unwrap().len())
     }
 
     /// Chunks lent to the kernel for receiving, for the tests' ledger.
@@ -264,7 +367,7 @@ fn open_socket(
         register_umem(&socket, umem).map_err(|e| os_error("registering the UMEM", interface, e))?;
     }
     let rings = Rings::map(&socket, interface)?;
-    let mut xsk = Xsk { rx: rings.rx, tx: rings.tx, fill: rings.fill, completion: rings.completion, socket, lent: 0, transmit_calls: 0, receive_calls: 0 };
+    let mut xsk = Xsk { queue, rx: rings.rx, tx: rings.tx, fill: rings.fill, completion: rings.completion, socket, lent: 0, transmit_calls: 0, receive_calls: 0 };
     // Before the program attaches, so that no early frame finds the fill
     // ring empty.
     xsk.top_up(free);
@@ -361,6 +464,7 @@ impl FramePorts for XdpPorts {
             }
         }
         self.reclaim_all();
+        self.balance();
         for s in &mut self.sockets {
             s.top_up(&mut self.free);
         }
