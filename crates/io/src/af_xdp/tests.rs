@@ -2,10 +2,13 @@
 //! otherwise, saying why).
 
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::time::{Duration, Instant};
 
 use super::ports::{FILL_CHUNKS, SPARE_CHUNKS};
 use super::*;
+use crate::frames::FrameId;
 use crate::iface::Interface;
 
 /// The local experimental ethertype: no kernel protocol answers it.
@@ -283,7 +286,7 @@ fn every_receive_queue_has_a_socket_and_is_served() {
         let peer = RawSocket::open_all(PEER2_IF);
         let (port_mac, peer_mac) = (Interface::lookup(PORT2_IF).unwrap().mac, Interface::lookup(PEER2_IF).unwrap().mac);
         for flow in 0..FLOWS {
-            peer.send(&udp_frame(port_mac, peer_mac, flow));
+            peer.send(&udp_frame(port_mac, peer_mac, flow, flow));
         }
         let mut seen = std::collections::HashSet::new();
         let mut per_queue = [0u32; 2];
@@ -302,28 +305,238 @@ fn every_receive_queue_has_a_socket_and_is_served() {
     });
 }
 
+const PORT3_IF: &str = "xsk2";
+const PEER3_IF: &str = "peer2";
+
+/// Per-queue sets, each driven by a thread of its own, over two interfaces
+/// of two queues: set q serves queue q of both. Each frame a set receives
+/// from the first interface is handed to the other set, which changes it
+/// where it lies and sends it out of the second: every frame arrives once,
+/// changed, marked as received by one set and sent by the other. Most
+/// flows land on queue 0, so more chunks leave set 0 for set 1 (a frame's
+/// chunk comes back to the set that sent it) than set 0 ever had: only the
+/// depot can have brought them back. Afterwards every chunk is on a fill
+/// ring, a free list or in the depot, every fill ring is full and each
+/// free list holds about its share.
+#[test]
+fn per_queue_sets_on_their_own_threads_hand_frames_across_and_chunks_come_back_through_the_depot() {
+    const SETS: usize = 2;
+    const SURVEY_FLOWS: u32 = 64;
+    const ROUNDS: u32 = 12;
+    const BURST: u32 = 1024;
+    /// One frame in this many of a round is on a queue-1 flow.
+    const LIGHT_EVERY: u32 = 16;
+    let Some(ns) = Netns::with_veth_pair("sets") else {
+        return;
+    };
+    ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
+    ns.add_veth_pair(PORT3_IF, PEER3_IF, 2);
+    ns.run(|| {
+        let sets = XdpPorts::open_per_queue(&[PORT2_IF, PORT3_IF], SETS).expect("AF_XDP opens on every queue");
+        assert_eq!(sets.len(), SETS, "one set per queue");
+        for (q, set) in sets.iter().enumerate() {
+            assert_eq!((set.served_queues(0), set.served_queues(1)), (vec![q as u32], vec![q as u32]), "set {q} serves queue {q} of both");
+        }
+        let [a, a_peer, b, b_peer] = [PORT2_IF, PEER2_IF, PORT3_IF, PEER3_IF].map(|i| Interface::lookup(i).unwrap().mac);
+        let sender = RawSocket::open_all(PEER2_IF);
+        let receiver = RawSocket::open_all(PEER3_IF);
+        let stop = AtomicBool::new(false);
+        // Sends the round's frames (seq first.., flow flows[seq - first])
+        // and checks what the second interface's peer gets: each frame
+        // once, received by one set, changed and sent by the other.
+        // Returns the set that received each.
+        let round = |first: u32, flows: &[u32]| -> Vec<u8> {
+            for (seq, &flow) in (first..).zip(flows) {
+                sender.send(&udp_frame(a, a_peer, flow, seq));
+            }
+            let mut received_by = vec![u8::MAX; flows.len()];
+            for f in receiver.receive(flows.len()).iter().filter(|f| udp_flow(f).is_some()) {
+                let seq = udp_seq(f);
+                let i = seq.wrapping_sub(first) as usize;
+                assert!(i < flows.len(), "frame {seq} is not of the round from {first}");
+                assert!(received_by[i] == u8::MAX, "frame {seq} arrived twice");
+                let by = f[RECEIVED_BY_AT];
+                assert!(usize::from(by) < SETS, "frame {seq} marked received by set {by}");
+                let mut want = udp_frame(a, a_peer, flows[i], seq);
+                want[RECEIVED_BY_AT] = by;
+                want[SENT_BY_AT] = 1 - by;
+                mark_forwarded(&mut want, b_peer, b);
+                assert!(*f == want, "frame {seq} differs from what was sent, received by set {by}, changed and sent by the other");
+                received_by[i] = by;
+            }
+            let missing = received_by.iter().filter(|&&by| by == u8::MAX).count();
+            assert_eq!(missing, 0, "{missing} of the {} frames from {first} did not arrive", flows.len());
+            received_by
+        };
+        let mut sets = std::thread::scope(|s| {
+            let _stop_workers = StopOnDrop(&stop);
+            let (to_1, from_0) = mpsc::channel();
+            let (to_0, from_1) = mpsc::channel();
+            let mut sets = sets.into_iter();
+            let stop = &stop;
+            let workers = [(0, to_1, from_1), (1, to_0, from_0)].map(|(me, hand_over, handed)| {
+                let set = sets.next().unwrap();
+                s.spawn(move || forward_across(me, set, &hand_over, &handed, (b_peer, b), stop))
+            });
+
+            // Which queue (set) each of a few flows lands on.
+            let survey: Vec<u32> = (0..SURVEY_FLOWS).collect();
+            let landed = round(0, &survey);
+            let on = |q: u8| -> Vec<u32> { survey.iter().zip(&landed).filter(|&(_, &by)| by == q).map(|(&f, _)| f).collect() };
+            let (heavy, light) = (on(0), on(1));
+            assert!(!heavy.is_empty() && !light.is_empty(), "flows spread over both queues: {} and {}", heavy.len(), light.len());
+
+            let mut received = [0u32; SETS];
+            for r in 0..ROUNDS {
+                let first = SURVEY_FLOWS + r * BURST;
+                let flows: Vec<u32> = (0..BURST).map(|k| if k % LIGHT_EVERY == 0 { light[k as usize % light.len()] } else { heavy[k as usize % heavy.len()] }).collect();
+                for by in round(first, &flows) {
+                    received[usize::from(by)] += 1;
+                }
+            }
+            assert!(received.iter().all(|&n| n > 0), "both sets received frames: {received:?}");
+            let set_0_had = 2 * FILL_CHUNKS + SPARE_CHUNKS;
+            assert!(received[0].saturating_sub(received[1]) > set_0_had, "{received:?} received: more chunks crossed from set 0 to set 1 than set 0 had ({set_0_had})");
+
+            stop.store(true, Ordering::Relaxed);
+            workers.map(|w| w.join().expect("worker"))
+        });
+
+        let total = 2 * 2 * FILL_CHUNKS as usize + SETS * SPARE_CHUNKS as usize;
+        let accounted = |sets: &[XdpPorts]| sets.iter().map(|s| s.chunks_lent() as usize + s.chunks_not_lent()).sum::<usize>() + sets[0].chunks_in_depot();
+        let fill_rings_full = |sets: &[XdpPorts]| sets.iter().all(|s| s.chunks_lent() == 2 * FILL_CHUNKS);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !(accounted(&sets) == total && fill_rings_full(&sets)) && Instant::now() < deadline {
+            for set in &mut sets {
+                set.flush().expect("flush");
+            }
+        }
+        assert_eq!(accounted(&sets), total, "every chunk is on a fill ring, a free list or in the depot");
+        for (q, set) in sets.iter().enumerate() {
+            assert_eq!(set.chunks_lent(), 2 * FILL_CHUNKS, "set {q}'s fill rings are full again");
+            let free = set.chunks_not_lent();
+            assert!(free.abs_diff(SPARE_CHUNKS as usize) < SPARE_CHUNKS as usize / 4, "set {q}'s free list holds {free} chunks, not about its share of {SPARE_CHUNKS}");
+        }
+    });
+}
+
+/// One set's worker, until `stop`: frames of the test received from side 0
+/// are marked as received by set `me` and handed over to the other set's
+/// worker; frames handed over by it are marked as sent by `me`, addressed
+/// to `next_hop` (destination, source) and sent out of side 1. Returns
+/// the set, for the ledger.
+fn forward_across(me: u8, mut set: XdpPorts, hand_over: &Sender<Vec<FrameId>>, handed: &Receiver<Vec<FrameId>>, next_hop: ([u8; 6], [u8; 6]), stop: &AtomicBool) -> XdpPorts {
+    while !stop.load(Ordering::Relaxed) {
+        let mut held = Vec::new();
+        set.receive(0, 64, &mut |id, frame| {
+            let ours = udp_flow(frame).is_some();
+            if ours {
+                frame[RECEIVED_BY_AT] = me;
+                held.push(id);
+            }
+            ours
+        });
+        let mut idle = held.is_empty();
+        if !idle {
+            hand_over_or_release(&mut set, hand_over, held);
+        }
+        while let Ok(ids) = handed.try_recv() {
+            idle = false;
+            for id in ids {
+                // SAFETY: the other worker handed the id over and no longer
+                // touches the frame; the UMEM is both sets'.
+                let frame = unsafe { set.memory().frame(id) }.expect("the frame lies in the shared UMEM");
+                frame[SENT_BY_AT] = me;
+                mark_forwarded(frame, next_hop.0, next_hop.1);
+                // SAFETY: this worker holds the id; transmitting gives it up.
+                assert!(unsafe { set.transmit(1, id) }, "set {me}: TX ring full");
+            }
+            set.flush().expect("flush");
+        }
+        set.flush().expect("flush");
+        if idle {
+            let mut pfds: Vec<libc::pollfd> = set.fds().into_iter().map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+            // SAFETY: pfds is a valid array of that many pollfds.
+            unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 1) };
+        }
+    }
+    set
+}
+
+/// Hands frames over to the other worker or, where it has stopped (its
+/// test failed), gives them back to this set.
+fn hand_over_or_release(set: &mut XdpPorts, hand_over: &Sender<Vec<FrameId>>, held: Vec<FrameId>) {
+    if let Err(mpsc::SendError(lost)) = hand_over.send(held) {
+        for id in lost {
+            // SAFETY: receive handed the id over; nobody else has it.
+            unsafe { set.release(id) };
+        }
+    }
+}
+
+/// Tells the workers to stop when dropped, also when the test fails.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Where some interface has fewer receive queues than the sets asked for,
+/// a set would have no socket to send from on it: one set serves every
+/// queue, with one share of spare chunks and no depot.
+#[test]
+fn an_interface_of_one_queue_makes_one_set_of_every_queue() {
+    let Some(ns) = Netns::with_veth_pair("oneset") else {
+        return;
+    };
+    ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
+    ns.run(|| {
+        let sets = XdpPorts::open_per_queue(&[PORT_IF, PORT2_IF], 2).expect("AF_XDP opens on every queue");
+        assert_eq!(sets.len(), 1, "one set");
+        let set = &sets[0];
+        assert_eq!((set.served_queues(0), set.served_queues(1)), (vec![0], vec![0, 1]), "the set serves every queue");
+        assert_eq!(set.chunks_lent(), 3 * FILL_CHUNKS, "a full fill ring on each of the three queues");
+        assert_eq!((set.chunks_not_lent(), set.chunks_in_depot()), (SPARE_CHUNKS as usize, 0), "one share of spare chunks, no depot");
+    });
+}
+
 /// An Ethernet/IPv4/UDP frame of one flow (source port 1000 + flow),
-/// which the kernel's flow hash spreads over transmit queues.
-fn udp_frame(dst: [u8; 6], src: [u8; 6], flow: u32) -> Vec<u8> {
+/// which the kernel's flow hash spreads over transmit queues; its payload
+/// is the flow, a sequence number and two marks not yet made (0xff).
+fn udp_frame(dst: [u8; 6], src: [u8; 6], flow: u32, seq: u32) -> Vec<u8> {
     let mut f = Vec::with_capacity(60);
     f.extend_from_slice(&dst);
     f.extend_from_slice(&src);
     f.extend_from_slice(&[0x08, 0x00]);
     // IPv4: 20 bytes, UDP, 198.18.0.1 -> 198.18.0.2 (the benchmarking range).
-    f.extend_from_slice(&[0x45, 0, 0, 32, 0, 0, 0, 0, 64, 17, 0, 0, 198, 18, 0, 1, 198, 18, 0, 2]);
+    f.extend_from_slice(&[0x45, 0, 0, 40, 0, 0, 0, 0, 64, 17, 0, 0, 198, 18, 0, 1, 198, 18, 0, 2]);
     f.extend_from_slice(&((1000 + flow) as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 9, 0, 12, 0, 0]);
+    f.extend_from_slice(&[0, 9, 0, 20, 0, 0]);
     f.extend_from_slice(&flow.to_be_bytes());
+    f.extend_from_slice(&seq.to_be_bytes());
+    f.extend_from_slice(&[0xff, 0xff]);
     f.resize(60, 0);
     f
 }
 
+/// Where `udp_frame` keeps the sequence number and the two marks.
+const SEQ_AT: usize = 46;
+const RECEIVED_BY_AT: usize = 50;
+const SENT_BY_AT: usize = 51;
+
 /// The flow of a frame `udp_frame` made, or None for other traffic.
 fn udp_flow(frame: &[u8]) -> Option<u32> {
-    if frame.len() < 46 || frame[12..14] != [0x08, 0x00] || frame[23] != 17 || frame[26..30] != [198, 18, 0, 1] {
+    if frame.len() < 60 || frame[12..14] != [0x08, 0x00] || frame[23] != 17 || frame[26..30] != [198, 18, 0, 1] {
         return None;
     }
     Some(u32::from_be_bytes(frame[42..46].try_into().ok()?))
+}
+
+/// The sequence number of a frame `udp_frame` made.
+fn udp_seq(frame: &[u8]) -> u32 {
+    u32::from_be_bytes(frame[SEQ_AT..SEQ_AT + 4].try_into().unwrap())
 }
 
 /// 60 to 1514 bytes: addresses, the test ethertype, the sequence number
