@@ -269,7 +269,7 @@ fn stats(dp: &Dataplane, (log_recorded, log_lost): (u64, u64)) -> Result<Value, 
         "log_records_lost": total(&|w| w.events_lost) + log_lost,
         "arp": { "replies_sent": io.gateway.arp_replies_sent, "requests_sent": io.gateway.arp_requests_sent, "unresolved": io.gateway.unresolved },
         "nd": { "adverts_sent": io.gateway.nd_adverts_sent, "solicits_sent": io.gateway.nd_solicits_sent },
-        "per_worker": workers.iter().enumerate().map(|(i, w)| json!({ "worker": i, "packets": w.stats.received.iter().sum::<u64>(), "busy_ns": w.busy_ns, "sessions": w.sessions_by_proto.iter().sum::<u32>() })).collect::<Vec<_>>(),
+        "per_worker": workers.iter().enumerate().map(|(i, w)| json!({ "worker": i, "packets": w.stats.received.iter().sum::<u64>(), "busy_ns": w.busy_ns, "received_frames": w.received, "sessions": w.sessions_by_proto.iter().sum::<u32>() })).collect::<Vec<_>>(),
     }))
 }
 

@@ -229,6 +229,14 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     for (i, w) in workers.iter().enumerate() {
         f.sample(&[("worker", i.to_string())], Value::Float(w.busy_ns as f64 / 1e9));
     }
+    let f = o.family(
+        "worker_received_frames_total",
+        true,
+        "Frames each worker took from the receive queues it serves (all of them for the one worker that owns the interfaces; spread over every worker with per-queue workers).",
+    );
+    for (i, w) in workers.iter().enumerate() {
+        f.sample(&[("worker", i.to_string())], Value::Int(w.received));
+    }
     let f = o.family("pcp_requests_total", true, "PCP requests answered, by result code (RFC 6887 section 7.4).");
     for code in 0..16u8 {
         let n = sum(workers, |w| w.pcp.results[usize::from(code)]);
@@ -406,6 +414,7 @@ mod tests {
         assert_eq!(labels("worker_packets_total"), set(&["worker"]));
         assert_eq!(labels("io_system_calls_total"), set(&["call"]));
         assert_eq!(labels("worker_busy_seconds_total"), set(&["worker"]));
+        assert_eq!(labels("worker_received_frames_total"), set(&["worker"]));
         assert_eq!(labels("pcp_requests_total"), set(&["result"]));
         for name in [
             "sessions_created_total",

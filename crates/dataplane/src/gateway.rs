@@ -126,6 +126,10 @@ impl Gateway {
         self.links[side as usize].answers_for = addrs;
     }
 
+    pub fn mac(&self, side: Side) -> [u8; 6] {
+        self.links[side as usize].mac
+    }
+
     /// Takes a received frame: ARP and Neighbor Discovery are answered or
     /// learned from here; IPv4 and IPv6 for natrix's MAC go on to the engine.
     pub fn ingress(&mut self, side: Side, frame: &[u8], now_ns: u64, tx: &mut dyn FnMut(Side, &[u8])) -> Ingress {
@@ -385,6 +389,21 @@ impl Gateway {
             self.counters.unresolved += n.expire(now_ns);
         }
     }
+}
+
+/// Whether `ingress` would hand `frame` to the engine without looking
+/// further: untagged IPv4, or IPv6 that is not ICMPv6, sent to `mac`
+/// (natrix's on the side it arrived on). Shared gateways check this first,
+/// so that the bulk of the traffic takes no lock.
+pub fn plainly_for_the_engine(mac: [u8; 6], frame: &[u8]) -> bool {
+    const NEXT_HEADER: usize = ethernet::HEADER_LEN + 6;
+    frame.len() > NEXT_HEADER
+        && frame[..6] == mac
+        && match u16::from_be_bytes([frame[12], frame[13]]) {
+            ethernet::ETHERTYPE_IPV4 => true,
+            ethernet::ETHERTYPE_IPV6 => frame[NEXT_HEADER] != ipv6::next_header::ICMPV6,
+            _ => false,
+        }
 }
 
 /// What became of a frame handed to a neighbour table.
@@ -667,6 +686,44 @@ mod tests {
         });
         assert_eq!(sent.len(), 1, "the waiting frame leaves");
         assert_eq!(&sent[0].1[0..12], &[gw_mac, NAT_OUT].concat()[..]);
+    }
+
+    /// The lock-free check never takes a frame the gateway would keep
+    /// (ARP, Neighbor Discovery) or drop, and takes the plain traffic.
+    #[test]
+    fn what_is_plainly_for_the_engine_is_what_ingress_gives_it() {
+        let mut g = gateway();
+        let ns = ns_frame(HOST, SERVER6, OUTSIDE6, |_| {});
+        let mut ns_to_us = ns.clone();
+        ns_to_us[0..6].copy_from_slice(&NAT_OUT);
+        let mut tcp6 = ns_to_us.clone();
+        tcp6[20] = natrix_wire::proto::TCP;
+        let mut broadcast = ipv4_to(SERVER);
+        broadcast[0..6].copy_from_slice(&BROADCAST);
+        let mut tagged = ipv4_to(SERVER);
+        tagged[12..14].copy_from_slice(&[0x81, 0]);
+        let mut unicast = ipv4_to(SERVER);
+        unicast[0..6].copy_from_slice(&NAT_OUT);
+        let mut elsewhere = ipv4_to(SERVER);
+        elsewhere[0..6].copy_from_slice(&HOST);
+        let arp_to_us = arp_frame(NAT_OUT, arp::OP_REPLY, (HOST, SERVER), OUTSIDE);
+        let cases: [(&[u8], bool); 9] = [
+            (&unicast, true),
+            (&tcp6, true),
+            (&ns, false),
+            (&ns_to_us, false),
+            (&broadcast, false),
+            (&tagged, false),
+            (&elsewhere, false),
+            (&arp_to_us, false),
+            (&unicast[..14], false),
+        ];
+        for (i, (frame, plain)) in cases.into_iter().enumerate() {
+            assert_eq!(plainly_for_the_engine(NAT_OUT, frame), plain, "case {i}");
+            if plain {
+                assert_eq!(g.ingress(Side::Outside, frame, 0, &mut |_, _| {}), Ingress::Engine, "case {i}");
+            }
+        }
     }
 
     #[test]

@@ -10,8 +10,14 @@
 //! and owns no per-port state: a frame goes to the worker of the inside
 //! host's address, its source outbound and its destination inbound, so
 //! both directions of a flow meet on one worker.
+//!
+//! What steering learns (fragments' owners, SCTP tags) is shared by every
+//! clone, so per-queue workers, each steering what its own queues receive,
+//! agree on it. It is locked only for fragments and SCTP.
 
 mod sctp;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use natrix_engine::nat44::sctp::SctpConfig;
 use natrix_engine::shard::{worker_of_host6, worker_of_subscriber, Owners};
@@ -20,10 +26,17 @@ use natrix_wire::{ethernet, icmp, ipv4, ipv6, proto, udp};
 
 const FRAGMENT_SLOTS: usize = 4096;
 
+#[derive(Clone)]
 pub struct Steering {
     owners: Owners,
     /// False in router mode: IPv4 is steered like IPv6, by address.
     translate: bool,
+    learned: Arc<Mutex<Learned>>,
+}
+
+/// What steering learns from the frames it sees.
+struct Learned {
+    /// The owner of each fragmented datagram's first fragment.
     fragments: Box<[(u64, u16)]>,
     /// Inbound SCTP goes by tag to the worker that opened the association.
     sctp: sctp::SctpOwners,
@@ -38,14 +51,19 @@ enum Network<'a> {
 impl Steering {
     pub fn new(owners: Owners, translate: bool) -> Steering {
         let sctp = sctp::SctpOwners::new(&SctpConfig { max_associations: 0, ..SctpConfig::default() }, 1);
-        Steering { owners, translate, fragments: vec![(u64::MAX, 0); FRAGMENT_SLOTS].into_boxed_slice(), sctp }
+        let learned = Learned { fragments: vec![(u64::MAX, 0); FRAGMENT_SLOTS].into_boxed_slice(), sctp };
+        Steering { owners, translate, learned: Arc::new(Mutex::new(learned)) }
+    }
+
+    fn learned(&self) -> MutexGuard<'_, Learned> {
+        self.learned.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Steers SCTP by tag for the associations `cfg` allows on each worker;
     /// one worker needs no steering.
-    pub fn with_sctp(mut self, cfg: &SctpConfig) -> Steering {
+    pub fn with_sctp(self, cfg: &SctpConfig) -> Steering {
         if self.owners.count() > 1 {
-            self.sctp = sctp::SctpOwners::new(cfg, self.owners.count());
+            self.learned().sctp = sctp::SctpOwners::new(cfg, self.owners.count());
         }
         self
     }
@@ -57,7 +75,7 @@ impl Steering {
         }
         if let Some(Network::V4(ip)) = network(frame) {
             if ip.protocol() == proto::SCTP && ip.frag_offset() == 0 {
-                self.sctp.learn_sent(worker, ip.src_addr(), ip.payload());
+                self.learned().sctp.learn_sent(worker, ip.src_addr(), ip.payload());
             }
         }
     }
@@ -91,16 +109,16 @@ impl Steering {
         let key = fragment_key(ip);
         let slot = (key % FRAGMENT_SLOTS as u64) as usize;
         if ip.frag_offset() != 0 {
-            let (k, w) = self.fragments[slot];
+            let (k, w) = self.learned().fragments[slot];
             return if k == key { w } else { (key % u64::from(self.owners.count())) as u16 };
         }
         let w = match ip.protocol() {
             proto::SCTP if self.owners.count() <= 1 => 0,
-            proto::SCTP => self.sctp.steer_inbound(ip.dst_addr(), ip.payload()),
+            proto::SCTP => self.learned().sctp.steer_inbound(ip.dst_addr(), ip.payload()),
             p => self.owner_of_transport(p, ip.dst_addr(), ip.payload()),
         };
         if ip.more_frags() {
-            self.fragments[slot] = (key, w);
+            self.learned().fragments[slot] = (key, w);
         }
         w
     }

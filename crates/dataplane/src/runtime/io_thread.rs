@@ -1,8 +1,16 @@
-//! The first worker of a dataplane with several: besides its own engine it
-//! owns both interfaces and the gateway. It translates the frames it owns
-//! where they lie, steers every other IP frame to the worker that owns its
-//! state, and sends what the other workers hand back. With N workers there
-//! are N threads, which on a small host leaves the CPUs to the engines.
+//! A worker that owns receive queues besides its engine. It translates
+//! the frames it owns where they lie, steers every other IP frame to the
+//! worker that owns its state, and translates and sends what other workers
+//! steer to it.
+//!
+//! Two arrangements use it. On interfaces with a queue per worker, every
+//! worker is one (per-queue workers): each serves its own queues of both
+//! interfaces, sends from its own sockets, and owners exchange frames over
+//! a ring from every worker to every other. Elsewhere (veth's one queue,
+//! AF_PACKET) the first worker is the only one: it owns both interfaces,
+//! and the other workers take their frames from it and hand them back
+//! (`run_worker`) for it to send. Either way N workers are N threads,
+//! which on a small host leaves the CPUs to the engines.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -19,12 +27,12 @@ use super::BATCH;
 use crate::ring::{Consumer, Doorbell, Popped, Producer, MAX_POP};
 use crate::steer::Steering;
 use natrix_engine::Verdict;
-use natrix_io::FrameId;
+use natrix_io::{FrameId, FramePorts};
 
-/// Links to the workers: `to_workers[w]` feeds worker w, the first
-/// worker's own included (hairpins to its mappings that another worker
-/// translated wait there, for `own_input`); `from_workers[i]` and
-/// `doorbells[i]` belong to worker i + 1.
+/// Links to the workers: `to_workers[w]` feeds worker w, this one's own
+/// included (hairpins to its own mappings go round through it), and
+/// `doorbells[w]` wakes it; `from_workers[i]` brings back what worker
+/// i + 1 translated, where this is the only worker with interfaces.
 #[derive(Default)]
 pub(super) struct Lanes {
     pub(super) to_workers: Vec<Producer>,
@@ -33,10 +41,13 @@ pub(super) struct Lanes {
 }
 
 pub(super) struct IoThread {
+    /// This worker's index among the workers.
+    pub(super) index: usize,
     pub(super) worker: EngineWorker,
     pub(super) links: Links,
     pub(super) lanes: Lanes,
-    pub(super) own_input: Consumer,
+    /// Frames the workers steer to this one for its engine.
+    pub(super) inputs: Vec<Consumer>,
     pub(super) steering: Steering,
     /// Sorted, to recognise hairpins to another worker's mapping.
     pub(super) pool: Vec<u32>,
@@ -53,10 +64,10 @@ impl IoThread {
             let t0 = Instant::now();
             let now = clock.at(t0);
             let mut n = self.receive_and_steer(now, &mut woken);
-            self.translate_own(now, &mut woken);
-            n += self.collect_from_workers(now, &mut woken);
-            for (bell, w) in self.lanes.doorbells.iter().zip(woken.iter_mut().skip(1)) {
-                if std::mem::take(w) {
+            n += self.translate_own(now, &mut woken);
+            n += self.collect_from_workers(&mut woken);
+            for (w, (bell, woken)) in self.lanes.doorbells.iter().zip(woken.iter_mut()).enumerate() {
+                if std::mem::take(woken) && w != self.index {
                     bell.ring();
                 }
             }
@@ -69,7 +80,7 @@ impl IoThread {
             }
             if idle.should_sleep(n > 0, now) {
                 bell.going_to_sleep();
-                if self.lanes.from_workers.iter().all(Consumer::is_empty) && self.own_input.is_empty() {
+                if self.lanes.from_workers.iter().chain(&self.inputs).all(Consumer::is_empty) {
                     self.links.wait(bell.fd());
                 }
                 bell.woke();
@@ -83,11 +94,11 @@ impl IoThread {
     fn receive_and_steer(&mut self, now: u64, woken: &mut [bool]) -> usize {
         let mut n = 0;
         for side in [Side::Inside, Side::Outside] {
-            let IoThread { links, lanes, steering, handoffs, .. } = self;
+            let IoThread { index, links, lanes, steering, handoffs, .. } = self;
             let mut dropped = 0;
             let low = links.ports.low_on_buffers();
             n += links.receive(side, now, &mut |id, frame, stage| match usize::from(steering.worker_for(side, frame)) {
-                0 => {
+                w if w == *index => {
                     stage.hold(side, id);
                     true
                 }
@@ -118,40 +129,23 @@ impl IoThread {
             }
             links.snapshot.handoff_dropped += dropped;
         }
+        self.worker.received += n as u64;
         n
     }
 
-    /// Translates this worker's frames where they lie and the hairpins
-    /// other workers handed it, runs the engine's timers, and hands each
-    /// frame of the round that leaves for another worker's mapping to it.
-    fn translate_own(&mut self, now: u64, woken: &mut [bool]) {
-        let IoThread { worker, links, own_input, .. } = self;
+    /// Translates this worker's frames where they lie and those steered to
+    /// it (by other workers, and hairpins to its mappings), runs the
+    /// engine's timers, and hands each frame of the round that leaves for
+    /// another worker's mapping to it; returns how many frames were
+    /// steered to it.
+    fn translate_own(&mut self, now: u64, woken: &mut [bool]) -> usize {
+        let IoThread { worker, links, inputs, .. } = self;
         let Links { stage, ports, .. } = links;
         stage.translate_held(ports.as_mut(), |sides, frames, verdicts| worker.translate_batch(sides, frames, now, verdicts));
-        // Hairpins to this worker's mappings, from the other workers.
-        let mut taken = 0;
-        while taken < BATCH {
-            let popped = own_input.pop_batch(|sides, frames, held| {
-                let mut verdicts = [Verdict::Held; MAX_POP];
-                let verdicts = &mut verdicts[..frames.len()];
-                worker.translate_batch(sides, frames, now, verdicts);
-                for ((frame, v), held) in frames.iter().zip(verdicts.iter()).zip(held) {
-                    match (*v, *held) {
-                        (Verdict::Forward(to), Some(id)) => stage.forward_held(to, id),
-                        (Verdict::Forward(to), None) => stage.push(to, frame),
-                        // SAFETY: the popped frame was handed to this thread.
-                        (_, Some(id)) => unsafe { ports.release(id) },
-                        (_, None) => {}
-                    }
-                }
-            });
-            if popped == 0 {
-                break;
-            }
-            taken += popped;
-        }
+        let steered = inputs.iter_mut().map(|input| translate_steered(worker, stage, ports.as_mut(), input, now)).sum();
         worker.housekeeping(now, &mut |to, f| stage.push(to, f));
         self.hand_over_hairpins(woken);
+        steered
     }
 
     /// Frames of the round leaving outside (translated here, or made by
@@ -159,7 +153,7 @@ impl IoThread {
     /// frames) teach steering their flows; those to a pool address are
     /// hairpins to a mapping this engine does not own, and go to its owner.
     fn hand_over_hairpins(&mut self, woken: &mut [bool]) {
-        let IoThread { links, lanes, steering, pool, .. } = self;
+        let IoThread { index, links, lanes, steering, pool, .. } = self;
         let Links { stage, ports, snapshot, .. } = links;
         let low = ports.low_on_buffers();
         let Stage { bytes, frames, .. } = stage;
@@ -170,7 +164,7 @@ impl IoThread {
                 Staged::Held(id) => unsafe { ports.frame(id) },
                 Staged::Made { at, len } => &bytes[at..at + len],
             };
-            let Some(owner) = sent_outside(steering, pool, 0, frame) else { continue };
+            let Some(owner) = sent_outside(steering, pool, *index as u16, frame) else { continue };
             let handed = match (owner, staged) {
                 (Some(w), Staged::Held(id)) if !low => lanes.to_workers[w].push_held(Side::Outside, id),
                 (Some(w), _) => lanes.to_workers[w].push(Side::Outside, frame),
@@ -196,7 +190,7 @@ impl IoThread {
     /// Sends what the other workers translated; a frame leaving outside for
     /// a pool address is a hairpin between workers and goes back in to the
     /// owner.
-    fn collect_from_workers(&mut self, now: u64, woken: &mut [bool]) -> usize {
+    fn collect_from_workers(&mut self, woken: &mut [bool]) -> usize {
         let mut n = 0;
         let IoThread { links, lanes, steering, pool, .. } = self;
         let Lanes { to_workers, from_workers, .. } = lanes;
@@ -227,9 +221,9 @@ impl IoThread {
                             }
                         }
                     } else if let Some(id) = held {
-                        then = Some(Then::Route(side, id));
+                        links.stage.forward_held(side, id);
                     } else {
-                        links.send(side, frame, now);
+                        links.stage.push(side, frame);
                     }
                 });
                 if !popped {
@@ -244,8 +238,6 @@ impl IoThread {
                     }
                     // SAFETY: as above.
                     Some(Then::Release(id)) => unsafe { links.ports.release(id) },
-                    // SAFETY: as above.
-                    Some(Then::Route(side, id)) => unsafe { links.route_held(side, id, now) },
                     None => {}
                 }
                 budget -= 1;
@@ -263,12 +255,39 @@ impl IoThread {
     }
 }
 
+/// Translates, up to a batch, the frames `input` brings: held ones where
+/// they lie, to be routed at the flush; copies into the stage. Returns
+/// how many it took.
+fn translate_steered(worker: &mut EngineWorker, stage: &mut Stage, ports: &mut dyn FramePorts, input: &mut Consumer, now: u64) -> usize {
+    let mut taken = 0;
+    while taken < BATCH {
+        let popped = input.pop_batch(|sides, frames, held| {
+            let mut verdicts = [Verdict::Held; MAX_POP];
+            let verdicts = &mut verdicts[..frames.len()];
+            worker.translate_batch(sides, frames, now, verdicts);
+            for ((frame, v), held) in frames.iter().zip(verdicts.iter()).zip(held) {
+                match (*v, *held) {
+                    (Verdict::Forward(to), Some(id)) => stage.forward_held(to, id),
+                    (Verdict::Forward(to), None) => stage.push(to, frame),
+                    // SAFETY: the popped frame was handed to this thread.
+                    (_, Some(id)) => unsafe { ports.release(id) },
+                    (_, None) => {}
+                }
+            }
+        });
+        if popped == 0 {
+            break;
+        }
+        taken += popped;
+    }
+    taken
+}
+
 /// What the interface thread does with a held frame a worker handed back.
 enum Then {
     /// Hands it to worker `w`, whose mapping it hairpins to.
     Hairpin(usize, FrameId),
     Release(FrameId),
-    Route(Side, FrameId),
 }
 
 /// A frame worker `from` sends out of the outside interface: steering

@@ -1,6 +1,10 @@
 //! Both interfaces, the router state around them (the gateway), the frames
 //! of the current round, and the interfaces' counters: what the thread that
-//! owns the interfaces works on.
+//! owns the interfaces works on. Per-queue workers each have links of
+//! their own (their queues' sockets) and share one gateway, so a neighbour
+//! any of them learns is known to all; it is locked once per batch.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use natrix_engine::Side;
 use natrix_io::{FrameId, FramePorts};
@@ -8,12 +12,14 @@ use natrix_io::{FrameId, FramePorts};
 use super::clock::SLEEP_MS;
 use super::stage::{Next, Stage, Staged};
 use super::{IoSnapshot, BATCH};
-use crate::gateway::{Gateway, Ingress};
+use crate::gateway::{plainly_for_the_engine, Gateway, Ingress};
 use crate::ring::wait_readable;
 
 pub(super) struct Links {
     pub(super) ports: Box<dyn FramePorts>,
-    pub(super) gateway: Gateway,
+    pub(super) gateway: Arc<Mutex<Gateway>>,
+    /// natrix's MAC on each side, for `plainly_for_the_engine`.
+    macs: [[u8; 6]; 2],
     pub(super) stage: Stage,
     pub(super) snapshot: IoSnapshot,
     /// Frames the gateway makes while a held frame is being addressed
@@ -22,32 +28,41 @@ pub(super) struct Links {
 }
 
 impl Links {
-    pub(super) fn new(ports: Box<dyn FramePorts>, gateway: Gateway) -> Links {
-        Links { ports, gateway, stage: Stage::default(), snapshot: IoSnapshot::default(), requests: Stage::default() }
+    pub(super) fn new(ports: Box<dyn FramePorts>, gateway: Arc<Mutex<Gateway>>) -> Links {
+        let macs = [Side::Inside, Side::Outside].map(|side| lock(&gateway).mac(side));
+        Links { ports, gateway, macs, stage: Stage::default(), snapshot: IoSnapshot::default(), requests: Stage::default() }
+    }
+
+    pub(super) fn gateway(&self) -> MutexGuard<'_, Gateway> {
+        lock(&self.gateway)
     }
 
     /// Stages the gateway's announcements of natrix's addresses.
     pub(super) fn announce(&mut self) {
         let Links { gateway, stage, .. } = self;
-        gateway.announce(&mut |s, f| stage.push_addressed(s, f));
+        lock(gateway).announce(&mut |s, f| stage.push_addressed(s, f));
     }
 
     /// Receives a batch on `side`; `keep` gets each IP frame for the NAT and
     /// returns whether the frame stays held (its id staged for translation)
-    /// or is done with (copied elsewhere, or dropped).
+    /// or is done with (copied elsewhere, or dropped). The gateway is
+    /// locked only for frames that are not plainly IP for natrix.
     pub(super) fn receive(&mut self, side: Side, now: u64, keep: &mut dyn FnMut(FrameId, &mut [u8], &mut Stage) -> bool) -> usize {
-        let Links { ports, gateway, stage, snapshot, .. } = self;
+        let Links { ports, gateway, macs, stage, snapshot, .. } = self;
+        let mut locked = None;
         let s = side as usize;
         ports.receive(s, BATCH, &mut |id, frame| {
             snapshot.rx_frames[s] += 1;
             snapshot.rx_bytes[s] += frame.len() as u64;
-            gateway.ingress(side, frame, now, &mut |out, f| stage.push_addressed(out, f)) == Ingress::Engine && keep(id, frame, stage)
+            let for_the_engine = plainly_for_the_engine(macs[s], frame)
+                || locked.get_or_insert_with(|| lock(gateway)).ingress(side, frame, now, &mut |out, f| stage.push_addressed(out, f)) == Ingress::Engine;
+            for_the_engine && keep(id, frame, stage)
         })
     }
 
     /// Sends a copy of a frame through the next-hop logic.
-    pub(super) fn send(&mut self, side: Side, frame: &mut [u8], now: u64) {
-        let Links { ports, gateway, snapshot, .. } = self;
+    fn send(&mut self, gateway: &mut Gateway, side: Side, frame: &mut [u8], now: u64) {
+        let Links { ports, snapshot, .. } = self;
         gateway.egress(side, frame, now, &mut |out, f| count(snapshot, out, f.len(), ports.send(out as usize, f)));
     }
 
@@ -55,15 +70,17 @@ impl Links {
     /// both interfaces.
     pub(super) fn flush(&mut self, now: u64) {
         let mut stage = std::mem::take(&mut self.stage);
+        let shared = Arc::clone(&self.gateway);
+        let mut gateway = lock(&shared);
         for &(side, frame, next) in &stage.frames {
             debug_assert_ne!(next, Next::Translate, "flush: a received frame was never translated");
             match (frame, next) {
                 // SAFETY: the stage held each id once, and flushing gives it up.
-                (Staged::Held(id), Next::Route) => unsafe { self.route_held(side, id, now) },
+                (Staged::Held(id), Next::Route) => unsafe { self.route_held(&mut gateway, side, id, now) },
                 (Staged::Held(_), Next::Handed) => {}
                 // SAFETY: as above.
                 (Staged::Held(id), _) => unsafe { self.ports.release(id) },
-                (Staged::Made { at, len }, Next::Route) => self.send(side, &mut stage.bytes[at..at + len], now),
+                (Staged::Made { at, len }, Next::Route) => self.send(&mut gateway, side, &mut stage.bytes[at..at + len], now),
                 (Staged::Made { at, len }, Next::Send) => {
                     let sent = self.ports.send(side as usize, &stage.bytes[at..at + len]);
                     count(&mut self.snapshot, side, len, sent);
@@ -75,8 +92,9 @@ impl Links {
         stage.bytes.clear();
         self.stage = stage;
         self.send_requests();
+        gateway.expire(now);
+        drop(gateway);
         let _ = self.ports.flush();
-        self.gateway.expire(now);
     }
 
     /// Addresses a held frame to its next hop and transmits it without a
@@ -84,8 +102,8 @@ impl Links {
     ///
     /// # Safety
     /// The caller holds `id`, and gives it up.
-    pub(super) unsafe fn route_held(&mut self, side: Side, id: FrameId, now: u64) {
-        let Links { ports, gateway, requests, snapshot, .. } = self;
+    unsafe fn route_held(&mut self, gateway: &mut Gateway, side: Side, id: FrameId, now: u64) {
+        let Links { ports, requests, snapshot, .. } = self;
         // SAFETY: the caller holds id.
         let frame = unsafe { ports.frame(id) };
         let len = frame.len();
@@ -120,7 +138,7 @@ impl Links {
             s.transmit_calls += c.transmit_calls;
             s.receive_calls += c.receive_calls;
         }
-        s.gateway = self.gateway.counters.clone();
+        s.gateway = self.gateway().counters.clone();
         s
     }
 
@@ -132,6 +150,10 @@ impl Links {
         self.snapshot.wait_calls += 1;
         wait_readable(&fds, SLEEP_MS);
     }
+}
+
+fn lock(gateway: &Mutex<Gateway>) -> MutexGuard<'_, Gateway> {
+    gateway.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn count(snapshot: &mut IoSnapshot, side: Side, len: usize, sent: bool) {

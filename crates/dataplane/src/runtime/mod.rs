@@ -2,12 +2,19 @@
 //!
 //! With one worker, one thread does everything for a frame: receive, ARP,
 //! translate where the frame lies, next hop, transmit. With N workers there
-//! are N threads: the first also owns both interfaces and the ARP state,
-//! translates its own frames where they lie, steers every other IP frame to
-//! the worker that owns its state over a lock-free ring, and transmits what
-//! the workers hand back; each worker owns one engine and never takes a
-//! lock per packet. Operators reach the threads through command channels
-//! that are checked between batches, so the packet path has no shared state.
+//! are N threads, each owning one engine and never taking a lock per
+//! packet, and frames cross between them over lock-free rings:
+//! - where every interface has a receive queue per worker (AF_XDP on a
+//!   multi-queue NIC), each worker serves its own queues of both
+//!   interfaces, pinned to a CPU of its own: it translates the frames it
+//!   owns where they lie, steers every other IP frame to the worker that
+//!   owns its state, and sends what it translated from its own sockets;
+//! - elsewhere the first worker owns both interfaces, steers every frame
+//!   that is not its own to its owner and transmits what the workers hand back.
+//!
+//! The next-hop (ARP, NDP) state is shared, locked once per batch.
+//! Operators reach the threads through command channels that are checked
+//! between batches.
 //!
 //! The parts: this file starts the threads and is the handle (`Dataplane`);
 //! `links` holds both interfaces with the router state around them, `stage`
@@ -17,6 +24,7 @@
 
 mod clock;
 mod commands;
+mod cpus;
 mod io_thread;
 mod links;
 mod stage;
@@ -25,7 +33,7 @@ mod worker;
 use std::net::Ipv6Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use natrix_engine::admin::{Cleared, MappingView, SessionView};
@@ -39,7 +47,7 @@ use natrix_io::iface::Interface;
 use natrix_io::{check_frames_fit, CopyingPorts, FramePorts, IoError, PacketPort};
 
 use crate::gateway::{Gateway, GatewayCounters, Link};
-use crate::ring::{self, Doorbell};
+use crate::ring::{self, Consumer, Doorbell, Producer};
 use crate::steer::Steering;
 use clock::Clock;
 use commands::{Command, Control};
@@ -51,6 +59,9 @@ use worker::{run_single, run_worker, EngineWorker};
 /// Frames received from one interface per round.
 const BATCH: usize = 64;
 const RING_FRAMES: usize = 4096;
+/// Per-queue workers have a ring from every worker to every other, each
+/// `RING_FRAMES / workers` long but no shorter than this.
+const MIN_RING_FRAMES: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoChoice {
@@ -142,6 +153,9 @@ pub struct WorkerSnapshot {
     pub events_lost: u64,
     pub busy_ns: u64,
     pub handoff_dropped: u64,
+    /// Frames the worker took from the receive queues it serves: all of
+    /// them with one worker, none for workers without interfaces.
+    pub received: u64,
     /// Subscribers whose port use reached 50, 80, 90 and 100% of their limit.
     pub port_use_over: [u64; 4],
     pub pcp: natrix_engine::pcp::PcpStats,
@@ -166,6 +180,26 @@ pub struct IoSnapshot {
     pub wait_calls: u64,
 }
 
+impl IoSnapshot {
+    /// Adds another worker's port counters; the gateway's are shared, so
+    /// they are counted once.
+    fn add_ports(&mut self, other: &IoSnapshot) {
+        for side in 0..2 {
+            self.rx_frames[side] += other.rx_frames[side];
+            self.rx_bytes[side] += other.rx_bytes[side];
+            self.tx_frames[side] += other.tx_frames[side];
+            self.tx_bytes[side] += other.tx_bytes[side];
+            self.rx_refused[side] += other.rx_refused[side];
+            self.rx_kernel_dropped[side] += other.rx_kernel_dropped[side];
+            self.tx_dropped[side] += other.tx_dropped[side];
+        }
+        self.handoff_dropped += other.handoff_dropped;
+        self.transmit_calls += other.transmit_calls;
+        self.receive_calls += other.receive_calls;
+        self.wait_calls += other.wait_calls;
+    }
+}
+
 pub const PORT_USE_THRESHOLDS: [f64; 4] = [0.5, 0.8, 0.9, 1.0];
 
 /// A running dataplane.
@@ -181,8 +215,9 @@ pub struct Dataplane {
     stop: Arc<AtomicBool>,
     threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
     workers: Vec<Control>,
-    /// The thread that owns the interfaces (worker 0 when there is one worker).
-    io: Control,
+    /// How many workers, from the first, own interfaces' queues: one, or
+    /// every worker when they are per-queue workers.
+    io_workers: usize,
     backend: &'static str,
     notes: Vec<String>,
     events: std::sync::Mutex<Option<Receiver<Logged>>>,
@@ -202,14 +237,14 @@ impl Dataplane {
         let (ports, [inside, outside]) = match options.ports {
             Some([inside, outside]) => {
                 let ports: Box<dyn FramePorts> = Box::new(CopyingPorts::new([inside.port, outside.port]));
-                (ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }])
+                (vec![ports], [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }])
             }
             None => open_interfaces(&settings, &mut notes)?,
         };
-        let backend = ports.backend();
+        let backend = ports[0].backend();
         let mut engine_cfg = settings.engine.clone();
         engine_cfg.egress_mtu = [inside.mtu, outside.mtu];
-        let gateway = Gateway::new(
+        let gateway = Arc::new(Mutex::new(Gateway::new(
             Link {
                 mac: inside.mac,
                 addr: settings.inside.addr,
@@ -228,8 +263,8 @@ impl Dataplane {
             },
             settings.gateway,
             options.gateway6,
-        );
-        let mut links = Links::new(ports, gateway);
+        )));
+        let mut links: Vec<Links> = ports.into_iter().map(|p| Links::new(p, gateway.clone())).collect();
         let (event_tx, event_rx) = mpsc::sync_channel(settings.event_buffer.max(1));
         let count = settings.workers.max(1);
         let mut engines = (0..count)
@@ -238,30 +273,32 @@ impl Dataplane {
             .map_err(DataplaneError::Engine)?;
         if let Some(announce) = engines[0].pcp_announcement(inside.mac) {
             // RFC 6887 section 14.1.3: tell clients natrix (re)started, so they renew.
-            links.stage.push_addressed(Side::Inside, &announce);
+            links[0].stage.push_addressed(Side::Inside, &announce);
         }
         let clock = Clock::new();
         let mut dp = Dataplane {
             stop: Arc::new(AtomicBool::new(false)),
             threads: Default::default(),
             workers: Vec::new(),
-            io: Control::new(mpsc::channel().0, Arc::new(Doorbell::new().map_err(DataplaneError::Thread)?)),
+            io_workers: links.len(),
             backend,
             notes,
             events: std::sync::Mutex::new(Some(event_rx)),
             outside_prefix: (settings.outside.addr, settings.outside.prefix_len),
         };
-        if count == 1 {
-            dp.start_single(engines, links, event_tx, clock, settings.busy_poll)?;
+        if links.len() > 1 {
+            dp.start_per_queue(engines, links, &engine_cfg, event_tx, clock, settings.busy_poll)?;
+        } else if count == 1 {
+            dp.start_single(engines, links.remove(0), event_tx, clock, settings.busy_poll)?;
         } else {
-            dp.start_sharded(engines, links, &engine_cfg, event_tx, clock, settings.busy_poll)?;
+            dp.start_sharded(engines, links.remove(0), &engine_cfg, event_tx, clock, settings.busy_poll)?;
         }
         Ok(dp)
     }
 
     fn start_single(&mut self, mut engines: Vec<Engine>, mut links: Links, event_tx: SyncSender<Logged>, clock: Clock, busy_poll: bool) -> Result<(), DataplaneError> {
         let (commands, rx) = mpsc::channel();
-        let doorbell = self.io.doorbell.clone();
+        let doorbell = new_doorbell()?;
         let engine = engines.remove(0);
         let stop = self.stop.clone();
         let mut worker = EngineWorker::new(engine, rx, event_tx);
@@ -271,7 +308,6 @@ impl Dataplane {
             run_single(&mut worker, &mut links, &bell, &stop, clock, busy_poll);
         })?;
         self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
-        self.io = Control::new(commands.clone(), doorbell.clone());
         self.workers.push(Control::new(commands, doorbell));
         Ok(())
     }
@@ -280,8 +316,8 @@ impl Dataplane {
     /// frames from it over rings and hand them back.
     fn start_sharded(&mut self, engines: Vec<Engine>, links: Links, cfg: &EngineConfig, event_tx: SyncSender<Logged>, clock: Clock, busy_poll: bool) -> Result<(), DataplaneError> {
         let count = engines.len() as u16;
-        let io_bell = self.io.doorbell.clone();
-        let mut lanes = Lanes::default();
+        let io_bell = new_doorbell()?;
+        let mut lanes = Lanes { doorbells: vec![io_bell.clone()], ..Lanes::default() };
         let mut engines = engines.into_iter();
         let first = engines.next().expect("at least one engine");
         let frames = links.ports.shared();
@@ -291,7 +327,7 @@ impl Dataplane {
             let (to_worker, worker_in) = ring::ring(RING_FRAMES, frames.clone());
             let (worker_out, from_worker) = ring::ring(RING_FRAMES, frames.clone());
             let (commands, rx) = mpsc::channel();
-            let bell = Arc::new(Doorbell::new().map_err(DataplaneError::Thread)?);
+            let bell = new_doorbell()?;
             let mut worker = EngineWorker::new(engine, rx, event_tx.clone());
             let (stop, wbell, io_bell) = (self.stop.clone(), bell.clone(), io_bell.clone());
             let h = spawn(&format!("natrix-w{}", i + 1), move || run_worker(&mut worker, worker_in, worker_out, &wbell, &io_bell, &stop, clock, busy_poll))?;
@@ -302,7 +338,6 @@ impl Dataplane {
             lanes.doorbells.push(bell);
         }
         let (commands, rx) = mpsc::channel();
-        self.io.commands = commands.clone();
         self.workers.insert(0, Control::new(commands, io_bell.clone()));
         let steering = Steering::new(Owners::for_config(cfg, count), cfg.translate).with_sctp(&cfg.sctp);
         let mut pool = cfg.pool.clone();
@@ -310,11 +345,66 @@ impl Dataplane {
         let stop = self.stop.clone();
         let worker = EngineWorker::new(first, rx, event_tx);
         let h = spawn("natrix-w0", move || {
-            let mut io = IoThread { worker, links, lanes, own_input, steering, pool, handoffs: Vec::with_capacity(BATCH) };
+            let mut io = IoThread { index: 0, worker, links, lanes, inputs: vec![own_input], steering, pool, handoffs: Vec::with_capacity(BATCH) };
             io.links.announce();
             io.run(&io_bell, &stop, clock, busy_poll);
         })?;
         self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
+        Ok(())
+    }
+
+    /// Every worker serves its own queues (`links[w]`) and has a ring to
+    /// every worker, itself included, for the frames it steers there.
+    fn start_per_queue(
+        &mut self,
+        engines: Vec<Engine>,
+        links: Vec<Links>,
+        cfg: &EngineConfig,
+        event_tx: SyncSender<Logged>,
+        clock: Clock,
+        busy_poll: bool,
+    ) -> Result<(), DataplaneError> {
+        let count = engines.len();
+        let frames = links[0].ports.shared();
+        let capacity = (RING_FRAMES / count).max(MIN_RING_FRAMES);
+        let mut to_workers: Vec<Vec<Producer>> = (0..count).map(|_| Vec::with_capacity(count)).collect();
+        let mut inputs: Vec<Vec<Consumer>> = (0..count).map(|_| Vec::with_capacity(count)).collect();
+        for outputs in &mut to_workers {
+            for input in &mut inputs {
+                let (to, from) = ring::ring(capacity, frames.clone());
+                outputs.push(to);
+                input.push(from);
+            }
+        }
+        let doorbells = (0..count).map(|_| new_doorbell()).collect::<Result<Vec<_>, _>>()?;
+        let steering = Steering::new(Owners::for_config(cfg, count as u16), cfg.translate).with_sctp(&cfg.sctp);
+        let mut pool = cfg.pool.clone();
+        pool.sort_unstable();
+        let cpus = cpus::one_each(count);
+        let threads = engines.into_iter().zip(links).zip(to_workers.into_iter().zip(inputs));
+        for (index, ((engine, links), (to_workers, inputs))) in threads.enumerate() {
+            let (commands, rx) = mpsc::channel();
+            let worker = EngineWorker::new(engine, rx, event_tx.clone());
+            let lanes = Lanes { to_workers, from_workers: Vec::new(), doorbells: doorbells.clone() };
+            let mut io = IoThread { index, worker, links, lanes, inputs, steering: steering.clone(), pool: pool.clone(), handoffs: Vec::with_capacity(BATCH) };
+            let cpu = cpus.as_ref().map(|c| c[index]);
+            let (stop, bell) = (self.stop.clone(), doorbells[index].clone());
+            let h = spawn(&format!("natrix-w{index}"), move || {
+                if let Some(cpu) = cpu {
+                    cpus::pin_this_thread(cpu);
+                }
+                if index == 0 {
+                    io.links.announce();
+                }
+                io.run(&bell, &stop, clock, busy_poll);
+            })?;
+            self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
+            self.workers.push(Control::new(commands, doorbells[index].clone()));
+        }
+        self.notes.push(match cpus {
+            Some(cpus) => format!("{count} per-queue workers, pinned to CPUs {cpus:?}"),
+            None => format!("{count} per-queue workers, not pinned: natrix may use fewer CPUs than that"),
+        });
         Ok(())
     }
 
@@ -343,8 +433,13 @@ impl Dataplane {
         self.workers.iter().map(|w| w.ask(Command::Worker)).collect()
     }
 
+    /// The interfaces' counters, summed over the workers that serve them.
     pub fn io_snapshot(&self) -> Result<IoSnapshot, ControlError> {
-        self.io.ask(Command::Io)
+        let mut total = self.workers[0].ask(Command::Io)?;
+        for w in &self.workers[1..self.io_workers] {
+            total.add_ports(&w.ask(Command::Io)?);
+        }
+        Ok(total)
     }
 
     pub fn sessions(&self, subscriber: Option<u32>) -> Result<Vec<SessionView>, ControlError> {
@@ -375,7 +470,8 @@ impl Dataplane {
         let outside = LinkSettings { interface: String::new(), addr: self.outside_prefix.0, prefix_len: self.outside_prefix.1 };
         let mut pool = cfg.pool.clone();
         pool.sort_unstable();
-        self.io.ask(|tx| Command::ReloadLinks(outside_answers(&outside, &cfg.pool), pool, tx))
+        let answers = outside_answers(&outside, &cfg.pool);
+        self.workers[..self.io_workers].iter().try_for_each(|w| w.ask(|tx| Command::ReloadLinks(answers.clone(), pool.clone(), tx)))
     }
 
     /// Installs the cluster's active node's events (session sync), each on
@@ -404,7 +500,7 @@ impl Dataplane {
     /// Stops every thread and waits for them; later calls do nothing.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        for w in self.workers.iter().chain(std::iter::once(&self.io)) {
+        for w in &self.workers {
             w.doorbell.ring_always();
         }
         let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
@@ -428,6 +524,9 @@ fn outside_answers(outside: &LinkSettings, pool: &[u32]) -> Vec<u32> {
     v
 }
 
+/// The interfaces' ports: one set, or one per per-queue worker.
+type PortSets = Vec<Box<dyn FramePorts>>;
+
 /// What natrix reads from an interface besides its frames.
 struct LinkLayer {
     mac: [u8; 6],
@@ -436,8 +535,9 @@ struct LinkLayer {
 }
 
 /// Opens both interfaces with the backend `settings` asks for; both are
-/// looked up before either is opened.
-fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(Box<dyn FramePorts>, [LinkLayer; 2]), DataplaneError> {
+/// looked up before either is opened. Per-queue workers get a set of
+/// ports each; otherwise there is one set.
+fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(PortSets, [LinkLayer; 2]), DataplaneError> {
     let inside = Interface::lookup(&settings.inside.interface)?;
     let outside = Interface::lookup(&settings.outside.interface)?;
     for iface in [&inside, &outside] {
@@ -447,17 +547,17 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(Box<
     Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }]))
 }
 
-fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, notes: &mut Vec<String>) -> Result<Box<dyn FramePorts>, DataplaneError> {
-    let af_packet = || -> Result<Box<dyn FramePorts>, DataplaneError> {
+fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, notes: &mut Vec<String>) -> Result<PortSets, DataplaneError> {
+    let af_packet = || -> Result<PortSets, DataplaneError> {
         let ports: [Box<dyn PacketPort>; 2] = [Box::new(AfPacketPort::open(inside)?), Box::new(AfPacketPort::open(outside)?)];
-        Ok(Box::new(CopyingPorts::new(ports)))
+        Ok(vec![Box::new(CopyingPorts::new(ports))])
     };
-    let af_xdp = || XdpPorts::open(&[&inside.name, &outside.name]);
+    let af_xdp = || XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)));
     match settings.io {
         IoChoice::AfPacket => af_packet(),
-        IoChoice::AfXdp => Ok(Box::new(described(af_xdp()?, notes))),
+        IoChoice::AfXdp => Ok(described(af_xdp()?, [inside, outside], notes)),
         IoChoice::Auto => match af_xdp() {
-            Ok(p) => Ok(Box::new(described(p, notes))),
+            Ok(p) => Ok(described(p, [inside, outside], notes)),
             Err(e) => {
                 notes.push(format!("AF_XDP unavailable ({e}); using AF_PACKET on {} and {}", inside.name, outside.name));
                 af_packet()
@@ -466,14 +566,26 @@ fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, note
     }
 }
 
-/// Notes how the AF_XDP sockets were bound, for the start-up report.
-fn described(ports: XdpPorts, notes: &mut Vec<String>) -> XdpPorts {
-    let mode = match ports.mode() {
+/// Notes how the AF_XDP sockets were bound and, for per-queue workers,
+/// which queues each serves, for the start-up report.
+fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], notes: &mut Vec<String>) -> PortSets {
+    let mode = match sets[0].mode() {
         XdpMode::Copy => "copy mode (the drivers have no zero-copy)",
         XdpMode::ZeroCopy => "zero-copy",
     };
-    notes.push(format!("AF_XDP in {mode}: one UMEM for {} inside and {} outside receive queues, frames forwarded where they lie", ports.queues(0), ports.queues(1)));
-    ports
+    let queues = |side| sets.iter().map(|s| s.queues(side)).sum::<usize>();
+    notes.push(format!("AF_XDP in {mode}: one UMEM for {} inside and {} outside receive queues, frames forwarded where they lie", queues(0), queues(1)));
+    if sets.len() > 1 {
+        for (w, set) in sets.iter().enumerate() {
+            let [inside, outside] = [0, 1].map(|side| set.served_queues(side));
+            notes.push(format!("worker {w} serves receive queues {inside:?} of {} and {outside:?} of {}", interfaces[0].name, interfaces[1].name));
+        }
+    }
+    sets.into_iter().map(|s| Box::new(s) as Box<dyn FramePorts>).collect()
+}
+
+fn new_doorbell() -> Result<Arc<Doorbell>, DataplaneError> {
+    Doorbell::new().map(Arc::new).map_err(DataplaneError::Thread)
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, DataplaneError> {

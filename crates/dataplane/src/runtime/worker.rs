@@ -23,11 +23,13 @@ pub(super) struct EngineWorker {
     events_lost: u64,
     pub(super) busy_ns: u64,
     pub(super) handoff_dropped: u64,
+    /// Frames this worker received from the interfaces' queues it serves.
+    pub(super) received: u64,
 }
 
 impl EngineWorker {
     pub(super) fn new(engine: Engine, commands: Receiver<Command>, events: SyncSender<Logged>) -> EngineWorker {
-        EngineWorker { engine, commands, events, events_lost: 0, busy_ns: 0, handoff_dropped: 0 }
+        EngineWorker { engine, commands, events, events_lost: 0, busy_ns: 0, handoff_dropped: 0, received: 0 }
     }
 
     /// Translates a batch of frames, `sides[i]` the side `frames[i]` arrived
@@ -97,7 +99,7 @@ impl EngineWorker {
             }
             Command::ReloadLinks(answers, _, tx) => {
                 if let Some(p) = io {
-                    p.gateway.set_answers_for(Side::Outside, answers);
+                    p.gateway().set_answers_for(Side::Outside, answers);
                 }
                 let _ = tx.send(());
             }
@@ -138,6 +140,7 @@ impl EngineWorker {
             events_lost: self.events_lost + e.events_lost(),
             busy_ns: self.busy_ns,
             handoff_dropped: self.handoff_dropped,
+            received: self.received,
             port_use_over: over,
             pcp: e.pcp_stats(),
         }
@@ -156,6 +159,7 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
                 true
             });
         }
+        worker.received += n as u64;
         let Links { stage, ports, .. } = links;
         stage.translate_held(ports.as_mut(), |sides, frames, verdicts| worker.translate_batch(sides, frames, now, verdicts));
         worker.housekeeping(now, &mut |to, f| links.stage.push(to, f));
