@@ -183,14 +183,16 @@ class _Lines:
 
 
 class Natrix:
-    """`natrix run --config FILE` inside nx-nat."""
+    """`natrix run --config FILE` inside nx-nat, or inside `ns` for tests
+    that build a topology of their own."""
 
-    def __init__(self, config, path):
+    def __init__(self, config, path, ns=NS_NAT):
         self.config = config
+        self.ns = ns
         self.path = Path(path)
         self.path.write_text(to_toml(config))
         self.proc = subprocess.Popen(
-            netns_cmd(NS_NAT, natrix_bin(), "run", "--config", self.path),
+            netns_cmd(ns, natrix_bin(), "run", "--config", self.path),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
             env=clean_env())
         self.out = _Lines(self.proc.stdout)
@@ -252,12 +254,12 @@ class Natrix:
             return None
 
     def cli(self, *args, timeout=10):
-        """Runs `natrix ARGS` inside nx-nat (with `--api LISTEN` when the
-        config's management address is not the default)."""
+        """Runs `natrix ARGS` inside natrix's namespace (with `--api LISTEN`
+        when the config's management address is not the default)."""
         argv = [natrix_bin(), *args]
         if self.api and self.api != DEFAULT_API:
             argv += ["--api", self.api]
-        return run_in(NS_NAT, *argv, timeout=timeout)
+        return run_in(self.ns, *argv, timeout=timeout)
 
 
 # --- agents -----------------------------------------------------------------------

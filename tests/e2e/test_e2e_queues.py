@@ -1,0 +1,473 @@
+"""Every receive queue used (issue #24 item 3): with `io = "af_xdp"` and
+`workers = 2` on interfaces that have two receive queues each, natrix runs
+per-queue workers, each serving queue q (q % workers == worker) of both
+interfaces; with one queue per interface the first worker owns both.
+
+The shared lab's veths have one queue, so this module builds topologies of
+its own, named nxq-* and nxq1-* so that they never meet `natrix lab`'s nx-*:
+
+    nxq-cli (100.64.0.2-.5) --veth-- nxq-nat (natrix) --veth-- nxq-srv (198.51.100.11, .12)
+            eth0          nxq-in                  nxq-out        eth0
+
+every veth end with two transmit and two receive queues (nxq1-*: one).
+A veth delivers a frame on the peer's receive queue numbered as the
+sender's transmit queue, which the sender picks by flow hash, so many flows
+reach natrix on both queues, in both directions.
+
+Judged by the kernels: the server's sockets report the external endpoint
+each datagram and connection came from, the clients' sockets what came
+back, the kernel's veth counters how many frames reached natrix, and
+/proc which CPUs natrix's worker threads may run on. natrix's own
+`worker_received_frames_total` is what is under test in
+`test_every_worker_receives_from_its_own_queues`.
+
+Needs root, AF_XDP and ethtool; what runs in the namespaces is natrix and
+Python scripts on the standard library. About 4 s.
+"""
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import e2e_harness as h
+
+h.skip_module_if_unavailable()
+
+SUBSCRIBERS = ["100.64.0.2", "100.64.0.3", "100.64.0.4", "100.64.0.5"]
+SERVERS = ["198.51.100.11", "198.51.100.12"]
+POOL = "203.0.113.0/28"
+UDP_PORT = 7000
+TCP_PORT = 7100
+WORKERS = 2
+API = "127.0.0.1:9300"
+# Distinct client ports per test, so no test meets another's mappings.
+UDP_BASE, UDP_BASE_SINGLE = 21000, 23000
+PORTS_PER_SUBSCRIBER = 16
+TCP_STREAMS = 4
+TCP_BYTES = 2 * 1024 * 1024
+AF_XDP = 44  # AF_XDP's address family (linux/socket.h); Python's socket module has no name for it
+
+
+def af_xdp_unavailable():
+    """Why AF_XDP sockets cannot be made here, or None."""
+    try:
+        socket.socket(AF_XDP, socket.SOCK_RAW, 0).close()
+    except OSError as e:
+        return f"AF_XDP sockets are unavailable in this kernel ({e})"
+    return None
+
+
+NO_AF_XDP = af_xdp_unavailable()
+pytestmark = [
+    pytest.mark.skipif(shutil.which("ethtool") is None, reason="needs ethtool (apt-get install ethtool)"),
+    pytest.mark.skipif(NO_AF_XDP is not None, reason=f"natrix's per-queue workers need AF_XDP: {NO_AF_XDP}"),
+]
+
+
+def sh(*argv, ns=None, check=True, timeout=20):
+    cmd = h.netns_cmd(ns, *argv) if ns else list(map(str, argv))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=h.clean_env())
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return p
+
+
+class Topology:
+    """Client, natrix and server namespaces named PREFIX-cli, -nat, -srv,
+    joined by veths with `queues` transmit and receive queues on both ends."""
+
+    def __init__(self, prefix, queues):
+        self.queues = queues
+        self.cli, self.nat, self.srv = (f"{prefix}-{role}" for role in ("cli", "nat", "srv"))
+
+    def build(self):
+        self.teardown()
+        for ns in (self.cli, self.nat, self.srv):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "set", "lo", "up", ns=ns)
+        for ns in (self.cli, self.srv):
+            # No IPv6 chatter (MLD, router solicitations): every frame
+            # natrix receives is one the tests sent or ARP.
+            for conf in ("all", "default"):
+                sh("sysctl", "-qw", f"net.ipv6.conf.{conf}.disable_ipv6=1", ns=ns)
+        self.veth(self.cli, "eth0", self.nat, "nxq-in")
+        self.veth(self.nat, "nxq-out", self.srv, "eth0")
+        for addr in SUBSCRIBERS:
+            sh("ip", "addr", "add", f"{addr}/10", "dev", "eth0", ns=self.cli)
+        sh("ip", "route", "add", "default", "via", "100.64.0.1", ns=self.cli)
+        for addr in SERVERS:
+            sh("ip", "addr", "add", f"{addr}/24", "dev", "eth0", ns=self.srv)
+        sh("ip", "route", "add", POOL, "via", "198.51.100.1", ns=self.srv)
+
+    def veth(self, a_ns, a_if, b_ns, b_if):
+        q = ("numtxqueues", self.queues, "numrxqueues", self.queues)
+        sh("ip", "link", "add", a_if, "netns", a_ns, *q, "type", "veth", "peer", "name", b_if, "netns", b_ns, *q)
+        for ns, dev in ((a_ns, a_if), (b_ns, b_if)):
+            # Offloads off, as the lab does: natrix refuses frames with partial checksums.
+            sh("ethtool", "-K", dev, "rx", "off", "tx", "off", "tso", "off", "gso", "off", "gro", "off", ns=ns, check=False)
+            sh("ip", "link", "set", dev, "up", ns=ns)
+
+    def teardown(self):
+        for ns in (self.cli, self.nat, self.srv):
+            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            sh("ip", "netns", "del", ns, check=False)
+
+    def config(self):
+        return {
+            "workers": WORKERS,
+            "io": "af_xdp",
+            "inside": {"interface": "nxq-in", "address": "100.64.0.1/10"},
+            "outside": {"interface": "nxq-out", "address": "198.51.100.1/24", "gateway": SERVERS[0]},
+            "nat": {"pool": [POOL]},
+            "management": {"listen": API},
+        }
+
+    def tx_frames(self):
+        """Frames the client and the server have sent towards natrix, by
+        their kernels' counts."""
+        total = 0
+        for ns in (self.cli, self.srv):
+            link = json.loads(sh("ip", "-j", "-s", "link", "show", "dev", "eth0", ns=ns).stdout)[0]
+            total += link["stats64"]["tx"]["packets"]
+        return total
+
+
+# A UDP echo server per address: replies {"peer": [ip, port], "data": ...}
+# with the source address and port its socket saw, from the address the
+# datagram was sent to.
+UDP_ECHO = r"""
+import json, socket, sys, threading
+def serve(addr):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, int(sys.argv[1])))
+    while True:
+        data, peer = s.recvfrom(2048)
+        s.sendto(json.dumps({"peer": list(peer), "data": data.decode()}).encode(), peer)
+for addr in sys.argv[2:]:
+    threading.Thread(target=serve, args=(addr,), daemon=True).start()
+print("listening", flush=True)
+threading.Event().wait()
+"""
+
+# Sends one datagram from every (subscriber, port) socket to every echo
+# server, `rounds` times over; resends what got no answer (twice at most).
+# Prints {"answers": {"SUB:PORT/DEST/ROUND": {"seen": [ip, port], "from": [ip, port],
+# "socket": "SUB:PORT"}}, "wanted": [every SUB:PORT/DEST/ROUND sent]}.
+UDP_FLOWS = r"""
+import json, select, socket, sys, time
+subs, base, per_sub, rounds, port = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+dests = [(d, port) for d in json.loads(sys.argv[6])]
+socks = {}
+for sub in subs:
+    for p in range(base, base + per_sub):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((sub, p))
+        s.setblocking(False)
+        socks[f"{sub}:{p}"] = s
+owner = {s.fileno(): name for name, s in socks.items()}
+answers, wanted = {}, []
+for r in range(rounds):
+    want = [f"{name}/{d}/{r}" for name in socks for d in range(len(dests))]
+    wanted += want
+    for attempt in range(3):
+        missing = [k for k in want if k not in answers]
+        if not missing:
+            break
+        for k in missing:
+            name, d, _ = k.split("/")
+            socks[name].sendto(k.encode(), dests[int(d)])
+        deadline = time.monotonic() + (2.0 if attempt == 0 else 1.0)
+        while time.monotonic() < deadline and any(k not in answers for k in want):
+            ready, _, _ = select.select(list(socks.values()), [], [], max(0.0, deadline - time.monotonic()))
+            for s in ready:
+                data, src = s.recvfrom(2048)
+                reply = json.loads(data)
+                answers[reply["data"]] = {"seen": reply["peer"], "from": list(src), "socket": owner[s.fileno()]}
+print(json.dumps({"answers": answers, "wanted": wanted}))
+"""
+
+# A TCP server that echoes each connection's bytes back and, at its end,
+# prints {"peer": [ip, port], "bytes": N, "sha256": HEX} for it.
+TCP_ECHO = r"""
+import hashlib, json, socket, sys, threading
+lock = threading.Lock()
+def serve(conn, peer):
+    digest, n = hashlib.sha256(), 0
+    while True:
+        data = conn.recv(65536)
+        if not data:
+            break
+        digest.update(data)
+        n += len(data)
+        conn.sendall(data)
+    conn.close()
+    with lock:
+        print(json.dumps({"peer": list(peer), "bytes": n, "sha256": digest.hexdigest()}), flush=True)
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(64)
+print("listening", flush=True)
+while True:
+    conn, peer = s.accept()
+    threading.Thread(target=serve, args=(conn, peer), daemon=True).start()
+"""
+
+# Opens `streams` TCP connections at once, each sending `size` random bytes
+# and reading the echo until the server closes; prints one JSON list of
+# {"local": [ip, port], "sent_sha256", "received": N, "received_sha256"}.
+TCP_STREAMS_CLIENT = r"""
+import hashlib, json, os, socket, sys, threading
+server, port, streams, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+results = [None] * streams
+def stream(i):
+    payload = os.urandom(size)
+    s = socket.create_connection((server, port), timeout=20)
+    def send():
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+    sender = threading.Thread(target=send)
+    sender.start()
+    digest, n = hashlib.sha256(), 0
+    while True:
+        data = s.recv(65536)
+        if not data:
+            break
+        digest.update(data)
+        n += len(data)
+    sender.join()
+    results[i] = {"local": list(s.getsockname()), "sent_sha256": hashlib.sha256(payload).hexdigest(),
+                  "received": n, "received_sha256": digest.hexdigest()}
+    s.close()
+threads = [threading.Thread(target=stream, args=(i,)) for i in range(streams)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(results))
+"""
+
+
+class Service:
+    """A Python script running in a namespace, its stdout lines collected."""
+
+    def __init__(self, ns, script, *args):
+        self.proc = subprocess.Popen(h.netns_cmd(ns, sys.executable, "-u", "-c", script, *args),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=h.clean_env())
+        self.out = h._Lines(self.proc.stdout)
+        self.err = h._Lines(self.proc.stderr)
+        deadline = time.monotonic() + 10
+        while "listening" not in self.out.text():
+            assert self.proc.poll() is None and time.monotonic() < deadline, f"server in {ns} did not start: {self.err.text()}"
+            time.sleep(0.05)
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait(timeout=5)
+
+
+class Setup:
+    """A topology with natrix and the servers running in it."""
+
+    def __init__(self, topo, natrix, tcp):
+        self.topo, self.natrix, self.tcp = topo, natrix, tcp
+
+    def metrics(self):
+        """natrix's /metrics as {(name, ((label, value), ...)): value}."""
+        text = self.api_get("/metrics")
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def received_frames(self):
+        """worker_received_frames_total by worker."""
+        return {int(dict(labels)["worker"]): v for (name, labels), v in self.metrics().items() if name == "natrix_worker_received_frames_total"}
+
+    def api_get(self, path):
+        code = f"import sys, urllib.request; sys.stdout.write(urllib.request.urlopen('http://{API}{path}', timeout=5).read().decode())"
+        p = sh(sys.executable, "-c", code, ns=self.topo.nat, check=False)
+        assert p.returncode == 0, f"GET {path} from natrix's API: {p.stderr}\n{self.natrix.output()}"
+        return p.stdout
+
+    def udp_flows(self, base, per_sub, rounds):
+        """Runs UDP_FLOWS from ports base.. of every subscriber and checks
+        the echoes; returns {"SUB:PORT": external endpoint}."""
+        p = sh(sys.executable, "-c", UDP_FLOWS, json.dumps(SUBSCRIBERS), base, per_sub, rounds, UDP_PORT, json.dumps(SERVERS), ns=self.topo.cli, timeout=30)
+        result = json.loads(p.stdout)
+        assert len(result["wanted"]) == len(SUBSCRIBERS) * per_sub * len(SERVERS) * rounds, "the client sent fewer datagrams than planned"
+        return check_echoes(result)
+
+    def startup_notes(self):
+        return self.natrix.err.text().splitlines()
+
+
+def start(topo, tmp):
+    """Builds `topo`, starts natrix and the servers in it; a generator for
+    module fixtures, which tears everything down whatever happened."""
+    problem = h.setup_problem()
+    if problem:
+        pytest.fail(problem)
+    natrix, services = None, []
+    try:
+        topo.build()
+        services.append(Service(topo.srv, UDP_ECHO, UDP_PORT, *SERVERS))
+        services.append(Service(topo.srv, TCP_ECHO, TCP_PORT))
+        natrix = h.Natrix(topo.config(), tmp / f"{topo.nat}.toml", ns=topo.nat)
+        natrix.wait_ready()
+        yield Setup(topo, natrix, tcp=services[1])
+    finally:
+        rc = natrix.stop() if natrix else 0
+        for s in services:
+            s.stop()
+        topo.teardown()
+    assert rc == 0, f"natrix exited with status {rc} on SIGTERM (expected 0)\n{natrix.output()}"
+
+
+@pytest.fixture(scope="module")
+def multiqueue(tmp_path_factory):
+    yield from start(Topology("nxq", queues=2), tmp_path_factory.mktemp("queues"))
+
+
+@pytest.fixture(scope="module")
+def single_queue(tmp_path_factory):
+    yield from start(Topology("nxq1", queues=1), tmp_path_factory.mktemp("queues1"))
+
+
+def served_queues(notes):
+    """{(worker, interface): [queue, ...]} from the start-up notes."""
+    served = {}
+    for line in notes:
+        m = re.search(r"worker (\d+) serves receive queues \[([\d, ]*)\] of (\S+) and \[([\d, ]*)\] of (\S+)", line)
+        if m:
+            w = int(m.group(1))
+            served[(w, m.group(3))] = [int(q) for q in m.group(2).split(",") if q.strip()]
+            served[(w, m.group(5))] = [int(q) for q in m.group(4).split(",") if q.strip()]
+    return served
+
+
+def thread_cpus(pid):
+    """{thread name: allowed CPUs} of process `pid`, from /proc."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        name = (task / "comm").read_text().strip()
+        allowed = re.search(r"^Cpus_allowed_list:\s*(\S+)", (task / "status").read_text(), re.M).group(1)
+        out[name] = allowed
+    return out
+
+
+def check_echoes(result):
+    """The checks every UDP exchange must pass; returns {socket: external endpoint}."""
+    answers = result["answers"]
+    missing = sorted(set(result["wanted"]) - set(answers))
+    assert not missing, f"{len(missing)} of {len(result['wanted'])} datagrams got no echo after 3 tries: {missing[:8]}"
+    external = {}
+    for key, a in answers.items():
+        name, dest, _ = key.split("/")
+        assert a["socket"] == name, f"the echo of {key} reached socket {a['socket']}: inbound translation to the wrong internal endpoint"
+        assert tuple(a["from"]) == (SERVERS[int(dest)], UDP_PORT), f"the echo of {key} came from {a['from']}, not the server it was sent to"
+        seen = tuple(a["seen"])
+        assert ipaddress.ip_address(seen[0]) in ipaddress.ip_network(POOL), f"{name} reached the server as {seen}, outside the pool {POOL}"
+        # RFC 4787 REQ-1: one internal endpoint, one external endpoint, whatever the destination.
+        assert external.setdefault(name, seen) == seen, f"{name} reached the servers as {external[name]} and as {seen} ({key}): not endpoint-independent"
+    by_endpoint = {}
+    for name, seen in external.items():
+        assert by_endpoint.setdefault(seen, name) == name, f"{name} and {by_endpoint[seen]} share the external endpoint {seen}"
+    for sub in SUBSCRIBERS:
+        # RFC 4787 REQ-2: paired pooling, one external address per subscriber.
+        addrs = {seen[0] for name, seen in external.items() if name.startswith(sub + ":")}
+        assert len(addrs) == 1, f"subscriber {sub} left from several pool addresses {addrs}: not paired"
+    return external
+
+
+def test_natrix_announces_a_worker_per_receive_queue(multiqueue):
+    notes = multiqueue.startup_notes()
+    text = "\n".join(notes)
+    served = served_queues(notes)
+    for iface in ("nxq-in", "nxq-out"):
+        by_queue = sorted(q for w in range(WORKERS) for q in served.get((w, iface), []))
+        assert by_queue == [0, 1], f"{iface}'s receive queues 0 and 1 should each have one worker: {served}\n{text}"
+        for w in range(WORKERS):
+            assert served.get((w, iface)) == [w], f"worker {w} should serve queue {w} of {iface} (q % workers): {served}\n{text}"
+    pinned = re.search(r"2 per-queue workers, pinned to CPUs \[(\d+), (\d+)\]", text)
+    assert pinned or re.search(r"2 per-queue workers, not pinned", text), f"no per-queue workers note:\n{text}"
+    assert "natrix: ready: forwarding between nxq-in and nxq-out (af_xdp, 2 workers)" in multiqueue.natrix.out.text()
+    if pinned:
+        # The kernel's view of the pinning: each worker thread may run on its CPU only.
+        cpus = thread_cpus(multiqueue.natrix.proc.pid)
+        for w in range(WORKERS):
+            assert cpus.get(f"natrix-w{w}") == pinned.group(w + 1), f"natrix-w{w} may run on {cpus.get(f'natrix-w{w}')}, not CPU {pinned.group(w + 1)}: {cpus}"
+
+
+def test_many_udp_flows_are_translated_whatever_queue_carries_them(multiqueue):
+    """64 internal endpoints (4 subscribers x 16 ports), each sending to two
+    servers twice: every datagram is echoed to the socket that sent it,
+    from the server it went to, and each internal endpoint has one
+    external endpoint in the pool for both servers (RFC 4787 REQ-1)."""
+    external = multiqueue.udp_flows(UDP_BASE, PORTS_PER_SUBSCRIBER, rounds=2)
+    assert len(external) == len(SUBSCRIBERS) * PORTS_PER_SUBSCRIBER
+
+
+def test_parallel_tcp_streams_arrive_whole(multiqueue):
+    """4 TCP connections at once, each 2 MiB echoed back: the server gets
+    every byte from a pool address, the client gets every byte back."""
+    p = sh(sys.executable, "-c", TCP_STREAMS_CLIENT, SERVERS[0], TCP_PORT, TCP_STREAMS, TCP_BYTES, ns=multiqueue.topo.cli, check=False, timeout=40)
+    assert p.returncode == 0, f"TCP streams failed: {p.stderr[-2000:]}\n{multiqueue.natrix.output()}"
+    streams = json.loads(p.stdout)
+    for s in streams:
+        assert s["received"] == TCP_BYTES and s["received_sha256"] == s["sent_sha256"], f"stream from {s['local']} got {s['received']} of {TCP_BYTES} bytes back, or other bytes"
+    deadline = time.monotonic() + 5
+    while len(multiqueue.tcp.out.text().splitlines()) < 1 + TCP_STREAMS and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen = [json.loads(line) for line in multiqueue.tcp.out.text().splitlines()[1:]]
+    assert len(seen) == TCP_STREAMS, f"the server saw {len(seen)} connections end, not {TCP_STREAMS}: {seen}"
+    assert sorted(c["sha256"] for c in seen) == sorted(s["sent_sha256"] for s in streams), f"the server received other bytes than were sent: {seen}"
+    assert all(c["bytes"] == TCP_BYTES for c in seen), seen
+    for c in seen:
+        assert ipaddress.ip_address(c["peer"][0]) in ipaddress.ip_network(POOL), f"a connection reached the server from {c['peer']}, outside the pool"
+    assert len({tuple(c["peer"]) for c in seen}) == TCP_STREAMS, f"connections shared an external endpoint: {seen}"
+
+
+def test_every_worker_receives_from_its_own_queues(multiqueue):
+    """Both workers take frames from their own queues, and together they
+    took at least every frame the client and the server sent natrix
+    meanwhile (by the kernels' veth counters)."""
+    before, tx_before = multiqueue.received_frames(), multiqueue.topo.tx_frames()
+    multiqueue.udp_flows(UDP_BASE + 100, PORTS_PER_SUBSCRIBER, rounds=1)
+    time.sleep(0.3)
+    tx = multiqueue.topo.tx_frames() - tx_before
+    after = multiqueue.received_frames()
+    assert sorted(after) == list(range(WORKERS)), f"worker_received_frames_total should have one sample per worker: {after}"
+    got = {w: after[w] - before.get(w, 0) for w in after}
+    for w in range(WORKERS):
+        assert got[w] > 0, f"worker {w} received no frames from its queues while {tx} frames reached natrix: {got}"
+    assert sum(got.values()) >= tx, f"the workers received {sum(got.values())} frames ({got}), fewer than the {tx} the client and server sent"
+    per_worker = json.loads(multiqueue.api_get("/api/stats"))["per_worker"]
+    assert all(per_worker[w]["received_frames"] >= after[w] > 0 for w in range(WORKERS)), per_worker
+
+
+def test_one_queue_each_leaves_the_interfaces_to_the_first_worker(single_queue):
+    """`workers = 2` on single-queue veths: no per-queue workers; traffic
+    still flows, and worker 1 takes no frames from any queue."""
+    text = "\n".join(single_queue.startup_notes())
+    assert "serves receive queues" not in text and "per-queue workers" not in text, f"per-queue workers on single-queue interfaces:\n{text}"
+    assert "natrix: ready: forwarding between nxq-in and nxq-out (af_xdp, 2 workers)" in single_queue.natrix.out.text()
+    before, tx_before = single_queue.received_frames(), single_queue.topo.tx_frames()
+    single_queue.udp_flows(UDP_BASE_SINGLE, 4, rounds=2)
+    time.sleep(0.3)
+    tx = single_queue.topo.tx_frames() - tx_before
+    after = single_queue.received_frames()
+    assert after[1] == 0, f"worker 1 serves no queue, yet received {after[1]} frames"
+    assert after[0] - before.get(0, 0) >= tx, f"worker 0 received {after[0] - before.get(0, 0)} frames, fewer than the {tx} sent to natrix"
