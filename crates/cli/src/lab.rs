@@ -66,6 +66,11 @@ struct NatrixArgs {
     /// `io` in the generated configuration.
     #[arg(long, value_name = "MODE", default_value = "auto", value_parser = ["auto", "af_xdp", "af_packet"])]
     io: String,
+    /// Receive and transmit queues of natrix's two interfaces and their peers (veth
+    /// `numrxqueues`/`numtxqueues`): with at least as many as `--workers`, natrix runs
+    /// per-queue workers over AF_XDP.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    queues: u32,
     /// `[nat] mode`: "dynamic" translates (NAPT44 with the lab's pool); "off" routes
     /// without translating, and the servers route 100.64.0.0/10 to the NAT (with --kernel:
     /// no masquerade).
@@ -167,7 +172,7 @@ fn up(kernel: bool, natrix: &NatrixArgs) -> Result<(), Failure> {
         return Err(Failure::Other(format!("namespace {ns} already exists: run `natrix lab down` first")));
     }
     // A half-built lab is worse than none: undo everything on any failure.
-    if let Err(e) = build(kernel, natrix.router()) {
+    if let Err(e) = build(kernel, natrix.router(), natrix.queues) {
         let _ = down();
         return Err(e);
     }
@@ -192,7 +197,7 @@ fn require_program(program: &str, package: &str) -> Result<(), Failure> {
     }
 }
 
-fn build(kernel: bool, router: bool) -> Result<(), Failure> {
+fn build(kernel: bool, router: bool, queues: u32) -> Result<(), Failure> {
     let namespaces = [SWITCH, NAT].into_iter().chain(HOSTS.iter().map(|h| h.ns));
     for ns in namespaces {
         add_namespace(ns)?;
@@ -202,10 +207,10 @@ fn build(kernel: bool, router: bool) -> Result<(), Failure> {
         ip(&["-n", SWITCH, "link", "set", bridge, "up"])?;
     }
     for (name, peer, bridge) in NAT_LINKS {
-        cable(NAT, name, peer, bridge)?;
+        cable(NAT, name, peer, bridge, queues)?;
     }
     for h in &HOSTS {
-        cable(h.ns, "eth0", h.ns, h.bridge)?;
+        cable(h.ns, "eth0", h.ns, h.bridge, 1)?;
         ip(&["-n", h.ns, "addr", "add", h.addr, "dev", "eth0"])?;
         ip(&["-n", h.ns, "route", "add", h.route, "via", h.via])?;
         if router && h.is_server() {
@@ -255,9 +260,13 @@ fn ipv6_on(ns: &str, devs: &[&str]) -> Result<(), Failure> {
 }
 
 /// A veth pair from `bridge` in nx-sw to interface `name` in `ns`, both ends
-/// up and without offloads (a real NIC hands over complete frames).
-fn cable(ns: &str, name: &str, peer: &str, bridge: &str) -> Result<(), Failure> {
-    ip(&["-n", SWITCH, "link", "add", "name", peer, "type", "veth", "peer", "name", name, "netns", ns])?;
+/// up, with `queues` queues each way and without offloads (a real NIC hands
+/// over complete frames). veth delivers a frame to the receive queue of the
+/// transmit queue the sender's flow hash picked, so flows spread like RSS.
+fn cable(ns: &str, name: &str, peer: &str, bridge: &str, queues: u32) -> Result<(), Failure> {
+    let q = queues.to_string();
+    let queues = ["numrxqueues", &q, "numtxqueues", &q];
+    ip(&[&["-n", SWITCH, "link", "add", "name", peer][..], &queues, &["type", "veth", "peer", "name", name, "netns", ns], &queues].concat())?;
     ip(&["-n", SWITCH, "link", "set", peer, "master", bridge, "up"])?;
     ip(&["-n", ns, "link", "set", name, "up"])?;
     offloads_off(SWITCH, peer);
@@ -752,7 +761,7 @@ mod tests {
     use super::*;
 
     fn args(mode: &str) -> NatrixArgs {
-        NatrixArgs { config_out: PathBuf::from("unused"), workers: 2, io: "af_packet".into(), mode: mode.into() }
+        NatrixArgs { config_out: PathBuf::from("unused"), workers: 2, io: "af_packet".into(), mode: mode.into(), queues: 1 }
     }
 
     #[test]

@@ -13,7 +13,10 @@
 //!
 //! What steering learns (fragments' owners, SCTP tags) is shared by every
 //! clone, so per-queue workers, each steering what its own queues receive,
-//! agree on it. It is locked only for fragments and SCTP.
+//! agree on it. It is locked only for fragments and SCTP. A later fragment
+//! that reaches its worker before the first fragment's owner is learned
+//! goes by hash, as without workers; NICs hash a datagram's fragments by
+//! addresses alone, so they usually share a queue and arrive in order.
 
 mod sctp;
 

@@ -69,6 +69,8 @@ pub struct Lab {
 
 pub struct LabOptions<'a> {
     pub workers: u32,
+    /// Queues of the device's interfaces, in a lab the tester builds.
+    pub queues: u32,
     pub io: &'a str,
     pub workdir: &'a Path,
 }
@@ -98,6 +100,8 @@ impl Lab {
                 opts.workers.to_string(),
                 "--io".into(),
                 opts.io.into(),
+                "--queues".into(),
+                opts.queues.to_string(),
             ];
             if kind == Kind::Kernel {
                 up.push("--kernel".into());
@@ -113,7 +117,7 @@ impl Lab {
 
     /// conntrack timeouts as long as natrix's, and the NAT's receive work
     /// steered off the tester's CPU onto the device's CPUs (RPS), as
-    /// natrix with as many workers runs on them.
+    /// natrix with as many workers runs on them; every receive queue's.
     fn prepare_kernel(&mut self, workers: u32) -> Result<(), Failure> {
         for (path, value) in KERNEL_UDP_TIMEOUTS {
             self.set(path, value)?;
@@ -122,7 +126,10 @@ impl Lab {
         if !cpus.is_empty() {
             let mask = rps_mask(&cpus);
             for dev in ["inside", "outside"] {
-                self.set(&format!("/sys/class/net/{dev}/queues/rx-0/rps_cpus"), &mask)?;
+                let queues = in_ns(NAT_NS, "ls", &[&format!("/sys/class/net/{dev}/queues")])?;
+                for queue in queues.split_whitespace().filter(|q| q.starts_with("rx-")) {
+                    self.set(&format!("/sys/class/net/{dev}/queues/{queue}/rps_cpus"), &mask)?;
+                }
             }
         }
         Ok(())

@@ -96,6 +96,11 @@ pub struct Args {
     /// natrix's `io`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "af_xdp", "af_packet"])]
     io: String,
+    /// Receive queues of the device's two interfaces in a lab the tester builds (`natrix lab up --queues`):
+    /// with as many as --workers, natrix runs per-queue workers, and the kernel gets each queue's receive
+    /// work steered to the device's CPUs.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    queues: u32,
     /// The natrix executable to measure (default: this one), to compare builds under one tester.
     #[arg(long, value_name = "PATH")]
     natrix: Option<PathBuf>,
@@ -203,7 +208,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     for (i, name) in args.dut.iter().enumerate() {
         let kind = if name == "kernel" { Kind::Kernel } else { Kind::Natrix };
         eprintln!("natrix test: {}: preparing the lab", kind.name());
-        let lab = Lab::prepare(kind, &exe, &LabOptions { workers: args.workers, io: &args.io, workdir: &workdir.0 })?;
+        let lab = Lab::prepare(kind, &exe, &LabOptions { workers: args.workers, queues: args.queues, io: &args.io, workdir: &workdir.0 })?;
         if i == 0 && (tests.contains(&"generator") || args.max_rate.is_none()) {
             let ceiling = generator_tests(&lab, &profile, tests.contains(&"generator"), args, &workdir.0, &mut out)?;
             if args.max_rate.is_none() {

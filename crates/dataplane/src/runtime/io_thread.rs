@@ -187,9 +187,9 @@ impl IoThread {
         }
     }
 
-    /// Sends what the other workers translated; a frame leaving outside for
-    /// a pool address is a hairpin between workers and goes back in to the
-    /// owner.
+    /// Stages what the other workers translated, to be sent at the flush;
+    /// a frame leaving outside for a pool address is a hairpin between
+    /// workers and goes back in to the owner.
     fn collect_from_workers(&mut self, woken: &mut [bool]) -> usize {
         let mut n = 0;
         let IoThread { links, lanes, steering, pool, .. } = self;

@@ -2,7 +2,9 @@
 //! of the current round, and the interfaces' counters: what the thread that
 //! owns the interfaces works on. Per-queue workers each have links of
 //! their own (their queues' sockets) and share one gateway, so a neighbour
-//! any of them learns is known to all; it is locked once per batch.
+//! any of them learns is known to all: it is locked once per round to
+//! address what leaves (and never while sending), and on receipt only for
+//! frames that are not plainly IP for natrix.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -15,11 +17,18 @@ use super::{IoSnapshot, BATCH};
 use crate::gateway::{plainly_for_the_engine, Gateway, Ingress};
 use crate::ring::wait_readable;
 
+/// How often a thread with nothing to route still expires the frames
+/// waiting for a next hop (they may wait 3 s).
+const EXPIRY_INTERVAL_NS: u64 = 100_000_000;
+
 pub(super) struct Links {
     pub(super) ports: Box<dyn FramePorts>,
     pub(super) gateway: Arc<Mutex<Gateway>>,
     /// natrix's MAC on each side, for `plainly_for_the_engine`.
     macs: [[u8; 6]; 2],
+    /// When this thread last dropped frames that waited too long for a
+    /// next hop.
+    expired_at: u64,
     pub(super) stage: Stage,
     pub(super) snapshot: IoSnapshot,
     /// Frames the gateway makes while a held frame is being addressed
@@ -30,7 +39,7 @@ pub(super) struct Links {
 impl Links {
     pub(super) fn new(ports: Box<dyn FramePorts>, gateway: Arc<Mutex<Gateway>>) -> Links {
         let macs = [Side::Inside, Side::Outside].map(|side| lock(&gateway).mac(side));
-        Links { ports, gateway, macs, stage: Stage::default(), snapshot: IoSnapshot::default(), requests: Stage::default() }
+        Links { ports, gateway, macs, expired_at: 0, stage: Stage::default(), snapshot: IoSnapshot::default(), requests: Stage::default() }
     }
 
     pub(super) fn gateway(&self) -> MutexGuard<'_, Gateway> {
@@ -49,38 +58,31 @@ impl Links {
     /// locked only for frames that are not plainly IP for natrix.
     pub(super) fn receive(&mut self, side: Side, now: u64, keep: &mut dyn FnMut(FrameId, &mut [u8], &mut Stage) -> bool) -> usize {
         let Links { ports, gateway, macs, stage, snapshot, .. } = self;
-        let mut locked = None;
         let s = side as usize;
         ports.receive(s, BATCH, &mut |id, frame| {
             snapshot.rx_frames[s] += 1;
             snapshot.rx_bytes[s] += frame.len() as u64;
-            let for_the_engine = plainly_for_the_engine(macs[s], frame)
-                || locked.get_or_insert_with(|| lock(gateway)).ingress(side, frame, now, &mut |out, f| stage.push_addressed(out, f)) == Ingress::Engine;
+            let for_the_engine = plainly_for_the_engine(macs[s], frame) || lock(gateway).ingress(side, frame, now, &mut |out, f| stage.push_addressed(out, f)) == Ingress::Engine;
             for_the_engine && keep(id, frame, stage)
         })
-    }
-
-    /// Sends a copy of a frame through the next-hop logic.
-    fn send(&mut self, gateway: &mut Gateway, side: Side, frame: &mut [u8], now: u64) {
-        let Links { ports, snapshot, .. } = self;
-        gateway.egress(side, frame, now, &mut |out, f| count(snapshot, out, f.len(), ports.send(out as usize, f)));
     }
 
     /// Sends every staged frame (held ones from where they lie) and kicks
     /// both interfaces.
     pub(super) fn flush(&mut self, now: u64) {
         let mut stage = std::mem::take(&mut self.stage);
-        let shared = Arc::clone(&self.gateway);
-        let mut gateway = lock(&shared);
+        self.address_routed(&mut stage, now);
         for &(side, frame, next) in &stage.frames {
             debug_assert_ne!(next, Next::Translate, "flush: a received frame was never translated");
             match (frame, next) {
-                // SAFETY: the stage held each id once, and flushing gives it up.
-                (Staged::Held(id), Next::Route) => unsafe { self.route_held(&mut gateway, side, id, now) },
+                (Staged::Held(id), Next::Send) => {
+                    // SAFETY: the stage held each id once, and flushing gives it up.
+                    let sent = unsafe { self.ports.transmit(side as usize, id) };
+                    count(&mut self.snapshot, side, id.len(), sent);
+                }
                 (Staged::Held(_), Next::Handed) => {}
-                // SAFETY: as above.
+                // SAFETY: as above; a frame waiting for its next hop waits as a copy.
                 (Staged::Held(id), _) => unsafe { self.ports.release(id) },
-                (Staged::Made { at, len }, Next::Route) => self.send(&mut gateway, side, &mut stage.bytes[at..at + len], now),
                 (Staged::Made { at, len }, Next::Send) => {
                     let sent = self.ports.send(side as usize, &stage.bytes[at..at + len]);
                     count(&mut self.snapshot, side, len, sent);
@@ -92,29 +94,33 @@ impl Links {
         stage.bytes.clear();
         self.stage = stage;
         self.send_requests();
-        gateway.expire(now);
-        drop(gateway);
         let _ = self.ports.flush();
     }
 
-    /// Addresses a held frame to its next hop and transmits it without a
-    /// copy; one whose next hop is unknown waits in the gateway (a copy).
-    ///
-    /// # Safety
-    /// The caller holds `id`, and gives it up.
-    unsafe fn route_held(&mut self, gateway: &mut Gateway, side: Side, id: FrameId, now: u64) {
-        let Links { ports, requests, snapshot, .. } = self;
-        // SAFETY: the caller holds id.
-        let frame = unsafe { ports.frame(id) };
-        let len = frame.len();
-        if gateway.address(side, frame, now, &mut |out, f| requests.push_addressed(out, f)) {
-            // SAFETY: as above; the frame is given up here.
-            let sent = unsafe { ports.transmit(side as usize, id) };
-            count(snapshot, side, len, sent);
-        } else {
-            // SAFETY: as above; the gateway kept a copy where it waits.
-            unsafe { ports.release(id) };
+    /// Writes the next hop's addresses into every frame staged to be
+    /// routed, under one lock of the gateway and before anything is sent:
+    /// each becomes ready to send, or is done with where the gateway keeps
+    /// a copy until its next hop answers (its request queued) or has no
+    /// route for it. Frames that waited too long are dropped here too.
+    fn address_routed(&mut self, stage: &mut Stage, now: u64) {
+        let Stage { frames, bytes, .. } = stage;
+        let routed = frames.iter().any(|&(_, _, next)| next == Next::Route);
+        if !routed && now.saturating_sub(self.expired_at) < EXPIRY_INTERVAL_NS {
+            return;
         }
+        let Links { ports, gateway, requests, .. } = self;
+        let mut gateway = lock(gateway);
+        for (side, frame, next) in frames.iter_mut().filter(|f| f.2 == Next::Route) {
+            let frame = match *frame {
+                // SAFETY: the stage holds id.
+                Staged::Held(id) => unsafe { ports.frame(id) },
+                Staged::Made { at, len } => &mut bytes[at..at + len],
+            };
+            let ready = gateway.address(*side, frame, now, &mut |out, f| requests.push_addressed(out, f));
+            *next = if ready { Next::Send } else { Next::Nothing };
+        }
+        gateway.expire(now);
+        self.expired_at = now;
     }
 
     fn send_requests(&mut self) {

@@ -2,8 +2,8 @@
 //!
 //! With one worker, one thread does everything for a frame: receive, ARP,
 //! translate where the frame lies, next hop, transmit. With N workers there
-//! are N threads, each owning one engine and never taking a lock per
-//! packet, and frames cross between them over lock-free rings:
+//! are N threads, each owning one engine, and frames cross between them
+//! over lock-free rings:
 //! - where every interface has a receive queue per worker (AF_XDP on a
 //!   multi-queue NIC), each worker serves its own queues of both
 //!   interfaces, pinned to a CPU of its own: it translates the frames it
@@ -12,7 +12,9 @@
 //! - elsewhere the first worker owns both interfaces, steers every frame
 //!   that is not its own to its owner and transmits what the workers hand back.
 //!
-//! The next-hop (ARP, NDP) state is shared, locked once per batch.
+//! The next-hop (ARP, NDP) state is shared, locked once per round and for
+//! the rare frames that are not plain IP; steering's learned state, for
+//! fragments and SCTP only.
 //! Operators reach the threads through command channels that are checked
 //! between batches.
 //!
@@ -173,8 +175,9 @@ pub struct IoSnapshot {
     pub tx_dropped: [u64; 2],
     pub handoff_dropped: u64,
     pub gateway: GatewayCounters,
-    /// System calls of the thread that owns the interfaces: to make the
-    /// kernel transmit, to make it receive, and to wait for frames (poll).
+    /// System calls of the threads that own the interfaces' queues: to
+    /// make the kernel transmit, to make it receive, and to wait for
+    /// frames (poll).
     pub transmit_calls: u64,
     pub receive_calls: u64,
     pub wait_calls: u64,
@@ -182,21 +185,36 @@ pub struct IoSnapshot {
 
 impl IoSnapshot {
     /// Adds another worker's port counters; the gateway's are shared, so
-    /// they are counted once.
+    /// they are counted once. Every field is named, so that a new one is
+    /// not forgotten here.
     fn add_ports(&mut self, other: &IoSnapshot) {
+        let IoSnapshot {
+            rx_frames,
+            rx_bytes,
+            tx_frames,
+            tx_bytes,
+            rx_refused,
+            rx_kernel_dropped,
+            tx_dropped,
+            handoff_dropped,
+            gateway: _,
+            transmit_calls,
+            receive_calls,
+            wait_calls,
+        } = other;
         for side in 0..2 {
-            self.rx_frames[side] += other.rx_frames[side];
-            self.rx_bytes[side] += other.rx_bytes[side];
-            self.tx_frames[side] += other.tx_frames[side];
-            self.tx_bytes[side] += other.tx_bytes[side];
-            self.rx_refused[side] += other.rx_refused[side];
-            self.rx_kernel_dropped[side] += other.rx_kernel_dropped[side];
-            self.tx_dropped[side] += other.tx_dropped[side];
+            self.rx_frames[side] += rx_frames[side];
+            self.rx_bytes[side] += rx_bytes[side];
+            self.tx_frames[side] += tx_frames[side];
+            self.tx_bytes[side] += tx_bytes[side];
+            self.rx_refused[side] += rx_refused[side];
+            self.rx_kernel_dropped[side] += rx_kernel_dropped[side];
+            self.tx_dropped[side] += tx_dropped[side];
         }
-        self.handoff_dropped += other.handoff_dropped;
-        self.transmit_calls += other.transmit_calls;
-        self.receive_calls += other.receive_calls;
-        self.wait_calls += other.wait_calls;
+        self.handoff_dropped += handoff_dropped;
+        self.transmit_calls += transmit_calls;
+        self.receive_calls += receive_calls;
+        self.wait_calls += wait_calls;
     }
 }
 
@@ -382,27 +400,31 @@ impl Dataplane {
         pool.sort_unstable();
         let cpus = cpus::one_each(count);
         let threads = engines.into_iter().zip(links).zip(to_workers.into_iter().zip(inputs));
+        let mut unpinned = 0;
         for (index, ((engine, links), (to_workers, inputs))) in threads.enumerate() {
             let (commands, rx) = mpsc::channel();
             let worker = EngineWorker::new(engine, rx, event_tx.clone());
             let lanes = Lanes { to_workers, from_workers: Vec::new(), doorbells: doorbells.clone() };
             let mut io = IoThread { index, worker, links, lanes, inputs, steering: steering.clone(), pool: pool.clone(), handoffs: Vec::with_capacity(BATCH) };
-            let cpu = cpus.as_ref().map(|c| c[index]);
             let (stop, bell) = (self.stop.clone(), doorbells[index].clone());
             let h = spawn(&format!("natrix-w{index}"), move || {
-                if let Some(cpu) = cpu {
-                    cpus::pin_this_thread(cpu);
-                }
                 if index == 0 {
                     io.links.announce();
                 }
                 io.run(&bell, &stop, clock, busy_poll);
             })?;
+            if let Some(cpu) = cpus.as_ref().map(|c| c[index]) {
+                if let Err(e) = cpus::pin(&h, cpu) {
+                    self.notes.push(format!("worker {index} could not be pinned to CPU {cpu}: {e}"));
+                    unpinned += 1;
+                }
+            }
             self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
             self.workers.push(Control::new(commands, doorbells[index].clone()));
         }
         self.notes.push(match cpus {
-            Some(cpus) => format!("{count} per-queue workers, pinned to CPUs {cpus:?}"),
+            Some(cpus) if unpinned == 0 => format!("{count} per-queue workers, pinned to CPUs {cpus:?}"),
+            Some(cpus) => format!("{count} per-queue workers, pinned to CPUs {cpus:?} but for {unpinned} (above)"),
             None => format!("{count} per-queue workers, not pinned: natrix may use fewer CPUs than that"),
         });
         Ok(())
@@ -555,9 +577,9 @@ fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, note
     let af_xdp = || XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)));
     match settings.io {
         IoChoice::AfPacket => af_packet(),
-        IoChoice::AfXdp => Ok(described(af_xdp()?, [inside, outside], notes)),
+        IoChoice::AfXdp => Ok(described(af_xdp()?, [inside, outside], settings.workers, notes)),
         IoChoice::Auto => match af_xdp() {
-            Ok(p) => Ok(described(p, [inside, outside], notes)),
+            Ok(p) => Ok(described(p, [inside, outside], settings.workers, notes)),
             Err(e) => {
                 notes.push(format!("AF_XDP unavailable ({e}); using AF_PACKET on {} and {}", inside.name, outside.name));
                 af_packet()
@@ -568,7 +590,7 @@ fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, note
 
 /// Notes how the AF_XDP sockets were bound and, for per-queue workers,
 /// which queues each serves, for the start-up report.
-fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], notes: &mut Vec<String>) -> PortSets {
+fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, notes: &mut Vec<String>) -> PortSets {
     let mode = match sets[0].mode() {
         XdpMode::Copy => "copy mode (the drivers have no zero-copy)",
         XdpMode::ZeroCopy => "zero-copy",
@@ -580,6 +602,14 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], notes: &mut Vec<S
             let [inside, outside] = [0, 1].map(|side| set.served_queues(side));
             notes.push(format!("worker {w} serves receive queues {inside:?} of {} and {outside:?} of {}", interfaces[0].name, interfaces[1].name));
         }
+    } else if workers > 1 {
+        notes.push(format!(
+            "{} has {} receive queues and {} has {}: per-queue workers need {workers} on each, so worker 0 serves every queue and hands the other workers their frames",
+            interfaces[0].name,
+            queues(0),
+            interfaces[1].name,
+            queues(1)
+        ));
     }
     sets.into_iter().map(|s| Box::new(s) as Box<dyn FramePorts>).collect()
 }

@@ -19,7 +19,8 @@
 //! running short takes from it, a few hundred chunks at a time.
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::program::XdpProgram;
 use super::umem::{bind, register_umem, xsk_socket, BindAs, Mmap, Ring, Rings};
@@ -36,6 +37,20 @@ pub(super) const SPARE_CHUNKS: u32 = 4096;
 /// How far a set's free list may stray from its share before chunks move
 /// to or from the depot.
 const DEPOT_SLACK: usize = SPARE_CHUNKS as usize / 8;
+
+/// Chunks the sets of per-queue workers pool, and whether a set went
+/// short while it was empty (the others then give down to their share).
+#[derive(Default)]
+struct Depot {
+    chunks: Mutex<Vec<u64>>,
+    wanted: AtomicBool,
+}
+
+impl Depot {
+    fn chunks(&self) -> MutexGuard<'_, Vec<u64>> {
+        self.chunks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// One socket: one receive queue of one interface.
 pub(super) struct Xsk {
@@ -153,9 +168,10 @@ pub enum XdpMode {
 }
 
 pub struct XdpPorts {
-    // Fields drop in this order: detach the programs (no more redirects;
-    // the last set to drop does), close the sockets, then free the UMEM.
-    _programs: Arc<[XdpProgram]>,
+    // Fields drop in this order: detach the programs (no more redirects),
+    // close the sockets, then free the UMEM. Sets of per-queue workers
+    // share the programs, and the first set to drop detaches them (`Drop`).
+    programs: Arc<[XdpProgram]>,
     sockets: Vec<Xsk>,
     /// Interface i's sockets are sockets[first[i]..first[i + 1]], socket q
     /// of them serving receive queue q.
@@ -166,7 +182,7 @@ pub struct XdpPorts {
     free: Vec<u64>,
     /// Where the sets of per-queue workers pool surplus chunks; None for
     /// one set of every socket.
-    depot: Option<Arc<Mutex<Vec<u64>>>>,
+    depot: Option<Arc<Depot>>,
     interfaces: Vec<String>,
     mode: XdpMode,
     busy_poll: bool,
@@ -243,29 +259,30 @@ impl XdpPorts {
         }
         let interfaces = interfaces.iter().map(|&(name, _)| name.to_owned()).collect();
         let frames = SharedFrames::new(Arc::new(umem));
-        Ok(XdpPorts { _programs: programs.into(), sockets, first, frames, free, depot: None, interfaces, mode, busy_poll })
+        Ok(XdpPorts { programs: programs.into(), sockets, first, frames, free, depot: None, interfaces, mode, busy_poll })
     }
 
     /// Deals the sockets out in `sets` sets, receive queue q of each
     /// interface to set q % sets, and the free chunks evenly; every
     /// interface has at least `sets` queues.
-    fn split(self, sets: usize) -> Vec<XdpPorts> {
-        let XdpPorts { _programs: programs, sockets, first, frames, mut free, interfaces, mode, busy_poll, .. } = self;
-        let depot = Arc::new(Mutex::new(Vec::new()));
+    fn split(mut self, sets: usize) -> Vec<XdpPorts> {
+        let depot = Arc::new(Depot::default());
         let mut parts: Vec<XdpPorts> = (0..sets)
             .map(|_| XdpPorts {
-                _programs: programs.clone(),
+                programs: self.programs.clone(),
                 sockets: Vec::new(),
                 first: vec![0],
-                frames: frames.clone(),
+                frames: self.frames.clone(),
                 free: Vec::new(),
                 depot: Some(depot.clone()),
-                interfaces: interfaces.clone(),
-                mode,
-                busy_poll,
+                interfaces: self.interfaces.clone(),
+                mode: self.mode,
+                busy_poll: self.busy_poll,
             })
             .collect();
-        let mut sockets = sockets.into_iter();
+        // What is left of self, without sockets, detaches nothing on drop.
+        let (first, interfaces, mut free) = (std::mem::take(&mut self.first), self.interfaces.clone(), std::mem::take(&mut self.free));
+        let mut sockets = std::mem::take(&mut self.sockets).into_iter();
         for side in 0..interfaces.len() {
             for (q, socket) in sockets.by_ref().take(first[side + 1] - first[side]).enumerate() {
                 parts[q % sets].sockets.push(socket);
@@ -278,7 +295,7 @@ impl XdpPorts {
         for part in &mut parts {
             part.free = free.split_off(free.len() - share);
         }
-        depot.lock().unwrap_or_else(|p| p.into_inner()).append(&mut free);
+        depot.chunks().append(&mut free);
         parts
     }
 
@@ -288,18 +305,23 @@ impl XdpPorts {
     }
 
     /// Gives the depot what this set's free list holds past its share and
-    /// its slack, or takes back up to its share when it falls as far short.
+    /// its slack (past its share alone while another set is short), or
+    /// takes back up to its share when it falls as far short. The chunks
+    /// given are those freed longest ago, the least likely to be in cache.
     fn balance(&mut self) {
         let Some(depot) = &self.depot else { return };
         let share = SPARE_CHUNKS as usize;
         let have = self.free.len();
-        if have > share + DEPOT_SLACK {
-            depot.lock().unwrap_or_else(|p| p.into_inner()).extend(self.free.drain(share..));
+        let keep = if depot.wanted.load(Ordering::Relaxed) { share } else { share + DEPOT_SLACK };
+        if have > keep {
+            depot.chunks().extend(self.free.drain(..have - share));
+            depot.wanted.store(false, Ordering::Relaxed);
         } else if have + DEPOT_SLACK < share {
-            let mut depot = depot.lock().unwrap_or_else(|p| p.into_inner());
-            let take = (share - have).min(depot.len());
-            let from = depot.len() - take;
-            self.free.extend(depot.drain(from..));
+            let mut chunks = depot.chunks();
+            let take = (share - have).min(chunks.len());
+            let from = chunks.len() - take;
+            self.free.extend(chunks.drain(from..));
+            depot.wanted.store(have + take < share, Ordering::Relaxed);
         }
     }
 
@@ -331,7 +353,7 @@ impl XdpPorts {
     /// Chunks in the depot the sets share, for the tests' ledger.
     #[cfg(test)]
     pub(super) fn chunks_in_depot(&self) -> usize {
-        self.depot.as_ref().map_or(0, |d| d.lock().unwrap().len())
+        self.depot.as_ref().map_or(0, |d| d.chunks().len())
     }
 
     /// Chunks lent to the kernel for receiving, for the tests' ledger.
@@ -444,6 +466,7 @@ impl FramePorts for XdpPorts {
         }
         if self.free.is_empty() {
             self.reclaim_all();
+            self.balance();
         }
         let Some(chunk) = self.free.pop() else { return false };
         let len = frame.len() as u32;
@@ -486,6 +509,20 @@ impl FramePorts for XdpPorts {
             transmit_calls: sockets.iter().map(|s| s.transmit_calls).sum(),
             receive_calls: sockets.iter().map(|s| s.receive_calls).sum(),
             ..PortCounters::default()
+        }
+    }
+}
+
+impl Drop for XdpPorts {
+    /// Detaches the programs before this set's sockets close: frames of
+    /// queues whose socket is gone would otherwise pass to the kernel's
+    /// stack while other sets still run. A set without sockets (what
+    /// `split` leaves) detaches nothing.
+    fn drop(&mut self) {
+        if !self.sockets.is_empty() {
+            for program in self.programs.iter() {
+                program.detach();
+            }
         }
     }
 }

@@ -48,13 +48,20 @@ impl XdpProgram {
     }
 }
 
-impl Drop for XdpProgram {
-    fn drop(&mut self) {
-        // REPLACE with the expected fd detaches only if our program is still
-        // the attached one. A failure (the interface is gone) leaves nothing
-        // to clean up, and drop has no one to report to.
+impl XdpProgram {
+    /// Detaches the program, if it is still the one attached. REPLACE with
+    /// the expected fd leaves another's program alone, and makes a second
+    /// detach fail harmlessly. A failure (the interface is gone) leaves
+    /// nothing to clean up, and there is no one to report it to.
+    pub(super) fn detach(&self) {
         let attrs = [(IFLA_XDP_FD, -1i32 as u32), (IFLA_XDP_FLAGS, self.mode | XDP_FLAGS_REPLACE), (IFLA_XDP_EXPECTED_FD, self.program.as_raw_fd() as u32)];
         let _ = set_link_xdp(&self.netlink, self.ifindex, &attrs);
+    }
+}
+
+impl Drop for XdpProgram {
+    fn drop(&mut self) {
+        self.detach();
     }
 }
 
