@@ -472,3 +472,29 @@ def test_one_queue_each_leaves_the_interfaces_to_the_first_worker(single_queue):
     after = single_queue.received_frames()
     assert after[1] == 0, f"worker 1 serves no queue, yet received {after[1]} frames"
     assert after[0] - before.get(0, 0) >= tx, f"worker 0 received {after[0] - before.get(0, 0)} frames, fewer than the {tx} sent to natrix"
+
+
+def napi_settings(topo):
+    """(napi_defer_hard_irqs, gro_flush_timeout) of natrix's two interfaces."""
+    read = lambda dev, s: sh("cat", f"/sys/class/net/{dev}/{s}", ns=topo.nat).stdout.strip()
+    return {dev: (read(dev, "napi_defer_hard_irqs"), read(dev, "gro_flush_timeout")) for dev in ("nxq-in", "nxq-out")}
+
+
+def test_devices_defer_their_receive_work_to_natrix_while_it_runs(tmp_path):
+    """`prefer_busy_poll` (default on): while natrix runs, its AF_XDP
+    interfaces defer their receive work (napi_defer_hard_irqs 10,
+    gro_flush_timeout 100 us, as the kernel's preferred busy polling
+    wants), and the zeros they had come back when natrix stops; traffic
+    flows meanwhile."""
+    topo = Topology("nxqt", queues=1)
+    setup = start(topo, tmp_path)
+    running = next(setup)
+    try:
+        assert napi_settings(topo) == {"nxq-in": ("10", "100000"), "nxq-out": ("10", "100000")}, running.natrix.output()
+        notes = "\n".join(running.startup_notes())
+        assert "nxq-in: napi_defer_hard_irqs 10 and gro_flush_timeout 100000 ns while natrix runs" in notes, notes
+        running.udp_flows(UDP_BASE_SINGLE, 2, rounds=1)
+        assert running.natrix.stop() == 0, running.natrix.output()
+        assert napi_settings(topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}, "natrix put back what it changed"
+    finally:
+        setup.close()

@@ -193,6 +193,7 @@ fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
             IoBackend::AfPacket => IoChoice::AfPacket,
         },
         busy_poll: live.busy_poll,
+        prefer_busy_poll: live.prefer_busy_poll,
         event_buffer: EVENT_BUFFER,
     })
 }

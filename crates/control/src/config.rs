@@ -68,6 +68,9 @@ pub struct LiveConfig {
     pub io: IoBackend,
     /// Poll without sleeping: lowest latency, but a whole core per thread.
     pub busy_poll: bool,
+    /// AF_XDP: defer the interfaces' receive work to natrix's polls
+    /// (their `napi_defer_hard_irqs` and `gro_flush_timeout`, while natrix runs).
+    pub prefer_busy_poll: bool,
     pub management_listen: Option<String>,
     /// Prefix length of the outside address: hosts inside it are on-link.
     pub outside_prefix_len: u8,
@@ -124,6 +127,7 @@ impl Config {
             workers: 1,
             io: IoBackend::Auto,
             busy_poll: false,
+            prefer_busy_poll: true,
             management_listen: None,
             outside_prefix_len: 32,
         };
@@ -186,6 +190,7 @@ impl Config {
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
+        live.prefer_busy_poll = root.boolean("prefer_busy_poll")?.unwrap_or(true);
         root.finish()?;
         check_consistency(&engine)?;
         check_addressing(&engine, &live)?;
@@ -230,6 +235,7 @@ impl Config {
             (a.workers != b.workers, "workers"),
             (a.io != b.io, "io"),
             (a.busy_poll != b.busy_poll, "busy_poll"),
+            (a.prefer_busy_poll != b.prefer_busy_poll, "prefer_busy_poll"),
             (a.management_listen != b.management_listen, "management.listen"),
             (self.cluster != new.cluster, "cluster"),
         ]
@@ -867,6 +873,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "workers",
             "io",
             "busy_poll",
+            "prefer_busy_poll",
             "nptv6",
             "syn_accel",
             "sctp",
@@ -1198,6 +1205,17 @@ mod tests {
         assert!(p.starts_with("outside.gateway6:") && p.contains("own"), "{p}");
         // Neighbouring prefixes are fine.
         parse(&format!("[inside]\naddress6 = \"2001:db8:1::1/64\"\n[outside]\naddress6 = \"2001:db8:2::1/64\"\ngateway6 = \"2001:db8:2::fe\"\n{base}")).unwrap();
+    }
+
+    #[test]
+    fn devices_defer_to_natrix_unless_told_not_to_and_only_a_restart_changes_it() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        let default = parse(base).unwrap();
+        assert!(default.live.prefer_busy_poll);
+        let off = parse(&format!("prefer_busy_poll = false\n{base}")).unwrap();
+        assert!(!off.live.prefer_busy_poll);
+        assert_eq!(default.restart_key_changed(&off), Some("prefer_busy_poll"));
+        assert_eq!(key_of(&format!("prefer_busy_poll = 1\n{base}")), "prefer_busy_poll");
     }
 
     #[test]

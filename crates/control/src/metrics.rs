@@ -225,7 +225,11 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     for (i, w) in workers.iter().enumerate() {
         f.sample(&[("worker", i.to_string())], Value::Int(w.stats.received.iter().sum()));
     }
-    let f = o.family("worker_busy_seconds_total", true, "Time each worker spent processing frames; its rate is the worker's load (1 = fully busy).");
+    let f = o.family(
+        "worker_busy_seconds_total",
+        true,
+        "CPU time each worker spent in rounds that carried frames (not polling for them); its rate is the worker's load (1 = fully busy).",
+    );
     for (i, w) in workers.iter().enumerate() {
         f.sample(&[("worker", i.to_string())], Value::Float(w.busy_ns as f64 / 1e9));
     }

@@ -33,6 +33,7 @@ fn dataplane_with_inside() -> (Arc<Dataplane>, MemoryPeer) {
         workers: 1,
         io: IoChoice::Auto,
         busy_poll: false,
+        prefer_busy_poll: false,
         event_buffer: 1024,
     };
     let ports = [SuppliedPort { port: Box::new(inside), mac: [2, 0, 0, 0, 0, 1], mtu: 1500 }, SuppliedPort { port: Box::new(outside), mac: [2, 0, 0, 0, 0, 2], mtu: 1500 }];

@@ -88,6 +88,7 @@ impl Net {
             workers,
             io: IoChoice::Auto,
             busy_poll: false,
+            prefer_busy_poll: false,
             event_buffer: 1024,
         };
         let ports = [SuppliedPort { port: Box::new(inside_port), mac: NAT_IN, mtu: 1500 }, SuppliedPort { port: Box::new(outside_port), mac: NAT_OUT, mtu: 1500 }];

@@ -67,6 +67,9 @@ pub struct CpuTimes {
     /// The device's own work, where it can be told apart: natrix's
     /// process, or the kernel's softirq time on the CPU it forwards on.
     pub dut_ns: Option<u64>,
+    /// The part of `dut_ns` spent on frames rather than waiting for them
+    /// (natrix polls on for a while after each frame).
+    pub dut_work_ns: Option<u64>,
 }
 
 /// The device under test with the tester around it.
@@ -489,13 +492,16 @@ pub fn cpu_cost(tb: &mut dyn Testbed, s: &Settings) -> Result<Option<Line>, Test
     let (Some(before), Some(after)) = (before, after) else { return Ok(None) };
     let frames = o.forward.received.max(1) as f64;
     let busy = after.machine_busy_ns.saturating_sub(before.machine_busy_ns) as f64 - background_per_ns * o.elapsed_ns as f64;
-    let dut = after.dut_ns.zip(before.dut_ns).map(|(a, b)| a.saturating_sub(b) as f64 / frames);
+    let per_frame = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a.saturating_sub(b) as f64 / frames);
+    let dut = per_frame(after.dut_ns, before.dut_ns);
+    let work = per_frame(after.dut_work_ns, before.dut_work_ns);
     let result = object([
         ("rate_pps", json!(s.cpu_rate)),
         ("forwarded", json!(o.forward.received)),
         ("loss", json!(o.forward.loss())),
         ("machine_ns_per_frame", json!(busy.max(0.0) / frames)),
         ("dut_ns_per_frame", json!(dut)),
+        ("dut_work_ns_per_frame", json!(work)),
         ("background_cpus", json!(background_per_ns)),
     ]);
     Ok(Some(line(tb, "cpu", "natrix", CONNECTION_FRAME, s.flows.into(), met(Criterion::Zero, o.forward.loss()), result, short_of(s.cpu_rate, o.forward.sent_pps()))))

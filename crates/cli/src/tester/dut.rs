@@ -26,6 +26,11 @@ pub trait Dut {
     /// CPU time the device has spent, where it can be told apart from the
     /// tester's and the lab's.
     fn cpu_ns(&self) -> Option<u64>;
+    /// The part of that time spent working on frames: all of it, unless
+    /// the device also spends time waiting for them.
+    fn work_ns(&self) -> Option<u64> {
+        self.cpu_ns()
+    }
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -152,9 +157,38 @@ impl Dut for Natrix {
     /// frame into natrix's UMEM, the receive work RPS puts in the kernel's
     /// softirq time for the kernel's run.
     fn cpu_ns(&self) -> Option<u64> {
-        let napi: u64 = super::lab::napi_threads().into_iter().filter_map(|pid| process_cpu_ns(pid as u32)).sum();
-        Some(process_cpu_ns(self.child.as_ref()?.id())? + napi)
+        Some(process_cpu_ns(self.child.as_ref()?.id())? + napi_ns())
     }
+
+    /// natrix's workers poll on for 50 µs after a frame, so at rates with
+    /// frames closer than that their CPU time is all of their CPUs. Their
+    /// work is the CPU time of the rounds that carried frames
+    /// (`natrix_worker_busy_seconds_total`), and the NAPI threads' time.
+    fn work_ns(&self) -> Option<u64> {
+        let busy = in_netns(NAT_NS, busy_ns).ok()??;
+        Some(busy + napi_ns())
+    }
+}
+
+/// CPU time of the NAPI threads of natrix's links (see `lab::napi_on_cpus`).
+fn napi_ns() -> u64 {
+    super::lab::napi_threads().into_iter().filter_map(|pid| process_cpu_ns(pid as u32)).sum()
+}
+
+/// The workers' busy time so far, from natrix's metrics.
+fn busy_ns() -> Option<u64> {
+    let mut s = TcpStream::connect(API).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).ok()?;
+    Some((busy_seconds(&answer)? * 1e9) as u64)
+}
+
+/// The sum of `natrix_worker_busy_seconds_total` over the workers.
+fn busy_seconds(metrics: &str) -> Option<f64> {
+    let samples: Vec<f64> = metrics.lines().filter(|l| l.starts_with("natrix_worker_busy_seconds_total{")).filter_map(|l| l.rsplit(' ').next()?.parse().ok()).collect();
+    (!samples.is_empty()).then(|| samples.iter().sum())
 }
 
 impl Drop for Natrix {
@@ -308,6 +342,13 @@ pub fn machine_busy_ns() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn busy_seconds_add_up_every_worker() {
+        let metrics = "# TYPE natrix_worker_busy_seconds_total counter\nnatrix_worker_busy_seconds_total{worker=\"0\"} 1.5\nnatrix_worker_busy_seconds_total{worker=\"1\"} 0.25\nnatrix_worker_packets_total{worker=\"0\"} 7\n";
+        assert_eq!(busy_seconds(metrics), Some(1.75));
+        assert_eq!(busy_seconds("natrix_worker_packets_total{worker=\"0\"} 7\n"), None);
+    }
 
     #[test]
     fn this_process_and_the_machine_have_cpu_time() {

@@ -32,6 +32,49 @@ impl Clock {
     }
 }
 
+/// The CPU time a thread spends in rounds that carry frames: each run of
+/// working rounds, from the end of the empty round before it to the end of
+/// the empty round after it. A thread polls on after its last frame, so its
+/// CPU time is the whole CPU at moderate rates; this is the part spent on
+/// frames (and, in system time, the kernel's work for the frames it sends).
+/// The thread's CPU clock is a system call, so it is read on empty rounds,
+/// where time costs nothing, and once every `READ_EVERY` working rounds, so
+/// that a thread that is never idle still counts.
+#[derive(Default)]
+pub(super) struct Work {
+    /// The thread's CPU time at the last reading.
+    mark: u64,
+    /// Working rounds since the last reading.
+    working: u32,
+    pub(super) ns: u64,
+}
+
+const READ_EVERY: u32 = 1024;
+
+impl Work {
+    pub(super) fn round(&mut self, did_work: bool) {
+        if did_work {
+            self.working += 1;
+            if self.working < READ_EVERY {
+                return;
+            }
+        }
+        let now = thread_cpu_ns();
+        if self.working > 0 {
+            self.ns += now.saturating_sub(self.mark);
+        }
+        (self.mark, self.working) = (now, 0);
+    }
+}
+
+fn thread_cpu_ns() -> u64 {
+    // SAFETY: timespec is plain data; all zeroes is valid.
+    let mut t: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: t is live; the thread's CPU clock always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
 /// Decides when an idle thread sleeps.
 pub(super) struct Idle {
     /// When the current run of empty rounds began (engine time).
@@ -83,6 +126,29 @@ mod tests {
         assert!(!idle.should_sleep(true, 5_000_000));
         assert!(!idle.should_sleep(false, 5_000_100));
         assert!(!idle.should_sleep(false, 5_000_100 + SPIN_NS));
+    }
+
+    /// Spinning counts nothing; working counts its CPU time, also when
+    /// it never stops.
+    #[test]
+    fn work_counts_the_cpu_of_working_rounds_only() {
+        let spin = |work: &mut Work, rounds: u32, worked: bool| {
+            for _ in 0..rounds {
+                let t = thread_cpu_ns();
+                while thread_cpu_ns() - t < 10_000 {}
+                work.round(worked);
+            }
+        };
+        let mut work = Work::default();
+        work.round(false);
+        spin(&mut work, 200, false);
+        assert_eq!(work.ns, 0, "empty rounds are not work");
+        spin(&mut work, 100, true);
+        work.round(false);
+        assert!((1_000_000..1_500_000).contains(&work.ns), "100 rounds of 10 µs: {} ns", work.ns);
+        let before = work.ns;
+        spin(&mut work, READ_EVERY, true);
+        assert!(work.ns >= before + u64::from(READ_EVERY) * 10_000, "a thread never idle is still counted: {} ns", work.ns - before);
     }
 
     #[test]

@@ -44,7 +44,7 @@ use natrix_engine::pipeline::hooks::FunctionRecord;
 use natrix_engine::shard::{Owners, Shard};
 use natrix_engine::{Engine, EngineConfig, Event, Side, Stats};
 use natrix_io::af_packet::AfPacketPort;
-use natrix_io::af_xdp::{XdpMode, XdpPorts};
+use natrix_io::af_xdp::{describe_tuning, DeviceTuning, XdpMode, XdpPorts};
 use natrix_io::iface::Interface;
 use natrix_io::{check_frames_fit, CopyingPorts, FramePorts, IoError, PacketPort};
 
@@ -90,6 +90,9 @@ pub struct Settings {
     pub workers: u16,
     pub io: IoChoice,
     pub busy_poll: bool,
+    /// AF_XDP: set the interfaces' `napi_defer_hard_irqs` and
+    /// `gro_flush_timeout` (where nobody has) while natrix runs.
+    pub prefer_busy_poll: bool,
     /// Events waiting for the logger; past this they are counted as lost.
     pub event_buffer: usize,
 }
@@ -240,6 +243,8 @@ pub struct Dataplane {
     notes: Vec<String>,
     events: std::sync::Mutex<Option<Receiver<Logged>>>,
     outside_prefix: (u32, u8),
+    /// Put back once the threads have stopped (`stop`).
+    tuning: std::sync::Mutex<Option<DeviceTuning>>,
 }
 
 impl Dataplane {
@@ -252,10 +257,10 @@ impl Dataplane {
     /// interfaces `settings` names.
     pub fn start_with(settings: Settings, options: StartOptions) -> Result<Dataplane, DataplaneError> {
         let mut notes = Vec::new();
-        let (ports, [inside, outside]) = match options.ports {
+        let (ports, [inside, outside], tuning) = match options.ports {
             Some([inside, outside]) => {
                 let ports: Box<dyn FramePorts> = Box::new(CopyingPorts::new([inside.port, outside.port]));
-                (vec![ports], [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }])
+                (vec![ports], [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], None)
             }
             None => open_interfaces(&settings, &mut notes)?,
         };
@@ -303,6 +308,7 @@ impl Dataplane {
             notes,
             events: std::sync::Mutex::new(Some(event_rx)),
             outside_prefix: (settings.outside.addr, settings.outside.prefix_len),
+            tuning: std::sync::Mutex::new(tuning),
         };
         if links.len() > 1 {
             dp.start_per_queue(engines, links, &engine_cfg, event_tx, clock, settings.busy_poll)?;
@@ -519,7 +525,8 @@ impl Dataplane {
         self.workers.iter().try_for_each(|w| w.ask(|tx| Command::SetStandby(standby, tx)))
     }
 
-    /// Stops every thread and waits for them; later calls do nothing.
+    /// Stops every thread and waits for them, then puts back the devices'
+    /// settings natrix changed; later calls do nothing.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
         for w in &self.workers {
@@ -529,6 +536,7 @@ impl Dataplane {
         for h in threads {
             let _ = h.join();
         }
+        drop(self.tuning.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 }
 
@@ -558,15 +566,25 @@ struct LinkLayer {
 
 /// Opens both interfaces with the backend `settings` asks for; both are
 /// looked up before either is opened. Per-queue workers get a set of
-/// ports each; otherwise there is one set.
-fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(PortSets, [LinkLayer; 2]), DataplaneError> {
+/// ports each; otherwise there is one set. AF_XDP interfaces are tuned
+/// for busy polling where `settings` asks.
+fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(PortSets, [LinkLayer; 2], Option<DeviceTuning>), DataplaneError> {
     let inside = Interface::lookup(&settings.inside.interface)?;
     let outside = Interface::lookup(&settings.outside.interface)?;
     for iface in [&inside, &outside] {
         check_frames_fit(&iface.name, iface.mtu)?;
     }
     let ports = open_ports(&inside, &outside, settings, notes)?;
-    Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }]))
+    let tuning = (settings.prefer_busy_poll && ports[0].backend() == "af_xdp").then(|| tune_for_busy_polling([&inside.name, &outside.name], notes));
+    Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], tuning))
+}
+
+/// Defers the interfaces' receive work to natrix's polls, noting what
+/// became of each.
+fn tune_for_busy_polling(interfaces: [&str; 2], notes: &mut Vec<String>) -> DeviceTuning {
+    let (tuning, outcomes) = DeviceTuning::apply(&interfaces);
+    notes.extend(interfaces.iter().zip(&outcomes).map(|(name, tuned)| describe_tuning(name, tuned)));
+    tuning
 }
 
 fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, notes: &mut Vec<String>) -> Result<PortSets, DataplaneError> {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::FrameId;
 
-use super::clock::{Clock, Idle, SLEEP_MS};
+use super::clock::{Clock, Idle, Work, SLEEP_MS};
 use super::commands::Command;
 use super::links::Links;
 use super::{Logged, WorkerSnapshot, PORT_USE_THRESHOLDS};
@@ -21,7 +21,8 @@ pub(super) struct EngineWorker {
     pub(super) commands: Receiver<Command>,
     events: SyncSender<Logged>,
     events_lost: u64,
-    pub(super) busy_ns: u64,
+    /// CPU time spent in rounds that carried frames.
+    pub(super) work: Work,
     pub(super) handoff_dropped: u64,
     /// Frames this worker received from the interfaces' queues it serves.
     pub(super) received: u64,
@@ -29,7 +30,7 @@ pub(super) struct EngineWorker {
 
 impl EngineWorker {
     pub(super) fn new(engine: Engine, commands: Receiver<Command>, events: SyncSender<Logged>) -> EngineWorker {
-        EngineWorker { engine, commands, events, events_lost: 0, busy_ns: 0, handoff_dropped: 0, received: 0 }
+        EngineWorker { engine, commands, events, events_lost: 0, work: Work::default(), handoff_dropped: 0, received: 0 }
     }
 
     /// Translates a batch of frames, `sides[i]` the side `frames[i]` arrived
@@ -138,7 +139,7 @@ impl EngineWorker {
             total_ports: e.pool().total_ports(),
             memory_bytes: e.memory_bytes() as u64,
             events_lost: self.events_lost + e.events_lost(),
-            busy_ns: self.busy_ns,
+            busy_ns: self.work.ns,
             handoff_dropped: self.handoff_dropped,
             received: self.received,
             port_use_over: over,
@@ -167,9 +168,7 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
             worker.command(cmd, Some(links));
         }
         links.flush(now);
-        if n > 0 {
-            worker.busy_ns += t0.elapsed().as_nanos() as u64;
-        }
+        worker.work.round(n > 0);
         if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
             links.wait(bell.fd());
@@ -238,9 +237,7 @@ pub(super) fn run_worker(
             // Frames from timers (held SYN answers) count too.
             io_bell.ring();
         }
-        if n > 0 {
-            worker.busy_ns += t0.elapsed().as_nanos() as u64;
-        }
+        worker.work.round(n > 0);
         if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
             if input.is_empty() {

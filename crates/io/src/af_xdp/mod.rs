@@ -23,6 +23,7 @@ mod ports;
 mod program;
 #[cfg(test)]
 mod tests;
+mod tuning;
 mod umem;
 
 use std::io;
@@ -32,6 +33,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use crate::frames::FramePorts;
 use crate::port::{IoError, PacketPort, MAX_FRAME};
 pub use ports::{XdpMode, XdpPorts};
+pub use tuning::{describe as describe_tuning, DeviceTuning, Tuned};
 
 /// UMEM chunk size; one frame per chunk, so a chunk holds the largest frame.
 /// Exactly `MAX_FRAME`, in aligned mode: `FrameId::placed` and
