@@ -86,6 +86,16 @@ def netns_cmd(ns, *argv):
     return ["ip", "netns", "exec", ns, *map(str, argv)]
 
 
+def sh(*argv, ns=None, check=True, timeout=20):
+    """Runs a command, in namespace `ns` if given; raises with its stderr
+    when it fails and `check` is set."""
+    cmd = netns_cmd(ns, *argv) if ns else list(map(str, argv))
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=clean_env())
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
+    return p
+
+
 def run_in(ns, *argv, timeout=10, check=False):
     return subprocess.run(netns_cmd(ns, *argv), capture_output=True, text=True,
                           timeout=timeout, check=check, env=clean_env())

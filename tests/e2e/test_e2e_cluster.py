@@ -54,12 +54,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bird") is None or shutil.which("ip
                                 reason="needs BIRD 2 and iperf3: apt-get install bird2 iperf3")
 
 
-def sh(*argv, ns=None, check=True, timeout=20):
-    cmd = h.netns_cmd(ns, *argv) if ns else list(map(str, argv))
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=h.clean_env())
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
-    return p
+sh = h.sh
 
 
 def veth(a_ns, a_if, b_ns, b_if):

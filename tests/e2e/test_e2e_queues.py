@@ -75,12 +75,7 @@ pytestmark = [
 ]
 
 
-def sh(*argv, ns=None, check=True, timeout=20):
-    cmd = h.netns_cmd(ns, *argv) if ns else list(map(str, argv))
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=h.clean_env())
-    if check and p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)}: {p.stderr.strip()}")
-    return p
+sh = h.sh
 
 
 class Topology:
@@ -314,7 +309,7 @@ class Setup:
         return self.natrix.err.text().splitlines()
 
 
-def start(topo, tmp):
+def start(topo, tmp, **settings):
     """Builds `topo`, starts natrix and the servers in it; a generator for
     module fixtures, which tears everything down whatever happened."""
     problem = h.setup_problem()
@@ -325,7 +320,7 @@ def start(topo, tmp):
         topo.build()
         services.append(Service(topo.srv, UDP_ECHO, UDP_PORT, *SERVERS))
         services.append(Service(topo.srv, TCP_ECHO, TCP_PORT))
-        natrix = h.Natrix(topo.config(), tmp / f"{topo.nat}.toml", ns=topo.nat)
+        natrix = h.Natrix({**topo.config(), **settings}, tmp / f"{topo.nat}.toml", ns=topo.nat)
         natrix.wait_ready()
         yield Setup(topo, natrix, tcp=services[1])
     finally:
@@ -440,6 +435,11 @@ def test_parallel_tcp_streams_arrive_whole(multiqueue):
     assert len({tuple(c["peer"]) for c in seen}) == TCP_STREAMS, f"connections shared an external endpoint: {seen}"
 
 
+def test_devices_are_left_alone_unless_asked(multiqueue):
+    assert napi_settings(multiqueue.topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}
+    assert "napi_defer_hard_irqs" not in "\n".join(multiqueue.startup_notes())
+
+
 def test_every_worker_receives_from_its_own_queues(multiqueue):
     """Both workers take frames from their own queues, and together they
     took at least every frame the client and the server sent natrix
@@ -481,13 +481,13 @@ def napi_settings(topo):
 
 
 def test_devices_defer_their_receive_work_to_natrix_while_it_runs(tmp_path):
-    """`prefer_busy_poll` (default on): while natrix runs, its AF_XDP
-    interfaces defer their receive work (napi_defer_hard_irqs 10,
-    gro_flush_timeout 100 us, as the kernel's preferred busy polling
-    wants), and the zeros they had come back when natrix stops; traffic
-    flows meanwhile."""
+    """`prefer_busy_poll = true`: while natrix runs, its AF_XDP interfaces
+    defer their receive work (napi_defer_hard_irqs 10, gro_flush_timeout
+    100 us, as the kernel's preferred busy polling wants), and the zeros
+    they had come back when natrix stops; traffic flows meanwhile. The
+    other tests' natrix, without the key, left them alone."""
     topo = Topology("nxqt", queues=1)
-    setup = start(topo, tmp_path)
+    setup = start(topo, tmp_path, prefer_busy_poll=True)
     running = next(setup)
     try:
         assert napi_settings(topo) == {"nxq-in": ("10", "100000"), "nxq-out": ("10", "100000")}, running.natrix.output()

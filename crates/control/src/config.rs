@@ -127,7 +127,7 @@ impl Config {
             workers: 1,
             io: IoBackend::Auto,
             busy_poll: false,
-            prefer_busy_poll: true,
+            prefer_busy_poll: false,
             management_listen: None,
             outside_prefix_len: 32,
         };
@@ -190,7 +190,7 @@ impl Config {
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
-        live.prefer_busy_poll = root.boolean("prefer_busy_poll")?.unwrap_or(true);
+        live.prefer_busy_poll = root.boolean("prefer_busy_poll")?.unwrap_or(false);
         root.finish()?;
         check_consistency(&engine)?;
         check_addressing(&engine, &live)?;
@@ -1208,13 +1208,13 @@ mod tests {
     }
 
     #[test]
-    fn devices_defer_to_natrix_unless_told_not_to_and_only_a_restart_changes_it() {
+    fn devices_defer_to_natrix_only_when_asked_and_only_a_restart_changes_it() {
         let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
         let default = parse(base).unwrap();
-        assert!(default.live.prefer_busy_poll);
-        let off = parse(&format!("prefer_busy_poll = false\n{base}")).unwrap();
-        assert!(!off.live.prefer_busy_poll);
-        assert_eq!(default.restart_key_changed(&off), Some("prefer_busy_poll"));
+        assert!(!default.live.prefer_busy_poll);
+        let on = parse(&format!("prefer_busy_poll = true\n{base}")).unwrap();
+        assert!(on.live.prefer_busy_poll);
+        assert_eq!(default.restart_key_changed(&on), Some("prefer_busy_poll"));
         assert_eq!(key_of(&format!("prefer_busy_poll = 1\n{base}")), "prefer_busy_poll");
     }
 

@@ -33,18 +33,19 @@ impl Clock {
 }
 
 /// The CPU time a thread spends in rounds that carry frames: each run of
-/// working rounds, from the end of the empty round before it to the end of
-/// the empty round after it. A thread polls on after its last frame, so its
+/// working rounds, from the start of the first to the end of the empty
+/// round after the last. A thread polls on after its last frame, so its
 /// CPU time is the whole CPU at moderate rates; this is the part spent on
 /// frames (and, in system time, the kernel's work for the frames it sends).
-/// The thread's CPU clock is a system call, so it is read on empty rounds,
-/// where time costs nothing, and once every `READ_EVERY` working rounds, so
-/// that a thread that is never idle still counts.
+/// The thread's CPU clock is a system call, so it is read where a run
+/// starts and ends (and every `READ_EVERY` rounds of a long one), never
+/// while the thread polls for frames. Where a run starts, the clock is
+/// read at the end of its first round, less that round's wall time.
 #[derive(Default)]
 pub(super) struct Work {
-    /// The thread's CPU time at the last reading.
+    /// The thread's CPU time at the last reading, within a run.
     mark: u64,
-    /// Working rounds since the last reading.
+    /// Working rounds since the last reading; 0 outside a run.
     working: u32,
     pub(super) ns: u64,
 }
@@ -52,18 +53,30 @@ pub(super) struct Work {
 const READ_EVERY: u32 = 1024;
 
 impl Work {
-    pub(super) fn round(&mut self, did_work: bool) {
-        if did_work {
-            self.working += 1;
-            if self.working < READ_EVERY {
-                return;
+    /// After a round that took `wall_ns` and carried frames or not.
+    pub(super) fn round(&mut self, did_work: bool, wall_ns: u64) {
+        match (did_work, self.working) {
+            (true, 0) => {
+                self.mark = thread_cpu_ns().saturating_sub(wall_ns);
+                self.working = 1;
+            }
+            (true, n) if n < READ_EVERY => self.working += 1,
+            (true, _) => {
+                self.settle();
+                self.working = 1;
+            }
+            (false, 0) => {}
+            (false, _) => {
+                self.settle();
+                self.working = 0;
             }
         }
+    }
+
+    fn settle(&mut self) {
         let now = thread_cpu_ns();
-        if self.working > 0 {
-            self.ns += now.saturating_sub(self.mark);
-        }
-        (self.mark, self.working) = (now, 0);
+        self.ns += now.saturating_sub(self.mark);
+        self.mark = now;
     }
 }
 
@@ -134,20 +147,19 @@ mod tests {
     fn work_counts_the_cpu_of_working_rounds_only() {
         let spin = |work: &mut Work, rounds: u32, worked: bool| {
             for _ in 0..rounds {
-                let t = thread_cpu_ns();
+                let (t, wall) = (thread_cpu_ns(), Instant::now());
                 while thread_cpu_ns() - t < 10_000 {}
-                work.round(worked);
+                work.round(worked, wall.elapsed().as_nanos() as u64);
             }
         };
         let mut work = Work::default();
-        work.round(false);
         spin(&mut work, 200, false);
         assert_eq!(work.ns, 0, "empty rounds are not work");
         spin(&mut work, 100, true);
-        work.round(false);
+        work.round(false, 0);
         assert!((1_000_000..1_500_000).contains(&work.ns), "100 rounds of 10 µs: {} ns", work.ns);
         let before = work.ns;
-        spin(&mut work, READ_EVERY, true);
+        spin(&mut work, READ_EVERY + 1, true);
         assert!(work.ns >= before + u64::from(READ_EVERY) * 10_000, "a thread never idle is still counted: {} ns", work.ns - before);
     }
 

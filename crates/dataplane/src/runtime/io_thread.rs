@@ -75,7 +75,7 @@ impl IoThread {
             while let Ok(cmd) = self.worker.commands.try_recv() {
                 self.command(cmd);
             }
-            self.worker.work.round(n > 0);
+            self.worker.work.round(n > 0, t0.elapsed().as_nanos() as u64);
             if idle.should_sleep(n > 0, now) {
                 bell.going_to_sleep();
                 if self.lanes.from_workers.iter().chain(&self.inputs).all(Consumer::is_empty) {

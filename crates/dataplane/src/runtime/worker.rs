@@ -168,7 +168,7 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
             worker.command(cmd, Some(links));
         }
         links.flush(now);
-        worker.work.round(n > 0);
+        worker.work.round(n > 0, t0.elapsed().as_nanos() as u64);
         if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
             links.wait(bell.fd());
@@ -237,7 +237,7 @@ pub(super) fn run_worker(
             // Frames from timers (held SYN answers) count too.
             io_bell.ring();
         }
-        worker.work.round(n > 0);
+        worker.work.round(n > 0, t0.elapsed().as_nanos() as u64);
         if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
             if input.is_empty() {

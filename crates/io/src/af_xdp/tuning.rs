@@ -82,7 +82,7 @@ fn write(interface: &str, setting: &str, value: u32) -> Result<(), String> {
 pub fn describe(interface: &str, tuned: &Tuned) -> String {
     match tuned {
         Tuned::Set => format!(
-            "{interface}: napi_defer_hard_irqs {DEFER_HARD_IRQS} and gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns while natrix runs, so its polls run the device's receive work (prefer_busy_poll)"
+            "{interface}: napi_defer_hard_irqs {DEFER_HARD_IRQS} and gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns while natrix runs, so its polls run the device's receive work (prefer_busy_poll = true)"
         ),
         Tuned::Kept { defer_hard_irqs, gro_flush_timeout } => {
             format!("{interface}: napi_defer_hard_irqs {defer_hard_irqs} and gro_flush_timeout {gro_flush_timeout} ns kept as they were set")
