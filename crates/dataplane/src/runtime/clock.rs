@@ -32,20 +32,19 @@ impl Clock {
     }
 }
 
-/// The CPU time a thread spends in rounds that carry frames: each run of
-/// working rounds, from the start of the first to the end of the empty
-/// round after the last. A thread polls on after its last frame, so its
-/// CPU time is the whole CPU at moderate rates; this is the part spent on
-/// frames (and, in system time, the kernel's work for the frames it sends).
-/// The thread's CPU clock is a system call, so it is read where a run
-/// starts and ends (and every `READ_EVERY` rounds of a long one), never
-/// while the thread polls for frames. Where a run starts, the clock is
-/// read at the end of its first round, less that round's wall time.
+/// The CPU time a thread spends on frames: each run of rounds that carry
+/// frames, from when its first round found some (`begin`) to the end of
+/// the empty round after its last. A thread polls on after its last frame,
+/// so its CPU time is the whole CPU at moderate rates; this is the part
+/// spent on frames (and, in system time, the kernel's work for the frames
+/// it sends), less the polls that found the first. The thread's CPU clock
+/// is a system call, so it is read where a run starts and ends (and every
+/// `READ_EVERY` rounds of a long one), never while the thread polls idle.
 #[derive(Default)]
 pub(super) struct Work {
     /// The thread's CPU time at the last reading, within a run.
     mark: u64,
-    /// Working rounds since the last reading; 0 outside a run.
+    /// Rounds of the run since the last reading; 0 outside a run.
     working: u32,
     pub(super) ns: u64,
 }
@@ -53,13 +52,20 @@ pub(super) struct Work {
 const READ_EVERY: u32 = 1024;
 
 impl Work {
-    /// After a round that took `wall_ns` and carried frames or not.
-    pub(super) fn round(&mut self, did_work: bool, wall_ns: u64) {
+    /// A round found frames: a run starts here unless one is going on.
+    pub(super) fn begin(&mut self) {
+        if self.working == 0 {
+            self.mark = thread_cpu_ns();
+            self.working = 1;
+        }
+    }
+
+    /// After a round that carried frames (and called `begin`) or not.
+    pub(super) fn round(&mut self, did_work: bool) {
         match (did_work, self.working) {
-            (true, 0) => {
-                self.mark = thread_cpu_ns().saturating_sub(wall_ns);
-                self.working = 1;
-            }
+            // Work `begin` did not see (frames handed back to send): the
+            // run starts from here.
+            (true, 0) => self.begin(),
             (true, n) if n < READ_EVERY => self.working += 1,
             (true, _) => {
                 self.settle();
@@ -147,16 +153,19 @@ mod tests {
     fn work_counts_the_cpu_of_working_rounds_only() {
         let spin = |work: &mut Work, rounds: u32, worked: bool| {
             for _ in 0..rounds {
-                let (t, wall) = (thread_cpu_ns(), Instant::now());
+                if worked {
+                    work.begin();
+                }
+                let t = thread_cpu_ns();
                 while thread_cpu_ns() - t < 10_000 {}
-                work.round(worked, wall.elapsed().as_nanos() as u64);
+                work.round(worked);
             }
         };
         let mut work = Work::default();
         spin(&mut work, 200, false);
         assert_eq!(work.ns, 0, "empty rounds are not work");
         spin(&mut work, 100, true);
-        work.round(false, 0);
+        work.round(false);
         assert!((1_000_000..1_500_000).contains(&work.ns), "100 rounds of 10 µs: {} ns", work.ns);
         let before = work.ns;
         spin(&mut work, READ_EVERY + 1, true);

@@ -75,7 +75,7 @@ impl IoThread {
             while let Ok(cmd) = self.worker.commands.try_recv() {
                 self.command(cmd);
             }
-            self.worker.work.round(n > 0, t0.elapsed().as_nanos() as u64);
+            self.worker.work.round(n > 0);
             if idle.should_sleep(n > 0, now) {
                 bell.going_to_sleep();
                 if self.lanes.from_workers.iter().chain(&self.inputs).all(Consumer::is_empty) {
@@ -128,6 +128,9 @@ impl IoThread {
             links.snapshot.handoff_dropped += dropped;
         }
         self.worker.received += n as u64;
+        if n > 0 {
+            self.worker.work.begin();
+        }
         n
     }
 
@@ -140,7 +143,7 @@ impl IoThread {
         let IoThread { worker, links, inputs, .. } = self;
         let Links { stage, ports, .. } = links;
         stage.translate_held(ports.as_mut(), |sides, frames, verdicts| worker.translate_batch(sides, frames, now, verdicts));
-        let steered = inputs.iter_mut().map(|input| translate_steered(worker, stage, ports.as_mut(), input, now)).sum();
+        let steered: usize = inputs.iter_mut().map(|input| translate_steered(worker, stage, ports.as_mut(), input, now)).sum();
         worker.housekeeping(now, &mut |to, f| stage.push(to, f));
         self.hand_over_hairpins(woken);
         steered
@@ -260,6 +263,7 @@ fn translate_steered(worker: &mut EngineWorker, stage: &mut Stage, ports: &mut d
     let mut taken = 0;
     while taken < BATCH {
         let popped = input.pop_batch(|sides, frames, held| {
+            worker.work.begin();
             let mut verdicts = [Verdict::Held; MAX_POP];
             let verdicts = &mut verdicts[..frames.len()];
             worker.translate_batch(sides, frames, now, verdicts);

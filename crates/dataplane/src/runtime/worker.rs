@@ -161,6 +161,9 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
             });
         }
         worker.received += n as u64;
+        if n > 0 {
+            worker.work.begin();
+        }
         let Links { stage, ports, .. } = links;
         stage.translate_held(ports.as_mut(), |sides, frames, verdicts| worker.translate_batch(sides, frames, now, verdicts));
         worker.housekeeping(now, &mut |to, f| links.stage.push(to, f));
@@ -168,7 +171,7 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
             worker.command(cmd, Some(links));
         }
         links.flush(now);
-        worker.work.round(n > 0, t0.elapsed().as_nanos() as u64);
+        worker.work.round(n > 0);
         if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
             links.wait(bell.fd());
@@ -201,6 +204,7 @@ pub(super) fn run_worker(
         unreturned.retain(|&id| !output.push_release(id));
         let returned = unreturned.len() < waiting;
         let n = input.pop_batch(|sides, frames, held| {
+            worker.work.begin();
             let mut verdicts = [Verdict::Held; MAX_POP];
             let verdicts = &mut verdicts[..frames.len()];
             worker.translate_batch(sides, frames, now, verdicts);
@@ -237,7 +241,7 @@ pub(super) fn run_worker(
             // Frames from timers (held SYN answers) count too.
             io_bell.ring();
         }
-        worker.work.round(n > 0, t0.elapsed().as_nanos() as u64);
+        worker.work.round(n > 0);
         if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
             if input.is_empty() {
