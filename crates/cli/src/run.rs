@@ -50,6 +50,9 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let _locks = lock_interfaces(&settings)?;
     let dp =
         Arc::new(Dataplane::start_with(settings, StartOptions { gateway6: cfg.live.gateway6, ports: None }).map_err(|e| Failure::Other(format!("starting the dataplane: {e}")))?);
+    // A start that fails from here on still stops the threads and puts
+    // back what the dataplane changed (other threads may hold `dp`).
+    let _stop_on_exit = StopOnExit(dp.clone());
     for note in dp.notes() {
         info!("{note}");
     }
@@ -92,6 +95,15 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     logger.stop();
     info!("stopped");
     Ok(())
+}
+
+/// Stops the dataplane when `run` returns, however it does.
+struct StopOnExit(Arc<Dataplane>);
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 /// natrix's own messages: one plain line each on stderr. On a terminal,

@@ -65,7 +65,12 @@ impl IoThread {
             let now = clock.at(t0);
             let mut n = self.receive_and_steer(now, &mut woken);
             n += self.translate_own(now, &mut woken);
-            n += self.collect_from_workers(&mut woken);
+            let collected = self.collect_from_workers(&mut woken);
+            if collected > 0 {
+                // What the workers hand back is sent at the flush below.
+                self.worker.work.begin();
+            }
+            n += collected;
             for (w, (bell, woken)) in self.lanes.doorbells.iter().zip(woken.iter_mut()).enumerate() {
                 if std::mem::take(woken) && w != self.index {
                     bell.ring();

@@ -575,15 +575,22 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(Port
         check_frames_fit(&iface.name, iface.mtu)?;
     }
     let ports = open_ports(&inside, &outside, settings, notes)?;
-    let tuning = (settings.prefer_busy_poll && ports[0].backend() == "af_xdp").then(|| tune_for_busy_polling([&inside.name, &outside.name], notes));
+    let tuning = match (settings.prefer_busy_poll, ports[0].backend()) {
+        (true, "af_xdp") => Some(tune_for_busy_polling([&inside, &outside], notes)),
+        (true, backend) => {
+            notes.push(format!("prefer_busy_poll applies to AF_XDP only: with {backend} the devices are left as they are"));
+            None
+        }
+        (false, _) => None,
+    };
     Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], tuning))
 }
 
 /// Defers the interfaces' receive work to natrix's polls, noting what
 /// became of each.
-fn tune_for_busy_polling(interfaces: [&str; 2], notes: &mut Vec<String>) -> DeviceTuning {
-    let (tuning, outcomes) = DeviceTuning::apply(&interfaces);
-    notes.extend(interfaces.iter().zip(&outcomes).map(|(name, tuned)| describe_tuning(name, tuned)));
+fn tune_for_busy_polling(interfaces: [&Interface; 2], notes: &mut Vec<String>) -> DeviceTuning {
+    let (tuning, outcomes) = DeviceTuning::apply(&interfaces.map(|i| (i.name.as_str(), i.index)));
+    notes.extend(interfaces.iter().zip(&outcomes).map(|(i, tuned)| describe_tuning(&i.name, tuned)));
     tuning
 }
 

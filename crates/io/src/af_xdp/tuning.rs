@@ -5,8 +5,9 @@
 //! device's interrupt or NAPI thread for every frame (two context switches
 //! a frame on a shared CPU). When natrix sleeps, the device's receive work
 //! runs at the latest `gro_flush_timeout` later. Settings an operator made
-//! (either value not zero) are left as they are; what natrix changed is
-//! put back when it stops.
+//! are left as they are; what natrix changed is put back when it stops,
+//! unless someone changed it again meanwhile. natrix's own values found at
+//! start (left by a natrix that was killed) count as natrix's.
 
 use std::fs;
 
@@ -14,8 +15,10 @@ use std::fs;
 /// interrupt, and how long it waits for a busy poll before it runs its
 /// receive work itself (ns): short enough that a sleeping natrix wakes
 /// within 0.1 ms of a frame.
-const DEFER_HARD_IRQS: u32 = 10;
-const GRO_FLUSH_TIMEOUT_NS: u32 = 100_000;
+const DEFER_HARD_IRQS: u64 = 10;
+const GRO_FLUSH_TIMEOUT_NS: u64 = 100_000;
+const UNTUNED: (u64, u64) = (0, 0);
+const TUNED: (u64, u64) = (DEFER_HARD_IRQS, GRO_FLUSH_TIMEOUT_NS);
 
 /// The devices natrix tuned, to put back on drop.
 pub struct DeviceTuning {
@@ -25,55 +28,88 @@ pub struct DeviceTuning {
 /// What became of one interface's settings.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Tuned {
-    /// Set by natrix (both were zero).
+    /// Set by natrix (both were zero, or natrix's own already).
     Set,
     /// The operator's own values, left as they are.
-    Kept { defer_hard_irqs: u32, gro_flush_timeout: u32 },
-    /// Not writable here (a read-only /sys, an old kernel): why.
+    Kept { defer_hard_irqs: u64, gro_flush_timeout: u64 },
+    /// Not done (a read-only or another namespace's /sys, an old kernel): why.
     Failed(String),
 }
 
 impl DeviceTuning {
-    /// Tunes each interface where nobody has; returns what became of each.
-    pub fn apply(interfaces: &[&str]) -> (DeviceTuning, Vec<Tuned>) {
+    /// Tunes each interface (name, ifindex) where nobody else has; returns
+    /// what became of each.
+    pub fn apply(interfaces: &[(&str, u32)]) -> (DeviceTuning, Vec<Tuned>) {
         let mut tuning = DeviceTuning { changed: Vec::new() };
-        let outcomes = interfaces.iter().map(|&name| tuning.apply_one(name)).collect();
+        let outcomes = interfaces.iter().map(|&(name, ifindex)| tuning.apply_one(name, ifindex)).collect();
         (tuning, outcomes)
     }
 
-    fn apply_one(&mut self, interface: &str) -> Tuned {
-        let read = |setting| fs::read_to_string(setting_path(interface, setting)).map(|v| v.trim().parse::<u32>().unwrap_or(0));
-        let (defer_hard_irqs, gro_flush_timeout) = match (read("napi_defer_hard_irqs"), read("gro_flush_timeout")) {
-            (Ok(d), Ok(g)) => (d, g),
-            (Err(e), _) | (_, Err(e)) => return Tuned::Failed(format!("reading {}: {e}", setting_path(interface, "napi_defer_hard_irqs"))),
+    fn apply_one(&mut self, interface: &str, ifindex: u32) -> Tuned {
+        if let Err(why) = same_device(interface, ifindex) {
+            return Tuned::Failed(why);
+        }
+        let found = match settings(interface) {
+            Ok(found) => found,
+            Err(why) => return Tuned::Failed(why),
         };
-        if defer_hard_irqs != 0 || gro_flush_timeout != 0 {
-            return Tuned::Kept { defer_hard_irqs, gro_flush_timeout };
+        if found != UNTUNED && found != TUNED {
+            return Tuned::Kept { defer_hard_irqs: found.0, gro_flush_timeout: found.1 };
         }
-        let written = write(interface, "gro_flush_timeout", GRO_FLUSH_TIMEOUT_NS).and_then(|()| write(interface, "napi_defer_hard_irqs", DEFER_HARD_IRQS));
+        if let Err(why) = set(interface, TUNED) {
+            // Nothing half-set stays behind.
+            let _ = set(interface, UNTUNED);
+            return Tuned::Failed(why);
+        }
         self.changed.push(interface.to_owned());
-        match written {
-            Ok(()) => Tuned::Set,
-            Err(e) => Tuned::Failed(e),
-        }
+        Tuned::Set
     }
 }
 
 impl Drop for DeviceTuning {
     fn drop(&mut self) {
         for interface in &self.changed {
-            // Best effort: an interface gone since has nothing to put back.
-            let _ = write(interface, "napi_defer_hard_irqs", 0);
-            let _ = write(interface, "gro_flush_timeout", 0);
+            // Best effort: an interface gone since has nothing to put back,
+            // and values changed again meanwhile are someone else's.
+            if settings(interface) == Ok(TUNED) {
+                let _ = set(interface, UNTUNED);
+            }
         }
     }
+}
+
+/// /sys/class/net shows the network namespace of whoever mounted /sys,
+/// which need not be natrix's: the device there must be natrix's own.
+fn same_device(interface: &str, ifindex: u32) -> Result<(), String> {
+    let path = setting_path(interface, "ifindex");
+    match fs::read_to_string(&path).map(|v| v.trim().parse::<u32>()) {
+        Ok(Ok(index)) if index == ifindex => Ok(()),
+        Ok(_) => Err(format!("{path} belongs to another network namespace's {interface}; mount /sys in natrix's")),
+        Err(e) => Err(format!("reading {path}: {e}")),
+    }
+}
+
+/// (napi_defer_hard_irqs, gro_flush_timeout).
+fn settings(interface: &str) -> Result<(u64, u64), String> {
+    Ok((read(interface, "napi_defer_hard_irqs")?, read(interface, "gro_flush_timeout")?))
+}
+
+fn set(interface: &str, (defer_hard_irqs, gro_flush_timeout): (u64, u64)) -> Result<(), String> {
+    write(interface, "gro_flush_timeout", gro_flush_timeout)?;
+    write(interface, "napi_defer_hard_irqs", defer_hard_irqs)
 }
 
 fn setting_path(interface: &str, setting: &str) -> String {
     format!("/sys/class/net/{interface}/{setting}")
 }
 
-fn write(interface: &str, setting: &str, value: u32) -> Result<(), String> {
+fn read(interface: &str, setting: &str) -> Result<u64, String> {
+    let path = setting_path(interface, setting);
+    let text = fs::read_to_string(&path).map_err(|e| format!("reading {path}: {e}"))?;
+    text.trim().parse().map_err(|e| format!("reading {path}: {e}"))
+}
+
+fn write(interface: &str, setting: &str, value: u64) -> Result<(), String> {
     let path = setting_path(interface, setting);
     fs::write(&path, value.to_string()).map_err(|e| format!("writing {path}: {e}"))
 }
