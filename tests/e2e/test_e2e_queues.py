@@ -55,6 +55,9 @@ WORKERS = 2
 API = "127.0.0.1:9300"
 # Distinct client ports per test, so no test meets another's mappings.
 UDP_BASE, UDP_BASE_SINGLE = 21000, 23000
+# Subscribers of the hairpin test: eight, so that both workers own some.
+HAIRPIN_SUBSCRIBERS = [f"100.64.1.{i}" for i in range(1, 9)]
+HAIRPIN_PORT = 25000
 PORTS_PER_SUBSCRIBER = 16
 TCP_STREAMS = 4
 TCP_BYTES = 2 * 1024 * 1024
@@ -100,7 +103,7 @@ class Topology:
                 sh("sysctl", "-qw", f"net.ipv6.conf.{conf}.disable_ipv6=1", ns=ns)
         self.veth(self.cli, "eth0", self.nat, "nxq-in")
         self.veth(self.nat, "nxq-out", self.srv, "eth0")
-        for addr in SUBSCRIBERS:
+        for addr in SUBSCRIBERS + HAIRPIN_SUBSCRIBERS:
             sh("ip", "addr", "add", f"{addr}/10", "dev", "eth0", ns=self.cli)
         sh("ip", "route", "add", "default", "via", "100.64.0.1", ns=self.cli)
         for addr in SERVERS:
@@ -196,6 +199,48 @@ for r in range(rounds):
                 reply = json.loads(data)
                 answers[reply["data"]] = {"seen": reply["peer"], "from": list(src), "socket": owner[s.fileno()]}
 print(json.dumps({"answers": answers, "wanted": wanted}))
+"""
+
+# One socket per subscriber learns its external endpoint from the echo
+# server, then every subscriber sends to every other's external endpoint
+# (RFC 4787 section 6, hairpinning). Prints {"external": {sub: [ip, port]},
+# "hairpins": {"A>B": [ip, port] the datagram reached B from, or null}}.
+HAIRPINS = r"""
+import json, select, socket, sys, time
+subs, port, server = json.loads(sys.argv[1]), int(sys.argv[2]), (sys.argv[3], int(sys.argv[4]))
+socks = {}
+for sub in subs:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((sub, port))
+    s.settimeout(2.0)
+    socks[sub] = s
+external = {}
+for sub, s in socks.items():
+    for _ in range(3):
+        s.sendto(b"learn", server)
+        try:
+            external[sub] = json.loads(s.recvfrom(2048)[0])["peer"]
+            break
+        except socket.timeout:
+            pass
+hairpins = {}
+for a in subs:
+    for b in subs:
+        if a == b or a not in external or b not in external:
+            continue
+        key = f"{a}>{b}"
+        socks[a].sendto(key.encode(), tuple(external[b]))
+        hairpins[key] = None
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                data, src = socks[b].recvfrom(2048)
+            except socket.timeout:
+                break
+            if data.decode() == key:
+                hairpins[key] = list(src)
+                break
+print(json.dumps({"external": external, "hairpins": hairpins}))
 """
 
 # A TCP server that echoes each connection's bytes back and, at its end,
@@ -440,6 +485,26 @@ def test_parallel_tcp_streams_arrive_whole(multiqueue):
 def test_devices_are_left_alone_unless_asked(multiqueue):
     assert napi_settings(multiqueue.topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}
     assert "napi_defer_hard_irqs" not in "\n".join(multiqueue.startup_notes())
+
+
+def test_hairpins_between_subscribers_of_either_worker(multiqueue):
+    """RFC 4787 REQ-9 across per-queue workers: every subscriber reaches
+    every other at its external endpoint, and arrives from its own
+    external endpoint, also when the two are owned by different workers
+    (the frame leaves the sender's worker translated and is handed to the
+    receiver's as inbound). Both workers gain sessions, so some pairs
+    cross between them."""
+    sessions = lambda: [w["sessions"] for w in json.loads(multiqueue.api_get("/api/stats"))["per_worker"]]
+    before = sessions()
+    p = sh(sys.executable, "-c", HAIRPINS, json.dumps(HAIRPIN_SUBSCRIBERS), HAIRPIN_PORT, SERVERS[0], UDP_PORT, ns=multiqueue.topo.cli, timeout=200)
+    result = json.loads(p.stdout)
+    after = sessions()
+    assert sorted(result["external"]) == sorted(HAIRPIN_SUBSCRIBERS), f"some subscribers never learned their external endpoint: {result['external']}"
+    assert all(a > b for a, b in zip(after, before)), f"the eight subscribers did not span both workers (sessions {before} -> {after}): no pair crossed"
+    for key, src in result["hairpins"].items():
+        a, b = key.split(">")
+        assert src is not None, f"{a}'s datagram to {b}'s external endpoint {result['external'][b]} never arrived"
+        assert src == result["external"][a], f"{b} got {a}'s hairpinned datagram from {src}, not from {a}'s external endpoint {result['external'][a]}"
 
 
 def test_every_worker_receives_from_its_own_queues(multiqueue):
