@@ -5,7 +5,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// How long a thread keeps polling after its last frame before it sleeps
 /// (unless busy polling): long enough that a steady stream of frames never
 /// puts it to sleep between two of them, short enough that an idle
-/// thread gives its CPU back at once. A poll that finds a socket empty
+/// thread gives its CPU back at once. A poll that empties a socket's ring
 /// runs the device's receive work itself (AF_XDP's busy polling), so these
 /// polls do the kernel's work for it rather than wait for it.
 const SPIN_NS: u64 = 50_000;

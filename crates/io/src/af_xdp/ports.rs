@@ -414,7 +414,8 @@ impl FramePorts for XdpPorts {
         let mut got = 0;
         let XdpPorts { sockets, first, frames, free, busy_poll, .. } = self;
         for (queue, s) in sockets[first[side]..first[side + 1]].iter_mut().enumerate() {
-            let n = s.rx.available().min((max - got) as u32);
+            let available = s.rx.available();
+            let n = available.min((max - got) as u32);
             for i in 0..n {
                 let desc = s.rx.read(i);
                 let id = FrameId { at: desc.addr, len: desc.len, queue: queue as u16 };
@@ -428,7 +429,9 @@ impl FramePorts for XdpPorts {
             s.rx.release(n);
             s.lent -= n;
             s.top_up(free);
-            if (*busy_poll && n == 0) || s.fill.needs_wakeup() {
+            // A ring read empty gets the device's receive work run at once,
+            // so that what arrived meanwhile is there next round.
+            if (*busy_poll && n == available) || s.fill.needs_wakeup() {
                 s.receive_calls += 1;
                 poke_receive(&s.socket);
             }
