@@ -249,14 +249,6 @@ impl Gateway {
         }
     }
 
-    /// Sends a frame out on `side`, addressed to its next hop; a frame whose
-    /// next hop is not known yet waits while natrix asks for it.
-    pub fn egress(&mut self, side: Side, frame: &mut [u8], now_ns: u64, tx: &mut dyn FnMut(Side, &[u8])) {
-        if self.address(side, frame, now_ns, tx) {
-            tx(side, frame);
-        }
-    }
-
     /// Writes the next hop's address into `frame` where it lies and says
     /// whether it may leave on `side` now; otherwise the gateway keeps a
     /// copy until the next hop answers (or drops it) and `tx` gets the
@@ -652,6 +644,14 @@ mod tests {
         f
     }
 
+    /// What the dataplane does with a frame it sends: addresses it and
+    /// sends it, or leaves it waiting for its next hop.
+    fn egress(g: &mut Gateway, side: Side, frame: &mut [u8], now_ns: u64, tx: &mut dyn FnMut(Side, &[u8])) {
+        if g.address(side, frame, now_ns, tx) {
+            tx(side, frame);
+        }
+    }
+
     fn collect(g: &mut Gateway, run: impl FnOnce(&mut Gateway, &mut dyn FnMut(Side, &[u8]))) -> Vec<(Side, Vec<u8>)> {
         let mut sent = Vec::new();
         run(g, &mut |s, f| sent.push((s, f.to_vec())));
@@ -677,7 +677,7 @@ mod tests {
     fn off_link_traffic_goes_to_the_gateway_after_resolution() {
         let mut g = gateway();
         let mut frame = ipv4_to(0x0808_0808);
-        let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut frame, 0, tx));
+        let sent = collect(&mut g, |g, tx| egress(g, Side::Outside, &mut frame, 0, tx));
         assert_eq!(sent.len(), 1, "only the ARP request goes out");
         assert_eq!(arp::Packet::new_checked(&sent[0].1[14..]).unwrap().target_addr(), GW);
         let gw_mac = [2, 0, 0, 0, 0, 0xfe];
@@ -735,7 +735,7 @@ mod tests {
         f[0..6].copy_from_slice(&NAT_OUT);
         assert_eq!(g.ingress(Side::Outside, &f, 0, &mut |_, _| panic!("nothing to send")), Ingress::Engine);
         let mut off = ipv4_to(0x0a00_0001);
-        g.egress(Side::Inside, &mut off, 0, &mut |_, _| panic!("no route inside"));
+        egress(&mut g, Side::Inside, &mut off, 0, &mut |_, _| panic!("no route inside"));
         assert_eq!((g.counters.not_for_us, g.counters.no_route), (1, 1));
     }
 
@@ -746,12 +746,12 @@ mod tests {
         collect(&mut g, |g, tx| {
             g.ingress(Side::Outside, &arp_frame(NAT_OUT, arp::OP_REPLY, (srv_mac, SERVER), OUTSIDE), 0, tx);
         });
-        let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut ipv4_to(SERVER), NEIGHBOUR_LIFETIME_NS + 1, tx));
+        let sent = collect(&mut g, |g, tx| egress(g, Side::Outside, &mut ipv4_to(SERVER), NEIGHBOUR_LIFETIME_NS + 1, tx));
         assert_eq!(sent.len(), 2, "the frame leaves and a new request goes out");
         let (request, frame): (Vec<_>, Vec<_>) = sent.iter().partition(|(_, f)| f[12..14] == ethernet::ETHERTYPE_ARP.to_be_bytes());
         assert_eq!(&frame[0].1[0..6], &srv_mac);
         assert_eq!(arp::Packet::new_checked(&request[0].1[14..]).unwrap().target_addr(), SERVER);
-        let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut ipv4_to(SERVER), NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS + 1, tx));
+        let sent = collect(&mut g, |g, tx| egress(g, Side::Outside, &mut ipv4_to(SERVER), NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS + 1, tx));
         assert_eq!(sent.len(), 1, "silent past the grace period: forgotten, the frame waits");
     }
 
@@ -784,7 +784,7 @@ mod tests {
         let mut g = gateway();
         let sent = collect(&mut g, |g, tx| {
             for t in 0..5 {
-                g.egress(Side::Outside, &mut ipv4_to(SERVER), t * 100_000_000, tx);
+                egress(g, Side::Outside, &mut ipv4_to(SERVER), t * 100_000_000, tx);
             }
         });
         assert_eq!(sent.len(), 1);
@@ -850,7 +850,7 @@ mod tests {
         assert_eq!(na.flags(), icmpv6::na_flags::ROUTER | icmpv6::na_flags::SOLICITED | icmpv6::na_flags::OVERRIDE);
         assert_eq!(g.counters.nd_adverts_sent, 1);
         // The solicitation taught natrix where the server is: no solicitation of its own.
-        let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut ipv6_to(SERVER6), 1, tx));
+        let sent = collect(&mut g, |g, tx| egress(g, Side::Outside, &mut ipv6_to(SERVER6), 1, tx));
         assert_eq!(sent.len(), 1);
         assert_eq!(&sent[0].1[0..12], &[HOST, NAT_OUT].concat()[..]);
     }
@@ -911,7 +911,7 @@ mod tests {
     fn ipv6_next_hops_are_solicited_and_frames_wait_for_the_advertisement() {
         let mut g = gateway();
         let mut frame = ipv6_to(FAR6);
-        let sent = collect(&mut g, |g, tx| g.egress(Side::Outside, &mut frame, 0, tx));
+        let sent = collect(&mut g, |g, tx| egress(g, Side::Outside, &mut frame, 0, tx));
         assert_eq!(sent.len(), 1, "only the solicitation goes out");
         let f = &sent[0].1;
         assert_eq!(&f[0..12], &[[0x33, 0x33, 0xff, 0, 0, 0xfe], NAT_OUT].concat()[..], "to the gateway's solicited-node group");
@@ -961,7 +961,7 @@ mod tests {
         assert_eq!(g.next_hop(Side::Outside, &ipv6_to(FAR6)), None, "no gateway6: only on-link");
         g.links[1].addr6 = None;
         assert_eq!(g.next_hop(Side::Outside, &ipv6_to(SERVER6)), None, "no address6: no IPv6 at all");
-        g.egress(Side::Outside, &mut ipv6_to(SERVER6), 0, &mut |_, _| panic!("no route"));
+        egress(&mut g, Side::Outside, &mut ipv6_to(SERVER6), 0, &mut |_, _| panic!("no route"));
         assert_eq!(g.counters.no_route, 1);
     }
 
@@ -1003,13 +1003,13 @@ mod tests {
         let mut solicits = 0;
         for i in 0..MAX_ASKED as u16 + 100 {
             let dst = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 1, i);
-            g.egress(Side::Outside, &mut ipv6_to(dst), 0, &mut |_, _| solicits += 1);
+            egress(&mut g, Side::Outside, &mut ipv6_to(dst), 0, &mut |_, _| solicits += 1);
         }
         assert_eq!(solicits, MAX_ASKED);
         assert_eq!(g.v6[1].asked.len(), MAX_ASKED);
         assert_eq!(g.v6[1].pending.len(), PENDING_PER_SIDE);
         // A second later the old requests no longer count.
-        g.egress(Side::Outside, &mut ipv6_to(FAR6), REQUEST_INTERVAL_NS, &mut |_, _| solicits += 1);
+        egress(&mut g, Side::Outside, &mut ipv6_to(FAR6), REQUEST_INTERVAL_NS, &mut |_, _| solicits += 1);
         assert_eq!(solicits, MAX_ASKED + 1);
         assert_eq!(g.v6[1].asked.len(), 1);
     }

@@ -24,7 +24,7 @@ use super::links::Links;
 use super::stage::{Next, Stage, Staged};
 use super::worker::EngineWorker;
 use super::BATCH;
-use crate::ring::{Consumer, Doorbell, Popped, Producer, MAX_POP};
+use crate::ring::{Consumer, Doorbell, Popped, Producer};
 use crate::steer::Steering;
 use natrix_engine::Verdict;
 use natrix_io::{FrameId, FramePorts};
@@ -267,20 +267,12 @@ impl IoThread {
 fn translate_steered(worker: &mut EngineWorker, stage: &mut Stage, ports: &mut dyn FramePorts, input: &mut Consumer, now: u64) -> usize {
     let mut taken = 0;
     while taken < BATCH {
-        let popped = input.pop_batch(|sides, frames, held| {
-            worker.work.begin();
-            let mut verdicts = [Verdict::Held; MAX_POP];
-            let verdicts = &mut verdicts[..frames.len()];
-            worker.translate_batch(sides, frames, now, verdicts);
-            for ((frame, v), held) in frames.iter().zip(verdicts.iter()).zip(held) {
-                match (*v, *held) {
-                    (Verdict::Forward(to), Some(id)) => stage.forward_held(to, id),
-                    (Verdict::Forward(to), None) => stage.push(to, frame),
-                    // SAFETY: the popped frame was handed to this thread.
-                    (_, Some(id)) => unsafe { ports.release(id) },
-                    (_, None) => {}
-                }
-            }
+        let popped = worker.translate_popped(input, now, |frame, verdict, held| match (verdict, held) {
+            (Verdict::Forward(to), Some(id)) => stage.forward_held(to, id),
+            (Verdict::Forward(to), None) => stage.push(to, frame),
+            // SAFETY: the popped frame was handed to this thread.
+            (_, Some(id)) => unsafe { ports.release(id) },
+            (_, None) => {}
         });
         if popped == 0 {
             break;

@@ -47,6 +47,21 @@ impl EngineWorker {
         }
     }
 
+    /// Takes one batch from `input`, translates it, and hands `each` every
+    /// frame with its verdict and, for a held frame, its id; returns how
+    /// many frames it took.
+    pub(super) fn translate_popped(&mut self, input: &mut Consumer, now: u64, mut each: impl FnMut(&[u8], Verdict, Option<FrameId>)) -> usize {
+        input.pop_batch(|sides, frames, held| {
+            self.work.begin();
+            let mut verdicts = [Verdict::Held; MAX_POP];
+            let verdicts = &mut verdicts[..frames.len()];
+            self.translate_batch(sides, frames, now, verdicts);
+            for ((frame, &v), &id) in frames.iter().zip(verdicts.iter()).zip(held) {
+                each(frame, v, id);
+            }
+        })
+    }
+
     /// Work done between batches: timers, generated frames, events.
     pub(super) fn housekeeping(&mut self, now: u64, out: &mut impl FnMut(Side, &[u8])) {
         self.engine.advance(now);
@@ -203,28 +218,22 @@ pub(super) fn run_worker(
         let waiting = unreturned.len();
         unreturned.retain(|&id| !output.push_release(id));
         let returned = unreturned.len() < waiting;
-        let n = input.pop_batch(|sides, frames, held| {
-            worker.work.begin();
-            let mut verdicts = [Verdict::Held; MAX_POP];
-            let verdicts = &mut verdicts[..frames.len()];
-            worker.translate_batch(sides, frames, now, verdicts);
-            for ((frame, v), held) in frames.iter().zip(verdicts.iter()).zip(held) {
-                let sent = match (*v, *held) {
-                    (Verdict::Forward(to), Some(id)) => output.push_held(to, id),
-                    (Verdict::Forward(to), None) => output.push(to, frame),
-                    (_, Some(id)) => {
-                        if !output.push_release(id) {
-                            unreturned.push(id);
-                        }
-                        continue;
-                    }
-                    (_, None) => continue,
-                };
-                if !sent {
-                    dropped += 1;
-                    if let Some(id) = *held {
+        let n = worker.translate_popped(&mut input, now, |frame, verdict, held| {
+            let sent = match (verdict, held) {
+                (Verdict::Forward(to), Some(id)) => output.push_held(to, id),
+                (Verdict::Forward(to), None) => output.push(to, frame),
+                (_, Some(id)) => {
+                    if !output.push_release(id) {
                         unreturned.push(id);
                     }
+                    return;
+                }
+                (_, None) => return,
+            };
+            if !sent {
+                dropped += 1;
+                if let Some(id) = held {
+                    unreturned.push(id);
                 }
             }
         });

@@ -191,21 +191,16 @@ pub struct XdpPorts {
 impl XdpPorts {
     /// Opens a socket on every receive queue of every interface, all on one
     /// UMEM: zero-copy where every interface's driver offers it, copy mode
-    /// otherwise. The sockets prefer busy polling: a receive that finds a
-    /// socket's ring empty runs its device's receive work on the calling
+    /// otherwise. The sockets prefer busy polling: a receive that empties
+    /// a socket's ring runs its device's receive work on the calling
     /// thread (where the kernel has busy polling), so a busy thread does
     /// that work itself instead of waiting for the kernel's softirq or
     /// NAPI thread to be scheduled.
-    pub fn open(interfaces: &[&str]) -> Result<XdpPorts, IoError> {
-        let with_queues = with_their_queues(interfaces);
-        XdpPorts::open_queues(&with_queues, true)
-    }
-
-    /// Opens every receive queue of every interface, as `open` does, and
-    /// deals the sockets out in `sets` sets for as many workers: queue q
-    /// of each interface to set q % sets. Where an interface has fewer
-    /// queues than `sets` (a set would have no socket to send from on
-    /// it), returns one set of every socket.
+    ///
+    /// The sockets are dealt out in `sets` sets for as many workers:
+    /// queue q of each interface to set q % sets. With one set, or where
+    /// an interface has fewer queues than `sets` (a set would have no
+    /// socket to send from on it), there is one set of every socket.
     pub fn open_per_queue(interfaces: &[&str], sets: usize) -> Result<Vec<XdpPorts>, IoError> {
         let with_queues = with_their_queues(interfaces);
         let fewest = with_queues.iter().map(|&(_, q)| q as usize).min().unwrap_or(1);
@@ -281,9 +276,9 @@ impl XdpPorts {
             })
             .collect();
         // What is left of self, without sockets, detaches nothing on drop.
-        let (first, interfaces, mut free) = (std::mem::take(&mut self.first), self.interfaces.clone(), std::mem::take(&mut self.free));
+        let (first, mut free) = (std::mem::take(&mut self.first), std::mem::take(&mut self.free));
         let mut sockets = std::mem::take(&mut self.sockets).into_iter();
-        for side in 0..interfaces.len() {
+        for side in 0..self.interfaces.len() {
             for (q, socket) in sockets.by_ref().take(first[side + 1] - first[side]).enumerate() {
                 parts[q % sets].sockets.push(socket);
             }

@@ -211,7 +211,7 @@ fn held_frames_leave_by_the_other_interface_changed_in_place_and_no_chunk_leaks(
     };
     ns.add_veth_pair(PORT2_IF, PEER2_IF, 1);
     ns.run(|| {
-        let mut ports = XdpPorts::open(&[PORT_IF, PORT2_IF]).expect("AF_XDP opens on both");
+        let mut ports = open_one(&[PORT_IF, PORT2_IF]).expect("AF_XDP opens on both");
         assert_eq!(ports.mode(), XdpMode::Copy, "veth has no zero-copy");
         let peers = [RawSocket::open(PEER_IF), RawSocket::open(PEER2_IF)];
         let macs = [PORT_IF, PEER_IF, PORT2_IF, PEER2_IF].map(|i| Interface::lookup(i).unwrap().mac);
@@ -261,6 +261,12 @@ fn held_frames_leave_by_the_other_interface_changed_in_place_and_no_chunk_leaks(
     });
 }
 
+/// All of the interfaces' queues as one set, as the dataplane opens them
+/// for one worker.
+fn open_one(interfaces: &[&str]) -> Result<XdpPorts, IoError> {
+    XdpPorts::open_per_queue(interfaces, 1).map(|mut sets| sets.remove(0))
+}
+
 /// What the test's forwarding writes into a frame where it lies: the next
 /// hop's addresses and a mark after the sequence number.
 fn mark_forwarded(frame: &mut [u8], dst: [u8; 6], src: [u8; 6]) {
@@ -281,7 +287,7 @@ fn every_receive_queue_has_a_socket_and_is_served() {
     };
     ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
     ns.run(|| {
-        let mut ports = XdpPorts::open(&[PORT2_IF, PORT_IF]).expect("AF_XDP opens on every queue");
+        let mut ports = open_one(&[PORT2_IF, PORT_IF]).expect("AF_XDP opens on every queue");
         assert_eq!((ports.queues(0), ports.queues(1)), (2, 1));
         let peer = RawSocket::open_all(PEER2_IF);
         let (port_mac, peer_mac) = (Interface::lookup(PORT2_IF).unwrap().mac, Interface::lookup(PEER2_IF).unwrap().mac);
