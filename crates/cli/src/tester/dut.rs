@@ -177,12 +177,19 @@ fn napi_ns() -> u64 {
 
 /// The workers' busy time so far, from natrix's metrics.
 fn busy_ns() -> Option<u64> {
-    let mut s = TcpStream::connect(API).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: {API}\r\nConnection: close\r\n\r\n").ok()?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).ok()?;
+    let answer = ask_api("GET /metrics", Duration::from_secs(5)).ok()?;
     Some((busy_seconds(&answer)? * 1e9) as u64)
+}
+
+/// One request to natrix's management API, `request` its method and
+/// path; the whole answer, headers included.
+fn ask_api(request: &str, timeout: Duration) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(API)?;
+    s.set_read_timeout(Some(timeout))?;
+    write!(s, "{request} HTTP/1.1\r\nHost: {API}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)?;
+    Ok(answer)
 }
 
 /// The sum of `natrix_worker_busy_seconds_total` over the workers.
@@ -199,12 +206,7 @@ impl Drop for Natrix {
 
 /// One `POST /api/clear?subscriber=A`, answered 200.
 fn clear(sub: Ipv4Addr) -> Result<(), TestError> {
-    let fail = |e: std::io::Error| TestError::Dut(format!("natrix's management API at {API}: {e}"));
-    let mut s = TcpStream::connect(API).map_err(fail)?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(fail)?;
-    write!(s, "POST /api/clear?subscriber={sub} HTTP/1.1\r\nHost: {API}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").map_err(fail)?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer).map_err(fail)?;
+    let answer = ask_api(&format!("POST /api/clear?subscriber={sub}"), Duration::from_secs(30)).map_err(|e| TestError::Dut(format!("natrix's management API at {API}: {e}")))?;
     match answer.split_whitespace().nth(1) {
         Some("200") => Ok(()),
         _ => Err(TestError::Dut(format!("clearing {sub}: {}", answer.lines().next().unwrap_or("no answer")))),

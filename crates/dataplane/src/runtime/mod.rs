@@ -244,7 +244,7 @@ pub struct Dataplane {
     events: std::sync::Mutex<Option<Receiver<Logged>>>,
     outside_prefix: (u32, u8),
     /// Put back once the threads have stopped (`stop`).
-    tuning: std::sync::Mutex<Option<DeviceTuning>>,
+    tuning: Mutex<Option<DeviceTuning>>,
 }
 
 impl Dataplane {
@@ -308,7 +308,7 @@ impl Dataplane {
             notes,
             events: std::sync::Mutex::new(Some(event_rx)),
             outside_prefix: (settings.outside.addr, settings.outside.prefix_len),
-            tuning: std::sync::Mutex::new(tuning),
+            tuning: Mutex::new(tuning),
         };
         if links.len() > 1 {
             dp.start_per_queue(engines, links, &engine_cfg, event_tx, clock, settings.busy_poll)?;
@@ -363,9 +363,7 @@ impl Dataplane {
         }
         let (commands, rx) = mpsc::channel();
         self.workers.insert(0, Control::new(commands, io_bell.clone()));
-        let steering = Steering::new(Owners::for_config(cfg, count), cfg.translate).with_sctp(&cfg.sctp);
-        let mut pool = cfg.pool.clone();
-        pool.sort_unstable();
+        let (steering, pool) = steering_for(cfg, count);
         let stop = self.stop.clone();
         let worker = EngineWorker::new(first, rx, event_tx);
         let h = spawn("natrix-w0", move || {
@@ -401,9 +399,7 @@ impl Dataplane {
             }
         }
         let doorbells = (0..count).map(|_| new_doorbell()).collect::<Result<Vec<_>, _>>()?;
-        let steering = Steering::new(Owners::for_config(cfg, count as u16), cfg.translate).with_sctp(&cfg.sctp);
-        let mut pool = cfg.pool.clone();
-        pool.sort_unstable();
+        let (steering, pool) = steering_for(cfg, count as u16);
         let cpus = cpus::one_each(count);
         let threads = engines.into_iter().zip(links).zip(to_workers.into_iter().zip(inputs));
         let mut unpinned = 0;
@@ -496,8 +492,7 @@ impl Dataplane {
             w.ask(|tx| Command::Reload(Box::new(cfg.clone()), tx))?.map_err(ControlError::Refused)?;
         }
         let outside = LinkSettings { interface: String::new(), addr: self.outside_prefix.0, prefix_len: self.outside_prefix.1 };
-        let mut pool = cfg.pool.clone();
-        pool.sort_unstable();
+        let pool = sorted(&cfg.pool);
         let answers = outside_answers(&outside, &cfg.pool);
         self.workers[..self.io_workers].iter().try_for_each(|w| w.ask(|tx| Command::ReloadLinks(answers.clone(), pool.clone(), tx)))
     }
@@ -552,6 +547,18 @@ fn outside_answers(outside: &LinkSettings, pool: &[u32]) -> Vec<u32> {
     let mut v = vec![outside.addr];
     v.extend(pool.iter().copied().filter(|&a| prefix_contains(outside.addr, outside.prefix_len, a)));
     v
+}
+
+/// Steering for `workers` workers, and the pool sorted to recognise
+/// hairpins between them.
+fn steering_for(cfg: &EngineConfig, workers: u16) -> (Steering, Vec<u32>) {
+    (Steering::new(Owners::for_config(cfg, workers), cfg.translate).with_sctp(&cfg.sctp), sorted(&cfg.pool))
+}
+
+fn sorted(pool: &[u32]) -> Vec<u32> {
+    let mut pool = pool.to_vec();
+    pool.sort_unstable();
+    pool
 }
 
 /// The interfaces' ports: one set, or one per per-queue worker.
