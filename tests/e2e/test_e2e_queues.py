@@ -3,7 +3,8 @@
 per-queue workers, each serving queue q (q % workers == worker) of both
 interfaces; with one queue per interface the first worker owns both.
 And `prefer_busy_poll`: natrix's devices defer their receive work to it
-only when asked, and get their settings back when it stops.
+where per-queue workers run or where asked, never where told not to, and
+get their settings back when it stops.
 
 The shared lab's veths have one queue, so this module builds topologies of
 its own, named nxq-*, nxq1-* and nxqt-* so that they never meet `natrix lab`'s nx-*:
@@ -482,9 +483,14 @@ def test_parallel_tcp_streams_arrive_whole(multiqueue):
     assert len({tuple(c["peer"]) for c in seen}) == TCP_STREAMS, f"connections shared an external endpoint: {seen}"
 
 
-def test_devices_are_left_alone_unless_asked(multiqueue):
-    assert napi_settings(multiqueue.topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}
-    assert "napi_defer_hard_irqs" not in "\n".join(multiqueue.startup_notes())
+def test_per_queue_workers_have_their_devices_defer_by_default(multiqueue):
+    """Without `prefer_busy_poll`, per-queue workers have the devices defer
+    their receive work to the workers' polls, and say so."""
+    assert napi_settings(multiqueue.topo) == {"nxq-in": ("10", "100000"), "nxq-out": ("10", "100000")}
+    notes = "\n".join(multiqueue.startup_notes())
+    for dev in ("nxq-in", "nxq-out"):
+        want = f"{dev}: napi_defer_hard_irqs 10 and gro_flush_timeout 100000 ns while natrix runs, so its polls run the device's receive work (prefer_busy_poll = \"auto\", per-queue workers)"
+        assert want in notes, notes
 
 
 def test_hairpins_between_subscribers_of_either_worker(multiqueue):
@@ -532,6 +538,8 @@ def test_one_queue_each_leaves_the_interfaces_to_the_first_worker(single_queue):
     assert "serves receive queues" not in text and "per-queue workers, " not in text, f"per-queue workers on single-queue interfaces:\n{text}"
     assert "per-queue workers need 2 on each, so worker 0 serves every queue" in text, f"natrix does not say why it runs no per-queue workers:\n{text}"
     assert "natrix: ready: forwarding between nxq-in and nxq-out (af_xdp, 2 workers)" in single_queue.natrix.out.text()
+    assert napi_settings(single_queue.topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}, "without per-queue workers the devices are left alone"
+    assert "napi_defer_hard_irqs" not in text, text
     before, tx_before = single_queue.received_frames(), single_queue.topo.tx_frames()
     single_queue.udp_flows(UDP_BASE_SINGLE, 4, rounds=2)
     time.sleep(0.3)
@@ -552,9 +560,9 @@ def napi_settings(topo):
 def test_devices_defer_their_receive_work_to_natrix_while_it_runs(tmp_path):
     """`prefer_busy_poll = true`: while natrix runs, its AF_XDP interfaces
     defer their receive work (napi_defer_hard_irqs 10, gro_flush_timeout
-    100 us, as the kernel's preferred busy polling wants), and the zeros
-    they had come back when natrix stops; traffic flows meanwhile. The
-    other tests' natrix, without the key, left them alone."""
+    100 us, as the kernel's preferred busy polling wants), also without
+    per-queue workers, and the zeros they had come back when natrix stops;
+    traffic flows meanwhile."""
     topo = Topology("nxqt", queues=1)
     setup = start(topo, tmp_path, prefer_busy_poll=True)
     running = next(setup)
@@ -565,5 +573,21 @@ def test_devices_defer_their_receive_work_to_natrix_while_it_runs(tmp_path):
         running.udp_flows(UDP_BASE_SINGLE, 2, rounds=1)
         assert running.natrix.stop() == 0, running.natrix.output()
         assert napi_settings(topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}, "natrix put back what it changed"
+    finally:
+        setup.close()
+
+
+def test_devices_are_left_alone_when_told(tmp_path):
+    """`prefer_busy_poll = false`: per-queue workers run, and the devices'
+    settings stay as they were."""
+    topo = Topology("nxqt", queues=2)
+    setup = start(topo, tmp_path, prefer_busy_poll=False)
+    running = next(setup)
+    try:
+        notes = "\n".join(running.startup_notes())
+        assert "2 per-queue workers" in notes, notes
+        assert napi_settings(topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}, running.natrix.output()
+        assert "napi_defer_hard_irqs" not in notes, notes
+        running.udp_flows(UDP_BASE_SINGLE, 2, rounds=1)
     finally:
         setup.close()

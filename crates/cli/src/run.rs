@@ -16,8 +16,8 @@ use natrix_control::api::LogCounters;
 use natrix_control::cluster::bgp::Announcement;
 use natrix_control::cluster::node::{ClusterNode, EventTee, NodeSettings};
 use natrix_control::config::cluster::ClusterConfig;
-use natrix_control::{api, Config, IoBackend, LoggingConfig};
-use natrix_dataplane::{Dataplane, IoChoice, LinkSettings, Logged, Settings, StartOptions};
+use natrix_control::{api, Config, IoBackend, LoggingConfig, PreferBusyPoll};
+use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Settings, StartOptions};
 use natrix_io::{InterfaceLock, LOCK_DIR};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -205,7 +205,11 @@ fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
             IoBackend::AfPacket => IoChoice::AfPacket,
         },
         busy_poll: live.busy_poll,
-        prefer_busy_poll: live.prefer_busy_poll,
+        prefer_busy_poll: match live.prefer_busy_poll {
+            PreferBusyPoll::Auto => DeviceDeferral::Auto,
+            PreferBusyPoll::On => DeviceDeferral::On,
+            PreferBusyPoll::Off => DeviceDeferral::Off,
+        },
         event_buffer: EVENT_BUFFER,
     })
 }

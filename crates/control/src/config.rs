@@ -56,6 +56,16 @@ pub enum IoBackend {
     AfPacket,
 }
 
+/// Whether natrix has its AF_XDP devices defer their receive work to its
+/// polls (`prefer_busy_poll`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreferBusyPoll {
+    /// Where per-queue workers run.
+    Auto,
+    On,
+    Off,
+}
+
 /// Keys only the live dataplane uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveConfig {
@@ -70,7 +80,7 @@ pub struct LiveConfig {
     pub busy_poll: bool,
     /// AF_XDP: defer the interfaces' receive work to natrix's polls
     /// (their `napi_defer_hard_irqs` and `gro_flush_timeout`, while natrix runs).
-    pub prefer_busy_poll: bool,
+    pub prefer_busy_poll: PreferBusyPoll,
     pub management_listen: Option<String>,
     /// Prefix length of the outside address: hosts inside it are on-link.
     pub outside_prefix_len: u8,
@@ -127,7 +137,7 @@ impl Config {
             workers: 1,
             io: IoBackend::Auto,
             busy_poll: false,
-            prefer_busy_poll: false,
+            prefer_busy_poll: PreferBusyPoll::Auto,
             management_listen: None,
             outside_prefix_len: 32,
         };
@@ -190,7 +200,7 @@ impl Config {
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
-        live.prefer_busy_poll = root.boolean("prefer_busy_poll")?.unwrap_or(false);
+        live.prefer_busy_poll = root.prefer_busy_poll()?;
         root.finish()?;
         check_consistency(&engine)?;
         check_addressing(&engine, &live)?;
@@ -807,6 +817,19 @@ impl<'a> Section<'a> {
         self.typed(key, "true or false", Value::as_bool)
     }
 
+    /// `prefer_busy_poll`: true, false or "auto" (the default).
+    fn prefer_busy_poll(&mut self) -> Result<PreferBusyPoll, ConfigError> {
+        const KEY: &str = "prefer_busy_poll";
+        match self.get(KEY) {
+            None => Ok(PreferBusyPoll::Auto),
+            Some(Value::Boolean(true)) => Ok(PreferBusyPoll::On),
+            Some(Value::Boolean(false)) => Ok(PreferBusyPoll::Off),
+            Some(Value::String(s)) if s == "auto" => Ok(PreferBusyPoll::Auto),
+            Some(Value::String(s)) => err(self.path(KEY), format!("\"{s}\" is not true, false or \"auto\"")),
+            Some(v) => err(self.path(KEY), format!("expected true, false or \"auto\", found {}", v.type_str())),
+        }
+    }
+
     fn array(&mut self, key: &str) -> Result<Option<&'a Vec<Value>>, ConfigError> {
         self.typed(key, "a list", Value::as_array)
     }
@@ -1208,14 +1231,21 @@ mod tests {
     }
 
     #[test]
-    fn devices_defer_to_natrix_only_when_asked_and_only_a_restart_changes_it() {
+    fn devices_defer_to_per_queue_workers_unless_told_and_only_a_restart_changes_it() {
         let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        let with = |v: &str| parse(&format!("prefer_busy_poll = {v}\n{base}"));
         let default = parse(base).unwrap();
-        assert!(!default.live.prefer_busy_poll);
-        let on = parse(&format!("prefer_busy_poll = true\n{base}")).unwrap();
-        assert!(on.live.prefer_busy_poll);
+        assert_eq!(default.live.prefer_busy_poll, PreferBusyPoll::Auto);
+        assert_eq!(with("\"auto\"").unwrap().live.prefer_busy_poll, PreferBusyPoll::Auto);
+        assert_eq!(with("false").unwrap().live.prefer_busy_poll, PreferBusyPoll::Off);
+        let on = with("true").unwrap();
+        assert_eq!(on.live.prefer_busy_poll, PreferBusyPoll::On);
         assert_eq!(default.restart_key_changed(&on), Some("prefer_busy_poll"));
-        assert_eq!(key_of(&format!("prefer_busy_poll = 1\n{base}")), "prefer_busy_poll");
+        for bad in ["1", "\"yes\""] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.key, "prefer_busy_poll");
+            assert!(e.to_string().contains("true, false or \"auto\""), "{e}");
+        }
     }
 
     #[test]

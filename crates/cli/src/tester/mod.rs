@@ -196,6 +196,8 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     check_connections(&profile.settings, lab::flow_space().capacity())?;
     std::fs::create_dir_all(&args.out).map_err(|e| Failure::Other(format!("{}: {e}", args.out.display())))?;
     let workdir = WorkDir::create()?;
+    let natrix_log = args.out.join("natrix.log");
+    let _ = std::fs::remove_file(&natrix_log);
     testbed::catch_interrupts();
     exact_timers();
     // The tester's loop runs on CPU 0, the device on the CPUs after it
@@ -215,7 +217,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
                 profile.settings.max_rate = ceiling;
             }
         }
-        let dut = start_dut(&lab, kind, args, args.natrix.as_deref().unwrap_or(&exe), &workdir.0)?;
+        let dut = start_dut(&lab, kind, args, args.natrix.as_deref().unwrap_or(&exe), &workdir.0, &natrix_log)?;
         if tests.contains(&"tcp") {
             match iperf::tcp_throughput(kind.name(), profile.tcp_seconds) {
                 Ok(line) => out.emit(line),
@@ -321,13 +323,12 @@ fn open_tester(lab: &Lab, args: &Args, placement: Placement) -> Result<Tester, F
 }
 
 /// The device, started (natrix) or reached (the kernel's conntrack).
-fn start_dut(lab: &Lab, kind: Kind, args: &Args, exe: &Path, workdir: &Path) -> Result<Box<dyn dut::Dut>, Failure> {
+fn start_dut(lab: &Lab, kind: Kind, args: &Args, exe: &Path, workdir: &Path, log: &Path) -> Result<Box<dyn dut::Dut>, Failure> {
     Ok(match kind {
         Kind::Kernel => Box::new(dut::Kernel::open(lab::dut_cpus(args.workers)).map_err(|e| Failure::Other(e.to_string()))?),
         Kind::Natrix => {
             let config = natrix_config(lab, args, workdir)?;
-            let log = workdir.join("natrix.log");
-            Box::new(dut::Natrix::start(exe, &config, &log, lab::dut_cpus(args.workers), lab::subscribers()).map_err(|e| Failure::Other(e.to_string()))?)
+            Box::new(dut::Natrix::start(exe, &config, log, lab::dut_cpus(args.workers), lab::subscribers()).map_err(|e| Failure::Other(e.to_string()))?)
         }
     })
 }
@@ -577,6 +578,10 @@ fn finish(args: &Args, out: &Output, plots: &PlotData) -> Result<(), Failure> {
     }
     let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
     eprintln!("natrix test: results in {}; plots {}", args.out.join("results.jsonl").display(), names.join(", "));
+    let log = args.out.join("natrix.log");
+    if log.exists() {
+        eprintln!("natrix test: natrix's own log in {}", log.display());
+    }
     Ok(())
 }
 

@@ -72,6 +72,28 @@ pub enum IoChoice {
     AfPacket,
 }
 
+/// Whether the AF_XDP devices defer their receive work to natrix's polls
+/// while it runs (`prefer_busy_poll`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceDeferral {
+    /// Where per-queue workers run: each polls its own queues, and a
+    /// device's NAPI thread that shares a worker's CPU otherwise holds the
+    /// queue's frames off for whole scheduler slices.
+    Auto,
+    On,
+    Off,
+}
+
+impl DeviceDeferral {
+    fn wanted(self, per_queue_workers: bool) -> Option<&'static str> {
+        match self {
+            DeviceDeferral::On => Some("prefer_busy_poll = true"),
+            DeviceDeferral::Auto if per_queue_workers => Some("prefer_busy_poll = \"auto\", per-queue workers"),
+            DeviceDeferral::Auto | DeviceDeferral::Off => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LinkSettings {
     pub interface: String,
@@ -92,7 +114,7 @@ pub struct Settings {
     pub busy_poll: bool,
     /// AF_XDP: set the interfaces' `napi_defer_hard_irqs` and
     /// `gro_flush_timeout` (where nobody has) while natrix runs.
-    pub prefer_busy_poll: bool,
+    pub prefer_busy_poll: DeviceDeferral,
     /// Events waiting for the logger; past this they are counted as lost.
     pub event_buffer: usize,
 }
@@ -582,22 +604,22 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(Port
         check_frames_fit(&iface.name, iface.mtu)?;
     }
     let ports = open_ports(&inside, &outside, settings, notes)?;
-    let tuning = match (settings.prefer_busy_poll, ports[0].backend()) {
-        (true, "af_xdp") => Some(tune_for_busy_polling([&inside, &outside], notes)),
-        (true, backend) => {
+    let tuning = match (settings.prefer_busy_poll.wanted(ports.len() > 1), ports[0].backend()) {
+        (Some(why), "af_xdp") => Some(tune_for_busy_polling([&inside, &outside], why, notes)),
+        (Some(_), backend) => {
             notes.push(format!("prefer_busy_poll applies to AF_XDP only: with {backend} the devices are left as they are"));
             None
         }
-        (false, _) => None,
+        (None, _) => None,
     };
     Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], tuning))
 }
 
 /// Defers the interfaces' receive work to natrix's polls, noting what
-/// became of each.
-fn tune_for_busy_polling(interfaces: [&Interface; 2], notes: &mut Vec<String>) -> DeviceTuning {
+/// became of each and `why`.
+fn tune_for_busy_polling(interfaces: [&Interface; 2], why: &str, notes: &mut Vec<String>) -> DeviceTuning {
     let (tuning, outcomes) = DeviceTuning::apply(&interfaces.map(|i| (i.name.as_str(), i.index)));
-    notes.extend(interfaces.iter().zip(&outcomes).map(|(i, tuned)| describe_tuning(&i.name, tuned)));
+    notes.extend(interfaces.iter().zip(&outcomes).map(|(i, tuned)| describe_tuning(&i.name, tuned, why)));
     tuning
 }
 
@@ -652,4 +674,17 @@ fn new_doorbell() -> Result<Arc<Doorbell>, DataplaneError> {
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, DataplaneError> {
     std::thread::Builder::new().name(name.to_owned()).spawn(f).map_err(DataplaneError::Thread)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceDeferral;
+
+    #[test]
+    fn devices_defer_to_per_queue_workers_unless_told_otherwise() {
+        assert!(DeviceDeferral::Auto.wanted(true).is_some());
+        assert_eq!(DeviceDeferral::Auto.wanted(false), None);
+        assert!(DeviceDeferral::On.wanted(false).is_some());
+        assert_eq!(DeviceDeferral::Off.wanted(true), None);
+    }
 }

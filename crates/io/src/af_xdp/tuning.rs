@@ -114,11 +114,12 @@ fn write(interface: &str, setting: &str, value: u64) -> Result<(), String> {
     fs::write(&path, value.to_string()).map_err(|e| format!("writing {path}: {e}"))
 }
 
-/// What an operator reads at start-up about an interface's tuning.
-pub fn describe(interface: &str, tuned: &Tuned) -> String {
+/// What an operator reads at start-up about an interface's tuning, done
+/// for the reason `why`.
+pub fn describe(interface: &str, tuned: &Tuned, why: &str) -> String {
     match tuned {
         Tuned::Set => format!(
-            "{interface}: napi_defer_hard_irqs {DEFER_HARD_IRQS} and gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns while natrix runs, so its polls run the device's receive work (prefer_busy_poll = true)"
+            "{interface}: napi_defer_hard_irqs {DEFER_HARD_IRQS} and gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns while natrix runs, so its polls run the device's receive work ({why})"
         ),
         Tuned::Kept { defer_hard_irqs, gro_flush_timeout } => {
             format!("{interface}: napi_defer_hard_irqs {defer_hard_irqs} and gro_flush_timeout {gro_flush_timeout} ns kept as they were set")
