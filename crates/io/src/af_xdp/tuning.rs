@@ -114,16 +114,18 @@ fn write(interface: &str, setting: &str, value: u64) -> Result<(), String> {
     fs::write(&path, value.to_string()).map_err(|e| format!("writing {path}: {e}"))
 }
 
-/// What an operator reads at start-up about an interface's tuning, done
-/// for the reason `why`.
-pub fn describe(interface: &str, tuned: &Tuned, why: &str) -> String {
+/// What an operator reads at start-up about an interface's tuning, asked
+/// for by `reason`.
+pub fn describe(interface: &str, tuned: &Tuned, reason: &str) -> String {
     match tuned {
         Tuned::Set => format!(
-            "{interface}: napi_defer_hard_irqs {DEFER_HARD_IRQS} and gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns while natrix runs, so its polls run the device's receive work ({why})"
+            "{interface}: napi_defer_hard_irqs {DEFER_HARD_IRQS} and gro_flush_timeout {GRO_FLUSH_TIMEOUT_NS} ns while natrix runs, so its polls run the device's receive work ({reason})"
         ),
         Tuned::Kept { defer_hard_irqs, gro_flush_timeout } => {
-            format!("{interface}: napi_defer_hard_irqs {defer_hard_irqs} and gro_flush_timeout {gro_flush_timeout} ns kept as they were set")
+            format!("{interface}: napi_defer_hard_irqs {defer_hard_irqs} and gro_flush_timeout {gro_flush_timeout} ns kept as they were set ({reason})")
         }
-        Tuned::Failed(why) => format!("{interface}: not tuned for busy polling ({why}); each frame may wake the device's NAPI thread"),
+        Tuned::Failed(error) => format!(
+            "{interface}: not tuned for busy polling ({error}), which {reason} asks for; each frame may wake the device's NAPI thread, and per-queue workers may forward far less (docs/BENCHMARKS.md, \"Per-queue workers on 16 CPUs\")"
+        ),
     }
 }
