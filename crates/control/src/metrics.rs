@@ -212,7 +212,7 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o.gauge("memory_bytes", "Bytes held by tables, allocator and subscriber state.", sum(workers, |w| w.memory_bytes));
     o.counter("log_records_lost_total", "NAT event records dropped: logger behind, collector unreachable or log file unwritable.", sum(workers, |w| w.events_lost) + log_lost);
     o.counter("log_records_total", "NAT event records handed to the configured log sinks (JSON, IPFIX, syslog).", log_recorded);
-    o.counter("handoff_dropped_total", "Frames dropped because a ring between threads was full.", io.handoff_dropped + sum(workers, |w| w.handoff_dropped));
+    o.counter("handoff_dropped_total", "Frames dropped because a ring between threads (or its copy buffers) was full.", io.handoff_dropped + sum(workers, |w| w.handoff_dropped));
     let f = o.family(
         "io_system_calls_total",
         true,

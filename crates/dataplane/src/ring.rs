@@ -2,8 +2,10 @@
 //! frames between the first worker (which owns the interfaces) and the
 //! others, and doorbells to wake a sleeping thread. A held frame (one the
 //! interfaces lent out, `natrix_io::FrameId`) crosses as its id and stays
-//! where it lies; a frame natrix made is copied into the slot. No
-//! allocation.
+//! where it lies; a frame natrix made is copied into the ring's next copy
+//! buffer, taken in turn. A ring may have fewer copy buffers than slots
+//! where copies are rare (between per-queue workers, which hand each
+//! other held frames), so that N x N rings stay small. No allocation.
 
 use std::cell::UnsafeCell;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -14,17 +16,15 @@ use natrix_engine::Side;
 use natrix_io::{FrameId, SharedFrames, MAX_FRAME};
 
 struct Slot {
-    len: usize,
     side: Side,
     carries: Carries,
-    data: [u8; MAX_FRAME],
 }
 
 /// What a slot holds.
 #[derive(Clone, Copy)]
 enum Carries {
-    /// A copy, in `data`.
-    Copy,
+    /// A copy of `len` bytes, in copy buffer `at`.
+    Copy { at: usize, len: usize },
     /// A held frame, where it lies.
     Held(FrameId),
     /// A held frame handed back unsent, for its owner to release.
@@ -45,11 +45,16 @@ struct Padded(AtomicUsize);
 
 struct Shared {
     slots: Box<[UnsafeCell<Slot>]>,
+    copies: Box<[UnsafeCell<[u8; MAX_FRAME]>]>,
     /// Where held frames lie.
     frames: SharedFrames,
     mask: usize,
+    copy_mask: usize,
     head: Padded,
     tail: Padded,
+    /// Copies the consumer is done with; the producer counts those it
+    /// made, so the buffers in between are in use, oldest first.
+    copies_done: Padded,
 }
 
 // SAFETY: a slot is written only by the producer before it publishes the
@@ -61,41 +66,64 @@ unsafe impl Send for Shared {}
 /// The most frames one `pop_batch` hands over: the engine's batch.
 pub const MAX_POP: usize = natrix_engine::batch::MAX_BATCH;
 
-pub struct Producer(Arc<Shared>);
+pub struct Producer {
+    shared: Arc<Shared>,
+    /// Copies made so far; the next goes into buffer `copies_made & copy_mask`.
+    copies_made: usize,
+}
 pub struct Consumer(Arc<Shared>);
 
-/// A ring of `capacity` frames (rounded up to a power of two); held frames
+/// A ring of `capacity` frames with `copies` copy buffers (each rounded up
+/// to a power of two, `copies` to at most `capacity`); held frames
 /// crossing it lie in `frames`.
-pub fn ring(capacity: usize, frames: SharedFrames) -> (Producer, Consumer) {
+pub fn ring(capacity: usize, copies: usize, frames: SharedFrames) -> (Producer, Consumer) {
     let n = capacity.next_power_of_two();
-    let slots = (0..n).map(|_| UnsafeCell::new(Slot { len: 0, side: Side::Inside, carries: Carries::Copy, data: [0; MAX_FRAME] })).collect();
-    let shared = Arc::new(Shared { slots, frames, mask: n - 1, head: Padded(AtomicUsize::new(0)), tail: Padded(AtomicUsize::new(0)) });
-    (Producer(shared.clone()), Consumer(shared))
+    let c = copies.next_power_of_two().min(n);
+    let shared = Arc::new(Shared {
+        slots: (0..n).map(|_| UnsafeCell::new(Slot { side: Side::Inside, carries: Carries::Copy { at: 0, len: 0 } })).collect(),
+        copies: (0..c).map(|_| UnsafeCell::new([0; MAX_FRAME])).collect(),
+        frames,
+        mask: n - 1,
+        copy_mask: c - 1,
+        head: Padded(AtomicUsize::new(0)),
+        tail: Padded(AtomicUsize::new(0)),
+        copies_done: Padded(AtomicUsize::new(0)),
+    });
+    (Producer { shared: shared.clone(), copies_made: 0 }, Consumer(shared))
 }
 
 impl Producer {
-    /// Copies a frame in; false when the ring is full or the frame too big.
+    /// Copies a frame in; false when the ring or its copy buffers are
+    /// full, or the frame is too big.
     pub fn push(&mut self, side: Side, frame: &[u8]) -> bool {
-        frame.len() <= MAX_FRAME
-            && self.put(side, Carries::Copy, |slot| {
-                slot.len = frame.len();
-                slot.data[..frame.len()].copy_from_slice(frame);
-            })
+        let r = &*self.shared;
+        let made = self.copies_made;
+        if frame.len() > MAX_FRAME || made.wrapping_sub(r.copies_done.0.load(Ordering::Acquire)) > r.copy_mask {
+            return false;
+        }
+        let at = made & r.copy_mask;
+        let put = self.put(side, Carries::Copy { at, len: frame.len() }, || {
+            // SAFETY: buffer `at` is free (the consumer is done with every
+            // copy before `made`), and invisible to it until put publishes.
+            unsafe { (&mut *r.copies[at].get())[..frame.len()].copy_from_slice(frame) }
+        });
+        self.copies_made += usize::from(put);
+        put
     }
 
     /// Hands a held frame on, without copying it; false when the ring is
     /// full (the caller still holds it).
     pub fn push_held(&mut self, side: Side, id: FrameId) -> bool {
-        self.put(side, Carries::Held(id), |_| {})
+        self.put(side, Carries::Held(id), || {})
     }
 
     /// Hands a held frame back unsent; false when the ring is full.
     pub fn push_release(&mut self, id: FrameId) -> bool {
-        self.put(Side::Inside, Carries::Release(id), |_| {})
+        self.put(Side::Inside, Carries::Release(id), || {})
     }
 
-    fn put(&mut self, side: Side, carries: Carries, fill: impl FnOnce(&mut Slot)) -> bool {
-        let r = &*self.0;
+    fn put(&self, side: Side, carries: Carries, fill: impl FnOnce()) -> bool {
+        let r = &*self.shared;
         let tail = r.tail.0.load(Ordering::Relaxed);
         if tail.wrapping_sub(r.head.0.load(Ordering::Acquire)) > r.mask {
             return false;
@@ -105,23 +133,25 @@ impl Producer {
         let slot = unsafe { &mut *r.slots[tail & r.mask].get() };
         slot.side = side;
         slot.carries = carries;
-        fill(slot);
+        fill();
         // Also publishes the producer's writes into a held frame's bytes.
         r.tail.0.store(tail.wrapping_add(1), Ordering::Release);
         true
     }
 }
 
-/// A slot's frame: its copy in the slot, or the held frame where it lies.
+/// A slot's frame: its copy, or the held frame where it lies.
 ///
 /// # Safety
 /// The consumer owns the slot (published, not yet released), and with it
-/// the held frame it names.
-unsafe fn slot_frame<'a>(slot: &'a mut Slot, frames: &'a SharedFrames) -> (&'a mut [u8], Option<FrameId>) {
+/// the copy buffer or held frame it names.
+#[allow(clippy::mut_from_ref)] // exclusive by the contract above, as with UnsafeCell::get
+unsafe fn slot_frame<'a>(slot: &Slot, r: &'a Shared) -> (&'a mut [u8], Option<FrameId>) {
     match slot.carries {
         // SAFETY: the producer handed the frame over with the slot.
-        Carries::Held(id) | Carries::Release(id) => (unsafe { frames.frame(id) }.unwrap_or_default(), Some(id)),
-        Carries::Copy => (&mut slot.data[..slot.len], None),
+        Carries::Held(id) | Carries::Release(id) => (unsafe { r.frames.frame(id) }.unwrap_or_default(), Some(id)),
+        // SAFETY: as above, the copy buffer.
+        Carries::Copy { at, len } => (unsafe { &mut (&mut *r.copies[at].get())[..len] }, None),
     }
 }
 
@@ -136,17 +166,16 @@ impl Consumer {
         }
         // SAFETY: the producer published this slot and will not touch it
         // until the release store of head below.
-        let slot = unsafe { &mut *r.slots[head & r.mask].get() };
-        let (side, carries) = (slot.side, slot.carries);
-        match carries {
+        let slot = unsafe { &*r.slots[head & r.mask].get() };
+        match slot.carries {
             Carries::Release(id) => f(Popped::Release(id)),
             // SAFETY: the slot is ours until the store below.
             _ => {
-                let (frame, held) = unsafe { slot_frame(slot, &r.frames) };
-                f(Popped::Frame(side, frame, held));
+                let (frame, held) = unsafe { slot_frame(slot, r) };
+                f(Popped::Frame(slot.side, frame, held));
             }
         }
-        r.head.0.store(head.wrapping_add(1), Ordering::Release);
+        r.finish(head, 1, usize::from(matches!(slot.carries, Carries::Copy { .. })));
         true
     }
 
@@ -168,20 +197,32 @@ impl Consumer {
         for (i, ((side, frame), id)) in sides.iter_mut().zip(frames.iter_mut()).zip(held.iter_mut()).take(n).enumerate() {
             // SAFETY: the producer published these n distinct slots and will
             // not touch them until the release store of head below; each is
-            // borrowed once, as is each held frame they name.
-            let slot = unsafe { &mut *r.slots[head.wrapping_add(i) & r.mask].get() };
+            // borrowed once, as is each copy buffer or held frame they name.
+            let slot = unsafe { &*r.slots[head.wrapping_add(i) & r.mask].get() };
             debug_assert!(!matches!(slot.carries, Carries::Release(_)), "a release in a ring that feeds a worker");
             *side = slot.side;
-            (*frame, *id) = unsafe { slot_frame(slot, &r.frames) };
+            (*frame, *id) = unsafe { slot_frame(slot, r) };
         }
         f(&sides[..n], &mut frames[..n], &held[..n]);
-        r.head.0.store(head.wrapping_add(n), Ordering::Release);
+        r.finish(head, n, held[..n].iter().filter(|id| id.is_none()).count());
         n
     }
 
     pub fn is_empty(&self) -> bool {
         let r = &*self.0;
         r.head.0.load(Ordering::Relaxed) == r.tail.0.load(Ordering::Acquire)
+    }
+}
+
+impl Shared {
+    /// The consumer is done with `n` slots from `head`, `copies` of them
+    /// copies: both go back to the producer.
+    fn finish(&self, head: usize, n: usize, copies: usize) {
+        if copies > 0 {
+            let done = self.copies_done.0.load(Ordering::Relaxed);
+            self.copies_done.0.store(done.wrapping_add(copies), Ordering::Release);
+        }
+        self.head.0.store(head.wrapping_add(n), Ordering::Release);
     }
 }
 
@@ -258,7 +299,7 @@ mod tests {
     }
 
     fn test_ring(capacity: usize) -> (Producer, Consumer) {
-        ring(capacity, ports().shared())
+        ring(capacity, capacity, ports().shared())
     }
 
     #[test]
@@ -358,8 +399,8 @@ mod tests {
     fn held_frames_cross_threads_where_they_lie_and_come_back() {
         let (inside, peer) = MemoryPort::pair().unwrap();
         let mut ports = CopyingPorts::new([Box::new(inside), Box::new(MemoryPort::pair().unwrap().0)]);
-        let (mut to_worker, mut worker_in) = ring(64, ports.shared());
-        let (mut worker_out, mut from_worker) = ring(64, ports.shared());
+        let (mut to_worker, mut worker_in) = ring(64, 1, ports.shared());
+        let (mut worker_out, mut from_worker) = ring(64, 1, ports.shared());
         let mut ids = Vec::new();
         for i in 0..40u8 {
             peer.inject(&[i; 80]);
@@ -405,5 +446,68 @@ mod tests {
             _ => panic!("what went in was held frames"),
         }) {}
         assert_eq!((forwarded, released), (20, 20));
+    }
+
+    /// A ring with fewer copy buffers than slots refuses a copy once they
+    /// are all in use, still takes held frames and releases, and reuses
+    /// the buffers in turn as copies are consumed.
+    #[test]
+    fn copies_beyond_the_copy_buffers_are_refused_while_held_frames_pass() {
+        let (inside, peer) = MemoryPort::pair().unwrap();
+        let mut ports = CopyingPorts::new([Box::new(inside), Box::new(MemoryPort::pair().unwrap().0)]);
+        let (mut p, mut c) = ring(16, 2, ports.shared());
+        peer.inject(&[7; 70]);
+        let mut id = None;
+        ports.receive(0, 1, &mut |got, _| {
+            id = Some(got);
+            true
+        });
+        let id = id.expect("a frame lent");
+        assert!(p.push(Side::Inside, &[1; 60]));
+        assert!(p.push(Side::Outside, &[2; 60]));
+        assert!(!p.push(Side::Inside, &[3; 60]), "both copy buffers are in use");
+        assert!(p.push_held(Side::Inside, id), "a held frame needs no copy buffer");
+        let mut seen = Vec::new();
+        let n = c.pop_batch(|sides, frames, held| {
+            for ((side, f), id) in sides.iter().zip(frames.iter()).zip(held) {
+                seen.push((*side, f[0], id.is_some()));
+            }
+        });
+        assert_eq!(n, 3);
+        assert_eq!(seen, [(Side::Inside, 1, false), (Side::Outside, 2, false), (Side::Inside, 7, true)]);
+        assert!(p.push_release(id));
+        assert!(c.pop(|popped| assert!(matches!(popped, Popped::Release(r) if r == id))));
+        for round in 0..10u8 {
+            assert!(p.push(Side::Outside, &[round; 30]) && p.push(Side::Inside, &[round ^ 0xff; 40]));
+            assert!(!p.push(Side::Inside, &[0; 10]));
+            assert!(c.pop(|popped| assert!(matches!(popped, Popped::Frame(Side::Outside, f, None) if *f == [round; 30]))));
+            assert!(p.push(Side::Outside, &[round; 50]), "the first copy's buffer is free again");
+            assert!(c.pop(|popped| assert!(matches!(popped, Popped::Frame(Side::Inside, f, None) if *f == [round ^ 0xff; 40]))));
+            assert!(c.pop(|popped| assert!(matches!(popped, Popped::Frame(Side::Outside, f, None) if *f == [round; 50]))));
+        }
+        // SAFETY: the frame came back as a release; released once.
+        unsafe { ports.release(id) };
+    }
+
+    #[test]
+    fn a_million_copies_cross_threads_through_four_buffers_intact() {
+        let (mut p, mut c) = ring(256, 4, ports().shared());
+        let t = std::thread::spawn(move || {
+            for i in 0..1_000_000u32 {
+                while !p.push(Side::Outside, &[i.to_be_bytes(), (!i).to_be_bytes()].concat()) {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        let mut next = 0u32;
+        while next < 1_000_000 {
+            c.pop_batch(|_, frames, _| {
+                for f in frames.iter() {
+                    assert_eq!(**f, [next.to_be_bytes(), (!next).to_be_bytes()].concat()[..]);
+                    next += 1;
+                }
+            });
+        }
+        t.join().unwrap();
     }
 }

@@ -64,6 +64,11 @@ const RING_FRAMES: usize = 4096;
 /// Per-queue workers have a ring from every worker to every other, each
 /// `RING_FRAMES / workers` long but no shorter than this.
 const MIN_RING_FRAMES: usize = 256;
+/// Copy buffers of each ring between per-queue workers: they hand each
+/// other held frames, and copy only frames the engine made and, while
+/// buffers run short, received ones (past these, such frames are dropped
+/// and counted, as the shortage wants). Slots cost 32 bytes, buffers 2 KiB.
+const PER_QUEUE_COPIES: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoChoice {
@@ -368,11 +373,11 @@ impl Dataplane {
         let mut engines = engines.into_iter();
         let first = engines.next().expect("at least one engine");
         let frames = links.ports.shared();
-        let (to_first, own_input) = ring::ring(RING_FRAMES, frames.clone());
+        let (to_first, own_input) = ring::ring(RING_FRAMES, RING_FRAMES, frames.clone());
         lanes.to_workers.push(to_first);
         for (i, engine) in engines.enumerate() {
-            let (to_worker, worker_in) = ring::ring(RING_FRAMES, frames.clone());
-            let (worker_out, from_worker) = ring::ring(RING_FRAMES, frames.clone());
+            let (to_worker, worker_in) = ring::ring(RING_FRAMES, RING_FRAMES, frames.clone());
+            let (worker_out, from_worker) = ring::ring(RING_FRAMES, RING_FRAMES, frames.clone());
             let (commands, rx) = mpsc::channel();
             let bell = new_doorbell()?;
             let mut worker = EngineWorker::new(engine, rx, event_tx.clone());
@@ -416,7 +421,7 @@ impl Dataplane {
         let mut inputs: Vec<Vec<Consumer>> = (0..count).map(|_| Vec::with_capacity(count)).collect();
         for outputs in &mut to_workers {
             for input in &mut inputs {
-                let (to, from) = ring::ring(capacity, frames.clone());
+                let (to, from) = ring::ring(capacity, PER_QUEUE_COPIES, frames.clone());
                 outputs.push(to);
                 input.push(from);
             }
