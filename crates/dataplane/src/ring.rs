@@ -58,9 +58,11 @@ struct Shared {
 }
 
 // SAFETY: a slot is written only by the producer before it publishes the
-// tail, and read only by the consumer before it publishes the head.
+// tail, and read only by the consumer before it publishes the head; a copy
+// buffer is written only by the producer while `copies_done` shows it free,
+// and read only by the consumer while the slot naming it is unreleased.
 unsafe impl Sync for Shared {}
-// SAFETY: as above; the slots are plain data.
+// SAFETY: as above; the slots and buffers are plain data.
 unsafe impl Send for Shared {}
 
 /// The most frames one `pop_batch` hands over: the engine's batch.
@@ -107,7 +109,7 @@ impl Producer {
             // copy before `made`), and invisible to it until put publishes.
             unsafe { (&mut *r.copies[at].get())[..frame.len()].copy_from_slice(frame) }
         });
-        self.copies_made += usize::from(put);
+        self.copies_made = made.wrapping_add(usize::from(put));
         put
     }
 

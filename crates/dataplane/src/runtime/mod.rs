@@ -66,8 +66,10 @@ const RING_FRAMES: usize = 4096;
 const MIN_RING_FRAMES: usize = 256;
 /// Copy buffers of each ring between per-queue workers: they hand each
 /// other held frames, and copy only frames the engine made and, while
-/// buffers run short, received ones (past these, such frames are dropped
-/// and counted, as the shortage wants). Slots cost 32 bytes, buffers 2 KiB.
+/// buffers run short, received ones. Past these such frames are dropped
+/// and counted: in a shortage, dropping at the handoff keeps the sender's
+/// fill rings stocked, where handing frames held would tie up more of its
+/// buffers. Slots cost 32 bytes, buffers 2 KiB.
 const PER_QUEUE_COPIES: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
