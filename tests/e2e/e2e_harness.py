@@ -192,12 +192,23 @@ class _Lines:
             return "\n".join(self.lines)
 
 
+def with_arrangement(config):
+    """`config` with the I/O backend and worker count that NATRIX_E2E_IO and
+    NATRIX_E2E_WORKERS ask for, where the test leaves them to the default,
+    so that the whole suite can run in each arrangement natrix supports."""
+    config = dict(config)
+    for key, var, parse in (("io", "NATRIX_E2E_IO", str), ("workers", "NATRIX_E2E_WORKERS", int)):
+        if os.environ.get(var):
+            config.setdefault(key, parse(os.environ[var]))
+    return config
+
+
 class Natrix:
     """`natrix run --config FILE` inside nx-nat, or inside `ns` for tests
     that build a topology of their own."""
 
     def __init__(self, config, path, ns=NS_NAT):
-        self.config = config
+        self.config = config = with_arrangement(config)
         self.ns = ns
         self.path = Path(path)
         self.path.write_text(to_toml(config))
