@@ -65,7 +65,7 @@ pub struct CpuTimes {
     /// Busy time of every CPU of the machine together.
     pub machine_busy_ns: u64,
     /// The device's own work, where it can be told apart: natrix's
-    /// process, or the kernel's softirq time on the CPU it forwards on.
+    /// process, or the busy time of the CPUs the kernel forwards on.
     pub dut_ns: Option<u64>,
     /// The part of `dut_ns` spent on frames rather than waiting for them
     /// (natrix polls on for a while after each frame).
@@ -477,14 +477,20 @@ pub fn goodput(tb: &mut dyn Testbed, s: &Settings, ladder: &[Rung]) -> Result<Ve
 }
 
 /// CPU time per forwarded frame at a fixed rate both devices sustain: the
-/// whole machine's busy time (less its idle background) and the device's
-/// own process.
+/// whole machine's busy time and the device's own, each less what it
+/// spent in a quiet spell before (other tenants on a shared CPU, the
+/// device's timers).
 pub fn cpu_cost(tb: &mut dyn Testbed, s: &Settings) -> Result<Option<Line>, TestError> {
     establish(tb, s)?;
     let Some(quiet_start) = tb.cpu() else { return Ok(None) };
+    let quiet_from = std::time::Instant::now();
     std::thread::sleep(Duration::from_nanos(s.cpu_ns / 2));
     let Some(quiet_end) = tb.cpu() else { return Ok(None) };
-    let background_per_ns = quiet_end.machine_busy_ns.saturating_sub(quiet_start.machine_busy_ns) as f64 / (s.cpu_ns / 2) as f64;
+    // As long as the spell really lasted: a loaded host oversleeps.
+    let quiet_ns = quiet_from.elapsed().as_nanos().max(1) as f64;
+    let background_per_ns = quiet_end.machine_busy_ns.saturating_sub(quiet_start.machine_busy_ns) as f64 / quiet_ns;
+    let quiet_rate = |end: Option<u64>, start: Option<u64>| end.zip(start).map_or(0.0, |(e, s)| e.saturating_sub(s) as f64 / quiet_ns);
+    let (dut_background, work_background) = (quiet_rate(quiet_end.dut_ns, quiet_start.dut_ns), quiet_rate(quiet_end.dut_work_ns, quiet_start.dut_work_ns));
     let plan = phase2_plan(&Settings { bidirectional: false, ..s.clone() }, CONNECTION_FRAME, s.cpu_rate, s.cpu_ns, s.seed + 400);
     let before = tb.cpu();
     let o = tb.trial(&plan)?;
@@ -492,9 +498,10 @@ pub fn cpu_cost(tb: &mut dyn Testbed, s: &Settings) -> Result<Option<Line>, Test
     let (Some(before), Some(after)) = (before, after) else { return Ok(None) };
     let frames = o.forward.received.max(1) as f64;
     let busy = after.machine_busy_ns.saturating_sub(before.machine_busy_ns) as f64 - background_per_ns * o.elapsed_ns as f64;
-    let per_frame = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a.saturating_sub(b) as f64 / frames);
-    let dut = per_frame(after.dut_ns, before.dut_ns);
-    let work = per_frame(after.dut_work_ns, before.dut_work_ns);
+    let elapsed = o.elapsed_ns as f64;
+    let per_frame = |a: Option<u64>, b: Option<u64>, background: f64| a.zip(b).map(|(a, b)| (a.saturating_sub(b) as f64 - background * elapsed).max(0.0) / frames);
+    let dut = per_frame(after.dut_ns, before.dut_ns, dut_background);
+    let work = per_frame(after.dut_work_ns, before.dut_work_ns, work_background);
     let result = object([
         ("rate_pps", json!(s.cpu_rate)),
         ("forwarded", json!(o.forward.received)),
@@ -614,6 +621,26 @@ mod tests {
         trials: usize,
         /// The most frames per second the fake generator gets out.
         generator_ceiling: f64,
+        /// A device CPU clock, where the fake has one.
+        clock: Option<FakeCpu>,
+    }
+
+    /// CPU time spent at `background_per_ns` of real time (a quiet spell
+    /// sleeps for real) and of the trials' time, plus `per_frame_ns` for
+    /// each frame forwarded.
+    struct FakeCpu {
+        started: std::time::Instant,
+        background_per_ns: f64,
+        per_frame_ns: u64,
+        trial_ns: u64,
+        frames: u64,
+    }
+
+    impl FakeCpu {
+        fn spent_ns(&self) -> u64 {
+            let wall = self.started.elapsed().as_nanos() as u64 + self.trial_ns;
+            (self.background_per_ns * wall as f64) as u64 + self.per_frame_ns * self.frames
+        }
     }
 
     impl FakeNat {
@@ -626,6 +653,7 @@ mod tests {
                 held: 0,
                 trials: 0,
                 generator_ceiling: f64::INFINITY,
+                clock: None,
             }
         }
 
@@ -683,6 +711,11 @@ mod tests {
                     _ => self.forwarded(f.frames, rate),
                 };
                 o.forward = self.direction(f.frames, rate, received, plan.keep_latencies);
+                if let Some(clock) = &mut self.clock {
+                    o.elapsed_ns = (f.frames as f64 * 1e9 / rate) as u64;
+                    clock.trial_ns += o.elapsed_ns;
+                    clock.frames += received;
+                }
                 if plan.reflect {
                     o.returned = self.direction(f.frames, rate, received, plan.keep_latencies);
                 }
@@ -698,7 +731,8 @@ mod tests {
         }
 
         fn cpu(&mut self) -> Option<CpuTimes> {
-            None
+            let spent = self.clock.as_ref()?.spent_ns();
+            Some(CpuTimes { machine_busy_ns: spent, dut_ns: Some(spent), dut_work_ns: Some(spent) })
         }
 
         fn note(&mut self, _: &str) {}
@@ -727,6 +761,23 @@ mod tests {
     fn within_one_step(found: f64, limit: f64, s: &Settings) {
         let step = s.max_rate * s.resolution;
         assert!(found <= limit + 1.0 && limit - found <= step + 1.0, "found {found}, limit {limit}, step {step}");
+    }
+
+    /// A device busy at a steady background (a shared CPU's other
+    /// tenants) costs its per-frame work alone: the quiet spell's rate is
+    /// taken off the trial's time.
+    #[test]
+    fn cpu_per_frame_leaves_out_the_background_of_the_quiet_spell() {
+        let s = Settings { cpu_ns: 40_000_000, ..settings() };
+        let mut nat = FakeNat::new();
+        nat.clock = Some(FakeCpu { started: std::time::Instant::now(), background_per_ns: 0.1, per_frame_ns: 20_000, trial_ns: 0, frames: 0 });
+        let line = cpu_cost(&mut nat, &s).unwrap().expect("the fake has a CPU clock");
+        for field in ["dut_ns_per_frame", "dut_work_ns_per_frame", "machine_ns_per_frame"] {
+            let ns = line.result[field].as_f64().unwrap();
+            // Unsubtracted, the background would add 10,000 ns per frame.
+            assert!((19_000.0..21_000.0).contains(&ns), "{field}: {ns} ns per frame, not the 20,000 of work");
+        }
+        assert!((0.09..0.12).contains(&line.result["background_cpus"].as_f64().unwrap()));
     }
 
     #[test]
