@@ -70,6 +70,9 @@ pub struct CpuTimes {
     /// The part of `dut_ns` spent on frames rather than waiting for them
     /// (natrix polls on for a while after each frame).
     pub dut_work_ns: Option<u64>,
+    /// Whether `dut_ns` is whole CPUs' time, other tenants' included (the
+    /// kernel's), rather than the device's own threads' (natrix's).
+    pub dut_shares_cpus: bool,
 }
 
 /// The device under test with the tester around it.
@@ -477,9 +480,10 @@ pub fn goodput(tb: &mut dyn Testbed, s: &Settings, ladder: &[Rung]) -> Result<Ve
 }
 
 /// CPU time per forwarded frame at a fixed rate both devices sustain: the
-/// whole machine's busy time and the device's own, each less what it
-/// spent in a quiet spell before (other tenants on a shared CPU, the
-/// device's timers).
+/// whole machine's busy time and the device's own. Figures of whole CPUs
+/// are less what those spent in a quiet spell before (other tenants of a
+/// shared CPU); a device's own threads are charged all their time, their
+/// idle polling too.
 pub fn cpu_cost(tb: &mut dyn Testbed, s: &Settings) -> Result<Option<Line>, TestError> {
     establish(tb, s)?;
     let Some(quiet_start) = tb.cpu() else { return Ok(None) };
@@ -489,7 +493,10 @@ pub fn cpu_cost(tb: &mut dyn Testbed, s: &Settings) -> Result<Option<Line>, Test
     // As long as the spell really lasted: a loaded host oversleeps.
     let quiet_ns = quiet_from.elapsed().as_nanos().max(1) as f64;
     let background_per_ns = quiet_end.machine_busy_ns.saturating_sub(quiet_start.machine_busy_ns) as f64 / quiet_ns;
-    let quiet_rate = |end: Option<u64>, start: Option<u64>| end.zip(start).map_or(0.0, |(e, s)| e.saturating_sub(s) as f64 / quiet_ns);
+    let quiet_rate = |end: Option<u64>, start: Option<u64>| match quiet_end.dut_shares_cpus {
+        true => end.zip(start).map_or(0.0, |(e, s)| e.saturating_sub(s) as f64 / quiet_ns),
+        false => 0.0,
+    };
     let (dut_background, work_background) = (quiet_rate(quiet_end.dut_ns, quiet_start.dut_ns), quiet_rate(quiet_end.dut_work_ns, quiet_start.dut_work_ns));
     let plan = phase2_plan(&Settings { bidirectional: false, ..s.clone() }, CONNECTION_FRAME, s.cpu_rate, s.cpu_ns, s.seed + 400);
     let before = tb.cpu();
@@ -634,6 +641,8 @@ mod tests {
         per_frame_ns: u64,
         trial_ns: u64,
         frames: u64,
+        /// Whether the clock is whole CPUs' (its background other tenants').
+        shared: bool,
     }
 
     impl FakeCpu {
@@ -731,8 +740,9 @@ mod tests {
         }
 
         fn cpu(&mut self) -> Option<CpuTimes> {
-            let spent = self.clock.as_ref()?.spent_ns();
-            Some(CpuTimes { machine_busy_ns: spent, dut_ns: Some(spent), dut_work_ns: Some(spent) })
+            let clock = self.clock.as_ref()?;
+            let spent = clock.spent_ns();
+            Some(CpuTimes { machine_busy_ns: spent, dut_ns: Some(spent), dut_work_ns: Some(spent), dut_shares_cpus: clock.shared })
         }
 
         fn note(&mut self, _: &str) {}
@@ -763,21 +773,42 @@ mod tests {
         assert!(found <= limit + 1.0 && limit - found <= step + 1.0, "found {found}, limit {limit}, step {step}");
     }
 
-    /// A device busy at a steady background (a shared CPU's other
-    /// tenants) costs its per-frame work alone: the quiet spell's rate is
-    /// taken off the trial's time.
-    #[test]
-    fn cpu_per_frame_leaves_out_the_background_of_the_quiet_spell() {
+    /// CPU per frame of a device busy 10% of the time between trials and
+    /// 20 µs per frame: `shared` says whether that 10% is other tenants'.
+    fn cpu_line(shared: bool) -> Line {
         let s = Settings { cpu_ns: 40_000_000, ..settings() };
         let mut nat = FakeNat::new();
-        nat.clock = Some(FakeCpu { started: std::time::Instant::now(), background_per_ns: 0.1, per_frame_ns: 20_000, trial_ns: 0, frames: 0 });
-        let line = cpu_cost(&mut nat, &s).unwrap().expect("the fake has a CPU clock");
+        nat.clock = Some(FakeCpu { started: std::time::Instant::now(), background_per_ns: 0.1, per_frame_ns: 20_000, trial_ns: 0, frames: 0, shared });
+        cpu_cost(&mut nat, &s).unwrap().expect("the fake has a CPU clock")
+    }
+
+    fn ns_per_frame(line: &Line, field: &str) -> f64 {
+        line.result[field].as_f64().unwrap()
+    }
+
+    /// Whole CPUs' time (the kernel's) is less the quiet spell's
+    /// background, which at 10% adds 10 µs a frame over this trial; the
+    /// machine's always is.
+    #[test]
+    fn cpu_per_frame_of_whole_cpus_leaves_out_their_quiet_background() {
+        let line = cpu_line(true);
         for field in ["dut_ns_per_frame", "dut_work_ns_per_frame", "machine_ns_per_frame"] {
-            let ns = line.result[field].as_f64().unwrap();
-            // Unsubtracted, the background would add 10,000 ns per frame.
+            let ns = ns_per_frame(&line, field);
             assert!((19_000.0..21_000.0).contains(&ns), "{field}: {ns} ns per frame, not the 20,000 of work");
         }
         assert!((0.09..0.12).contains(&line.result["background_cpus"].as_f64().unwrap()));
+    }
+
+    /// A device's own threads (natrix's) are charged their idle time too.
+    #[test]
+    fn cpu_per_frame_of_a_devices_own_threads_keeps_their_idle_time() {
+        let line = cpu_line(false);
+        for field in ["dut_ns_per_frame", "dut_work_ns_per_frame"] {
+            let ns = ns_per_frame(&line, field);
+            assert!((29_000.0..31_000.0).contains(&ns), "{field}: {ns} ns per frame, not 20,000 of work and 10,000 of idling");
+        }
+        let machine = ns_per_frame(&line, "machine_ns_per_frame");
+        assert!((19_000.0..21_000.0).contains(&machine), "machine: {machine}");
     }
 
     #[test]

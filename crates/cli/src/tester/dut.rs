@@ -31,6 +31,10 @@ pub trait Dut {
     fn work_ns(&self) -> Option<u64> {
         self.cpu_ns()
     }
+    /// Whether that time is whole CPUs', other tenants' included.
+    fn shares_cpus(&self) -> bool {
+        false
+    }
 }
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -303,6 +307,10 @@ impl Dut for Kernel {
             return softirq_ns();
         }
         self.cpus.iter().map(|&c| cpu_busy_ns(&format!("cpu{c}"))).sum()
+    }
+
+    fn shares_cpus(&self) -> bool {
+        true
     }
 }
 

@@ -71,7 +71,7 @@ impl Testbed for LabBed {
     }
 
     fn cpu(&mut self) -> Option<CpuTimes> {
-        Some(CpuTimes { machine_busy_ns: machine_busy_ns()?, dut_ns: self.dut.cpu_ns(), dut_work_ns: self.dut.work_ns() })
+        Some(CpuTimes { machine_busy_ns: machine_busy_ns()?, dut_ns: self.dut.cpu_ns(), dut_work_ns: self.dut.work_ns(), dut_shares_cpus: self.dut.shares_cpus() })
     }
 
     fn note(&mut self, msg: &str) {
@@ -105,7 +105,7 @@ impl Testbed for SwitchBed {
     }
 
     fn cpu(&mut self) -> Option<CpuTimes> {
-        Some(CpuTimes { machine_busy_ns: machine_busy_ns()?, dut_ns: None, dut_work_ns: None })
+        Some(CpuTimes { machine_busy_ns: machine_busy_ns()?, dut_ns: None, dut_work_ns: None, dut_shares_cpus: false })
     }
 
     fn note(&mut self, msg: &str) {
