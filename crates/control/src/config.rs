@@ -200,7 +200,7 @@ impl Config {
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
-        live.prefer_busy_poll = root.prefer_busy_poll()?;
+        live.prefer_busy_poll = parse_prefer_busy_poll(&mut root)?;
         root.finish()?;
         check_consistency(&engine)?;
         check_addressing(&engine, &live)?;
@@ -817,19 +817,6 @@ impl<'a> Section<'a> {
         self.typed(key, "true or false", Value::as_bool)
     }
 
-    /// `prefer_busy_poll`: true, false or "auto" (the default).
-    fn prefer_busy_poll(&mut self) -> Result<PreferBusyPoll, ConfigError> {
-        const KEY: &str = "prefer_busy_poll";
-        match self.get(KEY) {
-            None => Ok(PreferBusyPoll::Auto),
-            Some(Value::Boolean(true)) => Ok(PreferBusyPoll::On),
-            Some(Value::Boolean(false)) => Ok(PreferBusyPoll::Off),
-            Some(Value::String(s)) if s == "auto" => Ok(PreferBusyPoll::Auto),
-            Some(Value::String(s)) => err(self.path(KEY), format!("\"{s}\" is not true, false or \"auto\"")),
-            Some(v) => err(self.path(KEY), format!("expected true, false or \"auto\", found {}", v.type_str())),
-        }
-    }
-
     fn array(&mut self, key: &str) -> Result<Option<&'a Vec<Value>>, ConfigError> {
         self.typed(key, "a list", Value::as_array)
     }
@@ -876,6 +863,19 @@ impl<'a> Section<'a> {
             None => Ok(()),
             Some(k) => err(self.path(k), unknown_key_problem(&self.name, k)),
         }
+    }
+}
+
+/// `prefer_busy_poll`: true, false or "auto" (the default).
+fn parse_prefer_busy_poll(root: &mut Section) -> Result<PreferBusyPoll, ConfigError> {
+    const KEY: &str = "prefer_busy_poll";
+    match root.get(KEY) {
+        None => Ok(PreferBusyPoll::Auto),
+        Some(Value::Boolean(true)) => Ok(PreferBusyPoll::On),
+        Some(Value::Boolean(false)) => Ok(PreferBusyPoll::Off),
+        Some(Value::String(s)) if s == "auto" => Ok(PreferBusyPoll::Auto),
+        Some(Value::String(s)) => err(root.path(KEY), format!("\"{s}\" is not true, false or \"auto\"")),
+        Some(v) => err(root.path(KEY), format!("expected true, false or \"auto\", found {}", v.type_str())),
     }
 }
 

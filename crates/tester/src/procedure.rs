@@ -493,9 +493,13 @@ pub fn cpu_cost(tb: &mut dyn Testbed, s: &Settings) -> Result<Option<Line>, Test
     // As long as the spell really lasted: a loaded host oversleeps.
     let quiet_ns = quiet_from.elapsed().as_nanos().max(1) as f64;
     let background_per_ns = quiet_end.machine_busy_ns.saturating_sub(quiet_start.machine_busy_ns) as f64 / quiet_ns;
-    let quiet_rate = |end: Option<u64>, start: Option<u64>| match quiet_end.dut_shares_cpus {
-        true => end.zip(start).map_or(0.0, |(e, s)| e.saturating_sub(s) as f64 / quiet_ns),
-        false => 0.0,
+    let quiet_rate = |end: Option<u64>, start: Option<u64>| {
+        let background = end.zip(start).map_or(0.0, |(e, s)| e.saturating_sub(s) as f64 / quiet_ns);
+        if quiet_end.dut_shares_cpus {
+            background
+        } else {
+            0.0
+        }
     };
     let (dut_background, work_background) = (quiet_rate(quiet_end.dut_ns, quiet_start.dut_ns), quiet_rate(quiet_end.dut_work_ns, quiet_start.dut_work_ns));
     let plan = phase2_plan(&Settings { bidirectional: false, ..s.clone() }, CONNECTION_FRAME, s.cpu_rate, s.cpu_ns, s.seed + 400);

@@ -306,7 +306,7 @@ impl Dut for Kernel {
         if self.cpus.is_empty() {
             return softirq_ns();
         }
-        self.cpus.iter().map(|&c| cpu_busy_ns(&format!("cpu{c}"))).sum()
+        cpu_busy_ns(&self.cpus.iter().map(|c| format!("cpu{c}")).collect::<Vec<_>>())
     }
 
     fn shares_cpus(&self) -> bool {
@@ -333,29 +333,32 @@ fn process_cpu_ns(pid: u32) -> Option<u64> {
 
 /// Softirq time of all CPUs together.
 fn softirq_ns() -> Option<u64> {
-    let v = stat_line("cpu")?;
-    Some(ticks_to_ns(*v.get(6)?))
+    let all = stat_lines(&["cpu".to_owned()])?;
+    Some(ticks_to_ns(*all[0].get(6)?))
 }
 
-/// The values of a /proc/stat CPU line: user, nice, system, idle, iowait, irq, softirq, steal, ...
-fn stat_line(name: &str) -> Option<Vec<u64>> {
+/// The values of the named /proc/stat CPU lines, read at one moment:
+/// user, nice, system, idle, iowait, irq, softirq, steal, ...
+fn stat_lines(names: &[String]) -> Option<Vec<Vec<u64>>> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let line = stat.lines().find(|l| l.split_whitespace().next() == Some(name))?;
-    Some(line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect())
+    let values = |name: &String| {
+        let line = stat.lines().find(|l| l.split_whitespace().next() == Some(name))?;
+        Some(line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect())
+    };
+    names.iter().map(values).collect()
 }
 
 /// Busy time of all CPUs together.
 pub fn machine_busy_ns() -> Option<u64> {
-    cpu_busy_ns("cpu")
+    cpu_busy_ns(&["cpu".to_owned()])
 }
 
-/// Busy time of a /proc/stat CPU line (`cpu` is all of them): user, nice,
-/// system, irq, softirq; idle, I/O wait and time stolen by the hypervisor
-/// are not ours.
-fn cpu_busy_ns(name: &str) -> Option<u64> {
-    let v = stat_line(name)?;
-    let busy = v.first()? + v.get(1)? + v.get(2)? + v.get(5)? + v.get(6)?;
-    Some(ticks_to_ns(busy))
+/// Busy time of /proc/stat CPU lines together (`cpu` is all CPUs): user,
+/// nice, system, irq, softirq; idle, I/O wait and time stolen by the
+/// hypervisor are not ours.
+fn cpu_busy_ns(names: &[String]) -> Option<u64> {
+    let busy = |v: &Vec<u64>| Some(v.first()? + v.get(1)? + v.get(2)? + v.get(5)? + v.get(6)?);
+    stat_lines(names)?.iter().map(busy).sum::<Option<u64>>().map(ticks_to_ns)
 }
 
 #[cfg(test)]
@@ -373,7 +376,7 @@ mod tests {
     fn this_process_and_the_machine_have_cpu_time() {
         assert!(process_cpu_ns(std::process::id()).is_some());
         assert!(machine_busy_ns().is_some_and(|ns| ns > 0));
-        assert!(softirq_ns().is_some() && cpu_busy_ns("cpu0").is_some_and(|ns| ns > 0));
-        assert_eq!(cpu_busy_ns("cpu999999"), None);
+        assert!(softirq_ns().is_some() && cpu_busy_ns(&["cpu0".to_owned()]).is_some_and(|ns| ns > 0));
+        assert_eq!(cpu_busy_ns(&["cpu0".to_owned(), "cpu999999".to_owned()]), None);
     }
 }
