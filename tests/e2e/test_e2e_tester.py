@@ -11,8 +11,10 @@ sanity of the results are checked: speed is for benchmarks.
 """
 
 import json
+import os
 import shutil
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -113,4 +115,82 @@ def test_a_quick_run_against_the_kernel_gives_every_result_and_plot(no_lab, tmp_
         assert root.tag.endswith("svg"), f"{name}: root element {root.tag}"
         assert root.iter(), name
 
+    assert not lab_up(), "natrix test left its lab behind"
+
+
+def expected_lab_cpus(workers, cpus):
+    """README, "Measuring": the device gets CPUs 1..workers after the
+    tester's CPU 0; the lab's own receivers get the CPUs after the
+    device's, or CPU 0 where none are left."""
+    device = list(range(1, cpus))[:max(workers, 1)]
+    if not device:
+        return []
+    return list(range(device[-1] + 1, cpus)) or [0]
+
+
+def rps_mask_cpus(mask):
+    value = int(mask.strip().replace(",", ""), 16)
+    return [cpu for cpu in range(value.bit_length()) if value >> cpu & 1]
+
+
+def in_switch(*cmd):
+    return subprocess.run(["ip", "netns", "exec", "nx-sw", *cmd], capture_output=True, text=True, timeout=10)
+
+
+def napi_threads():
+    """(comm, scheduling class, real-time priority, CPU affinity) of the NAPI threads of nx-nat's links."""
+    ps = subprocess.run(["ps", "-eo", "comm=,cls=,rtprio=,pid="], capture_output=True, text=True, timeout=10).stdout
+    found = []
+    for line in ps.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0].startswith(("napi/inside-", "napi/outside-")):
+            try:
+                affinity = os.sched_getaffinity(int(parts[3]))
+            except OSError:
+                continue
+            found.append((parts[0], parts[1], parts[2], affinity))
+    return found
+
+
+def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_nics_priority(no_lab, tmp_path):
+    """While `natrix test --dut natrix` runs: what natrix sends is received
+    in nx-sw on the lab's CPUs, not natrix's (RPS on its links' peers);
+    the switch runs no IP filtering on bridged frames; and the NAPI
+    threads that run veth's XDP for natrix are pinned to natrix's CPU at
+    SCHED_FIFO 50, as a NIC's receive work preempts threads."""
+    cpus = os.cpu_count()
+    if cpus < 2:
+        pytest.skip("one CPU: nothing is steered")
+    proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "natrix", "--quick", "--tests", "cpu", "--json",
+                             "--out", str(tmp_path / "results")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=h.clean_env())
+    masks, threads, filtering = {}, [], {}
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        for dev in ("nx-nat-in", "nx-nat-out"):
+            read = in_switch("cat", f"/sys/class/net/{dev}/queues/rx-0/rps_cpus")
+            if read.returncode == 0 and int(read.stdout.strip().replace(",", "") or "0", 16):
+                masks[dev] = read.stdout
+        for key in ("net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-call-ip6tables"):
+            got = in_switch("sysctl", "-n", key)
+            if got.returncode == 0:
+                filtering[key] = got.stdout.strip()
+        threads = napi_threads() or threads
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    out, err = proc.communicate()
+    assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{err[-3000:]}"
+    assert any(json.loads(line)["test"] == "cpu" for line in out.splitlines() if line.strip())
+
+    want = expected_lab_cpus(1, cpus)
+    assert set(masks) == {"nx-nat-in", "nx-nat-out"}, f"the device's peers were never steered: {masks}"
+    for dev, mask in masks.items():
+        assert rps_mask_cpus(mask) == want, f"{dev}: rps_cpus {mask.strip()}, want CPUs {want}"
+    assert all(v == "0" for v in filtering.values()), f"nx-sw filters bridged frames: {filtering}"
+
+    assert {name.split("-")[0] for name, *_ in threads} == {"napi/inside", "napi/outside"}, f"no NAPI threads seen: {threads}"
+    for name, cls, rtprio, affinity in threads:
+        assert (cls, rtprio) == ("FF", "50"), f"{name}: {cls} {rtprio}"
+        assert affinity == {1}, f"{name} runs on {affinity}, natrix's worker on CPU 1"
     assert not lab_up(), "natrix test left its lab behind"

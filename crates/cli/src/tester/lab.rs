@@ -22,6 +22,9 @@ use natrix_tester::sys::in_netns;
 use crate::Failure;
 
 pub const NAT_NS: &str = "nx-nat";
+const SWITCH_NS: &str = "nx-sw";
+/// The device's two links' ends in nx-sw: what the device sends arrives there.
+const DEVICE_PEERS: [&str; 2] = ["nx-nat-in", "nx-nat-out"];
 const SUB1: (&str, Ipv4Addr) = ("nx-sub1", Ipv4Addr::new(100, 64, 0, 2));
 const SUB2: (&str, Ipv4Addr) = ("nx-sub2", Ipv4Addr::new(100, 64, 0, 3));
 const SRV1: (&str, Ipv4Addr) = ("nx-srv1", Ipv4Addr::new(198, 51, 100, 11));
@@ -61,8 +64,9 @@ pub struct Lab {
     exe: PathBuf,
     /// Built by the tester, so taken down by it.
     built: bool,
-    /// Files of nx-nat's /proc and /sys changed, with their contents before, to put back.
-    changed: Vec<(String, String)>,
+    /// Files of a namespace's /proc and /sys changed (namespace, path,
+    /// contents before), to put back.
+    changed: Vec<(&'static str, String, String)>,
     /// natrix's configuration as the lab wrote it (natrix labs only).
     pub natrix_config: Option<PathBuf>,
 }
@@ -112,6 +116,7 @@ impl Lab {
         if kind == Kind::Kernel {
             lab.prepare_kernel(opts.workers)?;
         }
+        lab.steer_switch_receive(opts.workers)?;
         Ok(lab)
     }
 
@@ -120,26 +125,42 @@ impl Lab {
     /// natrix with as many workers runs on them; every receive queue's.
     fn prepare_kernel(&mut self, workers: u32) -> Result<(), Failure> {
         for (path, value) in KERNEL_UDP_TIMEOUTS {
-            self.set(path, value)?;
+            self.set(NAT_NS, path, value)?;
         }
-        let cpus = dut_cpus(workers);
-        if !cpus.is_empty() {
-            let mask = rps_mask(&cpus);
-            for dev in ["inside", "outside"] {
-                let queues = in_ns(NAT_NS, "ls", &[&format!("/sys/class/net/{dev}/queues")])?;
-                for queue in queues.split_whitespace().filter(|q| q.starts_with("rx-")) {
-                    self.set(&format!("/sys/class/net/{dev}/queues/{queue}/rps_cpus"), &mask)?;
-                }
+        self.steer_receive(NAT_NS, &["inside", "outside"], &dut_cpus(workers))
+    }
+
+    /// What the device sends, received in nx-sw and from there by the
+    /// bridges, the hosts' stacks and the tester's ports, steered (RPS)
+    /// off the device's CPUs (`lab_cpus`). Left alone it runs on the CPU
+    /// that sent it, so the device's CPUs paid for the lab's receivers:
+    /// in a TCP run the iperf3 server's stack and the switch took more of
+    /// them than the kernel's forwarding did, for natrix and the kernel
+    /// alike.
+    fn steer_switch_receive(&mut self, workers: u32) -> Result<(), Failure> {
+        self.steer_receive(SWITCH_NS, &DEVICE_PEERS, &lab_cpus(workers))
+    }
+
+    /// Every receive queue of `devs` in `ns` steered to `cpus` (none: left as they are).
+    fn steer_receive(&mut self, ns: &'static str, devs: &[&str], cpus: &[usize]) -> Result<(), Failure> {
+        if cpus.is_empty() {
+            return Ok(());
+        }
+        let mask = rps_mask(cpus);
+        for dev in devs {
+            let queues = in_ns(ns, "ls", &[&format!("/sys/class/net/{dev}/queues")])?;
+            for queue in queues.split_whitespace().filter(|q| q.starts_with("rx-")) {
+                self.set(ns, &format!("/sys/class/net/{dev}/queues/{queue}/rps_cpus"), &mask)?;
             }
         }
         Ok(())
     }
 
-    /// Writes `value` to `path` in nx-nat, remembering what it held.
-    fn set(&mut self, path: &str, value: &str) -> Result<(), Failure> {
-        let before = in_ns(NAT_NS, "cat", &[path])?.trim().to_owned();
-        write_in_nat(path, value)?;
-        self.changed.push((path.to_owned(), before));
+    /// Writes `value` to `path` in `ns`, remembering what it held.
+    fn set(&mut self, ns: &'static str, path: &str, value: &str) -> Result<(), Failure> {
+        let before = in_ns(ns, "cat", &[path])?.trim().to_owned();
+        write_in(ns, path, value)?;
+        self.changed.push((ns, path.to_owned(), before));
         Ok(())
     }
 
@@ -187,8 +208,8 @@ impl Drop for Lab {
             let _ = run(&self.exe, &["lab".into(), "down".into()]);
             return;
         }
-        for (path, value) in self.changed.drain(..) {
-            let _ = write_in_nat(&path, &value);
+        for (ns, path, value) in self.changed.drain(..) {
+            let _ = write_in(ns, &path, &value);
         }
     }
 }
@@ -209,7 +230,28 @@ pub fn subscribers() -> Vec<Ipv4Addr> {
 /// which the workers then share; a host with one CPU gives none, and
 /// everything shares it.
 pub fn dut_cpus(workers: u32) -> Vec<usize> {
-    (1..available_cpus()).take(workers.max(1) as usize).collect()
+    dut_cpus_of(workers, available_cpus())
+}
+
+fn dut_cpus_of(workers: u32, available: usize) -> Vec<usize> {
+    (1..available).take(workers.max(1) as usize).collect()
+}
+
+/// The CPUs of the lab's own receivers (`steer_switch_receive`): those
+/// after the device's where the host has them, else the tester's CPU 0;
+/// none on a host of one CPU, where everything shares it.
+fn lab_cpus(workers: u32) -> Vec<usize> {
+    lab_cpus_of(workers, available_cpus())
+}
+
+fn lab_cpus_of(workers: u32, available: usize) -> Vec<usize> {
+    let Some(&last) = dut_cpus_of(workers, available).last() else { return Vec::new() };
+    let after: Vec<usize> = (last + 1..available).collect();
+    if after.is_empty() {
+        vec![0]
+    } else {
+        after
+    }
 }
 
 /// `cpus` as `rps_cpus` takes them: hexadecimal 32-bit groups, the
@@ -277,25 +319,40 @@ fn existing_kind() -> Result<Kind, Failure> {
     Ok(if forwarding.trim() == "1" { Kind::Kernel } else { Kind::Natrix })
 }
 
-/// Writes a /proc or /sys file as seen from nx-nat (`ip netns exec`
-/// mounts that namespace's /sys).
-/// Threaded NAPI on nx-nat's links, the NAPI threads on `cpus`: with
-/// AF_XDP, veth runs the XDP program that hands natrix a frame, and copies
-/// it, in the NAPI of the CPU that sent it (the tester's); in threads of
-/// their own that work follows natrix to its CPU, as RPS moves the
-/// kernel's receive work for the kernel's run. veth has NAPI only while an
-/// XDP program is attached, so this runs once natrix is up; the setting
-/// outlives natrix harmlessly (a threaded NAPI where there is one).
+/// Threaded NAPI on nx-nat's links, the NAPI threads on `cpus` at a
+/// real-time priority: with AF_XDP, veth runs the XDP program that hands
+/// natrix a frame, and copies it, in the NAPI of the CPU that sent it (the
+/// tester's); in threads of their own that work follows natrix to its CPU,
+/// as RPS moves the kernel's receive work for the kernel's run. veth has
+/// NAPI only while an XDP program is attached, so this runs once natrix is
+/// up; the setting outlives natrix harmlessly (a threaded NAPI where there
+/// is one).
+///
+/// The priority is a NIC's: its receive work runs in softirq, ahead of
+/// any thread, as the kernel's forwarding does here, and threaded
+/// interrupt handlers run at SCHED_FIFO 50. At the scheduler's ordinary
+/// priority a NAPI thread waited behind natrix's polling worker (nice
+/// -10, `sys::NICE`) until veth's 256-frame ring overflowed: one worker
+/// lost 64-byte frames from 66-157 kpps on the 2-CPU lab, and from
+/// 246-250 kpps (the generator's limit there) at SCHED_FIFO 50.
 pub fn napi_on_cpus(cpus: &[usize]) {
     for dev in ["inside", "outside"] {
         let _ = write_in_nat(&format!("/sys/class/net/{dev}/threaded"), "1");
     }
     let set = cpu_set(cpus);
+    let fifo = libc::sched_param { sched_priority: NAPI_PRIORITY };
     for pid in napi_threads() {
-        // SAFETY: set is a live cpu_set_t of the size given.
-        unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+        // SAFETY: set and fifo are live values of the types and sizes given.
+        unsafe {
+            libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            libc::sched_setscheduler(pid, libc::SCHED_FIFO, &fifo);
+        }
     }
 }
+
+/// SCHED_FIFO priority of the NAPI threads: the kernel's for threaded
+/// interrupt handlers.
+const NAPI_PRIORITY: libc::c_int = 50;
 
 /// The NAPI threads of nx-nat's links (threaded NAPI), by their names.
 pub fn napi_threads() -> Vec<libc::pid_t> {
@@ -310,8 +367,15 @@ pub fn napi_threads() -> Vec<libc::pid_t> {
         .collect()
 }
 
+/// Writes a /proc or /sys file of nx-nat.
 fn write_in_nat(path: &str, value: &str) -> Result<(), Failure> {
-    in_ns(NAT_NS, "sh", &["-c", "echo \"$1\" > \"$2\"", "sh", value, path]).map(drop)
+    write_in(NAT_NS, path, value)
+}
+
+/// Writes a /proc or /sys file as seen from `ns` (`ip netns exec` mounts
+/// that namespace's /sys).
+fn write_in(ns: &str, path: &str, value: &str) -> Result<(), Failure> {
+    in_ns(ns, "sh", &["-c", "echo \"$1\" > \"$2\"", "sh", value, path]).map(drop)
 }
 
 fn run(exe: &Path, args: &[String]) -> Result<(), Failure> {
@@ -338,6 +402,18 @@ fn command(program: &str, args: &[&str]) -> Result<String, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lab_receives_off_the_device_cpus_and_the_tester_cpu_where_it_can() {
+        // 16 CPUs: the tester on 0, two workers on 1-2, the lab on the rest.
+        assert_eq!(dut_cpus_of(2, 16), vec![1, 2]);
+        assert_eq!(lab_cpus_of(2, 16), (3..16).collect::<Vec<_>>());
+        // 2 CPUs: nothing is left after the device's CPU 1 but the tester's.
+        assert_eq!(lab_cpus_of(1, 2), vec![0]);
+        assert_eq!(lab_cpus_of(4, 3), vec![0]);
+        // 1 CPU: everything shares it, and nothing is steered.
+        assert!(dut_cpus_of(1, 1).is_empty() && lab_cpus_of(1, 1).is_empty());
+    }
 
     #[test]
     fn rps_masks_are_32_bit_groups_highest_first() {
