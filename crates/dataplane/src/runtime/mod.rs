@@ -80,13 +80,14 @@ pub enum IoChoice {
 }
 
 /// Whether the AF_XDP devices defer their receive work to natrix's polls
-/// while it runs (`prefer_busy_poll`).
+/// while it runs (`prefer_busy_poll`). Deferred, a worker runs its
+/// queues' receive work in its own polls while frames flow, and the
+/// device's interrupt or NAPI thread no longer wakes for each batch: one
+/// worker forwarded about half as much again for a third of the CPU per
+/// frame on the 2-CPU lab (docs/BENCHMARKS.md, "A fair lab").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceDeferral {
-    /// Where per-queue workers run: each polls its own queues, and
-    /// undeferred they forwarded a third as much on 16 CPUs, most likely
-    /// because a device's NAPI thread that shares a worker's CPU holds the
-    /// queue's frames off for whole scheduler slices.
+    /// Only where per-queue workers run.
     Auto,
     On,
     Off,
@@ -689,7 +690,7 @@ mod tests {
     use super::DeviceDeferral;
 
     #[test]
-    fn devices_defer_to_per_queue_workers_unless_told_otherwise() {
+    fn devices_defer_as_told() {
         assert!(DeviceDeferral::Auto.wanted(true).is_some());
         assert_eq!(DeviceDeferral::Auto.wanted(false), None);
         assert!(DeviceDeferral::On.wanted(false).is_some());

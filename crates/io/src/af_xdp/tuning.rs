@@ -125,7 +125,7 @@ pub fn describe(interface: &str, tuned: &Tuned, reason: &str) -> String {
             format!("{interface}: napi_defer_hard_irqs {defer_hard_irqs} and gro_flush_timeout {gro_flush_timeout} ns kept as they were set ({reason})")
         }
         Tuned::Failed(error) => format!(
-            "{interface}: not tuned for busy polling ({error}), which {reason} asks for; each frame may wake the device's NAPI thread, and per-queue workers may forward far less (docs/BENCHMARKS.md, \"Per-queue workers on 16 CPUs\")"
+            "{interface}: not tuned for busy polling ({error}), which {reason} asks for; each batch may wake the device's interrupt or NAPI thread, and natrix may forward less for more CPU (docs/BENCHMARKS.md, \"A fair lab\")"
         ),
     }
 }
