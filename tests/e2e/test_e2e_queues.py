@@ -3,8 +3,9 @@
 per-queue workers, each serving queue q (q % workers == worker) of both
 interfaces; with one queue per interface the first worker owns both.
 And `prefer_busy_poll`: natrix's devices defer their receive work to it
-by default, with `"auto"` only where per-queue workers run, never where
-told not to, and get their settings back when it stops.
+where every worker polls queues of its own (one worker, or per-queue
+workers; the default, `"auto"`) or where asked, never where told not to,
+and get their settings back when it stops.
 
 The shared lab's veths have one queue, so this module builds topologies of
 its own, named nxq-*, nxq1-* and nxqt-* so that they never meet `natrix lab`'s nx-*:
@@ -386,7 +387,7 @@ def multiqueue(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def single_queue(tmp_path_factory):
-    yield from start(Topology("nxq1", queues=1), tmp_path_factory.mktemp("queues1"), prefer_busy_poll="auto")
+    yield from start(Topology("nxq1", queues=1), tmp_path_factory.mktemp("queues1"))
 
 
 def served_queues(notes):
@@ -484,12 +485,12 @@ def test_parallel_tcp_streams_arrive_whole(multiqueue):
 
 
 def test_per_queue_workers_have_their_devices_defer_by_default(multiqueue):
-    """Without `prefer_busy_poll` (true by default), per-queue workers have
-    the devices defer their receive work to the workers' polls, and say so."""
+    """Without `prefer_busy_poll`, per-queue workers have the devices defer
+    their receive work to the workers' polls, and say so."""
     assert napi_settings(multiqueue.topo) == {"nxq-in": ("10", "100000"), "nxq-out": ("10", "100000")}
     notes = "\n".join(multiqueue.startup_notes())
     for dev in ("nxq-in", "nxq-out"):
-        want = f"{dev}: napi_defer_hard_irqs 10 and gro_flush_timeout 100000 ns while natrix runs, so its polls run the device's receive work (prefer_busy_poll = true)"
+        want = f"{dev}: napi_defer_hard_irqs 10 and gro_flush_timeout 100000 ns while natrix runs, so its polls run the device's receive work (prefer_busy_poll = \"auto\", per-queue workers)"
         assert want in notes, notes
 
 
@@ -533,14 +534,14 @@ def test_every_worker_receives_from_its_own_queues(multiqueue):
 
 def test_one_queue_each_leaves_the_interfaces_to_the_first_worker(single_queue):
     """`workers = 2` on single-queue veths: no per-queue workers; traffic
-    still flows, and worker 1 takes no frames from any queue. With
-    `prefer_busy_poll = "auto"` the devices defer only to per-queue
-    workers, so these are left alone."""
+    still flows, and worker 1 takes no frames from any queue. By default
+    the devices are left alone: the first worker serves every queue for
+    both, and the devices' NAPI threads may use the other's CPU."""
     text = "\n".join(single_queue.startup_notes())
     assert "serves receive queues" not in text and "per-queue workers, " not in text, f"per-queue workers on single-queue interfaces:\n{text}"
     assert "per-queue workers need 2 on each, so worker 0 serves every queue" in text, f"natrix does not say why it runs no per-queue workers:\n{text}"
     assert "natrix: ready: forwarding between nxq-in and nxq-out (af_xdp, 2 workers)" in single_queue.natrix.out.text()
-    assert napi_settings(single_queue.topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}, "\"auto\" without per-queue workers leaves the devices alone"
+    assert napi_settings(single_queue.topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}, "two workers on one set of queues leave the devices alone by default"
     assert "napi_defer_hard_irqs" not in text, text
     before, tx_before = single_queue.received_frames(), single_queue.topo.tx_frames()
     single_queue.udp_flows(UDP_BASE_SINGLE, 4, rounds=2)
@@ -560,13 +561,13 @@ def napi_settings(topo):
 
 
 def test_devices_defer_their_receive_work_to_natrix_while_it_runs(tmp_path):
-    """By default (`prefer_busy_poll` unset): while natrix runs, its AF_XDP
-    interfaces defer their receive work (napi_defer_hard_irqs 10,
-    gro_flush_timeout 100 us, as the kernel's preferred busy polling
-    wants), also without per-queue workers, and the zeros they had come
-    back when natrix stops; traffic flows meanwhile."""
+    """`prefer_busy_poll = true`: while natrix runs, its AF_XDP interfaces
+    defer their receive work (napi_defer_hard_irqs 10, gro_flush_timeout
+    100 us, as the kernel's preferred busy polling wants), also for two
+    workers on one set of queues, and the zeros they had come back when
+    natrix stops; traffic flows meanwhile."""
     topo = Topology("nxqt", queues=1)
-    setup = start(topo, tmp_path)
+    setup = start(topo, tmp_path, prefer_busy_poll=True)
     running = next(setup)
     try:
         assert napi_settings(topo) == {"nxq-in": ("10", "100000"), "nxq-out": ("10", "100000")}, running.natrix.output()
@@ -575,6 +576,21 @@ def test_devices_defer_their_receive_work_to_natrix_while_it_runs(tmp_path):
         running.udp_flows(UDP_BASE_SINGLE, 2, rounds=1)
         assert running.natrix.stop() == 0, running.natrix.output()
         assert napi_settings(topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}, "natrix put back what it changed"
+    finally:
+        setup.close()
+
+
+def test_one_worker_has_its_devices_defer_by_default(tmp_path):
+    """Without `prefer_busy_poll`, one worker polls every queue itself, so
+    its devices defer their receive work to it, and natrix says why."""
+    topo = Topology("nxqt", queues=1)
+    setup = start(topo, tmp_path, workers=1)
+    running = next(setup)
+    try:
+        assert napi_settings(topo) == {"nxq-in": ("10", "100000"), "nxq-out": ("10", "100000")}, running.natrix.output()
+        notes = "\n".join(running.startup_notes())
+        assert "nxq-in: napi_defer_hard_irqs 10 and gro_flush_timeout 100000 ns while natrix runs, so its polls run the device's receive work (prefer_busy_poll = \"auto\", one worker)" in notes, notes
+        running.udp_flows(UDP_BASE_SINGLE, 2, rounds=1)
     finally:
         setup.close()
 

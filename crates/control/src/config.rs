@@ -60,7 +60,8 @@ pub enum IoBackend {
 /// polls (`prefer_busy_poll`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PreferBusyPoll {
-    /// Where per-queue workers run.
+    /// Where every worker polls queues of its own (one worker, or
+    /// per-queue workers).
     Auto,
     On,
     Off,
@@ -137,7 +138,7 @@ impl Config {
             workers: 1,
             io: IoBackend::Auto,
             busy_poll: false,
-            prefer_busy_poll: PreferBusyPoll::On,
+            prefer_busy_poll: PreferBusyPoll::Auto,
             management_listen: None,
             outside_prefix_len: 32,
         };
@@ -866,11 +867,11 @@ impl<'a> Section<'a> {
     }
 }
 
-/// `prefer_busy_poll`: true (the default), false or "auto".
+/// `prefer_busy_poll`: true, false or "auto" (the default).
 fn parse_prefer_busy_poll(root: &mut Section) -> Result<PreferBusyPoll, ConfigError> {
     const KEY: &str = "prefer_busy_poll";
     match root.get(KEY) {
-        None => Ok(PreferBusyPoll::On),
+        None => Ok(PreferBusyPoll::Auto),
         Some(Value::Boolean(true)) => Ok(PreferBusyPoll::On),
         Some(Value::Boolean(false)) => Ok(PreferBusyPoll::Off),
         Some(Value::String(s)) if s == "auto" => Ok(PreferBusyPoll::Auto),
@@ -1235,12 +1236,12 @@ mod tests {
         let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
         let with = |v: &str| parse(&format!("prefer_busy_poll = {v}\n{base}"));
         let default = parse(base).unwrap();
-        assert_eq!(default.live.prefer_busy_poll, PreferBusyPoll::On);
-        assert_eq!(with("true").unwrap().live.prefer_busy_poll, PreferBusyPoll::On);
+        assert_eq!(default.live.prefer_busy_poll, PreferBusyPoll::Auto);
+        assert_eq!(with("\"auto\"").unwrap().live.prefer_busy_poll, PreferBusyPoll::Auto);
         assert_eq!(with("false").unwrap().live.prefer_busy_poll, PreferBusyPoll::Off);
-        let auto = with("\"auto\"").unwrap();
-        assert_eq!(auto.live.prefer_busy_poll, PreferBusyPoll::Auto);
-        assert_eq!(default.restart_key_changed(&auto), Some("prefer_busy_poll"));
+        let on = with("true").unwrap();
+        assert_eq!(on.live.prefer_busy_poll, PreferBusyPoll::On);
+        assert_eq!(default.restart_key_changed(&on), Some("prefer_busy_poll"));
         for bad in ["1", "\"yes\""] {
             let e = with(bad).unwrap_err();
             assert_eq!(e.key, "prefer_busy_poll");

@@ -84,20 +84,26 @@ pub enum IoChoice {
 /// queues' receive work in its own polls while frames flow, and the
 /// device's interrupt or NAPI thread no longer wakes for each batch: one
 /// worker forwarded about half as much again for a third of the CPU per
-/// frame on the 2-CPU lab (docs/BENCHMARKS.md, "A fair lab").
+/// frame (docs/BENCHMARKS.md, "A fair lab").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceDeferral {
-    /// Only where per-queue workers run.
+    /// Where every worker polls queues of its own: one worker, or
+    /// per-queue workers. Not where the first worker serves every queue
+    /// for several, whose devices' NAPI threads then use the other
+    /// workers' CPUs (undeferred, that arrangement forwarded more).
     Auto,
     On,
     Off,
 }
 
 impl DeviceDeferral {
-    fn wanted(self, per_queue_workers: bool) -> Option<&'static str> {
+    /// Why the devices defer, for `workers` workers served by `sets` sets
+    /// of ports; None where they do not.
+    fn wanted(self, workers: usize, sets: usize) -> Option<&'static str> {
         match self {
             DeviceDeferral::On => Some("prefer_busy_poll = true"),
-            DeviceDeferral::Auto if per_queue_workers => Some("prefer_busy_poll = \"auto\", per-queue workers"),
+            DeviceDeferral::Auto if workers <= 1 => Some("prefer_busy_poll = \"auto\", one worker"),
+            DeviceDeferral::Auto if sets == workers => Some("prefer_busy_poll = \"auto\", per-queue workers"),
             DeviceDeferral::Auto | DeviceDeferral::Off => None,
         }
     }
@@ -613,13 +619,14 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(Port
         check_frames_fit(&iface.name, iface.mtu)?;
     }
     let ports = open_ports(&inside, &outside, settings, notes)?;
-    let tuning = match (settings.prefer_busy_poll.wanted(ports.len() > 1), ports[0].backend()) {
+    let tuning = match (settings.prefer_busy_poll.wanted(usize::from(settings.workers), ports.len()), ports[0].backend()) {
         (Some(why), "af_xdp") => Some(tune_for_busy_polling([&inside, &outside], why, notes)),
-        (Some(_), backend) => {
+        (Some(_), backend) if settings.prefer_busy_poll == DeviceDeferral::On => {
             notes.push(format!("prefer_busy_poll applies to AF_XDP only: with {backend} the devices are left as they are"));
             None
         }
-        (None, _) => None,
+        // "auto" with AF_PACKET: nothing was asked of it.
+        (Some(_), _) | (None, _) => None,
     };
     Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], tuning))
 }
@@ -691,9 +698,13 @@ mod tests {
 
     #[test]
     fn devices_defer_as_told() {
-        assert!(DeviceDeferral::Auto.wanted(true).is_some());
-        assert_eq!(DeviceDeferral::Auto.wanted(false), None);
-        assert!(DeviceDeferral::On.wanted(false).is_some());
-        assert_eq!(DeviceDeferral::Off.wanted(true), None);
+        // "auto": one worker, or per-queue workers (a set of ports each).
+        assert!(DeviceDeferral::Auto.wanted(1, 1).is_some());
+        assert!(DeviceDeferral::Auto.wanted(4, 4).is_some());
+        // Two workers on one set: the first serves every queue.
+        assert_eq!(DeviceDeferral::Auto.wanted(2, 1), None);
+        assert!(DeviceDeferral::On.wanted(2, 1).is_some());
+        assert_eq!(DeviceDeferral::Off.wanted(1, 1), None);
+        assert_eq!(DeviceDeferral::Off.wanted(4, 4), None);
     }
 }
