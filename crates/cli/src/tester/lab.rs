@@ -25,6 +25,9 @@ pub const NAT_NS: &str = "nx-nat";
 const SWITCH_NS: &str = "nx-sw";
 /// The device's two links' ends in nx-sw: what the device sends arrives there.
 const DEVICE_PEERS: [&str; 2] = ["nx-nat-in", "nx-nat-out"];
+/// br_netfilter's keys, where it is loaded: bridged frames through netfilter's hooks.
+const BRIDGE_FILTERING: [&str; 3] =
+    ["/proc/sys/net/bridge/bridge-nf-call-iptables", "/proc/sys/net/bridge/bridge-nf-call-ip6tables", "/proc/sys/net/bridge/bridge-nf-call-arptables"];
 const SUB1: (&str, Ipv4Addr) = ("nx-sub1", Ipv4Addr::new(100, 64, 0, 2));
 const SUB2: (&str, Ipv4Addr) = ("nx-sub2", Ipv4Addr::new(100, 64, 0, 3));
 const SRV1: (&str, Ipv4Addr) = ("nx-srv1", Ipv4Addr::new(198, 51, 100, 11));
@@ -116,7 +119,7 @@ impl Lab {
         if kind == Kind::Kernel {
             lab.prepare_kernel(opts.workers)?;
         }
-        lab.steer_switch_receive(opts.workers)?;
+        lab.steer_switch_receive(opts.workers);
         Ok(lab)
     }
 
@@ -137,8 +140,21 @@ impl Lab {
     /// in a TCP run the iperf3 server's stack and the switch took more of
     /// them than the kernel's forwarding did, for natrix and the kernel
     /// alike.
-    fn steer_switch_receive(&mut self, workers: u32) -> Result<(), Failure> {
-        self.steer_receive(SWITCH_NS, &DEVICE_PEERS, &lab_cpus(workers))
+    /// Best effort, said on stderr: a kernel without RPS leaves the work
+    /// where it runs. The switch's bridge-nf keys are turned off here too
+    /// (`natrix lab up` does so), for a lab built before, or br_netfilter
+    /// loaded since.
+    fn steer_switch_receive(&mut self, workers: u32) {
+        if let Err(e) = self.steer_receive(SWITCH_NS, &DEVICE_PEERS, &lab_cpus(workers)) {
+            eprintln!("natrix test: the lab's receive work stays on the CPUs that send to it: {e}");
+        }
+        for key in BRIDGE_FILTERING {
+            if in_ns(SWITCH_NS, "cat", &[key]).is_ok() {
+                if let Err(e) = self.set(SWITCH_NS, key, "0") {
+                    eprintln!("natrix test: nx-sw's bridges still filter: {e}");
+                }
+            }
+        }
     }
 
     /// Every receive queue of `devs` in `ns` steered to `cpus` (none: left as they are).
@@ -208,7 +224,8 @@ impl Drop for Lab {
             let _ = run(&self.exe, &["lab".into(), "down".into()]);
             return;
         }
-        for (ns, path, value) in self.changed.drain(..) {
+        // Last change first: a file set twice gets its first value back.
+        for (ns, path, value) in self.changed.drain(..).rev() {
             let _ = write_in(ns, &path, &value);
         }
     }
@@ -334,20 +351,27 @@ fn existing_kind() -> Result<Kind, Failure> {
 /// priority a NAPI thread waited behind natrix's polling worker (nice
 /// -10, `sys::NICE`) until veth's 256-frame ring overflowed: one worker
 /// lost 64-byte frames from 66-157 kpps on the 2-CPU lab, and from
-/// 246-250 kpps (the generator's limit there) at SCHED_FIFO 50.
-pub fn napi_on_cpus(cpus: &[usize]) {
+/// 209-250 kpps (near the generator's limit there) at SCHED_FIFO 50.
+///
+/// Returns what could not be done, one line per thread, for the run's notes.
+pub fn napi_on_cpus(cpus: &[usize]) -> Vec<String> {
     for dev in ["inside", "outside"] {
         let _ = write_in_nat(&format!("/sys/class/net/{dev}/threaded"), "1");
     }
     let set = cpu_set(cpus);
     let fifo = libc::sched_param { sched_priority: NAPI_PRIORITY };
+    let mut failed = Vec::new();
     for pid in napi_threads() {
-        // SAFETY: set and fifo are live values of the types and sizes given.
-        unsafe {
-            libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set);
-            libc::sched_setscheduler(pid, libc::SCHED_FIFO, &fifo);
+        // SAFETY: set is a live cpu_set_t of the size given.
+        if unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+            failed.push(format!("NAPI thread {pid} not pinned to CPUs {cpus:?}: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: fifo is a live sched_param.
+        if unsafe { libc::sched_setscheduler(pid, libc::SCHED_FIFO, &fifo) } != 0 {
+            failed.push(format!("NAPI thread {pid} left at its priority, not SCHED_FIFO {NAPI_PRIORITY}: {}", std::io::Error::last_os_error()));
         }
     }
+    failed
 }
 
 /// SCHED_FIFO priority of the NAPI threads: the kernel's for threaded

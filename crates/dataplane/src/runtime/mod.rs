@@ -626,7 +626,7 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(Port
             None
         }
         // "auto" with AF_PACKET: nothing was asked of it.
-        (Some(_), _) | (None, _) => None,
+        _ => None,
     };
     Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], tuning))
 }
