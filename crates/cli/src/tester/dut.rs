@@ -370,12 +370,12 @@ pub fn machine_busy_ns() -> Option<u64> {
 fn cpu_busy_ns(names: &[String]) -> Option<u64> {
     let now = monotonic_ns();
     let lines = stat_lines(names)?;
-    lines.iter().map(|v| busy_ns(v, now)).sum()
+    lines.iter().map(|v| cpu_line_busy_ns(v, now)).sum()
 }
 
 /// One CPU's busy time from its /proc/stat values (user, nice, system,
 /// idle, iowait, irq, softirq, steal, ...) and the monotonic clock.
-fn busy_ns(values: &[u64], monotonic_ns: u64) -> Option<u64> {
+fn cpu_line_busy_ns(values: &[u64], monotonic_ns: u64) -> Option<u64> {
     let away = values.get(3)? + values.get(4)? + values.get(7)?;
     Some(monotonic_ns.saturating_sub(ticks_to_ns(away)))
 }
@@ -413,8 +413,8 @@ mod tests {
         // SAFETY: sysconf has no preconditions.
         let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
         let v = [0, 0, 0, hz / 2, hz / 10, 0, hz / 20, hz / 10];
-        assert_eq!(busy_ns(&v, 1_000_000_000), Some(300_000_000));
-        assert_eq!(busy_ns(&v[..5], 1_000_000_000), None);
+        assert_eq!(cpu_line_busy_ns(&v, 1_000_000_000), Some(300_000_000));
+        assert_eq!(cpu_line_busy_ns(&v[..5], 1_000_000_000), None);
     }
 
     #[test]
