@@ -29,6 +29,7 @@ Needs root, AF_XDP and ethtool; what runs in the namespaces is natrix and
 Python scripts on the standard library. About 5 s.
 """
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -560,6 +561,16 @@ def napi_settings(topo):
     return {dev: (read(dev, "napi_defer_hard_irqs"), read(dev, "gro_flush_timeout")) for dev in ("nxq-in", "nxq-out")}
 
 
+@contextlib.contextmanager
+def natrix_in(topo, tmp, **settings):
+    """`topo` built and natrix running in it for one test, torn down after."""
+    setup = start(topo, tmp, **settings)
+    try:
+        yield next(setup)
+    finally:
+        setup.close()
+
+
 def test_devices_defer_their_receive_work_to_natrix_while_it_runs(tmp_path):
     """`prefer_busy_poll = true`: while natrix runs, its AF_XDP interfaces
     defer their receive work (napi_defer_hard_irqs 10, gro_flush_timeout
@@ -567,45 +578,33 @@ def test_devices_defer_their_receive_work_to_natrix_while_it_runs(tmp_path):
     workers on one set of queues, and the zeros they had come back when
     natrix stops; traffic flows meanwhile."""
     topo = Topology("nxqt", queues=1)
-    setup = start(topo, tmp_path, prefer_busy_poll=True)
-    running = next(setup)
-    try:
+    with natrix_in(topo, tmp_path, prefer_busy_poll=True) as running:
         assert napi_settings(topo) == {"nxq-in": ("10", "100000"), "nxq-out": ("10", "100000")}, running.natrix.output()
         notes = "\n".join(running.startup_notes())
         assert "nxq-in: napi_defer_hard_irqs 10 and gro_flush_timeout 100000 ns while natrix runs" in notes, notes
         running.udp_flows(UDP_BASE_SINGLE, 2, rounds=1)
         assert running.natrix.stop() == 0, running.natrix.output()
         assert napi_settings(topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}, "natrix put back what it changed"
-    finally:
-        setup.close()
 
 
 def test_one_worker_has_its_devices_defer_by_default(tmp_path):
     """Without `prefer_busy_poll`, one worker polls every queue itself, so
     its devices defer their receive work to it, and natrix says why."""
     topo = Topology("nxqt", queues=1)
-    setup = start(topo, tmp_path, workers=1)
-    running = next(setup)
-    try:
+    with natrix_in(topo, tmp_path, workers=1) as running:
         assert napi_settings(topo) == {"nxq-in": ("10", "100000"), "nxq-out": ("10", "100000")}, running.natrix.output()
         notes = "\n".join(running.startup_notes())
         assert "nxq-in: napi_defer_hard_irqs 10 and gro_flush_timeout 100000 ns while natrix runs, so its polls run the device's receive work (prefer_busy_poll = \"auto\", one worker)" in notes, notes
         running.udp_flows(UDP_BASE_SINGLE, 2, rounds=1)
-    finally:
-        setup.close()
 
 
 def test_devices_are_left_alone_when_told(tmp_path):
     """`prefer_busy_poll = false`: per-queue workers run, and the devices'
     settings stay as they were."""
     topo = Topology("nxqt", queues=2)
-    setup = start(topo, tmp_path, prefer_busy_poll=False)
-    running = next(setup)
-    try:
+    with natrix_in(topo, tmp_path, prefer_busy_poll=False) as running:
         notes = "\n".join(running.startup_notes())
         assert "2 per-queue workers" in notes, notes
         assert napi_settings(topo) == {"nxq-in": ("0", "0"), "nxq-out": ("0", "0")}, running.natrix.output()
         assert "napi_defer_hard_irqs" not in notes, notes
         running.udp_flows(UDP_BASE_SINGLE, 2, rounds=1)
-    finally:
-        setup.close()
