@@ -195,8 +195,11 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
         assert len(filtering) == 2 and all(v == "0" for v in filtering.values()), f"nx-sw filters bridged frames: {filtering}"
 
     assert {name.split("-")[0] for name, *_ in threads} == {"napi/inside", "napi/outside"}, f"no NAPI threads seen: {threads}"
+    # Where real-time priority is refused (a cgroup without RT time), the
+    # tester must say so rather than measure quietly without it.
+    refused = "left at its priority, not SCHED_FIFO 50" in err
     for name, cls, rtprio, affinity in threads:
-        assert (cls, rtprio) == ("FF", "50"), f"{name}: {cls} {rtprio}"
+        assert (cls, rtprio) == ("FF", "50") or refused, f"{name}: {cls} {rtprio}, and natrix test did not say why:\n{err[-2000:]}"
         assert affinity == {1}, f"{name} runs on {affinity}, natrix's worker on CPU 1"
     assert not lab_up(), "natrix test left its lab behind"
 
