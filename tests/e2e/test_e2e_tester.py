@@ -208,12 +208,13 @@ def test_natrix_test_puts_back_what_it_changed_in_a_lab_it_did_not_build(no_lab,
     """README, "Measuring": in a lab left up by `natrix lab up`, the
     tester changes the switch's receive steering for its run and puts it
     back, and leaves the lab up."""
-    up = natrix_cli("lab", "up", "--config-out", str(tmp_path / "lab.toml"))
+    up = natrix_cli("lab", "up")
     assert up.returncode == 0, up.stderr
     try:
         before = {dev: in_switch("cat", f"/sys/class/net/{dev}/queues/rx-0/rps_cpus").stdout for dev in ("nx-nat-in", "nx-nat-out")}
         proc = natrix_cli("test", "--dut", "natrix", "--quick", "--tests", "cpu", "--json", "--out", str(tmp_path / "results"), timeout=240)
         assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        assert "not (all) steered" not in proc.stderr, proc.stderr[-2000:]
         assert lab_up(), "natrix test took down a lab it did not build"
         after = {dev: in_switch("cat", f"/sys/class/net/{dev}/queues/rx-0/rps_cpus").stdout for dev in before}
         assert after == before, f"rps_cpus not put back: {before} -> {after}"

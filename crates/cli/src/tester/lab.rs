@@ -146,7 +146,7 @@ impl Lab {
     /// loaded since.
     fn steer_switch_receive(&mut self, workers: u32) {
         if let Err(e) = self.steer_receive(SWITCH_NS, &DEVICE_PEERS, &lab_cpus(workers)) {
-            eprintln!("natrix test: the lab's receive work stays on the CPUs that send to it: {e}");
+            eprintln!("natrix test: the lab's receive work is not (all) steered off the device's CPUs: {e}");
         }
         for key in BRIDGE_FILTERING {
             if in_ns(SWITCH_NS, "cat", &[key]).is_ok() {
@@ -355,13 +355,19 @@ fn existing_kind() -> Result<Kind, Failure> {
 ///
 /// Returns what could not be done, one line per thread, for the run's notes.
 pub fn napi_on_cpus(cpus: &[usize]) -> Vec<String> {
+    let mut failed = Vec::new();
     for dev in ["inside", "outside"] {
-        let _ = write_in_nat(&format!("/sys/class/net/{dev}/threaded"), "1");
+        if let Err(e) = write_in_nat(&format!("/sys/class/net/{dev}/threaded"), "1") {
+            failed.push(format!("{dev}: no threaded NAPI, so its receive work runs on the CPU that sends to it: {e}"));
+        }
+    }
+    let threads = napi_threads();
+    if threads.is_empty() {
+        failed.push("no NAPI threads of inside or outside found to pin to the device's CPUs".to_owned());
     }
     let set = cpu_set(cpus);
     let fifo = libc::sched_param { sched_priority: NAPI_PRIORITY };
-    let mut failed = Vec::new();
-    for pid in napi_threads() {
+    for pid in threads {
         // SAFETY: set is a live cpu_set_t of the size given.
         if unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
             failed.push(format!("NAPI thread {pid} not pinned to CPUs {cpus:?}: {}", std::io::Error::last_os_error()));
