@@ -334,14 +334,17 @@ fn process_cpu_ns(pid: u32) -> Option<u64> {
 
 /// Softirq time of all CPUs together.
 fn softirq_ns() -> Option<u64> {
-    let all = stat_lines(&["cpu".to_owned()])?;
+    let all = stat_lines(&read_stat()?, &["cpu".to_owned()])?;
     Some(ticks_to_ns(*all[0].get(6)?))
 }
 
-/// The values of the named /proc/stat CPU lines, read at one moment:
-/// user, nice, system, idle, iowait, irq, softirq, steal, ...
-fn stat_lines(names: &[String]) -> Option<Vec<Vec<u64>>> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+fn read_stat() -> Option<String> {
+    std::fs::read_to_string("/proc/stat").ok()
+}
+
+/// The values of the named CPU lines of one read of /proc/stat: user,
+/// nice, system, idle, iowait, irq, softirq, steal, ...
+fn stat_lines(stat: &str, names: &[String]) -> Option<Vec<Vec<u64>>> {
     let values = |name: &String| {
         let line = stat.lines().find(|l| l.split_whitespace().next() == Some(name))?;
         Some(line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect())
@@ -351,9 +354,10 @@ fn stat_lines(names: &[String]) -> Option<Vec<Vec<u64>>> {
 
 /// Busy time of all CPUs together.
 pub fn machine_busy_ns() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let now = monotonic_ns();
+    let stat = read_stat()?;
     let cpus: Vec<String> = stat.lines().filter_map(|l| l.split_whitespace().next()).filter(|n| n.len() > 3 && n.starts_with("cpu")).map(str::to_owned).collect();
-    cpu_busy_ns(&cpus)
+    busy_in(&stat, &cpus, now)
 }
 
 /// Busy time of the named CPUs together (/proc/stat's `cpuN` lines), as a
@@ -369,8 +373,12 @@ pub fn machine_busy_ns() -> Option<u64> {
 /// time is measured exactly whether the tick runs or not.
 fn cpu_busy_ns(names: &[String]) -> Option<u64> {
     let now = monotonic_ns();
-    let lines = stat_lines(names)?;
-    lines.iter().map(|v| cpu_line_busy_ns(v, now)).sum()
+    busy_in(&read_stat()?, names, now)
+}
+
+/// The named CPUs' busy time in one read of /proc/stat, taken at `now`.
+fn busy_in(stat: &str, names: &[String], now: u64) -> Option<u64> {
+    stat_lines(stat, names)?.iter().map(|v| cpu_line_busy_ns(v, now)).sum()
 }
 
 /// One CPU's busy time from its /proc/stat values (user, nice, system,
