@@ -209,6 +209,7 @@ fn build(kernel: bool, router: bool, queues: u32) -> Result<(), Failure> {
     switch_without_ip_filtering()?;
     for (name, peer, bridge) in NAT_LINKS {
         cable(NAT, name, peer, bridge, queues)?;
+        takes_redirects(peer);
     }
     for h in &HOSTS {
         cable(h.ns, "eth0", h.ns, h.bridge, 1)?;
@@ -283,6 +284,15 @@ fn cable(ns: &str, name: &str, peer: &str, bridge: &str, queues: u32) -> Result<
     offloads_off(SWITCH, peer);
     offloads_off(ns, name);
     Ok(())
+}
+
+/// natrix's XDP offload redirects frames out of its interfaces, which a
+/// veth takes only while its peer in nx-sw has NAPI, as GRO gives it (a
+/// NIC's driver takes them by itself). The switch then merges the segments
+/// it receives from the device under test, whichever it is. Best effort:
+/// natrix says at start when the offload is off for want of it.
+fn takes_redirects(peer: &str) {
+    let _ = exec("ip", &["netns", "exec", SWITCH, "ethtool", "-K", peer, "gro", "on"]);
 }
 
 /// Best effort: veth refuses some features depending on the kernel, and

@@ -16,8 +16,8 @@ use natrix_control::api::LogCounters;
 use natrix_control::cluster::bgp::Announcement;
 use natrix_control::cluster::node::{ClusterNode, EventTee, NodeSettings};
 use natrix_control::config::cluster::ClusterConfig;
-use natrix_control::{api, Config, IoBackend, LoggingConfig, PreferBusyPoll};
-use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Settings, StartOptions};
+use natrix_control::{api, Config, IoBackend, LoggingConfig, Offload, PreferBusyPoll};
+use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Offloading, Settings, StartOptions};
 use natrix_io::{InterfaceLock, LOCK_DIR};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -209,6 +209,11 @@ fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
             PreferBusyPoll::Auto => DeviceDeferral::Auto,
             PreferBusyPoll::On => DeviceDeferral::On,
             PreferBusyPoll::Off => DeviceDeferral::Off,
+        },
+        offload: match live.offload {
+            Offload::Auto => Offloading::Auto,
+            Offload::On => Offloading::On,
+            Offload::Off => Offloading::Off,
         },
         event_buffer: EVENT_BUFFER,
     })

@@ -67,6 +67,17 @@ pub enum PreferBusyPoll {
     Off,
 }
 
+/// Whether the interfaces' XDP programs forward established flows
+/// themselves (`offload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offload {
+    /// Where natrix runs on AF_XDP and an interface takes redirected frames.
+    Auto,
+    /// As `Auto`, and natrix refuses to start where it cannot.
+    On,
+    Off,
+}
+
 /// Keys only the live dataplane uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveConfig {
@@ -82,6 +93,8 @@ pub struct LiveConfig {
     /// AF_XDP: defer the interfaces' receive work to natrix's polls
     /// (their `napi_defer_hard_irqs` and `gro_flush_timeout`, while natrix runs).
     pub prefer_busy_poll: PreferBusyPoll,
+    /// AF_XDP: established flows forwarded by the XDP programs.
+    pub offload: Offload,
     pub management_listen: Option<String>,
     /// Prefix length of the outside address: hosts inside it are on-link.
     pub outside_prefix_len: u8,
@@ -139,6 +152,7 @@ impl Config {
             io: IoBackend::Auto,
             busy_poll: false,
             prefer_busy_poll: PreferBusyPoll::Auto,
+            offload: Offload::Auto,
             management_listen: None,
             outside_prefix_len: 32,
         };
@@ -201,7 +215,16 @@ impl Config {
         live.workers = root.integer("workers", 1, 1024)?.unwrap_or(1);
         live.io = root.choice("io", &[("auto", IoBackend::Auto), ("af_xdp", IoBackend::AfXdp), ("af_packet", IoBackend::AfPacket)])?.unwrap_or(IoBackend::Auto);
         live.busy_poll = root.boolean("busy_poll")?.unwrap_or(false);
-        live.prefer_busy_poll = parse_prefer_busy_poll(&mut root)?;
+        live.prefer_busy_poll = match true_false_or_auto(&mut root, "prefer_busy_poll")? {
+            None => PreferBusyPoll::Auto,
+            Some(true) => PreferBusyPoll::On,
+            Some(false) => PreferBusyPoll::Off,
+        };
+        live.offload = match true_false_or_auto(&mut root, "offload")? {
+            None => Offload::Auto,
+            Some(true) => Offload::On,
+            Some(false) => Offload::Off,
+        };
         root.finish()?;
         check_consistency(&engine)?;
         check_addressing(&engine, &live)?;
@@ -247,6 +270,7 @@ impl Config {
             (a.io != b.io, "io"),
             (a.busy_poll != b.busy_poll, "busy_poll"),
             (a.prefer_busy_poll != b.prefer_busy_poll, "prefer_busy_poll"),
+            (a.offload != b.offload, "offload"),
             (a.management_listen != b.management_listen, "management.listen"),
             (self.cluster != new.cluster, "cluster"),
         ]
@@ -867,16 +891,14 @@ impl<'a> Section<'a> {
     }
 }
 
-/// `prefer_busy_poll`: true, false or "auto" (the default).
-fn parse_prefer_busy_poll(root: &mut Section) -> Result<PreferBusyPoll, ConfigError> {
-    const KEY: &str = "prefer_busy_poll";
-    match root.get(KEY) {
-        None => Ok(PreferBusyPoll::Auto),
-        Some(Value::Boolean(true)) => Ok(PreferBusyPoll::On),
-        Some(Value::Boolean(false)) => Ok(PreferBusyPoll::Off),
-        Some(Value::String(s)) if s == "auto" => Ok(PreferBusyPoll::Auto),
-        Some(Value::String(s)) => err(root.path(KEY), format!("\"{s}\" is not true, false or \"auto\"")),
-        Some(v) => err(root.path(KEY), format!("expected true, false or \"auto\", found {}", v.type_str())),
+/// A key that takes true, false or "auto" (the default: None).
+fn true_false_or_auto(root: &mut Section, key: &str) -> Result<Option<bool>, ConfigError> {
+    match root.get(key) {
+        None => Ok(None),
+        Some(Value::Boolean(b)) => Ok(Some(*b)),
+        Some(Value::String(s)) if s == "auto" => Ok(None),
+        Some(Value::String(s)) => err(root.path(key), format!("\"{s}\" is not true, false or \"auto\"")),
+        Some(v) => err(root.path(key), format!("expected true, false or \"auto\", found {}", v.type_str())),
     }
 }
 
@@ -898,6 +920,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "io",
             "busy_poll",
             "prefer_busy_poll",
+            "offload",
             "nptv6",
             "syn_accel",
             "sctp",
@@ -1245,6 +1268,24 @@ mod tests {
         for bad in ["1", "\"yes\""] {
             let e = with(bad).unwrap_err();
             assert_eq!(e.key, "prefer_busy_poll");
+            assert!(e.to_string().contains("true, false or \"auto\""), "{e}");
+        }
+    }
+
+    #[test]
+    fn offload_is_automatic_unless_told_and_only_a_restart_changes_it() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        let with = |v: &str| parse(&format!("offload = {v}\n{base}"));
+        let default = parse(base).unwrap();
+        assert_eq!(default.live.offload, Offload::Auto);
+        assert_eq!(with("\"auto\"").unwrap().live.offload, Offload::Auto);
+        assert_eq!(with("false").unwrap().live.offload, Offload::Off);
+        let on = with("true").unwrap();
+        assert_eq!(on.live.offload, Offload::On);
+        assert_eq!(default.restart_key_changed(&on), Some("offload"));
+        for bad in ["1", "\"yes\""] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.key, "offload");
             assert!(e.to_string().contains("true, false or \"auto\""), "{e}");
         }
     }

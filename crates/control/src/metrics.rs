@@ -182,7 +182,19 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o.per_side("tx_bytes_total", "Bytes sent on each interface.", io.tx_bytes);
     o.per_side("tx_dropped_total", "Frames lost because the interface's transmit queue was full.", io.tx_dropped);
     o.per_side("rx_refused_total", "Frames refused on receive: a partial checksum left by a sender's offload, or a VLAN tag.", io.rx_refused);
-    o.per_side("translated_packets_total", "Frames the NAT forwarded, by the interface they left on.", [0, 1].map(|i| sum(workers, |w| w.stats.forwarded[i])));
+    o.per_side(
+        "translated_packets_total",
+        "Frames the NAT forwarded (the workers and the XDP offload), by the interface they left on.",
+        [0, 1].map(|i| sum(workers, |w| w.stats.forwarded[i]) + io.offloaded_frames[i]),
+    );
+    o.per_side(
+        "offloaded_packets_total",
+        "Frames of established flows the interfaces' XDP programs translated and forwarded themselves (offload), by the interface they left on.",
+        io.offloaded_frames,
+    );
+    o.per_side("offloaded_bytes_total", "Bytes of those frames.", io.offloaded_bytes);
+    o.gauge("offload_flows", "Flow directions in the XDP offload's table.", io.offloaded_flows);
+    o.counter("offload_table_full_total", "Flow directions the XDP offload's table had no room for (they stay with the workers).", io.offload_table_full);
     o.per_side("generated_packets_total", "Frames natrix generated (ICMP errors), by the interface they left on.", [0, 1].map(|i| sum(workers, |w| w.stats.generated[i])));
     let nptv6 = [0, 1].map(|i| sum(workers, |w| w.stats.nptv6_translated[i]));
     o.per_side("nptv6_translated_packets_total", "IPv6 frames NPTv6 (RFC 6296) translated, by the interface they arrived on.", nptv6);

@@ -276,6 +276,24 @@ impl Gateway {
         forwarded == Forwarded::SentStale
     }
 
+    /// The Ethernet addresses (destination, source) a frame to the IPv4
+    /// address `dst` leaving on `side` gets now: its next hop's, learnt and
+    /// fresh, and natrix's own. None where the next hop is not known fresh;
+    /// nothing is asked or queued. What the XDP offload writes into the
+    /// frames it forwards.
+    pub fn ethernet_to(&self, side: Side, dst: u32, now_ns: u64) -> Option<[u8; 12]> {
+        let s = side as usize;
+        let hop = self.route4(side, dst)?;
+        let &(mac, learned) = self.v4[s].known.get(&hop)?;
+        if now_ns.saturating_sub(learned) >= NEIGHBOUR_LIFETIME_NS {
+            return None;
+        }
+        let mut both = [0u8; 12];
+        both[..6].copy_from_slice(&mac);
+        both[6..].copy_from_slice(&self.links[s].mac);
+        Some(both)
+    }
+
     fn next_hop(&self, side: Side, frame: &[u8]) -> Option<NextHop> {
         let eth = ethernet::Frame::new_checked(frame).ok()?;
         let l3 = &frame[eth.payload_offset()..];

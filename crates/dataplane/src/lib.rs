@@ -13,6 +13,6 @@ pub mod runtime;
 pub mod steer;
 
 pub use runtime::{
-    ControlError, Dataplane, DataplaneError, DeviceDeferral, IoChoice, IoSnapshot, LinkSettings, Logged, Settings, StartOptions, SuppliedPort, SyncTally, WorkerSnapshot,
-    PORT_USE_THRESHOLDS,
+    ControlError, Dataplane, DataplaneError, DeviceDeferral, IoChoice, IoSnapshot, LinkSettings, Logged, Offloading, Settings, StartOptions, SuppliedPort, SyncTally,
+    WorkerSnapshot, PORT_USE_THRESHOLDS,
 };

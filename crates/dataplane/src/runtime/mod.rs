@@ -29,6 +29,7 @@ mod commands;
 mod cpus;
 mod io_thread;
 mod links;
+mod offload;
 mod stage;
 mod worker;
 
@@ -44,6 +45,7 @@ use natrix_engine::pipeline::hooks::FunctionRecord;
 use natrix_engine::shard::{Owners, Shard};
 use natrix_engine::{Engine, EngineConfig, Event, Side, Stats};
 use natrix_io::af_packet::AfPacketPort;
+use natrix_io::af_xdp::offload::{takes_redirects, Offload};
 use natrix_io::af_xdp::{describe_tuning, DeviceTuning, XdpMode, XdpPorts};
 use natrix_io::iface::Interface;
 use natrix_io::{check_frames_fit, CopyingPorts, FramePorts, IoError, PacketPort};
@@ -56,6 +58,7 @@ use commands::{Command, Control};
 pub use commands::{ControlError, SyncTally};
 use io_thread::{IoThread, Lanes};
 use links::Links;
+use offload::{OffloadPlan, OffloadTable};
 use worker::{run_single, run_worker, EngineWorker};
 
 /// Frames received from one interface per round.
@@ -109,6 +112,21 @@ impl DeviceDeferral {
     }
 }
 
+/// Whether the interfaces' XDP programs forward established flows
+/// themselves (`offload`), as the engine last translated them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offloading {
+    /// Where natrix runs on AF_XDP and an interface's driver takes
+    /// redirected frames.
+    Auto,
+    /// As `Auto`, and natrix does not start where it cannot.
+    On,
+    Off,
+}
+
+/// Flow directions the offload's table holds: about 14 MiB of kernel memory.
+const OFFLOAD_FLOWS: u32 = 131_072;
+
 #[derive(Debug, Clone)]
 pub struct LinkSettings {
     pub interface: String,
@@ -130,6 +148,7 @@ pub struct Settings {
     /// AF_XDP: set the interfaces' `napi_defer_hard_irqs` and
     /// `gro_flush_timeout` (where nobody has) while natrix runs.
     pub prefer_busy_poll: DeviceDeferral,
+    pub offload: Offloading,
     /// Events waiting for the logger; past this they are counted as lost.
     pub event_buffer: usize,
 }
@@ -201,6 +220,10 @@ pub struct WorkerSnapshot {
     /// Subscribers whose port use reached 50, 80, 90 and 100% of their limit.
     pub port_use_over: [u64; 4],
     pub pcp: natrix_engine::pcp::PcpStats,
+    /// Flow directions of this worker in the offload's table, and those
+    /// it had no room for.
+    pub offloaded_flows: u64,
+    pub offload_table_full: u64,
 }
 
 /// The interfaces' state.
@@ -221,6 +244,14 @@ pub struct IoSnapshot {
     pub transmit_calls: u64,
     pub receive_calls: u64,
     pub wait_calls: u64,
+    /// Frames and bytes the XDP programs forwarded out of each interface
+    /// themselves, and flow directions in their table (`offload`). The
+    /// frames are in `rx_*` and `tx_*` too.
+    pub offloaded_frames: [u64; 2],
+    pub offloaded_bytes: [u64; 2],
+    pub offloaded_flows: u64,
+    /// Flow directions the offload's table had no room for.
+    pub offload_table_full: u64,
 }
 
 impl IoSnapshot {
@@ -241,6 +272,10 @@ impl IoSnapshot {
             transmit_calls,
             receive_calls,
             wait_calls,
+            offloaded_frames: _,
+            offloaded_bytes: _,
+            offloaded_flows: _,
+            offload_table_full: _,
         } = other;
         for side in 0..2 {
             self.rx_frames[side] += rx_frames[side];
@@ -282,6 +317,7 @@ pub struct Dataplane {
     outside_prefix: (u32, u8),
     /// Put back once the threads have stopped (`stop`).
     tuning: Mutex<Option<DeviceTuning>>,
+    offload: Option<OffloadPlan>,
 }
 
 impl Dataplane {
@@ -294,10 +330,10 @@ impl Dataplane {
     /// interfaces `settings` names.
     pub fn start_with(settings: Settings, options: StartOptions) -> Result<Dataplane, DataplaneError> {
         let mut notes = Vec::new();
-        let (ports, [inside, outside], tuning) = match options.ports {
+        let (ports, [inside, outside], tuning, offload) = match options.ports {
             Some([inside, outside]) => {
                 let ports: Box<dyn FramePorts> = Box::new(CopyingPorts::new([inside.port, outside.port]));
-                (vec![ports], [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], None)
+                (vec![ports], [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], None, None)
             }
             None => open_interfaces(&settings, &mut notes)?,
         };
@@ -324,6 +360,7 @@ impl Dataplane {
             settings.gateway,
             options.gateway6,
         )));
+        let offload = offload.map(|t| OffloadPlan::new(t, gateway.clone()));
         let mut links: Vec<Links> = ports.into_iter().map(|p| Links::new(p, gateway.clone())).collect();
         let (event_tx, event_rx) = mpsc::sync_channel(settings.event_buffer.max(1));
         let count = settings.workers.max(1);
@@ -346,6 +383,7 @@ impl Dataplane {
             events: std::sync::Mutex::new(Some(event_rx)),
             outside_prefix: (settings.outside.addr, settings.outside.prefix_len),
             tuning: Mutex::new(tuning),
+            offload,
         };
         if links.len() > 1 {
             dp.start_per_queue(engines, links, &engine_cfg, event_tx, clock, settings.busy_poll)?;
@@ -362,7 +400,7 @@ impl Dataplane {
         let doorbell = new_doorbell()?;
         let engine = engines.remove(0);
         let stop = self.stop.clone();
-        let mut worker = EngineWorker::new(engine, rx, event_tx);
+        let mut worker = EngineWorker::new(engine, rx, event_tx, self.offload.clone());
         let bell = doorbell.clone();
         let h = spawn("natrix-w0", move || {
             links.announce();
@@ -389,7 +427,7 @@ impl Dataplane {
             let (worker_out, from_worker) = ring::ring(RING_FRAMES, RING_FRAMES, frames.clone());
             let (commands, rx) = mpsc::channel();
             let bell = new_doorbell()?;
-            let mut worker = EngineWorker::new(engine, rx, event_tx.clone());
+            let mut worker = EngineWorker::new(engine, rx, event_tx.clone(), self.offload.clone());
             let (stop, wbell, io_bell) = (self.stop.clone(), bell.clone(), io_bell.clone());
             let h = spawn(&format!("natrix-w{}", i + 1), move || run_worker(&mut worker, worker_in, worker_out, &wbell, &io_bell, &stop, clock, busy_poll))?;
             self.threads.get_mut().map_err(|_| DataplaneError::Poisoned)?.push(h);
@@ -402,7 +440,7 @@ impl Dataplane {
         self.workers.insert(0, Control::new(commands, io_bell.clone()));
         let (steering, pool) = steering_for(cfg, count);
         let stop = self.stop.clone();
-        let worker = EngineWorker::new(first, rx, event_tx);
+        let worker = EngineWorker::new(first, rx, event_tx, self.offload.clone());
         let h = spawn("natrix-w0", move || {
             let mut io = IoThread { index: 0, worker, links, lanes, inputs: vec![own_input], steering, pool, handoffs: Vec::with_capacity(BATCH) };
             io.links.announce();
@@ -442,7 +480,7 @@ impl Dataplane {
         let mut unpinned = 0;
         for (index, ((engine, links), (to_workers, inputs))) in threads.enumerate() {
             let (commands, rx) = mpsc::channel();
-            let worker = EngineWorker::new(engine, rx, event_tx.clone());
+            let worker = EngineWorker::new(engine, rx, event_tx.clone(), self.offload.clone());
             let lanes = Lanes { to_workers, from_workers: Vec::new(), doorbells: doorbells.clone() };
             let mut io = IoThread { index, worker, links, lanes, inputs, steering: steering.clone(), pool: pool.clone(), handoffs: Vec::with_capacity(BATCH) };
             let (stop, bell) = (self.stop.clone(), doorbells[index].clone());
@@ -494,11 +532,25 @@ impl Dataplane {
         self.workers.iter().map(|w| w.ask(Command::Worker)).collect()
     }
 
-    /// The interfaces' counters, summed over the workers that serve them.
+    /// The interfaces' counters, summed over the workers that serve them,
+    /// with the frames the XDP programs forwarded themselves.
     pub fn io_snapshot(&self) -> Result<IoSnapshot, ControlError> {
         let mut total = self.workers[0].ask(Command::Io)?;
         for w in &self.workers[1..self.io_workers] {
             total.add_ports(&w.ask(Command::Io)?);
+        }
+        if let Some(plan) = &self.offload {
+            for (out, (frames, bytes)) in plan.forwarded().into_iter().enumerate() {
+                total.offloaded_frames[out] = frames;
+                total.offloaded_bytes[out] = bytes;
+                total.tx_frames[out] += frames;
+                total.tx_bytes[out] += bytes;
+                total.rx_frames[1 - out] += frames;
+                total.rx_bytes[1 - out] += bytes;
+            }
+            let workers = self.worker_snapshots()?;
+            total.offloaded_flows = workers.iter().map(|w| w.offloaded_flows).sum();
+            total.offload_table_full = workers.iter().map(|w| w.offload_table_full).sum();
         }
         Ok(total)
     }
@@ -608,17 +660,25 @@ struct LinkLayer {
     mtu: u16,
 }
 
+/// What `open_interfaces` gives: the ports, what natrix reads from each
+/// interface, the devices' tuning to put back, the offload.
+type Opened = (PortSets, [LinkLayer; 2], Option<DeviceTuning>, Option<OffloadTable>);
+
 /// Opens both interfaces with the backend `settings` asks for; both are
 /// looked up before either is opened. Per-queue workers get a set of
 /// ports each; otherwise there is one set. AF_XDP interfaces are tuned
-/// for busy polling where `settings` asks.
-fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(PortSets, [LinkLayer; 2], Option<DeviceTuning>), DataplaneError> {
+/// for busy polling, and given the offload, where `settings` asks.
+fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<Opened, DataplaneError> {
     let inside = Interface::lookup(&settings.inside.interface)?;
     let outside = Interface::lookup(&settings.outside.interface)?;
     for iface in [&inside, &outside] {
         check_frames_fit(&iface.name, iface.mtu)?;
     }
-    let ports = open_ports(&inside, &outside, settings, notes)?;
+    let mut offload = offload_table(settings, [&inside, &outside], notes)?;
+    let ports = open_ports(&inside, &outside, settings, offload.as_ref().map(|p| &*p.table), notes)?;
+    if ports[0].backend() != "af_xdp" && offload.take().is_some() {
+        notes.push("offload: off, as natrix runs on AF_PACKET".to_owned());
+    }
     let tuning = match (settings.prefer_busy_poll.wanted(usize::from(settings.workers), ports.len()), ports[0].backend()) {
         (Some(why), "af_xdp") => Some(tune_for_busy_polling([&inside, &outside], why, notes)),
         (Some(_), backend) if settings.prefer_busy_poll == DeviceDeferral::On => {
@@ -628,7 +688,55 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<(Port
         // "auto" with AF_PACKET: nothing was asked of it.
         _ => None,
     };
-    Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], tuning))
+    Ok((ports, [LinkLayer { mac: inside.mac, mtu: inside.mtu }, LinkLayer { mac: outside.mac, mtu: outside.mtu }], tuning, offload))
+}
+
+/// The offload `settings` asks for, where the interfaces allow it: its
+/// table, and which interfaces take the frames the programs redirect.
+fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut Vec<String>) -> Result<Option<OffloadTable>, DataplaneError> {
+    let refuse = |interface: &Interface, reason: String| DataplaneError::Io(IoError::Unsupported { interface: interface.name.clone(), reason });
+    if settings.offload == Offloading::Off || settings.io == IoChoice::AfPacket {
+        if settings.offload == Offloading::On {
+            return Err(refuse(interfaces[0], "offload = true needs AF_XDP (io = \"af_packet\")".to_owned()));
+        }
+        return Ok(None);
+    }
+    let takes = interfaces.map(|i| takes_redirects(i.index).map_err(|e| e.to_string()));
+    let egress_ok = [takes[0] == Ok(true), takes[1] == Ok(true)];
+    if egress_ok == [false, false] {
+        let why: Vec<String> = interfaces.iter().zip(&takes).map(|(i, t)| format!("{}: {}", i.name, redirect_refusal(t))).collect();
+        if settings.offload == Offloading::On {
+            return Err(refuse(interfaces[0], format!("offload = true, but neither interface takes redirected frames ({})", why.join("; "))));
+        }
+        notes.push(format!("offload: off, as neither interface takes frames redirected from XDP ({})", why.join("; ")));
+        return Ok(None);
+    }
+    let table = match Offload::new(OFFLOAD_FLOWS) {
+        Ok(t) => Arc::new(t),
+        Err(e) if settings.offload == Offloading::On => return Err(refuse(interfaces[0], format!("offload = true, but its flow table could not be made: {e}"))),
+        Err(e) => {
+            notes.push(format!("offload: off, as its flow table could not be made: {e}"));
+            return Ok(None);
+        }
+    };
+    for (i, (iface, t)) in interfaces.iter().zip(&takes).enumerate() {
+        let other = interfaces[1 - i];
+        notes.push(match egress_ok[i] {
+            true => format!("offload: established flows from {} to {} are forwarded by XDP, up to {OFFLOAD_FLOWS} flow directions", other.name, iface.name),
+            false => format!("offload: flows to {} stay with the workers ({})", iface.name, redirect_refusal(t)),
+        });
+    }
+    let ifindex = interfaces.map(|i| i.index);
+    Ok(Some(OffloadTable { table, ifindex, egress_ok, mtu: interfaces.map(|i| i.mtu) }))
+}
+
+/// Why an interface takes no redirected frames, for the notes.
+fn redirect_refusal(takes: &Result<bool, String>) -> String {
+    match takes {
+        Ok(true) => "it takes them".to_owned(),
+        Ok(false) => "its driver takes no redirected frames; a veth takes them while its peer has GRO on (`ethtool -K PEER gro on`) or an XDP program".to_owned(),
+        Err(e) => format!("its XDP features could not be read: {e}"),
+    }
 }
 
 /// Defers the interfaces' receive work to natrix's polls, noting what
@@ -639,12 +747,12 @@ fn tune_for_busy_polling(interfaces: [&Interface; 2], why: &str, notes: &mut Vec
     tuning
 }
 
-fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, notes: &mut Vec<String>) -> Result<PortSets, DataplaneError> {
+fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, offload: Option<&Offload>, notes: &mut Vec<String>) -> Result<PortSets, DataplaneError> {
     let af_packet = || -> Result<PortSets, DataplaneError> {
         let ports: [Box<dyn PacketPort>; 2] = [Box::new(AfPacketPort::open(inside)?), Box::new(AfPacketPort::open(outside)?)];
         Ok(vec![Box::new(CopyingPorts::new(ports))])
     };
-    let af_xdp = || XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)));
+    let af_xdp = || XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)), offload);
     match settings.io {
         IoChoice::AfPacket => af_packet(),
         IoChoice::AfXdp => Ok(described(af_xdp()?, [inside, outside], settings.workers, notes)),

@@ -12,6 +12,7 @@ use natrix_io::FrameId;
 use super::clock::{Clock, Idle, Work, SLEEP_MS};
 use super::commands::Command;
 use super::links::Links;
+use super::offload::{OffloadPlan, Offloader};
 use super::{Logged, WorkerSnapshot, PORT_USE_THRESHOLDS};
 use crate::ring::{wait_readable, Consumer, Doorbell, Producer, MAX_POP};
 
@@ -26,11 +27,14 @@ pub(super) struct EngineWorker {
     pub(super) handoff_dropped: u64,
     /// Frames this worker received from the interfaces' queues it serves.
     pub(super) received: u64,
+    /// Where the interfaces' XDP programs forward established flows.
+    offload: Option<Offloader>,
 }
 
 impl EngineWorker {
-    pub(super) fn new(engine: Engine, commands: Receiver<Command>, events: SyncSender<Logged>) -> EngineWorker {
-        EngineWorker { engine, commands, events, events_lost: 0, work: Work::default(), handoff_dropped: 0, received: 0 }
+    pub(super) fn new(engine: Engine, commands: Receiver<Command>, events: SyncSender<Logged>, offload: Option<OffloadPlan>) -> EngineWorker {
+        let offload = offload.map(Offloader::new);
+        EngineWorker { engine, commands, events, events_lost: 0, work: Work::default(), handoff_dropped: 0, received: 0, offload }
     }
 
     /// Translates a batch of frames, `sides[i]` the side `frames[i]` arrived
@@ -38,6 +42,16 @@ impl EngineWorker {
     /// run of frames from one side at a time so their order holds;
     /// `verdicts[i]` says what became of `frames[i]`.
     pub(super) fn translate_batch<F: FrameBuf>(&mut self, sides: &[Side], frames: &mut [F], now: u64, verdicts: &mut [Verdict]) {
+        if let Some(offload) = self.offload.as_mut() {
+            offload.before_batch(frames);
+        }
+        self.translate_runs(sides, frames, now, verdicts);
+        if let Some(offload) = self.offload.as_mut() {
+            offload.after_batch(&self.engine, sides, frames, verdicts, now);
+        }
+    }
+
+    fn translate_runs<F: FrameBuf>(&mut self, sides: &[Side], frames: &mut [F], now: u64, verdicts: &mut [Verdict]) {
         let mut start = 0;
         while start < frames.len() {
             let side = sides[start];
@@ -65,6 +79,9 @@ impl EngineWorker {
     /// Work done between batches: timers, generated frames, events.
     pub(super) fn housekeeping(&mut self, now: u64, out: &mut impl FnMut(Side, &[u8])) {
         self.engine.advance(now);
+        if let Some(offload) = self.offload.as_mut() {
+            offload.sweep(&mut self.engine, now);
+        }
         self.engine.drain_output(|o| out(o.side, &o.data));
         let (events, lost) = (&self.events, &mut self.events_lost);
         // Disconnected means no log is configured: nothing is lost.
@@ -89,11 +106,13 @@ impl EngineWorker {
                 let _ = tx.send(self.engine.mapping_views(sub));
             }
             Command::Clear(addr, tx) => {
+                self.forget_offloaded();
                 let _ = tx.send(self.engine.clear_subscriber(addr));
             }
             Command::Reload(cfg, tx) => {
                 let mut cfg = *cfg;
                 cfg.egress_mtu = self.engine.config().egress_mtu;
+                self.forget_offloaded();
                 let _ = tx.send(self.engine.reconfigure(cfg));
             }
             Command::InstallSynced(events, tx) => {
@@ -107,6 +126,7 @@ impl EngineWorker {
                 let _ = tx.send(tally);
             }
             Command::SetStandby(standby, tx) => {
+                self.forget_offloaded();
                 self.engine.set_standby(standby);
                 let _ = tx.send(());
             }
@@ -119,6 +139,14 @@ impl EngineWorker {
                 }
                 let _ = tx.send(());
             }
+        }
+    }
+
+    /// Hands every offloaded flow back to the engine, before a change to
+    /// its sessions or rules that would make the program's rewrites stale.
+    fn forget_offloaded(&mut self) {
+        if let Some(offload) = self.offload.as_mut() {
+            offload.forget_all();
         }
     }
 
@@ -159,6 +187,8 @@ impl EngineWorker {
             received: self.received,
             port_use_over: over,
             pcp: e.pcp_stats(),
+            offloaded_flows: self.offload.as_ref().map_or(0, |o| o.counts().0),
+            offload_table_full: self.offload.as_ref().map_or(0, |o| o.counts().1),
         }
     }
 }

@@ -25,7 +25,7 @@ use crate::rewrite::{self, Which, L4};
 use crate::state::identity::Endpoint;
 use crate::state::sessions::{Found, NIL};
 use crate::state::subscribers::NONE;
-use crate::trackers::Direction;
+use crate::trackers::{self, Direction};
 use crate::{Proto, Side};
 
 /// Where a candidate's IPv4 header starts: right after an untagged Ethernet header.
@@ -289,6 +289,45 @@ impl Nat44 {
         let ends = self.tables.endpoints(sid);
         rewrite::rewrite_forward::<TTL>(frame, c.proto == Proto::Tcp, Which::Src, ends.ext_addr, ends.ext_port);
         Ok(Side::Outside)
+    }
+}
+
+impl Nat44 {
+    /// Whether the flow of `head`, the start of a frame as it arrived on
+    /// `side`, is one the fast path translates with the rewrite alone and
+    /// whose session no plain segment can change: a UDP session, or a TCP
+    /// one with a SYN seen both ways and neither FIN nor RST. An offload
+    /// may then repeat the last frame's rewrite on the flow's next ones.
+    /// Reads the tables, changes nothing.
+    pub(crate) fn steady_flow(&self, head: &[u8], side: Side) -> bool {
+        self.steady_session(head, side).is_some()
+    }
+
+    /// For a flow an offload forwarded frames of since the last call: its
+    /// session used now (inbound frames only where inbound refresh is on,
+    /// RFC 4787 REQ-6), as the frames would have made it here. Whether the
+    /// flow is still steady (`steady_flow`); if not, nothing changes.
+    pub(crate) fn refresh_offloaded(&mut self, head: &[u8], side: Side) -> bool {
+        let Some(id) = self.steady_session(head, side) else { return false };
+        let refresh = side == Side::Inside || self.cfg.inbound_refresh;
+        self.tables.on_packet(id, self.now_s, refresh, |_, _, class| class);
+        true
+    }
+
+    /// The session of a steady flow (`steady_flow`).
+    fn steady_session(&self, head: &[u8], side: Side) -> Option<u32> {
+        let h = ipv4_view(head)?;
+        let proto = Proto::from_ip(h[L3 + 9]).filter(|&p| p == Proto::Tcp || p == Proto::Udp)?;
+        let (src, dst) = (get_u32_at(h, L3 + 12), get_u32_at(h, L3 + 16));
+        let (sport, dport) = (get_u16_at(h, AT), get_u16_at(h, AT + 2));
+        let session = match side {
+            Side::Inside if !is_martian(src) && dst != self.cfg.inside_addr && !self.pool.contains(dst) && !self.is_exempt_destination(dst, dport) => {
+                self.tables.find_session_in(proto, src, sport, dst, dport)
+            }
+            Side::Outside if self.pool.contains(dst) => self.tables.find_session_out(proto, dst, dport, src, sport),
+            _ => None,
+        };
+        session.filter(|&id| proto == Proto::Udp || self.tables.session(id).state == trackers::tcp::SYN_OUT | trackers::tcp::SYN_IN)
     }
 }
 

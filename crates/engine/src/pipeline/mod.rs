@@ -48,6 +48,9 @@ use hooks::{HookVerdict, Hooks, Middlebox};
 use router::Router;
 
 const NS: u64 = 1_000_000_000;
+/// The TCP flags an offloaded segment may carry: any but SYN, FIN and RST,
+/// which always come to the engine.
+const SEGMENTS_OFFLOADED: u8 = !(natrix_wire::tcp::flags::SYN | natrix_wire::tcp::flags::FIN | natrix_wire::tcp::flags::RST);
 
 /// What became of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -322,6 +325,28 @@ impl Engine {
             }
         }
         self.nptv6_fast_or_full_path(frame, side)
+    }
+
+    /// Whether the frames of the flow of `head` (the start of a frame as it
+    /// arrived on `side`, at least an untagged IPv4 and a TCP header long)
+    /// may bypass the engine: forwarded by an offload that repeats the
+    /// rewrite the engine gave this frame, and hands it every SYN, FIN and
+    /// RST. So only flows the rewrite alone translates, whose state no
+    /// plain segment can change, and whose segments no middlebox function
+    /// wants.
+    pub fn may_offload(&self, head: &[u8], side: Side) -> bool {
+        let proto = head.get(natrix_wire::ethernet::HEADER_LEN + 9).copied().unwrap_or(0);
+        self.nat.config().translate && !self.hooks.wants(proto, SEGMENTS_OFFLOADED) && self.nat.steady_flow(head, side)
+    }
+
+    /// For a flow an offload has forwarded frames of since it last said so
+    /// (`head` as for `may_offload`): its session refreshed as those frames
+    /// would have refreshed it, at `now_ns`. Whether it may still be
+    /// offloaded; where not, nothing changes and the offload must hand the
+    /// flow back.
+    pub fn refresh_offloaded(&mut self, head: &[u8], side: Side, now_ns: u64) -> bool {
+        self.advance(now_ns);
+        self.may_offload(head, side) && self.nat.refresh_offloaded(head, side)
     }
 
     /// `process` without the fast paths: every frame takes the full path,

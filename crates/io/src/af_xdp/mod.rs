@@ -1,6 +1,7 @@
 //! AF_XDP backend over plain system calls: a UMEM shared with the kernel,
-//! four rings per socket mapped into this process, and a six-instruction
-//! XDP program that redirects each receive queue's frames into its socket.
+//! four rings per socket mapped into this process, and a small XDP program
+//! that redirects each receive queue's frames into its socket, after, with
+//! the flow offload, forwarding established flows' frames itself.
 //!
 //! `XdpPorts` is the dataplane's: every interface natrix forwards between,
 //! one socket per receive queue, all sockets on one UMEM, so a frame is
@@ -16,9 +17,14 @@
 //! The parts: `ports` the sockets and the chunk ledger, this file the
 //! single port and what both share, `umem` the socket, the shared frame
 //! area and the rings, `program` the BPF program that redirects frames to
-//! the sockets, and `netlink` attaching that program to the interface.
+//! the sockets, `offload` the fast path for established flows it may start
+//! with and the flow table behind it, `bpf` the bpf(2) calls and the
+//! assembler both are written with, and `netlink` attaching the program to
+//! the interface and reading what its driver can do.
 
+mod bpf;
 mod netlink;
+pub mod offload;
 mod ports;
 mod program;
 #[cfg(test)]

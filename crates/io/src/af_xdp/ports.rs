@@ -22,6 +22,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use super::offload::Offload;
 use super::program::XdpProgram;
 use super::umem::{bind, register_umem, xsk_socket, BindAs, Mmap, Ring, Rings};
 use super::{os_error, unsupported, FRAME_SIZE, MAX_KICKS};
@@ -184,6 +185,7 @@ pub struct XdpPorts {
     /// one set of every socket.
     depot: Option<Arc<Depot>>,
     interfaces: Vec<String>,
+    ifindexes: Vec<u32>,
     mode: XdpMode,
     busy_poll: bool,
 }
@@ -201,32 +203,35 @@ impl XdpPorts {
     /// queue q of each interface to set q % sets. With one set, or where
     /// an interface has fewer queues than `sets` (a set would have no
     /// socket to send from on it), there is one set of every socket.
-    pub fn open_per_queue(interfaces: &[&str], sets: usize) -> Result<Vec<XdpPorts>, IoError> {
+    ///
+    /// With `offload`, the interfaces' programs forward the flows in its
+    /// table themselves.
+    pub fn open_per_queue(interfaces: &[&str], sets: usize, offload: Option<&Offload>) -> Result<Vec<XdpPorts>, IoError> {
         let with_queues = with_their_queues(interfaces);
         let fewest = with_queues.iter().map(|&(_, q)| q as usize).min().unwrap_or(1);
         if sets <= 1 || fewest < sets {
-            return Ok(vec![XdpPorts::open_queues(&with_queues, true)?]);
+            return Ok(vec![XdpPorts::open_queues_with(&with_queues, true, 1, offload)?]);
         }
-        Ok(XdpPorts::open_queues_with(&with_queues, true, sets as u32)?.split(sets))
+        Ok(XdpPorts::open_queues_with(&with_queues, true, sets as u32, offload)?.split(sets))
     }
 
     /// Opens the first `queues` receive queues of each interface, the
     /// sockets preferring busy polling or not.
     pub(super) fn open_queues(interfaces: &[(&str, u32)], busy_poll: bool) -> Result<XdpPorts, IoError> {
-        XdpPorts::open_queues_with(interfaces, busy_poll, 1)
+        XdpPorts::open_queues_with(interfaces, busy_poll, 1, None)
     }
 
     /// As `open_queues`, with spare chunks for `sets` sets.
-    fn open_queues_with(interfaces: &[(&str, u32)], busy_poll: bool, sets: u32) -> Result<XdpPorts, IoError> {
-        match XdpPorts::open_as(interfaces, busy_poll, XdpMode::ZeroCopy, sets) {
+    fn open_queues_with(interfaces: &[(&str, u32)], busy_poll: bool, sets: u32, offload: Option<&Offload>) -> Result<XdpPorts, IoError> {
+        match XdpPorts::open_as(interfaces, busy_poll, XdpMode::ZeroCopy, sets, offload) {
             // One interface's driver took zero-copy and another's did not:
             // the UMEM's mode is its first socket's, so all go copy mode.
-            Err(_) => XdpPorts::open_as(interfaces, busy_poll, XdpMode::Copy, sets),
+            Err(_) => XdpPorts::open_as(interfaces, busy_poll, XdpMode::Copy, sets, offload),
             ok => ok,
         }
     }
 
-    fn open_as(interfaces: &[(&str, u32)], busy_poll: bool, wanted: XdpMode, sets: u32) -> Result<XdpPorts, IoError> {
+    fn open_as(interfaces: &[(&str, u32)], busy_poll: bool, wanted: XdpMode, sets: u32, offload: Option<&Offload>) -> Result<XdpPorts, IoError> {
         let mut looked_up = Vec::with_capacity(interfaces.len());
         for &(name, queues) in interfaces {
             let iface = Interface::lookup(name)?;
@@ -249,12 +254,13 @@ impl XdpPorts {
                 sockets.push(xsk);
             }
             let fds: Vec<RawFd> = sockets[first[first.len() - 1]..].iter().map(|s| s.socket.as_raw_fd()).collect();
-            programs.push(XdpProgram::attach(&fds, ifindex, name)?);
+            programs.push(XdpProgram::attach(&fds, ifindex, name, offload)?);
             first.push(sockets.len());
         }
         let interfaces = interfaces.iter().map(|&(name, _)| name.to_owned()).collect();
         let frames = SharedFrames::new(Arc::new(umem));
-        Ok(XdpPorts { programs: programs.into(), sockets, first, frames, free, depot: None, interfaces, mode, busy_poll })
+        let ifindexes = looked_up.iter().map(|&(index, _)| index).collect();
+        Ok(XdpPorts { programs: programs.into(), sockets, first, frames, free, depot: None, interfaces, ifindexes, mode, busy_poll })
     }
 
     /// Deals the sockets out in `sets` sets, receive queue q of each
@@ -271,6 +277,7 @@ impl XdpPorts {
                 free: Vec::new(),
                 depot: Some(depot.clone()),
                 interfaces: self.interfaces.clone(),
+                ifindexes: self.ifindexes.clone(),
                 mode: self.mode,
                 busy_poll: self.busy_poll,
             })
@@ -292,6 +299,11 @@ impl XdpPorts {
         }
         depot.chunks().append(&mut free);
         parts
+    }
+
+    /// Interface `side`'s index, which names it in the offload's table.
+    pub fn ifindex(&self, side: usize) -> u32 {
+        self.ifindexes[side]
     }
 
     /// The receive queues of interface `side` this set serves.

@@ -3,11 +3,13 @@
 
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use super::bpf::{load_xdp, map_create, map_update, Alu, Asm, Size, BPF_MAP_TYPE_XSKMAP, REDIRECT_MAP, XDP_MD_RX_QUEUE_INDEX, XDP_PASS};
 use super::netlink::{
     netlink_socket, set_link_xdp, IFLA_XDP_EXPECTED_FD, IFLA_XDP_FD, IFLA_XDP_FLAGS, XDP_FLAGS_DRV_MODE, XDP_FLAGS_REPLACE, XDP_FLAGS_SKB_MODE, XDP_FLAGS_UPDATE_IF_NOEXIST,
 };
+use super::offload::Offload;
 use super::{os_error, unsupported};
 use crate::port::IoError;
 
@@ -25,11 +27,13 @@ pub(super) struct XdpProgram {
 impl XdpProgram {
     /// Attaches a program that sends receive queue q's frames to
     /// `sockets[q]` (and passes frames of other queues to the kernel).
-    pub(super) fn attach(sockets: &[RawFd], ifindex: u32, interface: &str) -> Result<XdpProgram, IoError> {
+    /// With `offload`, established flows in its table are forwarded by
+    /// the program itself (`Offload::fast_path`).
+    pub(super) fn attach(sockets: &[RawFd], ifindex: u32, interface: &str, offload: Option<&Offload>) -> Result<XdpProgram, IoError> {
         let map = xskmap(sockets.len() as u32).map_err(|e| unsupported("creating the XSKMAP", interface, e))?;
-        let program = load_program(&map).map_err(|e| unsupported("loading the XDP program", interface, e))?;
+        let program = load_program(&map, offload).map_err(|e| unsupported("loading the XDP program", interface, e))?;
         for (queue, &socket) in sockets.iter().enumerate() {
-            map_insert(&map, queue as u32, socket).map_err(|e| unsupported("adding the socket to the XSKMAP", interface, e))?;
+            map_update(&map, &(queue as u32), &socket).map_err(|e| unsupported("adding the socket to the XSKMAP", interface, e))?;
         }
         // The program keeps the map (and the map the socket) alive from here.
         drop(map);
@@ -65,124 +69,31 @@ impl Drop for XdpProgram {
     }
 }
 
-// uapi/linux/bpf.h
-const BPF_MAP_CREATE: libc::c_long = 0;
-const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-const BPF_PROG_LOAD: libc::c_long = 5;
-const BPF_MAP_TYPE_XSKMAP: u32 = 17;
-const BPF_PROG_TYPE_XDP: u32 = 6;
-const BPF_PSEUDO_MAP_FD: u8 = 1;
-const BPF_FUNC_REDIRECT_MAP: i32 = 51;
-const XDP_PASS: i32 = 2;
-/// Offset of rx_queue_index in struct xdp_md.
-const XDP_MD_RX_QUEUE_INDEX: i16 = 16;
-// Instruction classes, sizes, modes and operations.
-const BPF_LD: u8 = 0x00;
-const BPF_LDX: u8 = 0x01;
-const BPF_JMP: u8 = 0x05;
-const BPF_ALU64: u8 = 0x07;
-const BPF_W: u8 = 0x00;
-const BPF_DW: u8 = 0x18;
-const BPF_IMM: u8 = 0x00;
-const BPF_MEM: u8 = 0x60;
-const BPF_K: u8 = 0x00;
-const BPF_MOV: u8 = 0xb0;
-const BPF_CALL: u8 = 0x80;
-const BPF_EXIT: u8 = 0x90;
-
-/// struct bpf_insn.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct BpfInsn {
-    code: u8,
-    /// dst_reg and src_reg, four bits each, in bitfield order.
-    regs: u8,
-    off: i16,
-    imm: i32,
-}
-
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> BpfInsn {
-    let regs = if cfg!(target_endian = "little") { dst | src << 4 } else { dst << 4 | src };
-    BpfInsn { code, regs, off, imm }
-}
-
-/// `return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);`
-/// Only key 0 holds a socket: should the interface gain queues after open,
-/// their frames, which a socket bound to queue 0 could not take anyway, go
-/// to the kernel's stack rather than being dropped.
-fn redirect_program(map: RawFd) -> [BpfInsn; 6] {
-    [
-        insn(BPF_LDX | BPF_MEM | BPF_W, 2, 1, XDP_MD_RX_QUEUE_INDEX, 0),
-        // A two-slot 64-bit load; the verifier swaps the fd for the map.
-        insn(BPF_LD | BPF_DW | BPF_IMM, 1, BPF_PSEUDO_MAP_FD, 0, map),
-        insn(0, 0, 0, 0, 0),
-        // The low bits of the flags are the action when the slot is empty.
-        insn(BPF_ALU64 | BPF_MOV | BPF_K, 3, 0, 0, XDP_PASS),
-        insn(BPF_JMP | BPF_CALL, 0, 0, 0, BPF_FUNC_REDIRECT_MAP),
-        insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0),
-    ]
-}
-
-/// The leading fields of union bpf_attr for BPF_MAP_CREATE.
-#[repr(C)]
-struct MapCreateAttr {
-    map_type: u32,
-    key_size: u32,
-    value_size: u32,
-    max_entries: u32,
-}
-
-/// The leading fields of union bpf_attr for BPF_MAP_UPDATE_ELEM.
-#[repr(C)]
-struct MapUpdateAttr {
-    map_fd: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-/// The leading fields of union bpf_attr for BPF_PROG_LOAD.
-#[repr(C)]
-struct ProgLoadAttr {
-    prog_type: u32,
-    insn_cnt: u32,
-    insns: u64,
-    license: u64,
-}
-
-/// bpf(2); the kernel zero-extends an attr shorter than its own union.
-fn bpf<A>(cmd: libc::c_long, attr: &A) -> io::Result<libc::c_long> {
-    // SAFETY: attr is a live, initialised prefix of union bpf_attr of the
-    // given size.
-    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *const A, size_of::<A>()) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(rc)
-}
-
-fn bpf_fd<A>(cmd: libc::c_long, attr: &A) -> io::Result<OwnedFd> {
-    let fd = bpf(cmd, attr)?;
-    // SAFETY: these commands return a new file descriptor that only we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+/// `return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);`, r1
+/// holding ctx. Only key 0 holds a socket: should the interface gain queues
+/// after open, their frames, which a socket bound to queue 0 could not take
+/// anyway, go to the kernel's stack rather than being dropped.
+pub(super) fn redirect_to_sockets(asm: &mut Asm, xsks: RawFd) {
+    asm.load(Size::W, 2, 1, XDP_MD_RX_QUEUE_INDEX);
+    asm.load_map(1, xsks);
+    // The low bits of the flags are the action when the slot is empty.
+    asm.alu(Alu::Mov, 3, XDP_PASS);
+    asm.call(REDIRECT_MAP);
+    asm.exit();
 }
 
 /// An XSKMAP with one entry per receive queue, keyed by the queue's index.
 fn xskmap(queues: u32) -> io::Result<OwnedFd> {
-    let key_size = size_of::<u32>() as u32;
-    bpf_fd(BPF_MAP_CREATE, &MapCreateAttr { map_type: BPF_MAP_TYPE_XSKMAP, key_size, value_size: key_size, max_entries: queues })
+    map_create(BPF_MAP_TYPE_XSKMAP, size_of::<u32>(), size_of::<u32>(), queues)
 }
 
-fn map_insert(map: &OwnedFd, key: u32, socket: RawFd) -> io::Result<()> {
-    let attr = MapUpdateAttr { map_fd: map.as_raw_fd() as u32, key: &key as *const u32 as u64, value: &socket as *const RawFd as u64, flags: 0 };
-    bpf(BPF_MAP_UPDATE_ELEM, &attr)?;
-    Ok(())
-}
-
-fn load_program(map: &OwnedFd) -> io::Result<OwnedFd> {
-    let insns = redirect_program(map.as_raw_fd());
-    // bpf_redirect_map is a GPL-only helper.
-    let license = c"GPL";
-    let attr = ProgLoadAttr { prog_type: BPF_PROG_TYPE_XDP, insn_cnt: insns.len() as u32, insns: insns.as_ptr() as u64, license: license.as_ptr() as u64 };
-    bpf_fd(BPF_PROG_LOAD, &attr)
+/// The program: the offload's fast path first where there is one, then
+/// the redirect into the sockets.
+fn load_program(xsks: &OwnedFd, offload: Option<&Offload>) -> io::Result<OwnedFd> {
+    let mut asm = Asm::default();
+    if let Some(offload) = offload {
+        offload.fast_path(&mut asm);
+    }
+    redirect_to_sockets(&mut asm, xsks.as_raw_fd());
+    load_xdp(&asm.finish())
 }

@@ -264,7 +264,7 @@ fn held_frames_leave_by_the_other_interface_changed_in_place_and_no_chunk_leaks(
 /// All of the interfaces' queues as one set, as the dataplane opens them
 /// for one worker.
 fn open_one(interfaces: &[&str]) -> Result<XdpPorts, IoError> {
-    XdpPorts::open_per_queue(interfaces, 1).map(|mut sets| sets.remove(0))
+    XdpPorts::open_per_queue(interfaces, 1, None).map(|mut sets| sets.remove(0))
 }
 
 /// What the test's forwarding writes into a frame where it lies: the next
@@ -338,7 +338,7 @@ fn per_queue_sets_on_their_own_threads_hand_frames_across_and_chunks_come_back_t
     ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
     ns.add_veth_pair(PORT3_IF, PEER3_IF, 2);
     ns.run(|| {
-        let sets = XdpPorts::open_per_queue(&[PORT2_IF, PORT3_IF], SETS).expect("AF_XDP opens on every queue");
+        let sets = XdpPorts::open_per_queue(&[PORT2_IF, PORT3_IF], SETS, None).expect("AF_XDP opens on every queue");
         assert_eq!(sets.len(), SETS, "one set per queue");
         for (q, set) in sets.iter().enumerate() {
             assert_eq!((set.served_queues(0), set.served_queues(1)), (vec![q as u32], vec![q as u32]), "set {q} serves queue {q} of both");
@@ -499,7 +499,7 @@ fn an_interface_of_one_queue_makes_one_set_of_every_queue() {
     };
     ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
     ns.run(|| {
-        let sets = XdpPorts::open_per_queue(&[PORT_IF, PORT2_IF], 2).expect("AF_XDP opens on every queue");
+        let sets = XdpPorts::open_per_queue(&[PORT_IF, PORT2_IF], 2, None).expect("AF_XDP opens on every queue");
         assert_eq!(sets.len(), 1, "one set");
         let set = &sets[0];
         assert_eq!((set.served_queues(0), set.served_queues(1)), (vec![0], vec![0, 1]), "the set serves every queue");

@@ -1,0 +1,319 @@
+//! A worker's side of the XDP offload (`natrix_io::af_xdp::offload`): which
+//! of its flows the program forwards by itself, learnt from the frames the
+//! engine translates, and taken back when the engine would now do
+//! something else with them.
+//!
+//! A flow direction goes into the program's table once the engine has
+//! translated `LEARN_AFTER` of its frames, the last with the plain rewrite
+//! while its session was steady (`Engine::may_offload`). Short flows, most of a busy
+//! CGN's, cost one counter in a small table (`Recent`), no system call and
+//! no session lookup. Once a second (`SWEEP_NS`) the worker reads how many
+//! frames the program forwarded of each of its flows and has the engine
+//! refresh the sessions of those that had any, as the frames would have.
+//! A flow comes out of the table when a frame of it reaching the engine
+//! (one the program never takes: a FIN, a RST) is no longer translated so,
+//! when the engine no longer has it steady at a sweep, or after `IDLE_NS`
+//! without a frame.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+
+use natrix_engine::{Engine, FrameBuf, Side, Verdict};
+use natrix_io::af_xdp::offload::{self, Egress, FlowAction, FlowKey, Head, Offload};
+
+use crate::gateway::Gateway;
+
+/// Frames of a flow direction the engine translates before the program
+/// takes over.
+const LEARN_AFTER: u8 = 8;
+/// A flow direction the program has forwarded no frame of for this long
+/// goes back to the engine.
+const IDLE_NS: u64 = 10_000_000_000;
+/// How often the sessions of offloaded flows are refreshed, and idle flows
+/// looked for: also the longest a flow stays offloaded after its session
+/// ended some other way than by a FIN or RST, a clear or a reload (a
+/// mapping a PCP client deleted).
+const SWEEP_NS: u64 = 1_000_000_000;
+/// Slots of the counters of flows not yet learnt.
+const RECENT_SLOTS: usize = 1 << 16;
+
+/// The offload's table and what it needs to know of the two interfaces.
+pub(crate) struct OffloadTable {
+    pub(crate) table: Arc<Offload>,
+    pub(crate) ifindex: [u32; 2],
+    /// Whether each interface's driver takes frames redirected to it.
+    pub(crate) egress_ok: [bool; 2],
+    /// The longest datagram each interface takes (its MTU; 0: no limit).
+    pub(crate) mtu: [u16; 2],
+}
+
+/// The table, and the next hops' addresses the frames it forwards get.
+#[derive(Clone)]
+pub(crate) struct OffloadPlan {
+    table: Arc<Offload>,
+    ifindex: [u32; 2],
+    egress_ok: [bool; 2],
+    mtu: [u16; 2],
+    gateway: Arc<Mutex<Gateway>>,
+}
+
+impl OffloadPlan {
+    pub(crate) fn new(t: OffloadTable, gateway: Arc<Mutex<Gateway>>) -> OffloadPlan {
+        OffloadPlan { table: t.table, ifindex: t.ifindex, egress_ok: t.egress_ok, mtu: t.mtu, gateway }
+    }
+
+    /// The Ethernet addresses of frames to `dst` leaving on `side`, where
+    /// its next hop is known fresh.
+    fn ethernet_to(&self, side: Side, dst: u32, now: u64) -> Option<[u8; 12]> {
+        self.gateway.lock().ok()?.ethernet_to(side, dst, now)
+    }
+
+    /// Where the flows leaving on `side` go, and which counter they count in.
+    fn egress(&self, side: Side) -> Egress {
+        let mtu = self.mtu[side as usize];
+        Egress { ifindex: self.ifindex[side as usize], counter: side as u32, max_len: if mtu == 0 { u16::MAX } else { mtu } }
+    }
+
+    /// Frames and bytes the program forwarded out of each side.
+    pub(crate) fn forwarded(&self) -> [(u64, u64); 2] {
+        [Side::Inside, Side::Outside].map(|side| self.table.forwarded(side as u32))
+    }
+}
+
+/// Heads of a batch's frames kept before translation; None for frames
+/// the offload has no interest in.
+type Heads = Vec<Option<Head>>;
+
+/// A flow direction in the program's table.
+struct Known {
+    /// Without Ethernet addresses: those come from the next hop's.
+    action: FlowAction,
+    /// The Ethernet addresses installed with it.
+    eth: [u8; 12],
+    /// Where the flow's frames leave.
+    to: Side,
+    /// The head of its last frame the engine saw, and the side it came in on.
+    head: Head,
+    side: Side,
+    /// The program's count of its frames at the last sweep.
+    counted: u64,
+    /// When the program was last seen to forward a frame of it.
+    seen: u64,
+}
+
+/// One worker's flow directions: counted towards learning, and in the
+/// program's table.
+pub(crate) struct Offloader {
+    plan: OffloadPlan,
+    recent: Recent,
+    known: HashMap<FlowKey, Known>,
+    /// Installs the table refused, being full, and until when none is tried.
+    refused: u64,
+    full_until: u64,
+    next_sweep: u64,
+    heads: Heads,
+}
+
+impl Offloader {
+    pub(crate) fn new(plan: OffloadPlan) -> Offloader {
+        Offloader { plan, recent: Recent::new(), known: HashMap::new(), refused: 0, full_until: 0, next_sweep: 0, heads: Vec::new() }
+    }
+
+    /// Flow directions in the program's table, and installs it refused.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        (self.known.len() as u64, self.refused)
+    }
+
+    /// Keeps the heads of a batch's frames before the engine translates them.
+    pub(crate) fn before_batch<F: FrameBuf>(&mut self, frames: &mut [F]) {
+        self.heads.clear();
+        self.heads.extend(frames.iter_mut().map(|f| offload::head(f.frame())));
+    }
+
+    /// Learns from, or forgets, the flows of the batch `before_batch` saw,
+    /// now that the engine has translated it: `sides[i]` the side frame i
+    /// arrived on, `verdicts[i]` what became of it.
+    pub(crate) fn after_batch<F: FrameBuf>(&mut self, engine: &Engine, sides: &[Side], frames: &mut [F], verdicts: &[Verdict], now: u64) {
+        let heads = std::mem::take(&mut self.heads);
+        for (i, head) in heads.iter().enumerate() {
+            if let Some(before) = head {
+                self.observe(engine, sides[i], before, verdicts[i], frames[i].frame(), now);
+            }
+        }
+        self.heads = heads;
+    }
+
+    /// What the engine did with the frame whose head was `before`, arrived
+    /// on `side`: `verdict`, leaving `after`.
+    fn observe(&mut self, engine: &Engine, side: Side, before: &Head, verdict: Verdict, after: &[u8], now: u64) {
+        let ifindex = self.plan.ifindex[side as usize];
+        let Some(key) = offload::flow_key(before, ifindex) else { return };
+        let known = self.known.contains_key(&key);
+        let learnt = match verdict {
+            Verdict::Forward(to) if self.plan.egress_ok[to as usize] && (known || self.ready_to_learn(&key, now)) => {
+                let learnt = engine.may_offload(before, side).then(|| offload::learn(before, ifindex, after, self.plan.egress(to))).flatten();
+                if learnt.is_none() {
+                    // Counted again from 0: a flow the engine keeps is
+                    // looked up once every `LEARN_AFTER` frames, not at each.
+                    self.recent.reset(&key);
+                }
+                learnt.map(|(_, action)| (action.with_ethernet([0; 12]), to))
+            }
+            _ => None,
+        };
+        match learnt {
+            Some((action, to)) => self.keep(key, action, to, (side, before), now),
+            None if known => self.forget(&key),
+            None => {}
+        }
+    }
+
+    /// Counts a frame of a flow direction not in the table; whether it is
+    /// time to try learning it. Not while the table was lately full.
+    fn ready_to_learn(&mut self, key: &FlowKey, now: u64) -> bool {
+        self.recent.count(key) >= LEARN_AFTER && now >= self.full_until
+    }
+
+    /// A frame of the flow direction `key`, arrived on `side` as `head`,
+    /// was translated as `action` says (less its Ethernet addresses) to
+    /// leave on `to`: the program takes the flow over, or keeps it as it
+    /// is unless its rewrite or its next hop changed.
+    fn keep(&mut self, key: FlowKey, action: FlowAction, to: Side, (side, head): (Side, &Head), now: u64) {
+        let Some(eth) = self.plan.ethernet_to(to, action.dst_addr(), now) else {
+            // The next hop is not known fresh: the workers address the
+            // frames (and ask for it) until it is.
+            self.forget(&key);
+            return;
+        };
+        if let Some(k) = self.known.get_mut(&key) {
+            (k.head, k.side) = (*head, side);
+            if (k.action, k.eth, k.to) == (action, eth, to) {
+                return;
+            }
+        }
+        match self.plan.table.install(&key, &action.with_ethernet(eth)) {
+            Ok(()) => {
+                self.known.insert(key, Known { action, eth, to, head: *head, side, counted: 0, seen: now });
+            }
+            Err(_) => {
+                // Full: no install is tried for a while, rather than a
+                // failing system call for every frame of every flow.
+                self.refused += 1;
+                self.full_until = now + SWEEP_NS;
+                self.forget(&key);
+            }
+        }
+    }
+
+    fn forget(&mut self, key: &FlowKey) {
+        if self.known.remove(key).is_some() {
+            self.plan.table.remove(key);
+        }
+    }
+
+    /// Hands every flow direction of this worker back to the engine: its
+    /// sessions or rules changed all at once (a subscriber cleared, a
+    /// reload, a standby switch).
+    pub(crate) fn forget_all(&mut self) {
+        for (key, _) in self.known.drain() {
+            self.plan.table.remove(&key);
+        }
+    }
+
+    /// At most once a second: refreshes the sessions of the flows the
+    /// program forwarded frames of since the last sweep, and hands back
+    /// to the engine those it no longer has steady and those idle.
+    pub(crate) fn sweep(&mut self, engine: &mut Engine, now: u64) {
+        if now < self.next_sweep {
+            return;
+        }
+        self.next_sweep = now + SWEEP_NS;
+        let table = &self.plan.table;
+        self.known.retain(|key, k| {
+            let keep = match table.frames(key) {
+                Some(frames) if frames != k.counted => {
+                    (k.counted, k.seen) = (frames, now);
+                    engine.refresh_offloaded(&k.head, k.side, now)
+                }
+                Some(_) => now.saturating_sub(k.seen) < IDLE_NS,
+                // Gone from the table: nothing to take out.
+                None => return false,
+            };
+            if !keep {
+                table.remove(key);
+            }
+            keep
+        });
+    }
+}
+
+/// How many frames of each recent flow direction the engine forwarded, in
+/// a small table of counters indexed by a seeded hash of the
+/// key: a collision restarts a count, which only delays learning.
+struct Recent {
+    slots: Vec<u32>,
+    seed: RandomState,
+}
+
+impl Recent {
+    fn new() -> Recent {
+        Recent { slots: vec![0; RECENT_SLOTS], seed: RandomState::new() }
+    }
+
+    /// Counts a frame of `key`'s flow direction; returns its count so far.
+    fn count(&mut self, key: &FlowKey) -> u8 {
+        let (slot, tag) = self.slot(key);
+        let count = if *slot & !0xff == tag { (*slot & 0xff).saturating_add(1).min(0xff) } else { 1 };
+        *slot = tag | count;
+        count as u8
+    }
+
+    fn reset(&mut self, key: &FlowKey) {
+        let (slot, tag) = self.slot(key);
+        *slot = tag;
+    }
+
+    /// `key`'s slot, and the tag that tells it from other keys there: the
+    /// hash's high 24 bits (the slot's low 8 are the count).
+    fn slot(&mut self, key: &FlowKey) -> (&mut u32, u32) {
+        let hash = self.seed.hash_one(key);
+        (&mut self.slots[hash as usize % RECENT_SLOTS], (hash >> 40) as u32 & !0xff)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(port: u8) -> FlowKey {
+        let mut frame = [0u8; 54];
+        frame[12..14].copy_from_slice(&[0x08, 0x00]);
+        frame[14] = 0x45;
+        frame[23] = 17;
+        frame[35] = port;
+        offload::flow_key(&frame, 1).expect("a UDP frame")
+    }
+
+    #[test]
+    fn a_flow_is_counted_to_learning_and_counts_again_after_a_reset() {
+        let mut recent = Recent::new();
+        let counts: Vec<u8> = (0..LEARN_AFTER).map(|_| recent.count(&key(1))).collect();
+        assert_eq!(counts, (1..=LEARN_AFTER).collect::<Vec<_>>());
+        recent.reset(&key(1));
+        assert_eq!(recent.count(&key(1)), 1);
+    }
+
+    #[test]
+    fn counts_stay_apart_and_stop_at_their_ceiling() {
+        let mut recent = Recent::new();
+        for _ in 0..300 {
+            recent.count(&key(1));
+        }
+        assert_eq!(recent.count(&key(1)), 0xff);
+        // Another flow almost surely has a slot of its own (2^-16 odds).
+        assert_eq!(recent.count(&key(2)), 1);
+        assert_eq!(recent.count(&key(1)), 0xff);
+    }
+}

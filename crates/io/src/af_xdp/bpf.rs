@@ -1,0 +1,339 @@
+//! bpf(2) without a library: map creation and access, program loading, test
+//! runs, and a small assembler for the instructions natrix's XDP programs
+//! are written in (uapi/linux/bpf.h and bpf_common.h give every number).
+
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
+const BPF_PROG_LOAD: libc::c_long = 5;
+#[cfg(test)]
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+pub(super) const BPF_MAP_TYPE_HASH: u32 = 1;
+pub(super) const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
+pub(super) const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+const BPF_PROG_TYPE_XDP: u32 = 6;
+const BPF_PSEUDO_MAP_FD: u8 = 1;
+
+// Helpers.
+pub(super) const MAP_LOOKUP_ELEM: i32 = 1;
+pub(super) const REDIRECT: i32 = 23;
+pub(super) const REDIRECT_MAP: i32 = 51;
+
+// XDP actions.
+pub(super) const XDP_PASS: i32 = 2;
+
+/// Offsets in struct xdp_md.
+pub(super) const XDP_MD_DATA: i16 = 0;
+pub(super) const XDP_MD_DATA_END: i16 = 4;
+pub(super) const XDP_MD_INGRESS_IFINDEX: i16 = 12;
+pub(super) const XDP_MD_RX_QUEUE_INDEX: i16 = 16;
+
+// Instruction classes, sizes, modes, sources and operations.
+const LD: u8 = 0x00;
+const LDX: u8 = 0x01;
+const ST: u8 = 0x02;
+const STX: u8 = 0x03;
+const ALU: u8 = 0x04;
+const JMP: u8 = 0x05;
+const ALU64: u8 = 0x07;
+const MEM: u8 = 0x60;
+const IMM: u8 = 0x00;
+const K: u8 = 0x00;
+const X: u8 = 0x08;
+const CALL: u8 = 0x80;
+const EXIT: u8 = 0x90;
+const END: u8 = 0xd0;
+const TO_BE: u8 = 0x08;
+
+/// Access sizes.
+#[derive(Clone, Copy)]
+pub(super) enum Size {
+    B = 0x10,
+    H = 0x08,
+    W = 0x00,
+    DW = 0x18,
+}
+
+/// 64-bit arithmetic operations.
+#[derive(Clone, Copy)]
+pub(super) enum Alu {
+    Add = 0x00,
+    Sub = 0x10,
+    And = 0x50,
+    Lsh = 0x60,
+    Rsh = 0x70,
+    Mod = 0x90,
+    Xor = 0xa0,
+    Mov = 0xb0,
+}
+
+/// Conditional jumps, unsigned.
+#[derive(Clone, Copy)]
+pub(super) enum Cond {
+    Eq = 0x10,
+    Gt = 0x20,
+    Ne = 0x50,
+    Lt = 0xa0,
+    Le = 0xb0,
+}
+
+/// struct bpf_insn.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(super) struct Insn {
+    code: u8,
+    /// dst_reg and src_reg, four bits each, in bitfield order.
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
+    let regs = if cfg!(target_endian = "little") { dst | src << 4 } else { dst << 4 | src };
+    Insn { code, regs, off, imm }
+}
+
+/// A jump target, placed with `Asm::place`.
+#[derive(Clone, Copy)]
+pub(super) struct Label(usize);
+
+/// Instructions with forward jumps to labels, resolved by `finish`.
+#[derive(Default)]
+pub(super) struct Asm {
+    insns: Vec<Insn>,
+    labels: Vec<Option<usize>>,
+    jumps: Vec<(usize, usize)>,
+}
+
+impl Asm {
+    pub(super) fn label(&mut self) -> Label {
+        self.labels.push(None);
+        Label(self.labels.len() - 1)
+    }
+
+    pub(super) fn place(&mut self, l: Label) {
+        self.labels[l.0] = Some(self.insns.len());
+    }
+
+    /// dst = *(size *)(src + off)
+    pub(super) fn load(&mut self, size: Size, dst: u8, src: u8, off: i16) {
+        self.insns.push(insn(LDX | MEM | size as u8, dst, src, off, 0));
+    }
+
+    /// *(size *)(dst + off) = src
+    pub(super) fn store(&mut self, size: Size, dst: u8, off: i16, src: u8) {
+        self.insns.push(insn(STX | MEM | size as u8, dst, src, off, 0));
+    }
+
+    /// *(size *)(dst + off) = imm
+    pub(super) fn store_imm(&mut self, size: Size, dst: u8, off: i16, imm: i32) {
+        self.insns.push(insn(ST | MEM | size as u8, dst, 0, off, imm));
+    }
+
+    /// dst op= imm
+    pub(super) fn alu(&mut self, op: Alu, dst: u8, imm: i32) {
+        self.insns.push(insn(ALU64 | op as u8 | K, dst, 0, 0, imm));
+    }
+
+    /// dst op= src
+    pub(super) fn alu_reg(&mut self, op: Alu, dst: u8, src: u8) {
+        self.insns.push(insn(ALU64 | op as u8 | X, dst, src, 0, 0));
+    }
+
+    /// The low 16 bits of dst from network to host order, zero-extended.
+    pub(super) fn be16(&mut self, dst: u8) {
+        self.insns.push(insn(ALU | END | TO_BE, dst, 0, 0, 16));
+    }
+
+    /// dst = the map behind `map` (a two-slot load the verifier resolves).
+    pub(super) fn load_map(&mut self, dst: u8, map: RawFd) {
+        self.insns.push(insn(LD | Size::DW as u8 | IMM, dst, BPF_PSEUDO_MAP_FD, 0, map));
+        self.insns.push(insn(0, 0, 0, 0, 0));
+    }
+
+    /// if dst cond imm goto to
+    pub(super) fn jump_if(&mut self, cond: Cond, dst: u8, imm: i32, to: Label) {
+        self.jumps.push((self.insns.len(), to.0));
+        self.insns.push(insn(JMP | cond as u8 | K, dst, 0, 0, imm));
+    }
+
+    /// if dst cond src goto to
+    pub(super) fn jump_if_reg(&mut self, cond: Cond, dst: u8, src: u8, to: Label) {
+        self.jumps.push((self.insns.len(), to.0));
+        self.insns.push(insn(JMP | cond as u8 | X, dst, src, 0, 0));
+    }
+
+    pub(super) fn goto(&mut self, to: Label) {
+        self.jumps.push((self.insns.len(), to.0));
+        self.insns.push(insn(JMP, 0, 0, 0, 0));
+    }
+
+    pub(super) fn call(&mut self, helper: i32) {
+        self.insns.push(insn(JMP | CALL, 0, 0, 0, helper));
+    }
+
+    pub(super) fn exit(&mut self) {
+        self.insns.push(insn(JMP | EXIT, 0, 0, 0, 0));
+    }
+
+    /// The program, every jump pointed at its label.
+    pub(super) fn finish(mut self) -> Vec<Insn> {
+        for &(at, label) in &self.jumps {
+            let target = self.labels[label].expect("every label used is placed");
+            self.insns[at].off = i16::try_from(target as isize - at as isize - 1).expect("jumps stay short");
+        }
+        self.insns
+    }
+}
+
+/// The leading fields of union bpf_attr for BPF_MAP_CREATE.
+#[repr(C)]
+struct MapCreateAttr {
+    map_type: u32,
+    key_size: u32,
+    value_size: u32,
+    max_entries: u32,
+}
+
+/// The leading fields of union bpf_attr for the element commands.
+#[repr(C)]
+struct MapElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+/// The leading fields of union bpf_attr for BPF_PROG_LOAD.
+#[repr(C)]
+struct ProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+}
+
+/// bpf(2); the kernel zero-extends an attr shorter than its own union.
+fn bpf<A>(cmd: libc::c_long, attr: &A) -> io::Result<libc::c_long> {
+    // SAFETY: attr is a live, initialised prefix of union bpf_attr of the
+    // given size.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *const A, size_of::<A>()) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc)
+}
+
+fn bpf_fd<A>(cmd: libc::c_long, attr: &A) -> io::Result<OwnedFd> {
+    let fd = bpf(cmd, attr)?;
+    // SAFETY: these commands return a new file descriptor that only we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+pub(super) fn map_create(map_type: u32, key_size: usize, value_size: usize, max_entries: u32) -> io::Result<OwnedFd> {
+    bpf_fd(BPF_MAP_CREATE, &MapCreateAttr { map_type, key_size: key_size as u32, value_size: value_size as u32, max_entries })
+}
+
+/// Sets `key`'s value (BPF_ANY: created or replaced).
+pub(super) fn map_update<K, V>(map: &OwnedFd, key: &K, value: &V) -> io::Result<()> {
+    let attr = MapElemAttr { map_fd: map.as_raw_fd() as u32, _pad: 0, key: key as *const K as u64, value: value as *const V as u64, flags: 0 };
+    bpf(BPF_MAP_UPDATE_ELEM, &attr).map(drop)
+}
+
+/// Reads `key`'s value into `value`, which for a per-CPU map holds one
+/// value for each possible CPU.
+pub(super) fn map_lookup<K, V: ?Sized>(map: &OwnedFd, key: &K, value: &mut V) -> io::Result<()> {
+    let attr = MapElemAttr { map_fd: map.as_raw_fd() as u32, _pad: 0, key: key as *const K as u64, value: value as *mut V as *mut u8 as u64, flags: 0 };
+    bpf(BPF_MAP_LOOKUP_ELEM, &attr).map(drop)
+}
+
+pub(super) fn map_delete<K>(map: &OwnedFd, key: &K) -> io::Result<()> {
+    let attr = MapElemAttr { map_fd: map.as_raw_fd() as u32, _pad: 0, key: key as *const K as u64, value: 0, flags: 0 };
+    bpf(BPF_MAP_DELETE_ELEM, &attr).map(drop)
+}
+
+/// Loads an XDP program; a refusal carries the verifier's log.
+pub(super) fn load_xdp(insns: &[Insn]) -> io::Result<OwnedFd> {
+    // bpf_redirect_map is a GPL-only helper.
+    let license = c"GPL";
+    let attr = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_XDP,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 0,
+        log_size: 0,
+        log_buf: 0,
+    };
+    bpf_fd(BPF_PROG_LOAD, &attr).map_err(|e| with_verifier_log(insns, license, e))
+}
+
+/// Loads the program again with the verifier's log on, for the reason.
+fn with_verifier_log(insns: &[Insn], license: &std::ffi::CStr, first: io::Error) -> io::Error {
+    let mut log = vec![0u8; 1 << 16];
+    let attr = ProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_XDP,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 1,
+        log_size: log.len() as u32,
+        log_buf: log.as_mut_ptr() as u64,
+    };
+    if bpf_fd(BPF_PROG_LOAD, &attr).is_ok() {
+        return first;
+    }
+    let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(log.len())]).into_owned();
+    // The verifier's last lines say what it refused.
+    let tail: Vec<&str> = text.lines().rev().take(4).collect();
+    io::Error::new(first.kind(), format!("{first}: {}", tail.into_iter().rev().collect::<Vec<_>>().join(" / ")))
+}
+
+/// The leading fields of union bpf_attr for BPF_PROG_TEST_RUN.
+#[cfg(test)]
+#[repr(C)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+}
+
+/// Runs `program` once on `frame`, rewritten in place; returns its action.
+#[cfg(test)]
+pub(super) fn test_run(program: &OwnedFd, frame: &mut Vec<u8>) -> io::Result<u32> {
+    let input = frame.clone();
+    frame.resize(input.len() + 256, 0);
+    let mut attr = TestRunAttr {
+        prog_fd: program.as_raw_fd() as u32,
+        retval: 0,
+        data_size_in: input.len() as u32,
+        data_size_out: frame.len() as u32,
+        data_in: input.as_ptr() as u64,
+        data_out: frame.as_mut_ptr() as u64,
+        repeat: 1,
+        duration: 0,
+    };
+    // SAFETY: attr points at live buffers of the sizes it gives; the kernel
+    // writes the results back into attr.
+    let rc = unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_TEST_RUN, &mut attr as *mut TestRunAttr, size_of::<TestRunAttr>()) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    frame.truncate(attr.data_size_out as usize);
+    Ok(attr.retval)
+}

@@ -1,0 +1,453 @@
+//! Established flows forwarded by the XDP program itself, as netfilter's
+//! flowtable forwards them past the stack: a frame of a flow in the table
+//! is rewritten where the driver put it and redirected to its egress
+//! interface, never copied into the UMEM, never seen by a worker.
+//!
+//! The worker decides what the table holds (`learn`): after the engine has
+//! translated a frame of an established flow with the plain rewrite
+//! (addresses, ports, TTL, checksums), the frame before and after give the
+//! rewrite every later frame of the flow gets, with the two checksum
+//! adjustments worked out once; the next hop's Ethernet address comes from
+//! the worker's neighbour table. The program counts each flow's frames, so
+//! that the worker can keep the engine's session alive while the flow is
+//! busy (`Offload::frames`), and passes on every frame it does not take
+//! itself: SYN, FIN and RST segments, fragments, IP options, a TTL about
+//! to run out, a datagram past the egress MTU, a bad header checksum.
+//! Those reach the engine as before, in order with the flow's others: no
+//! frame of a flow the program forwards is diverted while it does.
+
+use std::io;
+use std::mem::size_of;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::bpf::{self, Alu, Asm, Cond, Size};
+
+// Where the fields the program reads lie in an untagged IPv4 frame.
+const ETHERTYPE: i16 = 12;
+const IP: i16 = 14;
+const TOTAL_LEN: i16 = IP + 2;
+const FRAGMENT: i16 = IP + 6;
+const TTL: i16 = IP + 8;
+const PROTOCOL: i16 = IP + 9;
+const IP_CHECKSUM: i16 = IP + 10;
+const SRC: i16 = IP + 12;
+const DST: i16 = IP + 16;
+const L4: i16 = IP + 20;
+const UDP_LEN: i16 = L4 + 4;
+const UDP_CHECKSUM: i16 = L4 + 6;
+const TCP_OFFSET: i16 = L4 + 12;
+const TCP_FLAGS: i16 = L4 + 13;
+const TCP_CHECKSUM: i16 = L4 + 16;
+/// Every frame the program takes holds a whole TCP header's room.
+const HEAD: usize = L4 as usize + 20;
+
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+const FIN_SYN_RST: u8 = 0x07;
+
+/// A flow's key in the table: the frame's addresses, ports and protocol as
+/// they arrive, and the interface they arrive on.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct FlowKey {
+    src: [u8; 4],
+    dst: [u8; 4],
+    ports: [u8; 4],
+    proto: u32,
+    ifindex: u32,
+}
+
+/// What the program does to a flow's frame.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlowAction {
+    /// Destination and source Ethernet addresses, as the frame carries them.
+    eth: [u8; 12],
+    /// The longest IPv4 datagram the egress takes; longer ones go to the engine.
+    max_len: u16,
+    _pad: u16,
+    src: [u8; 4],
+    dst: [u8; 4],
+    ports: [u8; 4],
+    /// One's complement sums of the new header words less the old, in the
+    /// checksum fields' byte order, for the IP and the TCP or UDP checksum.
+    ip_delta: [u8; 2],
+    l4_delta: [u8; 2],
+    egress: u32,
+    /// Which of the program's counters the flow's frames count in.
+    counter: u32,
+    /// Frames the program forwarded; the program's to write.
+    frames: u64,
+}
+
+impl FlowAction {
+    /// The destination address the frames get.
+    pub fn dst_addr(&self) -> u32 {
+        u32::from_be_bytes(self.dst)
+    }
+
+    /// The action with the Ethernet addresses (destination, source) the
+    /// frames get.
+    pub fn with_ethernet(self, eth: [u8; 12]) -> FlowAction {
+        FlowAction { eth, ..self }
+    }
+
+    pub fn ethernet(&self) -> [u8; 12] {
+        self.eth
+    }
+}
+
+// The offsets the program reads the action at.
+const A_ETH: i16 = 0;
+const A_MAX_LEN: i16 = 12;
+const A_SRC: i16 = 16;
+const A_DST: i16 = 20;
+const A_PORTS: i16 = 24;
+const A_IP_DELTA: i16 = 28;
+const A_L4_DELTA: i16 = 30;
+const A_EGRESS: i16 = 32;
+const A_COUNTER: i16 = 36;
+const A_FRAMES: i16 = 40;
+const _: () = assert!(size_of::<FlowAction>() == 48 && size_of::<FlowKey>() == 20);
+
+/// Frames and bytes the program forwarded, per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Forwarded {
+    frames: u64,
+    bytes: u64,
+}
+
+/// How many counters the program keeps (`Egress::counter`).
+pub const COUNTERS: u32 = 2;
+
+/// Where a flow's frames leave: the interface, and the counter they count in.
+#[derive(Debug, Clone, Copy)]
+pub struct Egress {
+    pub ifindex: u32,
+    /// Below `COUNTERS`.
+    pub counter: u32,
+    /// The longest IPv4 datagram it takes; longer ones go to the engine.
+    pub max_len: u16,
+}
+
+/// The flow table and the program's counters, shared by every interface's
+/// program and every worker.
+pub struct Offload {
+    flows: OwnedFd,
+    forwarded: OwnedFd,
+    capacity: u32,
+}
+
+impl Offload {
+    /// A table of up to `capacity` flow directions.
+    pub fn new(capacity: u32) -> io::Result<Offload> {
+        let flows = bpf::map_create(bpf::BPF_MAP_TYPE_HASH, size_of::<FlowKey>(), size_of::<FlowAction>(), capacity)?;
+        let forwarded = bpf::map_create(bpf::BPF_MAP_TYPE_PERCPU_ARRAY, size_of::<u32>(), size_of::<Forwarded>(), COUNTERS)?;
+        Ok(Offload { flows, forwarded, capacity })
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Puts a flow direction in the table, or changes its action (its
+    /// frame count starting again from 0); fails (E2BIG) where the table
+    /// is full.
+    pub fn install(&self, key: &FlowKey, action: &FlowAction) -> io::Result<()> {
+        bpf::map_update(&self.flows, key, &FlowAction { frames: 0, ..*action })
+    }
+
+    /// The frames the program has forwarded of a flow direction in the
+    /// table since it was installed; None where it is not there.
+    pub fn frames(&self, key: &FlowKey) -> Option<u64> {
+        let mut action = FlowAction::default();
+        bpf::map_lookup(&self.flows, key, &mut action).ok()?;
+        Some(action.frames)
+    }
+
+    /// Takes a flow direction out of the table; its next frame goes to the
+    /// engine. One not there is no error.
+    pub fn remove(&self, key: &FlowKey) {
+        let _ = bpf::map_delete(&self.flows, key);
+    }
+
+    /// Frames and bytes the program has forwarded that count in
+    /// `counter`, summed over the CPUs.
+    pub fn forwarded(&self, counter: u32) -> (u64, u64) {
+        let mut per_cpu = vec![Forwarded::default(); possible_cpus()];
+        if bpf::map_lookup(&self.forwarded, &counter, per_cpu.as_mut_slice()).is_err() {
+            return (0, 0);
+        }
+        per_cpu.iter().fold((0, 0), |(f, b), c| (f + c.frames, b + c.bytes))
+    }
+
+    /// The program's fast path, with r1 holding the context: a frame of a
+    /// flow in the table is rewritten and redirected; every other frame
+    /// falls through past it, with r1 the context again.
+    pub(super) fn fast_path(&self, asm: &mut Asm) {
+        let (slow, tcp, key, udp_sum, send) = (asm.label(), asm.label(), asm.label(), asm.label(), asm.label());
+        // r6 context, r7 frame, r9 datagram length, r8 the flow's action.
+        asm.alu_reg(Alu::Mov, 6, 1);
+        asm.load(Size::W, 7, 6, bpf::XDP_MD_DATA);
+        asm.load(Size::W, 2, 6, bpf::XDP_MD_DATA_END);
+        asm.alu_reg(Alu::Mov, 3, 7);
+        asm.alu(Alu::Add, 3, HEAD as i32);
+        asm.jump_if_reg(Cond::Gt, 3, 2, slow);
+        self.checks(asm, slow, tcp);
+        // UDP: its length at least its header and within the datagram.
+        asm.jump_if(Cond::Lt, 9, 28, slow);
+        asm.load(Size::H, 5, 7, UDP_LEN);
+        asm.be16(5);
+        asm.alu(Alu::And, 5, 0xffff);
+        asm.jump_if(Cond::Lt, 5, 8, slow);
+        asm.goto(key);
+        asm.place(tcp);
+        // TCP: its header within the datagram, and none of SYN, FIN, RST.
+        asm.jump_if(Cond::Lt, 9, 40, slow);
+        asm.load(Size::B, 4, 7, TCP_FLAGS);
+        asm.alu(Alu::And, 4, i32::from(FIN_SYN_RST));
+        asm.jump_if(Cond::Ne, 4, 0, slow);
+        asm.load(Size::B, 5, 7, TCP_OFFSET);
+        asm.alu(Alu::Rsh, 5, 4);
+        asm.alu(Alu::Lsh, 5, 2);
+        asm.jump_if(Cond::Lt, 5, 20, slow);
+        asm.place(key);
+        // r5: the transport header's length; it must fit the datagram.
+        asm.alu_reg(Alu::Mov, 0, 9);
+        asm.alu(Alu::Sub, 0, 20);
+        asm.jump_if_reg(Cond::Gt, 5, 0, slow);
+        self.look_up(asm, slow);
+        asm.load(Size::H, 5, 8, A_MAX_LEN);
+        asm.jump_if_reg(Cond::Gt, 9, 5, slow);
+        // Counted without an atomic add: a flow's frames arrive on one
+        // queue, and a count short by a race still shows the flow busy.
+        asm.load(Size::DW, 5, 8, A_FRAMES);
+        asm.alu(Alu::Add, 5, 1);
+        asm.store(Size::DW, 8, A_FRAMES, 5);
+        self.count(asm);
+        rewrite(asm, udp_sum, send);
+        asm.place(send);
+        asm.load(Size::W, 1, 8, A_EGRESS);
+        asm.alu(Alu::Mov, 2, 0);
+        asm.call(bpf::REDIRECT);
+        asm.exit();
+        asm.place(slow);
+        asm.alu_reg(Alu::Mov, 1, 6);
+    }
+
+    /// The frame's checks up to its transport: untagged IPv4 without
+    /// options or fragmentation, a TTL left to decrement, a right header
+    /// checksum, a length within the frame (r9), TCP (to `tcp`) or UDP
+    /// (falling through). r3 the protocol.
+    fn checks(&self, asm: &mut Asm, slow: bpf::Label, tcp: bpf::Label) {
+        asm.load(Size::H, 3, 7, ETHERTYPE);
+        asm.jump_if(Cond::Ne, 3, i32::from(u16::from_ne_bytes([0x08, 0x00])), slow);
+        asm.load(Size::B, 3, 7, IP);
+        asm.jump_if(Cond::Ne, 3, 0x45, slow);
+        asm.load(Size::H, 3, 7, FRAGMENT);
+        asm.alu(Alu::And, 3, i32::from(u16::from_ne_bytes([0x3f, 0xff])));
+        asm.jump_if(Cond::Ne, 3, 0, slow);
+        asm.load(Size::B, 3, 7, TTL);
+        asm.jump_if(Cond::Le, 3, 1, slow);
+        // RFC 1071: the 20 bytes summed as five words are a multiple of
+        // 0xffff exactly when the checksum is right (the engine's test).
+        asm.alu(Alu::Mov, 0, 0);
+        for word in 0..5 {
+            asm.load(Size::W, 4, 7, IP + 4 * word);
+            asm.alu_reg(Alu::Add, 0, 4);
+        }
+        asm.alu(Alu::Mod, 0, 0xffff);
+        asm.jump_if(Cond::Ne, 0, 0, slow);
+        asm.load(Size::H, 9, 7, TOTAL_LEN);
+        asm.be16(9);
+        asm.alu(Alu::And, 9, 0xffff);
+        asm.alu_reg(Alu::Mov, 3, 7);
+        asm.alu_reg(Alu::Add, 3, 9);
+        asm.alu(Alu::Add, 3, IP as i32);
+        asm.jump_if_reg(Cond::Gt, 3, 2, slow);
+        asm.load(Size::B, 3, 7, PROTOCOL);
+        asm.jump_if(Cond::Eq, 3, i32::from(TCP), tcp);
+        asm.jump_if(Cond::Ne, 3, i32::from(UDP), slow);
+    }
+
+    /// Builds the key on the stack from the frame (r3 the protocol) and
+    /// looks it up: r8 the action, or to `slow` without one.
+    fn look_up(&self, asm: &mut Asm, slow: bpf::Label) {
+        for (at, field) in [(-24, SRC), (-20, DST), (-16, L4)] {
+            asm.load(Size::W, 5, 7, field);
+            asm.store(Size::W, 10, at, 5);
+        }
+        asm.store(Size::W, 10, -12, 3);
+        asm.load(Size::W, 5, 6, bpf::XDP_MD_INGRESS_IFINDEX);
+        asm.store(Size::W, 10, -8, 5);
+        asm.load_map(1, self.flows.as_raw_fd());
+        asm.alu_reg(Alu::Mov, 2, 10);
+        asm.alu(Alu::Add, 2, -24);
+        asm.call(bpf::MAP_LOOKUP_ELEM);
+        asm.jump_if(Cond::Eq, 0, 0, slow);
+        asm.alu_reg(Alu::Mov, 8, 0);
+    }
+
+    /// Adds the frame (r9 its datagram's length) to this CPU's counters.
+    fn count(&self, asm: &mut Asm) {
+        let done = asm.label();
+        asm.load(Size::W, 5, 8, A_COUNTER);
+        asm.store(Size::W, 10, -28, 5);
+        asm.load_map(1, self.forwarded.as_raw_fd());
+        asm.alu_reg(Alu::Mov, 2, 10);
+        asm.alu(Alu::Add, 2, -28);
+        asm.call(bpf::MAP_LOOKUP_ELEM);
+        asm.jump_if(Cond::Eq, 0, 0, done);
+        asm.load(Size::DW, 5, 0, 0);
+        asm.alu(Alu::Add, 5, 1);
+        asm.store(Size::DW, 0, 0, 5);
+        asm.load(Size::DW, 5, 0, 8);
+        asm.alu_reg(Alu::Add, 5, 9);
+        asm.alu(Alu::Add, 5, IP as i32);
+        asm.store(Size::DW, 0, 8, 5);
+        asm.place(done);
+    }
+}
+
+/// The rewrite, r7 the frame and r8 the action; ends at `send`.
+fn rewrite(asm: &mut Asm, udp_sum: bpf::Label, send: bpf::Label) {
+    for (to, from) in [(0, A_ETH), (4, A_ETH + 4), (8, A_ETH + 8), (SRC, A_SRC), (DST, A_DST), (L4, A_PORTS)] {
+        asm.load(Size::W, 5, 8, from);
+        asm.store(Size::W, 7, to, 5);
+    }
+    asm.load(Size::B, 5, 7, TTL);
+    asm.alu(Alu::Sub, 5, 1);
+    asm.store(Size::B, 7, TTL, 5);
+    adjust_checksum(asm, IP_CHECKSUM, A_IP_DELTA);
+    asm.load(Size::B, 3, 7, PROTOCOL);
+    asm.jump_if(Cond::Eq, 3, i32::from(UDP), udp_sum);
+    adjust_checksum(asm, TCP_CHECKSUM, A_L4_DELTA);
+    asm.goto(send);
+    asm.place(udp_sum);
+    // A UDP checksum of 0 means none was sent (RFC 768): it stays 0, and a
+    // computed 0 goes out as all ones.
+    let computed_zero = asm.label();
+    asm.load(Size::H, 5, 7, UDP_CHECKSUM);
+    asm.jump_if(Cond::Eq, 5, 0, send);
+    fold_in_delta(asm, A_L4_DELTA);
+    asm.jump_if(Cond::Eq, 5, 0, computed_zero);
+    asm.store(Size::H, 7, UDP_CHECKSUM, 5);
+    asm.goto(send);
+    asm.place(computed_zero);
+    asm.store_imm(Size::H, 7, UDP_CHECKSUM, 0xffff);
+}
+
+/// RFC 1624 eqn. 3 with the precomputed delta: HC' = ~(~HC + delta).
+fn adjust_checksum(asm: &mut Asm, field: i16, delta: i16) {
+    asm.load(Size::H, 5, 7, field);
+    fold_in_delta(asm, delta);
+    asm.store(Size::H, 7, field, 5);
+}
+
+/// r5 = ~(~r5 + delta), one's complement, 16 bits.
+fn fold_in_delta(asm: &mut Asm, delta: i16) {
+    asm.alu(Alu::Xor, 5, 0xffff);
+    asm.load(Size::H, 4, 8, delta);
+    asm.alu_reg(Alu::Add, 5, 4);
+    asm.alu_reg(Alu::Mov, 4, 5);
+    asm.alu(Alu::Rsh, 4, 16);
+    asm.alu(Alu::And, 5, 0xffff);
+    asm.alu_reg(Alu::Add, 5, 4);
+    asm.alu(Alu::Xor, 5, 0xffff);
+}
+
+/// Whether the driver of interface `ifindex` takes frames redirected to it
+/// from XDP (ndo_xdp_xmit). A veth takes them only while its peer has
+/// NAPI: an XDP program, or GRO on.
+pub fn takes_redirects(ifindex: u32) -> io::Result<bool> {
+    Ok(super::netlink::xdp_features(ifindex)? & super::netlink::NETDEV_XDP_ACT_NDO_XMIT != 0)
+}
+
+/// The number of possible CPUs, for which a per-CPU map holds values.
+fn possible_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| s.trim().rsplit(['-', ',']).next().and_then(|last| last.parse::<usize>().ok()))
+        .map_or(4096, |last| last + 1)
+}
+
+/// The key of the flow `frame` belongs to as it arrives on `ifindex`, where
+/// it is an untagged IPv4 TCP or UDP frame without options.
+pub fn flow_key(frame: &[u8], ifindex: u32) -> Option<FlowKey> {
+    let h = frame.get(..HEAD)?;
+    let proto = h[PROTOCOL as usize];
+    if h[12..14] != [0x08, 0x00] || h[IP as usize] != 0x45 || !(proto == TCP || proto == UDP) {
+        return None;
+    }
+    let at = |o: i16| o as usize;
+    Some(FlowKey {
+        src: h[at(SRC)..at(SRC) + 4].try_into().ok()?,
+        dst: h[at(DST)..at(DST) + 4].try_into().ok()?,
+        ports: h[at(L4)..at(L4) + 4].try_into().ok()?,
+        proto: u32::from(proto),
+        ifindex,
+    })
+}
+
+/// The head of a frame, kept before the engine translates it so that
+/// `learn` can compare it with the result.
+pub type Head = [u8; HEAD];
+
+/// The head of `frame`, if it is long enough to be offloaded.
+pub fn head(frame: &[u8]) -> Option<Head> {
+    frame.first_chunk::<HEAD>().copied()
+}
+
+/// The table entry that gives every later frame of `before`'s flow (the
+/// head of a frame as it arrived on `ifindex`) what the engine gave it:
+/// `after`, to leave through `egress`. None where the engine did more than
+/// the plain rewrite, or the frame is not one the program takes.
+pub fn learn(before: &Head, ifindex: u32, after: &[u8], egress: Egress) -> Option<(FlowKey, FlowAction)> {
+    let key = flow_key(before, ifindex)?;
+    let after = after.first_chunk::<HEAD>()?;
+    let proto = before[PROTOCOL as usize];
+    if proto == TCP && before[TCP_FLAGS as usize] & FIN_SYN_RST != 0 || !plain_rewrite(before, after, proto) {
+        return None;
+    }
+    let r = |o: i16, n: usize| &after[o as usize..o as usize + n];
+    let mut action = FlowAction {
+        eth: r(0, 12).try_into().ok()?,
+        max_len: egress.max_len,
+        src: r(SRC, 4).try_into().ok()?,
+        dst: r(DST, 4).try_into().ok()?,
+        ports: r(L4, 4).try_into().ok()?,
+        egress: egress.ifindex,
+        counter: egress.counter,
+        ..FlowAction::default()
+    };
+    let words = |h: &Head, from: i16, to: i16| -> Vec<u16> { (from..to).step_by(2).map(|o| u16::from_be_bytes([h[o as usize], h[o as usize + 1]])).collect() };
+    let (old_ip, new_ip) = (words(before, TTL, TTL + 2).into_iter().chain(words(before, SRC, L4)), words(after, TTL, TTL + 2).into_iter().chain(words(after, SRC, L4)));
+    action.ip_delta = delta(old_ip, new_ip).to_be_bytes();
+    let (old_l4, new_l4) = (words(before, SRC, L4 + 4), words(after, SRC, L4 + 4));
+    action.l4_delta = delta(old_l4.into_iter(), new_l4.into_iter()).to_be_bytes();
+    Some((key, action))
+}
+
+/// Whether `after` differs from `before` only where the plain rewrite
+/// writes: Ethernet addresses, TTL down by one, IP checksum, addresses,
+/// ports, the transport checksum.
+fn plain_rewrite(before: &Head, after: &Head, proto: u8) -> bool {
+    let same = |from: i16, to: i16| before[from as usize..to as usize] == after[from as usize..to as usize];
+    let checksum = if proto == TCP { TCP_CHECKSUM } else { UDP_CHECKSUM };
+    same(ETHERTYPE, TTL) && after[TTL as usize] == before[TTL as usize].wrapping_sub(1) && same(PROTOCOL, IP_CHECKSUM) && same(L4 + 4, checksum) && same(checksum + 2, HEAD as i16)
+}
+
+/// The one's complement sum of `new` less `old` (RFC 1624): what the sum
+/// over a header changes by when its words `old` become `new`.
+fn delta(old: impl Iterator<Item = u16>, new: impl Iterator<Item = u16>) -> u16 {
+    let sum: u32 = old.map(|w| u32::from(!w)).chain(new.map(u32::from)).sum();
+    let mut s = sum;
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    s as u16
+}
+
+#[cfg(test)]
+mod tests;
