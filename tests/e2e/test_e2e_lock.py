@@ -127,6 +127,9 @@ def test_lock_is_released_by_a_clean_stop(natrix, agent, servers):
 
 
 def test_lock_of_a_killed_natrix_does_not_block_the_next(natrix, agent, servers):
+    """Nor does its XDP program: attached through a BPF link, it goes with
+    the process, so the next natrix gets AF_XDP again rather than falling
+    back to AF_PACKET behind a program nobody serves."""
     n = natrix()
     sub1 = agent(NS_SUB1)
     _forwards(sub1, sub1.udp_open())
@@ -136,6 +139,16 @@ def test_lock_of_a_killed_natrix_does_not_block_the_next(natrix, agent, servers)
     n2 = natrix()
     _forwards(sub1, sub1.udp_open())
     assert n2.alive()
+    if _backend(n) == "af_xdp":
+        assert _backend(n2) == "af_xdp", f"the killed natrix's XDP program stayed behind:\n{n2.output()}"
+
+
+def _backend(n):
+    """The backend natrix's ready line names."""
+    for line in (n.out.text() + n.err.text()).splitlines():
+        if h.READY_LINE in line and "(" in line:
+            return line.rsplit("(", 1)[1].split(",")[0]
+    return None
 
 
 def _limit_as():

@@ -194,7 +194,11 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     );
     o.per_side("offloaded_bytes_total", "Bytes of those frames.", io.offloaded_bytes);
     o.gauge("offload_flows", "Flow directions in the XDP offload's table.", io.offloaded_flows);
-    o.counter("offload_table_full_total", "Flow directions the XDP offload's table had no room for (they stay with the workers).", io.offload_table_full);
+    o.counter(
+        "offload_table_full_total",
+        "Times a flow direction found the XDP offload's table full (at most one a second per worker; such flows stay with the workers).",
+        io.offload_table_full,
+    );
     o.per_side("generated_packets_total", "Frames natrix generated (ICMP errors), by the interface they left on.", [0, 1].map(|i| sum(workers, |w| w.stats.generated[i])));
     let nptv6 = [0, 1].map(|i| sum(workers, |w| w.stats.nptv6_translated[i]));
     o.per_side("nptv6_translated_packets_total", "IPv6 frames NPTv6 (RFC 6296) translated, by the interface they arrived on.", nptv6);

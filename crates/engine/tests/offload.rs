@@ -140,3 +140,46 @@ impl Middlebox for SynWatcher {
         HookVerdict::Continue
     }
 }
+
+/// The idle seconds of the one session of `sub`'s port `port`.
+fn idle_of(e: &Engine, port: u16) -> u32 {
+    let views = e.session_views(None);
+    views.iter().find(|v| v.int_port == port).map(|v| v.idle_s).expect("the session")
+}
+
+#[test]
+fn an_offloaded_flow_s_outbound_frames_refresh_its_session() {
+    let mut e = engine(config());
+    let (before, _) = pass(&mut e, udp_frame(Side::Inside, SUB, 5003, SERVER, 53, 64, b"a query, 12+ bytes", false), Side::Inside, SEC);
+    e.advance(61 * SEC);
+    assert_eq!(idle_of(&e, 5003), 60);
+    assert!(e.refresh_offloaded(&before, Side::Inside));
+    assert_eq!(idle_of(&e, 5003), 0, "outbound frames refresh (RFC 4787 REQ-6)");
+}
+
+#[test]
+fn inbound_frames_refresh_only_where_inbound_refresh_is_on() {
+    for inbound_refresh in [false, true] {
+        let mut e = engine(natrix_engine::EngineConfig { inbound_refresh, ..config() });
+        let (_, out) = pass(&mut e, udp_frame(Side::Inside, SUB, 5004, SERVER, 53, 64, b"a query, 12+ bytes", false), Side::Inside, SEC);
+        let (ext, port) = external(&out);
+        let reply = udp_frame(Side::Outside, SERVER, 53, ext, port, 64, b"an answer, 12+ bytes", false);
+        e.advance(61 * SEC);
+        assert!(e.refresh_offloaded(&reply, Side::Outside), "still steady");
+        let expected = if inbound_refresh { 0 } else { 60 };
+        assert_eq!(idle_of(&e, 5004), expected, "inbound_refresh = {inbound_refresh} (RFC 4787 REQ-6)");
+    }
+}
+
+#[test]
+fn a_flow_no_longer_steady_is_not_refreshed() {
+    let mut e = engine(config());
+    let (_, out) = pass(&mut e, tcp_frame(Side::Inside, SUB, 40003, SERVER, 443, 64, TcpKind::Syn, 1, 0, &[]), Side::Inside, SEC);
+    let (ext, port) = external(&out);
+    pass(&mut e, tcp_frame(Side::Outside, SERVER, 443, ext, port, 64, TcpKind::SynAck, 1, 2, &[]), Side::Outside, SEC);
+    let data_out = tcp_frame(Side::Inside, SUB, 40003, SERVER, 443, 64, TcpKind::Ack, 2, 2, b"x");
+    pass(&mut e, tcp_frame(Side::Inside, SUB, 40003, SERVER, 443, 64, TcpKind::Fin, 2, 2, &[]), Side::Inside, 2 * SEC);
+    e.advance(30 * SEC);
+    assert!(!e.refresh_offloaded(&data_out, Side::Inside), "closing: the offload must hand it back");
+    assert_eq!(idle_of(&e, 40003), 28, "and its session is left as it was");
+}

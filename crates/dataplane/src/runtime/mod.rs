@@ -250,7 +250,7 @@ pub struct IoSnapshot {
     pub offloaded_frames: [u64; 2],
     pub offloaded_bytes: [u64; 2],
     pub offloaded_flows: u64,
-    /// Flow directions the offload's table had no room for.
+    /// Times a flow direction found the offload's table full.
     pub offload_table_full: u64,
 }
 
@@ -675,10 +675,17 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<Opene
         check_frames_fit(&iface.name, iface.mtu)?;
     }
     let mut offload = offload_table(settings, [&inside, &outside], notes)?;
-    let ports = open_ports(&inside, &outside, settings, offload.as_ref().map(|p| &*p.table), notes)?;
+    let ports = open_ports(&inside, &outside, settings, &mut offload, notes)?;
     if ports[0].backend() != "af_xdp" && offload.take().is_some() {
+        if settings.offload == Offloading::On {
+            return Err(refuse_offload(&inside, "offload = true needs AF_XDP, and natrix fell back to AF_PACKET (above)".to_owned()));
+        }
         notes.push("offload: off, as natrix runs on AF_PACKET".to_owned());
     }
+    let offload = offload.map(|(table, described)| {
+        notes.extend(described);
+        table
+    });
     let tuning = match (settings.prefer_busy_poll.wanted(usize::from(settings.workers), ports.len()), ports[0].backend()) {
         (Some(why), "af_xdp") => Some(tune_for_busy_polling([&inside, &outside], why, notes)),
         (Some(_), backend) if settings.prefer_busy_poll == DeviceDeferral::On => {
@@ -692,9 +699,10 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<Opene
 }
 
 /// The offload `settings` asks for, where the interfaces allow it: its
-/// table, and which interfaces take the frames the programs redirect.
-fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut Vec<String>) -> Result<Option<OffloadTable>, DataplaneError> {
-    let refuse = |interface: &Interface, reason: String| DataplaneError::Io(IoError::Unsupported { interface: interface.name.clone(), reason });
+/// table, which interfaces take the frames the programs redirect, and the
+/// start-up notes that say so, for once the ports are open.
+fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut Vec<String>) -> Result<Option<(OffloadTable, Vec<String>)>, DataplaneError> {
+    let refuse = refuse_offload;
     if settings.offload == Offloading::Off || settings.io == IoChoice::AfPacket {
         if settings.offload == Offloading::On {
             return Err(refuse(interfaces[0], "offload = true needs AF_XDP (io = \"af_packet\")".to_owned()));
@@ -719,15 +727,21 @@ fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut V
             return Ok(None);
         }
     };
-    for (i, (iface, t)) in interfaces.iter().zip(&takes).enumerate() {
-        let other = interfaces[1 - i];
-        notes.push(match egress_ok[i] {
-            true => format!("offload: established flows from {} to {} are forwarded by XDP, up to {OFFLOAD_FLOWS} flow directions", other.name, iface.name),
+    let described = interfaces
+        .iter()
+        .zip(&takes)
+        .enumerate()
+        .map(|(i, (iface, t))| match egress_ok[i] {
+            true => format!("offload: established flows from {} to {} are forwarded by XDP, up to {OFFLOAD_FLOWS} flow directions", interfaces[1 - i].name, iface.name),
             false => format!("offload: flows to {} stay with the workers ({})", iface.name, redirect_refusal(t)),
-        });
-    }
+        })
+        .collect();
     let ifindex = interfaces.map(|i| i.index);
-    Ok(Some(OffloadTable { table, ifindex, egress_ok, mtu: interfaces.map(|i| i.mtu) }))
+    Ok(Some((OffloadTable { table, ifindex, egress_ok, mtu: interfaces.map(|i| i.mtu) }, described)))
+}
+
+fn refuse_offload(interface: &Interface, reason: String) -> DataplaneError {
+    DataplaneError::Io(IoError::Unsupported { interface: interface.name.clone(), reason })
 }
 
 /// Why an interface takes no redirected frames, for the notes.
@@ -747,15 +761,37 @@ fn tune_for_busy_polling(interfaces: [&Interface; 2], why: &str, notes: &mut Vec
     tuning
 }
 
-fn open_ports(inside: &Interface, outside: &Interface, settings: &Settings, offload: Option<&Offload>, notes: &mut Vec<String>) -> Result<PortSets, DataplaneError> {
+/// Opens the ports `settings` asks for; with `offload`'s table, where it
+/// can, the programs' fast path taking it up (where it cannot and the
+/// offload is only "auto", without, and `offload` left empty).
+fn open_ports<T>(
+    inside: &Interface,
+    outside: &Interface,
+    settings: &Settings,
+    offload: &mut Option<(OffloadTable, T)>,
+    notes: &mut Vec<String>,
+) -> Result<PortSets, DataplaneError> {
     let af_packet = || -> Result<PortSets, DataplaneError> {
         let ports: [Box<dyn PacketPort>; 2] = [Box::new(AfPacketPort::open(inside)?), Box::new(AfPacketPort::open(outside)?)];
         Ok(vec![Box::new(CopyingPorts::new(ports))])
     };
-    let af_xdp = || XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)), offload);
+    let mut af_xdp = || {
+        let open = |table: Option<&Offload>| XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)), table);
+        match open(offload.as_ref().map(|(t, _)| &*t.table)) {
+            Err(e) if offload.is_some() && settings.offload == Offloading::Auto => {
+                notes.push(format!("offload: off, as the XDP program could not take its fast path ({e})"));
+                *offload = None;
+                open(None)
+            }
+            opened => opened,
+        }
+    };
     match settings.io {
         IoChoice::AfPacket => af_packet(),
-        IoChoice::AfXdp => Ok(described(af_xdp()?, [inside, outside], settings.workers, notes)),
+        IoChoice::AfXdp => {
+            let sets = af_xdp()?;
+            Ok(described(sets, [inside, outside], settings.workers, notes))
+        }
         IoChoice::Auto => match af_xdp() {
             Ok(p) => Ok(described(p, [inside, outside], settings.workers, notes)),
             Err(e) => {

@@ -223,29 +223,44 @@ impl Offloader {
     }
 
     /// At most once a second: refreshes the sessions of the flows the
-    /// program forwarded frames of since the last sweep, and hands back
-    /// to the engine those it no longer has steady and those idle.
+    /// program forwarded frames of since the last sweep; hands back to the
+    /// engine those it no longer has steady, those idle, and those whose
+    /// next hop is no longer known; follows a next hop's new address.
     pub(crate) fn sweep(&mut self, engine: &mut Engine, now: u64) {
         if now < self.next_sweep {
             return;
         }
         self.next_sweep = now + SWEEP_NS;
-        let table = &self.plan.table;
+        let plan = &self.plan;
         self.known.retain(|key, k| {
-            let keep = match table.frames(key) {
+            let steady = match plan.table.frames(key) {
                 Some(frames) if frames != k.counted => {
                     (k.counted, k.seen) = (frames, now);
-                    engine.refresh_offloaded(&k.head, k.side, now)
+                    engine.refresh_offloaded(&k.head, k.side)
                 }
-                Some(_) => now.saturating_sub(k.seen) < IDLE_NS,
+                Some(_) => now.saturating_sub(k.seen) < IDLE_NS && engine.may_offload(&k.head, k.side),
                 // Gone from the table: nothing to take out.
                 None => return false,
             };
-            if !keep {
-                table.remove(key);
+            let kept = steady && follow_next_hop(plan, key, k, now);
+            if !kept {
+                plan.table.remove(key);
             }
-            keep
+            kept
         });
+    }
+}
+
+/// Whether a flow direction's next hop is still known; installed again
+/// where its address changed (the frame count starting over).
+fn follow_next_hop(plan: &OffloadPlan, key: &FlowKey, k: &mut Known, now: u64) -> bool {
+    match plan.ethernet_to(k.to, k.action.dst_addr(), now) {
+        Some(eth) if eth == k.eth => true,
+        Some(eth) if plan.table.install(key, &k.action.with_ethernet(eth)).is_ok() => {
+            (k.eth, k.counted) = (eth, 0);
+            true
+        }
+        _ => false,
     }
 }
 
@@ -279,7 +294,7 @@ impl Recent {
     /// hash's high 24 bits (the slot's low 8 are the count).
     fn slot(&mut self, key: &FlowKey) -> (&mut u32, u32) {
         let hash = self.seed.hash_one(key);
-        (&mut self.slots[hash as usize % RECENT_SLOTS], (hash >> 40) as u32 & !0xff)
+        (&mut self.slots[hash as usize % RECENT_SLOTS], (hash >> 32) as u32 & !0xff)
     }
 }
 
@@ -312,8 +327,9 @@ mod tests {
             recent.count(&key(1));
         }
         assert_eq!(recent.count(&key(1)), 0xff);
-        // Another flow almost surely has a slot of its own (2^-16 odds).
-        assert_eq!(recent.count(&key(2)), 1);
+        let slot_of = |r: &Recent, k: &FlowKey| r.seed.hash_one(k) as usize % RECENT_SLOTS;
+        let other = (2..=u8::MAX).map(key).find(|k| slot_of(&recent, k) != slot_of(&recent, &key(1))).expect("a key in another slot");
+        assert_eq!(recent.count(&other), 1);
         assert_eq!(recent.count(&key(1)), 0xff);
     }
 }

@@ -335,18 +335,23 @@ impl Engine {
     /// plain segment can change, and whose segments no middlebox function
     /// wants.
     pub fn may_offload(&self, head: &[u8], side: Side) -> bool {
-        let proto = head.get(natrix_wire::ethernet::HEADER_LEN + 9).copied().unwrap_or(0);
-        self.nat.config().translate && !self.hooks.wants(proto, SEGMENTS_OFFLOADED) && self.nat.steady_flow(head, side)
+        self.offload_allowed(head) && self.nat.steady_flow(head, side)
     }
 
     /// For a flow an offload has forwarded frames of since it last said so
     /// (`head` as for `may_offload`): its session refreshed as those frames
-    /// would have refreshed it, at `now_ns`. Whether it may still be
-    /// offloaded; where not, nothing changes and the offload must hand the
-    /// flow back.
-    pub fn refresh_offloaded(&mut self, head: &[u8], side: Side, now_ns: u64) -> bool {
-        self.advance(now_ns);
-        self.may_offload(head, side) && self.nat.refresh_offloaded(head, side)
+    /// would have refreshed it, as of the engine's last `advance`. Whether
+    /// it may still be offloaded; where not, nothing changes and the
+    /// offload must hand the flow back.
+    pub fn refresh_offloaded(&mut self, head: &[u8], side: Side) -> bool {
+        self.offload_allowed(head) && self.nat.refresh_offloaded(head, side)
+    }
+
+    /// Whether the engine translates, and no middlebox function wants the
+    /// segments of `head`'s protocol an offload would forward.
+    fn offload_allowed(&self, head: &[u8]) -> bool {
+        let proto = head.get(natrix_wire::ethernet::HEADER_LEN + 9).copied().unwrap_or(0);
+        self.nat.config().translate && !self.hooks.wants(proto, SEGMENTS_OFFLOADED)
     }
 
     /// `process` without the fast paths: every frame takes the full path,

@@ -11,12 +11,19 @@ const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_DETACH: libc::c_long = 34;
+/// enum bpf_attach_type: an XDP program on a device's receive path.
+const BPF_XDP: u32 = 37;
+/// The name natrix's programs carry (`bpftool prog`, `ip link`).
+const PROGRAM_NAME: &[u8] = b"natrix";
 #[cfg(test)]
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 
 pub(super) const BPF_MAP_TYPE_HASH: u32 = 1;
 pub(super) const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub(super) const BPF_MAP_TYPE_XSKMAP: u32 = 17;
+pub(super) const BPF_F_NO_PREALLOC: u32 = 1;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
 
@@ -199,6 +206,7 @@ struct MapCreateAttr {
     key_size: u32,
     value_size: u32,
     max_entries: u32,
+    map_flags: u32,
 }
 
 /// The leading fields of union bpf_attr for the element commands.
@@ -221,6 +229,60 @@ struct ProgLoadAttr {
     log_level: u32,
     log_size: u32,
     log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+impl ProgLoadAttr {
+    /// An XDP program of `insns`, named, for a link or a device, with the
+    /// verifier's log going to `log` where one is given.
+    fn xdp(insns: &[Insn], license: &std::ffi::CStr, log: Option<&mut [u8]>) -> ProgLoadAttr {
+        let mut prog_name = [0u8; 16];
+        prog_name[..PROGRAM_NAME.len()].copy_from_slice(PROGRAM_NAME);
+        let (log_level, log_size, log_buf) = match log {
+            Some(log) => (1, log.len() as u32, log.as_mut_ptr() as u64),
+            None => (0, 0, 0),
+        };
+        ProgLoadAttr {
+            prog_type: BPF_PROG_TYPE_XDP,
+            insn_cnt: insns.len() as u32,
+            insns: insns.as_ptr() as u64,
+            license: license.as_ptr() as u64,
+            log_level,
+            log_size,
+            log_buf,
+            kern_version: 0,
+            prog_flags: 0,
+            prog_name,
+            prog_ifindex: 0,
+            expected_attach_type: BPF_XDP,
+        }
+    }
+}
+
+/// The leading fields of union bpf_attr for BPF_LINK_CREATE.
+#[repr(C)]
+struct LinkCreateAttr {
+    prog_fd: u32,
+    target_ifindex: u32,
+    attach_type: u32,
+    flags: u32,
+}
+
+/// Attaches an XDP program to interface `ifindex` in mode `flags`
+/// (XDP_FLAGS_DRV_MODE or XDP_FLAGS_SKB_MODE) through a BPF link (Linux
+/// 5.9): the program stays attached while the link's descriptor is open,
+/// and no longer once it closes, whether the process exits or is killed.
+pub(super) fn link_xdp(program: &OwnedFd, ifindex: u32, flags: u32) -> io::Result<OwnedFd> {
+    bpf_fd(BPF_LINK_CREATE, &LinkCreateAttr { prog_fd: program.as_raw_fd() as u32, target_ifindex: ifindex, attach_type: BPF_XDP, flags })
+}
+
+/// Detaches a link's program now, the descriptor staying open.
+pub(super) fn link_detach(link: &OwnedFd) -> io::Result<()> {
+    bpf(BPF_LINK_DETACH, &(link.as_raw_fd() as u32)).map(drop)
 }
 
 /// bpf(2); the kernel zero-extends an attr shorter than its own union.
@@ -240,8 +302,8 @@ fn bpf_fd<A>(cmd: libc::c_long, attr: &A) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-pub(super) fn map_create(map_type: u32, key_size: usize, value_size: usize, max_entries: u32) -> io::Result<OwnedFd> {
-    bpf_fd(BPF_MAP_CREATE, &MapCreateAttr { map_type, key_size: key_size as u32, value_size: value_size as u32, max_entries })
+pub(super) fn map_create(map_type: u32, key_size: usize, value_size: usize, max_entries: u32, map_flags: u32) -> io::Result<OwnedFd> {
+    bpf_fd(BPF_MAP_CREATE, &MapCreateAttr { map_type, key_size: key_size as u32, value_size: value_size as u32, max_entries, map_flags })
 }
 
 /// Sets `key`'s value (BPF_ANY: created or replaced).
@@ -266,30 +328,13 @@ pub(super) fn map_delete<K>(map: &OwnedFd, key: &K) -> io::Result<()> {
 pub(super) fn load_xdp(insns: &[Insn]) -> io::Result<OwnedFd> {
     // bpf_redirect_map is a GPL-only helper.
     let license = c"GPL";
-    let attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_XDP,
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        log_level: 0,
-        log_size: 0,
-        log_buf: 0,
-    };
-    bpf_fd(BPF_PROG_LOAD, &attr).map_err(|e| with_verifier_log(insns, license, e))
+    bpf_fd(BPF_PROG_LOAD, &ProgLoadAttr::xdp(insns, license, None)).map_err(|e| with_verifier_log(insns, license, e))
 }
 
 /// Loads the program again with the verifier's log on, for the reason.
 fn with_verifier_log(insns: &[Insn], license: &std::ffi::CStr, first: io::Error) -> io::Error {
     let mut log = vec![0u8; 1 << 16];
-    let attr = ProgLoadAttr {
-        prog_type: BPF_PROG_TYPE_XDP,
-        insn_cnt: insns.len() as u32,
-        insns: insns.as_ptr() as u64,
-        license: license.as_ptr() as u64,
-        log_level: 1,
-        log_size: log.len() as u32,
-        log_buf: log.as_mut_ptr() as u64,
-    };
+    let attr = ProgLoadAttr::xdp(insns, license, Some(&mut log));
     if bpf_fd(BPF_PROG_LOAD, &attr).is_ok() {
         return first;
     }

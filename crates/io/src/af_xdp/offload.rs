@@ -13,8 +13,8 @@
 //! busy (`Offload::frames`), and passes on every frame it does not take
 //! itself: SYN, FIN and RST segments, fragments, IP options, a TTL about
 //! to run out, a datagram past the egress MTU, a bad header checksum.
-//! Those reach the engine as before, in order with the flow's others: no
-//! frame of a flow the program forwards is diverted while it does.
+//! Those reach the engine as before, on the slower path: a later frame of
+//! the flow the program forwards may arrive first.
 
 use std::io;
 use std::mem::size_of;
@@ -61,6 +61,10 @@ pub struct FlowKey {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FlowAction {
+    /// The Ethernet address a frame of the flow must arrive for (natrix's
+    /// own): others, flooded to natrix by a switch, are not forwarded.
+    to_mac: [u8; 6],
+    _pad0: u16,
     /// Destination and source Ethernet addresses, as the frame carries them.
     eth: [u8; 12],
     /// The longest IPv4 datagram the egress takes; longer ones go to the engine.
@@ -91,24 +95,21 @@ impl FlowAction {
     pub fn with_ethernet(self, eth: [u8; 12]) -> FlowAction {
         FlowAction { eth, ..self }
     }
-
-    pub fn ethernet(&self) -> [u8; 12] {
-        self.eth
-    }
 }
 
 // The offsets the program reads the action at.
-const A_ETH: i16 = 0;
-const A_MAX_LEN: i16 = 12;
-const A_SRC: i16 = 16;
-const A_DST: i16 = 20;
-const A_PORTS: i16 = 24;
-const A_IP_DELTA: i16 = 28;
-const A_L4_DELTA: i16 = 30;
-const A_EGRESS: i16 = 32;
-const A_COUNTER: i16 = 36;
-const A_FRAMES: i16 = 40;
-const _: () = assert!(size_of::<FlowAction>() == 48 && size_of::<FlowKey>() == 20);
+const A_TO_MAC: i16 = 0;
+const A_ETH: i16 = 8;
+const A_MAX_LEN: i16 = 20;
+const A_SRC: i16 = 24;
+const A_DST: i16 = 28;
+const A_PORTS: i16 = 32;
+const A_IP_DELTA: i16 = 36;
+const A_L4_DELTA: i16 = 38;
+const A_EGRESS: i16 = 40;
+const A_COUNTER: i16 = 44;
+const A_FRAMES: i16 = 48;
+const _: () = assert!(size_of::<FlowAction>() == 56 && size_of::<FlowKey>() == 20);
 
 /// Frames and bytes the program forwarded, per CPU.
 #[repr(C)]
@@ -136,19 +137,18 @@ pub struct Egress {
 pub struct Offload {
     flows: OwnedFd,
     forwarded: OwnedFd,
-    capacity: u32,
 }
 
 impl Offload {
     /// A table of up to `capacity` flow directions.
     pub fn new(capacity: u32) -> io::Result<Offload> {
-        let flows = bpf::map_create(bpf::BPF_MAP_TYPE_HASH, size_of::<FlowKey>(), size_of::<FlowAction>(), capacity)?;
-        let forwarded = bpf::map_create(bpf::BPF_MAP_TYPE_PERCPU_ARRAY, size_of::<u32>(), size_of::<Forwarded>(), COUNTERS)?;
-        Ok(Offload { flows, forwarded, capacity })
-    }
-
-    pub fn capacity(&self) -> u32 {
-        self.capacity
+        // Not preallocated: an entry deleted and reused at once could
+        // otherwise be read by a program that found it just before, with
+        // another flow's action in it; allocated ones are freed after an
+        // RCU grace period.
+        let flows = bpf::map_create(bpf::BPF_MAP_TYPE_HASH, size_of::<FlowKey>(), size_of::<FlowAction>(), capacity, bpf::BPF_F_NO_PREALLOC)?;
+        let forwarded = bpf::map_create(bpf::BPF_MAP_TYPE_PERCPU_ARRAY, size_of::<u32>(), size_of::<Forwarded>(), COUNTERS, 0)?;
+        Ok(Offload { flows, forwarded })
     }
 
     /// Puts a flow direction in the table, or changes its action (its
@@ -218,6 +218,7 @@ impl Offload {
         asm.alu(Alu::Sub, 0, 20);
         asm.jump_if_reg(Cond::Gt, 5, 0, slow);
         self.look_up(asm, slow);
+        addressed_to_us(asm, slow);
         asm.load(Size::H, 5, 8, A_MAX_LEN);
         asm.jump_if_reg(Cond::Gt, 9, 5, slow);
         // Counted without an atomic add: a flow's frames arrive on one
@@ -310,6 +311,16 @@ impl Offload {
     }
 }
 
+/// Whether the frame (r7) was sent to the Ethernet address the action
+/// (r8) names; if not, to `slow`.
+fn addressed_to_us(asm: &mut Asm, slow: bpf::Label) {
+    for (at, size) in [(0, Size::W), (4, Size::H)] {
+        asm.load(size, 4, 7, at);
+        asm.load(size, 5, 8, A_TO_MAC + at);
+        asm.jump_if_reg(Cond::Ne, 4, 5, slow);
+    }
+}
+
 /// The rewrite, r7 the frame and r8 the action; ends at `send`.
 fn rewrite(asm: &mut Asm, udp_sum: bpf::Label, send: bpf::Label) {
     for (to, from) in [(0, A_ETH), (4, A_ETH + 4), (8, A_ETH + 8), (SRC, A_SRC), (DST, A_DST), (L4, A_PORTS)] {
@@ -373,11 +384,12 @@ fn possible_cpus() -> usize {
 }
 
 /// The key of the flow `frame` belongs to as it arrives on `ifindex`, where
-/// it is an untagged IPv4 TCP or UDP frame without options.
+/// it is an untagged IPv4 TCP or UDP frame without options, not a fragment.
 pub fn flow_key(frame: &[u8], ifindex: u32) -> Option<FlowKey> {
     let h = frame.get(..HEAD)?;
     let proto = h[PROTOCOL as usize];
-    if h[12..14] != [0x08, 0x00] || h[IP as usize] != 0x45 || !(proto == TCP || proto == UDP) {
+    let fragment = u16::from_be_bytes([h[FRAGMENT as usize], h[FRAGMENT as usize + 1]]) & 0x3fff != 0;
+    if h[12..14] != [0x08, 0x00] || h[IP as usize] != 0x45 || fragment || !(proto == TCP || proto == UDP) {
         return None;
     }
     let at = |o: i16| o as usize;
@@ -412,6 +424,7 @@ pub fn learn(before: &Head, ifindex: u32, after: &[u8], egress: Egress) -> Optio
     }
     let r = |o: i16, n: usize| &after[o as usize..o as usize + n];
     let mut action = FlowAction {
+        to_mac: before[..6].try_into().ok()?,
         eth: r(0, 12).try_into().ok()?,
         max_len: egress.max_len,
         src: r(SRC, 4).try_into().ok()?,

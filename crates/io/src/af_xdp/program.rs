@@ -1,11 +1,12 @@
 //! The XDP program that redirects the interface's frames into the socket,
-//! loaded with bpf(2) and kept attached (through `netlink`) until drop.
+//! loaded with bpf(2) and kept attached (through a BPF link, or `netlink`
+//! on kernels without XDP links) until drop.
 
 use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use super::bpf::{load_xdp, map_create, map_update, Alu, Asm, Size, BPF_MAP_TYPE_XSKMAP, REDIRECT_MAP, XDP_MD_RX_QUEUE_INDEX, XDP_PASS};
+use super::bpf::{link_detach, link_xdp, load_xdp, map_create, map_update, Alu, Asm, Size, BPF_MAP_TYPE_XSKMAP, REDIRECT_MAP, XDP_MD_RX_QUEUE_INDEX, XDP_PASS};
 use super::netlink::{
     netlink_socket, set_link_xdp, IFLA_XDP_EXPECTED_FD, IFLA_XDP_FD, IFLA_XDP_FLAGS, XDP_FLAGS_DRV_MODE, XDP_FLAGS_REPLACE, XDP_FLAGS_SKB_MODE, XDP_FLAGS_UPDATE_IF_NOEXIST,
 };
@@ -15,14 +16,32 @@ use crate::port::IoError;
 
 /// The redirect program, attached to the interface until drop.
 pub(super) struct XdpProgram {
-    /// Opened in the interface's network namespace at attach time, so the
-    /// detach on drop reaches the same interface whichever thread drops.
-    netlink: OwnedFd,
-    ifindex: u32,
-    /// XDP_FLAGS_DRV_MODE or XDP_FLAGS_SKB_MODE: detaching names the mode.
-    mode: u32,
-    program: OwnedFd,
+    attachment: Attachment,
 }
+
+/// How the program is attached.
+enum Attachment {
+    /// Through a BPF link: the kernel detaches the program when its last
+    /// descriptor closes, so one a killed natrix left is gone with it,
+    /// flows it forwarded by itself included.
+    Link(OwnedFd),
+    /// Through rtnetlink, where the kernel has no XDP links (before 5.9):
+    /// the program stays until detached.
+    Netlink {
+        /// Opened in the interface's network namespace at attach time, so
+        /// the detach on drop reaches the same interface whichever thread
+        /// drops.
+        netlink: OwnedFd,
+        ifindex: u32,
+        /// XDP_FLAGS_DRV_MODE or XDP_FLAGS_SKB_MODE: detaching names the mode.
+        mode: u32,
+        program: OwnedFd,
+    },
+}
+
+/// Native mode spares a NIC driver an skb per frame; generic mode works on
+/// every interface.
+const MODES: [(u32, &str); 2] = [(XDP_FLAGS_DRV_MODE, "native"), (XDP_FLAGS_SKB_MODE, "generic")];
 
 impl XdpProgram {
     /// Attaches a program that sends receive queue q's frames to
@@ -37,29 +56,33 @@ impl XdpProgram {
         }
         // The program keeps the map (and the map the socket) alive from here.
         drop(map);
-        let netlink = netlink_socket().map_err(|e| os_error("opening a netlink socket", interface, e))?;
         let mut errors = Vec::new();
-        // Native mode spares a NIC driver an skb per frame; generic mode
-        // works on every interface.
-        for (mode, name) in [(XDP_FLAGS_DRV_MODE, "native"), (XDP_FLAGS_SKB_MODE, "generic")] {
-            // UPDATE_IF_NOEXIST: never replace someone else's program.
-            match set_link_xdp(&netlink, ifindex, &[(IFLA_XDP_FD, program.as_raw_fd() as u32), (IFLA_XDP_FLAGS, mode | XDP_FLAGS_UPDATE_IF_NOEXIST)]) {
-                Ok(()) => return Ok(XdpProgram { netlink, ifindex, mode, program }),
+        for (mode, name) in MODES {
+            match link_xdp(&program, ifindex, mode) {
+                Ok(link) => return Ok(XdpProgram { attachment: Attachment::Link(link) }),
+                // Another program is attached: never replace someone else's.
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(already_attached(interface, e)),
+                // No XDP links in this kernel: rtnetlink instead.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && mode == XDP_FLAGS_DRV_MODE => return attach_by_netlink(program, ifindex, interface),
                 Err(e) => errors.push(format!("{name}: {e}")),
             }
         }
         Err(unsupported("attaching the XDP program", interface, errors.join("; ")))
     }
-}
 
-impl XdpProgram {
-    /// Detaches the program, if it is still the one attached. REPLACE with
-    /// the expected fd leaves another's program alone, and makes a second
-    /// detach fail harmlessly. A failure (the interface is gone) leaves
-    /// nothing to clean up, and there is no one to report it to.
+    /// Detaches the program, if it is still the one attached; a second
+    /// detach, or one where the interface is gone, does nothing.
     pub(super) fn detach(&self) {
-        let attrs = [(IFLA_XDP_FD, -1i32 as u32), (IFLA_XDP_FLAGS, self.mode | XDP_FLAGS_REPLACE), (IFLA_XDP_EXPECTED_FD, self.program.as_raw_fd() as u32)];
-        let _ = set_link_xdp(&self.netlink, self.ifindex, &attrs);
+        match &self.attachment {
+            Attachment::Link(link) => {
+                let _ = link_detach(link);
+            }
+            // REPLACE with the expected fd leaves another's program alone.
+            Attachment::Netlink { netlink, ifindex, mode, program } => {
+                let attrs = [(IFLA_XDP_FD, -1i32 as u32), (IFLA_XDP_FLAGS, mode | XDP_FLAGS_REPLACE), (IFLA_XDP_EXPECTED_FD, program.as_raw_fd() as u32)];
+                let _ = set_link_xdp(netlink, *ifindex, &attrs);
+            }
+        }
     }
 }
 
@@ -67,6 +90,28 @@ impl Drop for XdpProgram {
     fn drop(&mut self) {
         self.detach();
     }
+}
+
+/// Attaches `program` over rtnetlink, never replacing another program.
+fn attach_by_netlink(program: OwnedFd, ifindex: u32, interface: &str) -> Result<XdpProgram, IoError> {
+    let netlink = netlink_socket().map_err(|e| os_error("opening a netlink socket", interface, e))?;
+    let mut errors = Vec::new();
+    for (mode, name) in MODES {
+        match set_link_xdp(&netlink, ifindex, &[(IFLA_XDP_FD, program.as_raw_fd() as u32), (IFLA_XDP_FLAGS, mode | XDP_FLAGS_UPDATE_IF_NOEXIST)]) {
+            Ok(()) => return Ok(XdpProgram { attachment: Attachment::Netlink { netlink, ifindex, mode, program } }),
+            Err(e) => errors.push(format!("{name}: {e}")),
+        }
+    }
+    Err(unsupported("attaching the XDP program", interface, errors.join("; ")))
+}
+
+/// The refusal where another XDP program holds the interface.
+fn already_attached(interface: &str, e: io::Error) -> IoError {
+    let reason = format!(
+        "another XDP program is attached ({e}): another program's, or one a natrix older than its XDP links left when it was killed; \
+         `ip link show {interface}` shows it, `ip link set dev {interface} xdp off` removes it if it is not someone else's"
+    );
+    unsupported("attaching the XDP program", interface, reason)
 }
 
 /// `return bpf_redirect_map(&xsks, ctx->rx_queue_index, XDP_PASS);`, r1
@@ -84,7 +129,7 @@ pub(super) fn redirect_to_sockets(asm: &mut Asm, xsks: RawFd) {
 
 /// An XSKMAP with one entry per receive queue, keyed by the queue's index.
 fn xskmap(queues: u32) -> io::Result<OwnedFd> {
-    map_create(BPF_MAP_TYPE_XSKMAP, size_of::<u32>(), size_of::<u32>(), queues)
+    map_create(BPF_MAP_TYPE_XSKMAP, size_of::<u32>(), size_of::<u32>(), queues, 0)
 }
 
 /// The program: the offload's fast path first where there is one, then

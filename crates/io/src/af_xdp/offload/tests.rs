@@ -136,7 +136,7 @@ impl Fixture {
             return None;
         }
         let offload = Offload::new(64).expect("the flow table is created");
-        let xsks = bpf::map_create(bpf::BPF_MAP_TYPE_XSKMAP, 4, 4, 1).expect("an XSKMAP");
+        let xsks = bpf::map_create(bpf::BPF_MAP_TYPE_XSKMAP, 4, 4, 1, 0).expect("an XSKMAP");
         let mut asm = Asm::default();
         offload.fast_path(&mut asm);
         redirect_to_sockets(&mut asm, xsks.as_raw_fd());
@@ -195,6 +195,24 @@ fn a_frame_of_a_learnt_udp_flow_keeps_a_missing_checksum_missing() {
 }
 
 #[test]
+fn a_udp_checksum_that_comes_out_zero_is_sent_as_all_ones() {
+    let Some(fx) = Fixture::new() else { return };
+    let mut first = Packet::udp();
+    first.payload.extend_from_slice(&[0, 0]);
+    // A payload word equal to the translated checksum brings it to 0.
+    let sum = first.translated().frame()[40..42].to_vec();
+    let n = first.payload.len();
+    first.payload[n - 2..].copy_from_slice(&sum);
+    let expected = first.translated().frame();
+    assert_eq!(expected[40..42], [0xff, 0xff], "the case under test: a computed 0 (RFC 768)");
+    fx.learn(&first, 1500);
+    let (action, out) = fx.run(&first.frame());
+    assert_eq!(action, XDP_REDIRECT);
+    assert_eq!(out, expected);
+    assert!(l4_checksum_ok(&out));
+}
+
+#[test]
 fn checksums_stay_right_across_many_payloads_and_ttls() {
     let Some(fx) = Fixture::new() else { return };
     let first = Packet::tcp(ACK);
@@ -239,6 +257,26 @@ fn frames_the_engine_must_see_are_passed_on_untouched() {
     let mut tagged = flow.frame();
     tagged[12..14].copy_from_slice(&[0x81, 0x00]);
     cases.push(("VLAN tag", tagged));
+    let mut elsewhere = flow.frame();
+    elsewhere[5] ^= 0x10;
+    cases.push(("addressed to another host", elsewhere));
+    let mut options = flow.frame();
+    options[14] = 0x46;
+    cases.push(("IP options", options));
+    let mut short_offset = flow.frame();
+    short_offset[46] = 0x40;
+    cases.push(("TCP data offset below 5", short_offset));
+    let mut long_offset = flow.frame();
+    long_offset[46] = 0xf0;
+    cases.push(("TCP header past the datagram", long_offset));
+    let udp = Packet::udp();
+    fx.learn(&udp, 100);
+    let mut short_udp = udp.frame();
+    short_udp[38..40].copy_from_slice(&4u16.to_be_bytes());
+    cases.push(("UDP length below 8", short_udp));
+    let mut long_udp = udp.frame();
+    long_udp[38..40].copy_from_slice(&500u16.to_be_bytes());
+    cases.push(("UDP length past the datagram", long_udp));
     for (what, f) in cases {
         let (action, out) = fx.run(&f);
         assert_eq!(action, XDP_PASS, "{what}: taken by the fast path");
