@@ -7,9 +7,10 @@
 //! translated `LEARN_AFTER` of its frames, the last with the plain rewrite
 //! while its session was steady (`Engine::may_offload`). Short flows, most of a busy
 //! CGN's, cost one counter in a small table (`Recent`), no system call and
-//! no session lookup. Once a second (`SWEEP_NS`) the worker reads how many
-//! frames the program forwarded of each of its flows and has the engine
-//! refresh the sessions of those that had any, as the frames would have.
+//! no session lookup. Once a second (`SWEEP_NS`), a slice at a time, the
+//! worker reads how many frames the program forwarded of each of its flows
+//! and has the engine refresh the sessions of those that had any, as the
+//! frames would have.
 //! A flow comes out of the table when a frame of it reaching the engine
 //! (one the program never takes: a FIN, a RST) is no longer translated so,
 //! when the engine no longer has it steady at a sweep, or after `IDLE_NS`
@@ -36,6 +37,10 @@ const IDLE_NS: u64 = 10_000_000_000;
 /// ended some other way than by a FIN or RST, a clear or a reload (a
 /// mapping a PCP client deleted).
 const SWEEP_NS: u64 = 1_000_000_000;
+/// Flow directions a sweep goes through per round of the worker's loop: a
+/// system call each, so that a worker with many flows spreads them out
+/// rather than stopping for all of them at once.
+const SWEEP_SLICE: usize = 256;
 /// Slots of the counters of flows not yet learnt.
 const RECENT_SLOTS: usize = 1 << 16;
 
@@ -113,12 +118,14 @@ pub(crate) struct Offloader {
     refused: u64,
     full_until: u64,
     next_sweep: u64,
+    /// The flow directions the sweep under way has yet to go through.
+    sweeping: Vec<FlowKey>,
     heads: Heads,
 }
 
 impl Offloader {
     pub(crate) fn new(plan: OffloadPlan) -> Offloader {
-        Offloader { plan, recent: Recent::new(), known: HashMap::new(), refused: 0, full_until: 0, next_sweep: 0, heads: Vec::new() }
+        Offloader { plan, recent: Recent::new(), known: HashMap::new(), refused: 0, full_until: 0, next_sweep: 0, sweeping: Vec::new(), heads: Vec::new() }
     }
 
     /// Flow directions in the program's table, and installs it refused.
@@ -222,32 +229,37 @@ impl Offloader {
         }
     }
 
-    /// At most once a second: refreshes the sessions of the flows the
-    /// program forwarded frames of since the last sweep; hands back to the
+    /// Goes through the flow directions, at most once a second and
+    /// `SWEEP_SLICE` of them per call: refreshes the sessions of those the
+    /// program forwarded frames of since the last time; hands back to the
     /// engine those it no longer has steady, those idle, and those whose
     /// next hop is no longer known; follows a next hop's new address.
     pub(crate) fn sweep(&mut self, engine: &mut Engine, now: u64) {
-        if now < self.next_sweep {
-            return;
+        let Offloader { plan, known, sweeping, next_sweep, .. } = self;
+        if sweeping.is_empty() {
+            if now < *next_sweep {
+                return;
+            }
+            *next_sweep = now + SWEEP_NS;
+            sweeping.extend(known.keys());
         }
-        self.next_sweep = now + SWEEP_NS;
-        let plan = &self.plan;
-        self.known.retain(|key, k| {
-            let steady = match plan.table.frames(key) {
+        let from = sweeping.len().saturating_sub(SWEEP_SLICE);
+        for key in sweeping.drain(from..) {
+            let Some(k) = known.get_mut(&key) else { continue };
+            let steady = match plan.table.frames(&key) {
                 Some(frames) if frames != k.counted => {
                     (k.counted, k.seen) = (frames, now);
                     engine.refresh_offloaded(&k.head, k.side)
                 }
                 Some(_) => now.saturating_sub(k.seen) < IDLE_NS && engine.may_offload(&k.head, k.side),
                 // Gone from the table: nothing to take out.
-                None => return false,
+                None => false,
             };
-            let kept = steady && follow_next_hop(plan, key, k, now);
-            if !kept {
-                plan.table.remove(key);
+            if !(steady && follow_next_hop(plan, &key, k, now)) {
+                plan.table.remove(&key);
+                known.remove(&key);
             }
-            kept
-        });
+        }
     }
 }
 
