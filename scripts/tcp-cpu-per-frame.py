@@ -9,7 +9,9 @@ idle, I/O-wait and stolen time of /proc/stat, as the tester counts it)
 and the frames the switch's peers of the device's links received from
 it. Over the intervals that carried more than 100 k frames a second it
 prints one JSON line: the device, iperf3's Gbit/s, CPU nanoseconds per
-frame (data and ACKs), frames counted.
+frame (data and ACKs), frames counted, and each CPU's busy share over
+those intervals (the lab's CPUs too: where they are full, the lab, not
+the device, is the limit).
 
     scripts/tcp-cpu-per-frame.py kernel|CONFIG [--natrix PATH] [--cpu N]
 
@@ -27,15 +29,17 @@ SWITCH_PEERS = ("nx-nat-in", "nx-nat-out")
 BUSY_FRAMES_PER_S = 100e3
 
 
-def idle_ns(cpu):
-    """CPU `cpu`'s idle, I/O-wait and stolen time, in ns."""
+def idle_ns():
+    """Each CPU's idle, I/O-wait and stolen time, in ns, by CPU number."""
     hz = os.sysconf("SC_CLK_TCK")
+    idle = {}
     with open("/proc/stat") as f:
         for line in f:
-            if line.startswith(f"cpu{cpu} "):
-                fields = [int(x) for x in line.split()[1:]]
-                return (fields[3] + fields[4] + fields[7]) * 1e9 / hz
-    raise SystemExit(f"no cpu{cpu} in /proc/stat")
+            name, *fields = line.split()
+            if name.startswith("cpu") and name != "cpu":
+                f = [int(x) for x in fields]
+                idle[int(name[3:])] = (f[3] + f[4] + f[7]) * 1e9 / hz
+    return idle
 
 
 def switch_frames():
@@ -63,16 +67,19 @@ def main():
     while test.poll() is None:
         frames = switch_frames()
         if frames is not None:
-            samples.append((time.clock_gettime_ns(time.CLOCK_MONOTONIC), idle_ns(args.cpu), frames))
+            samples.append((time.clock_gettime_ns(time.CLOCK_MONOTONIC), idle_ns(), frames))
         time.sleep(0.25)
     gbps = [json.loads(l)["tcp_throughput"]["gbps"] for l in test.stdout.read().splitlines() if '"tcp_throughput"' in l]
-    busy = counted = 0
+    busy, elapsed, counted = {}, 0, 0
     for (t0, i0, f0), (t1, i1, f1) in zip(samples, samples[1:]):
         if (f1 - f0) / ((t1 - t0) / 1e9) > BUSY_FRAMES_PER_S:
-            busy += (t1 - t0) - (i1 - i0)
+            elapsed += t1 - t0
             counted += f1 - f0
+            for cpu in i1:
+                busy[cpu] = busy.get(cpu, 0) + (t1 - t0) - (i1[cpu] - i0[cpu])
     print(json.dumps({"device": args.device, "gbps": gbps[0] if gbps else None,
-                      "cpu_ns_per_frame": busy / counted if counted else None, "frames": counted}))
+                      "cpu_ns_per_frame": busy[args.cpu] / counted if counted else None, "frames": counted,
+                      "cpu_busy": {cpu: round(b / elapsed, 3) for cpu, b in busy.items()} if elapsed else None}))
 
 
 if __name__ == "__main__":
