@@ -13,6 +13,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -452,6 +453,18 @@ def ensure_lab_namespaces():
                            timeout=10).stdout
     present = {line.split()[0] for line in names.splitlines() if line.strip()}
     return [ns for ns in ALL_NS if ns not in present]
+
+
+AF_XDP = 44  # AF_XDP's address family (linux/socket.h); Python's socket module has no name for it
+
+
+def af_xdp_unavailable():
+    """Why AF_XDP sockets cannot be made here, or None."""
+    try:
+        socket.socket(AF_XDP, socket.SOCK_RAW, 0).close()
+    except OSError as e:
+        return f"AF_XDP sockets are unavailable in this kernel ({e})"
+    return None
 
 
 def skip_module_if_unavailable():

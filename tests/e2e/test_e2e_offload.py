@@ -40,7 +40,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -53,18 +52,7 @@ from e2e_harness import NS_NAT, NS_SRV1, NS_SUB1, SRV1, SUB1
 
 h.skip_module_if_unavailable()
 
-AF_XDP = 44  # linux/socket.h; Python's socket module has no name for it
-
-
-def _af_xdp_unavailable():
-    try:
-        socket.socket(AF_XDP, socket.SOCK_RAW, 0).close()
-    except OSError as e:
-        return f"AF_XDP sockets are unavailable in this kernel ({e})"
-    return None
-
-
-NO_AF_XDP = _af_xdp_unavailable()
+NO_AF_XDP = h.af_xdp_unavailable()
 needs_xdp = pytest.mark.skipif(NO_AF_XDP is not None, reason=f"the offload needs AF_XDP: {NO_AF_XDP}")
 needs_tshark = pytest.mark.skipif(shutil.which("tshark") is None, reason="needs tshark (apt-get install -y tshark)")
 needs_ethtool = pytest.mark.skipif(shutil.which("ethtool") is None, reason="needs ethtool (apt-get install -y ethtool)")

@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -64,19 +63,7 @@ HAIRPIN_PORT = 25000
 PORTS_PER_SUBSCRIBER = 16
 TCP_STREAMS = 4
 TCP_BYTES = 2 * 1024 * 1024
-AF_XDP = 44  # AF_XDP's address family (linux/socket.h); Python's socket module has no name for it
-
-
-def af_xdp_unavailable():
-    """Why AF_XDP sockets cannot be made here, or None."""
-    try:
-        socket.socket(AF_XDP, socket.SOCK_RAW, 0).close()
-    except OSError as e:
-        return f"AF_XDP sockets are unavailable in this kernel ({e})"
-    return None
-
-
-NO_AF_XDP = af_xdp_unavailable()
+NO_AF_XDP = h.af_xdp_unavailable()
 pytestmark = [
     pytest.mark.skipif(shutil.which("ethtool") is None, reason="needs ethtool (apt-get install ethtool)"),
     pytest.mark.skipif(NO_AF_XDP is not None, reason=f"natrix's per-queue workers need AF_XDP: {NO_AF_XDP}"),

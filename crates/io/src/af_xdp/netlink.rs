@@ -286,8 +286,7 @@ fn invalid(what: &str) -> io::Error {
 
 #[cfg(test)]
 mod tests {
-    use std::process::Command;
-
+    use super::super::tests::Netns;
     use super::*;
 
     #[test]
@@ -401,35 +400,35 @@ mod tests {
     /// the flag only while the peer is up; so both ends are up first).
     #[test]
     fn veth_advertises_ndo_xmit_while_its_peer_has_gro() {
-        let Some(ns) = Netns::new("veth") else {
+        let Some(ns) = Netns::empty("veth") else {
             return;
         };
-        ns.exec(&["ip", "link", "add", "name", A, "type", "veth", "peer", "name", B]);
-        ns.exec(&["ip", "link", "set", A, "up"]);
-        ns.exec(&["ip", "link", "set", B, "up"]);
-        ns.exec(&["ethtool", "-K", B, "gro", "off"]);
-        let features_of_a = || ns.enter(|| xdp_features(ifindex(A)).expect("xdp_features of the first end"));
+        ns.ip(&["link", "add", "name", A, "type", "veth", "peer", "name", B]);
+        ns.ip(&["link", "set", A, "up"]);
+        ns.ip(&["link", "set", B, "up"]);
+        ns.ethtool(&["-K", B, "gro", "off"]);
+        let features_of_a = || ns.run(|| xdp_features(ifindex(A)).expect("xdp_features of the first end"));
 
         let off = features_of_a();
         let both = NETDEV_XDP_ACT_BASIC | NETDEV_XDP_ACT_REDIRECT;
         assert_eq!(off & both, both, "{off:#x}");
         assert_eq!(off & NETDEV_XDP_ACT_NDO_XMIT, 0, "ndo_xdp_xmit while the peer has no GRO: {off:#x}");
 
-        ns.exec(&["ethtool", "-K", B, "gro", "on"]);
+        ns.ethtool(&["-K", B, "gro", "on"]);
         let on = features_of_a();
         assert_ne!(on & NETDEV_XDP_ACT_NDO_XMIT, 0, "no ndo_xdp_xmit while the peer has GRO: {on:#x}");
 
-        ns.exec(&["ethtool", "-K", B, "gro", "off"]);
+        ns.ethtool(&["-K", B, "gro", "off"]);
         let off_again = features_of_a();
         assert_eq!(off_again & NETDEV_XDP_ACT_NDO_XMIT, 0, "ndo_xdp_xmit after the peer's GRO is off again: {off_again:#x}");
     }
 
     #[test]
     fn a_missing_interface_is_an_error() {
-        let Some(ns) = Netns::new("missing") else {
+        let Some(ns) = Netns::empty("missing") else {
             return;
         };
-        let err = ns.enter(|| xdp_features(0x7fff_fff0)).expect_err("no interface has that index");
+        let err = ns.run(|| xdp_features(0x7fff_fff0)).expect_err("no interface has that index");
         assert_eq!(err.raw_os_error(), Some(libc::ENODEV), "{err}");
     }
 
@@ -439,62 +438,5 @@ mod tests {
         let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
         assert_ne!(index, 0, "{name:?}: {}", io::Error::last_os_error());
         index
-    }
-
-    /// A network namespace of the test's own, deleted on drop, also when
-    /// the test fails (with it go its interfaces).
-    struct Netns {
-        name: String,
-    }
-
-    impl Netns {
-        /// None, after saying why, where the test cannot run here.
-        fn new(tag: &str) -> Option<Netns> {
-            // SAFETY: geteuid has no preconditions.
-            if unsafe { libc::geteuid() } != 0 {
-                eprintln!("skipped: network namespaces need root");
-                return None;
-            }
-            let name = format!("nxft-{}-{tag}", std::process::id());
-            match Command::new("ip").args(["netns", "add", &name]).status() {
-                Ok(status) if status.success() => Some(Netns { name }),
-                other => {
-                    eprintln!("skipped: cannot create a network namespace: {other:?}");
-                    None
-                }
-            }
-        }
-
-        /// Runs a command inside the namespace, panicking with its stderr
-        /// when it fails.
-        fn exec(&self, argv: &[&str]) {
-            let out = Command::new("ip").args(["netns", "exec", &self.name]).args(argv).output().expect("ip netns exec");
-            assert!(out.status.success(), "{argv:?}: {}", String::from_utf8_lossy(&out.stderr));
-        }
-
-        /// Runs `f` on a thread that has entered the namespace; setns
-        /// moves only the calling thread, so the test's own stays put.
-        fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-            let path = std::ffi::CString::new(format!("/run/netns/{}", self.name)).unwrap();
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    // SAFETY: path is a valid C string.
-                    let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) }).expect("open the namespace");
-                    // SAFETY: fd was just opened and nothing else owns it.
-                    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-                    // SAFETY: fd refers to a network namespace.
-                    check(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) }).expect("setns");
-                    f()
-                })
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-        }
-    }
-
-    impl Drop for Netns {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
-        }
     }
 }

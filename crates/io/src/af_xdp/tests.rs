@@ -634,29 +634,34 @@ impl RawSocket {
     }
 }
 
-/// A network namespace of our own holding a veth pair, deleted (with the
-/// pair) on drop, also when a test fails.
-struct Netns {
+/// A network namespace of our own, deleted (with its interfaces) on drop,
+/// also when a test fails.
+pub(super) struct Netns {
     name: String,
 }
 
 impl Netns {
-    /// None, after saying why, where the test cannot run here.
-    fn with_veth_pair(tag: &str) -> Option<Netns> {
+    /// An empty namespace; None, after saying why, where the test cannot
+    /// run here.
+    pub(super) fn empty(tag: &str) -> Option<Netns> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: AF_XDP tests need root");
+            eprintln!("skipped: network namespaces need root");
             return None;
         }
         let name = format!("nxtest-xdp-{}-{tag}", std::process::id());
         match Command::new("ip").args(["netns", "add", &name]).status() {
-            Ok(status) if status.success() => {}
+            Ok(status) if status.success() => Some(Netns { name }),
             other => {
                 eprintln!("skipped: cannot create a network namespace: {other:?}");
-                return None;
+                None
             }
         }
-        let ns = Netns { name };
+    }
+
+    /// A namespace holding a veth pair, `PORT_IF` and `PEER_IF`.
+    fn with_veth_pair(tag: &str) -> Option<Netns> {
+        let ns = Netns::empty(tag)?;
         // No frames of the kernel's own (IPv6's DAD, MLD, router
         // solicitations): the ports count and drop only the tests' frames.
         run_command(&["ip", "netns", "exec", &ns.name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"]);
@@ -677,17 +682,17 @@ impl Netns {
         }
     }
 
-    fn ip(&self, args: &[&str]) -> String {
+    pub(super) fn ip(&self, args: &[&str]) -> String {
         run_command(&[&["ip", "-n", &self.name], args].concat())
     }
 
-    fn ethtool(&self, args: &[&str]) {
+    pub(super) fn ethtool(&self, args: &[&str]) {
         run_command(&[&["ip", "netns", "exec", &self.name, "ethtool"], args].concat());
     }
 
     /// Runs `f` on a thread that has entered the namespace; setns moves
     /// only the calling thread, so the test's own thread stays put.
-    fn run(&self, f: impl FnOnce() + Send) {
+    pub(super) fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         let path = std::ffi::CString::new(format!("/run/netns/{}", self.name)).unwrap();
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -697,9 +702,11 @@ impl Netns {
                 let fd = unsafe { OwnedFd::from_raw_fd(fd) };
                 // SAFETY: fd refers to a network namespace.
                 check(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) }).expect("setns");
-                f();
-            });
-        });
+                f()
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
     }
 }
 
