@@ -5,6 +5,7 @@ interface and the PID of the natrix that holds it (a lock file under
 forwarding. The lock goes with its holder: after a clean stop (SIGTERM) or a
 SIGKILL, the next natrix starts normally."""
 
+import os
 import resource
 import signal
 import subprocess
@@ -139,8 +140,15 @@ def test_lock_of_a_killed_natrix_does_not_block_the_next(natrix, agent, servers)
     n2 = natrix()
     _forwards(sub1, sub1.udp_open())
     assert n2.alive()
-    if _backend(n) == "af_xdp":
+    # Kernels before 5.9 have no XDP links: natrix attaches over rtnetlink there.
+    if _backend(n) == "af_xdp" and _kernel() >= (5, 9):
         assert _backend(n2) == "af_xdp", f"the killed natrix's XDP program stayed behind:\n{n2.output()}"
+
+
+def _kernel():
+    """The running kernel's (major, minor)."""
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def _backend(n):

@@ -277,15 +277,16 @@ impl Gateway {
     }
 
     /// The Ethernet addresses (destination, source) a frame to the IPv4
-    /// address `dst` leaving on `side` gets now: its next hop's, learnt and
-    /// fresh, and natrix's own. None where the next hop is not known fresh;
+    /// address `dst` leaving on `side` gets now: its next hop's, learnt
+    /// and not past its grace period (as a frame the workers address is
+    /// sent), and natrix's own. None where the next hop is not known;
     /// nothing is asked or queued. What the XDP offload writes into the
     /// frames it forwards.
     pub fn ethernet_to(&self, side: Side, dst: u32, now_ns: u64) -> Option<[u8; 12]> {
         let s = side as usize;
         let hop = self.route4(side, dst)?;
         let &(mac, learned) = self.v4[s].known.get(&hop)?;
-        if now_ns.saturating_sub(learned) >= NEIGHBOUR_LIFETIME_NS {
+        if now_ns.saturating_sub(learned) >= NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS {
             return None;
         }
         let mut both = [0u8; 12];

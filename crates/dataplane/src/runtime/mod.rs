@@ -124,7 +124,9 @@ pub enum Offloading {
     Off,
 }
 
-/// Flow directions the offload's table holds: about 14 MiB of kernel memory.
+/// Flow directions the offload's table holds: up to about 26 MiB of kernel
+/// memory, allocated as flows come (56-byte actions, 20-byte keys, the
+/// kernel's element and bucket overhead).
 const OFFLOAD_FLOWS: u32 = 131_072;
 
 #[derive(Debug, Clone)]
@@ -778,11 +780,15 @@ fn open_ports<T>(
     let mut af_xdp = || {
         let open = |table: Option<&Offload>| XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)), table);
         match open(offload.as_ref().map(|(t, _)| &*t.table)) {
-            Err(e) if offload.is_some() && settings.offload == Offloading::Auto => {
-                notes.push(format!("offload: off, as the XDP program could not take its fast path ({e})"));
-                *offload = None;
-                open(None)
-            }
+            // Without the fast path it opens: the fast path was the trouble.
+            Err(e) if offload.is_some() && settings.offload == Offloading::Auto => match open(None) {
+                Ok(opened) => {
+                    notes.push(format!("offload: off, as the XDP program could not take its fast path ({e})"));
+                    *offload = None;
+                    Ok(opened)
+                }
+                Err(_) => Err(e),
+            },
             opened => opened,
         }
     };
@@ -794,6 +800,7 @@ fn open_ports<T>(
         }
         IoChoice::Auto => match af_xdp() {
             Ok(p) => Ok(described(p, [inside, outside], settings.workers, notes)),
+            Err(e) if settings.offload == Offloading::On => Err(refuse_offload(inside, format!("offload = true needs AF_XDP, which is unavailable: {e}"))),
             Err(e) => {
                 notes.push(format!("AF_XDP unavailable ({e}); using AF_PACKET on {} and {}", inside.name, outside.name));
                 af_packet()

@@ -37,9 +37,11 @@ const IDLE_NS: u64 = 10_000_000_000;
 /// ended some other way than by a FIN or RST, a clear or a reload (a
 /// mapping a PCP client deleted).
 const SWEEP_NS: u64 = 1_000_000_000;
-/// Flow directions a sweep goes through per round of the worker's loop: a
-/// system call each, so that a worker with many flows spreads them out
-/// rather than stopping for all of them at once.
+/// Flow directions a sweep goes through per round of the worker's loop at
+/// least: a system call each, so that a busy worker with many flows
+/// spreads them out rather than stopping for all of them at once. An idle
+/// worker, whose rounds come only as often as it wakes, takes more per
+/// round, so that every sweep still ends within `SWEEP_NS`.
 const SWEEP_SLICE: usize = 256;
 /// Slots of the counters of flows not yet learnt.
 const RECENT_SLOTS: usize = 1 << 16;
@@ -118,14 +120,28 @@ pub(crate) struct Offloader {
     refused: u64,
     full_until: u64,
     next_sweep: u64,
-    /// The flow directions the sweep under way has yet to go through.
+    /// The flow directions the sweep under way has yet to go through, out
+    /// of how many, since when.
     sweeping: Vec<FlowKey>,
+    sweep_total: usize,
+    sweep_start: u64,
     heads: Heads,
 }
 
 impl Offloader {
     pub(crate) fn new(plan: OffloadPlan) -> Offloader {
-        Offloader { plan, recent: Recent::new(), known: HashMap::new(), refused: 0, full_until: 0, next_sweep: 0, sweeping: Vec::new(), heads: Vec::new() }
+        Offloader {
+            plan,
+            recent: Recent::new(),
+            known: HashMap::new(),
+            refused: 0,
+            full_until: 0,
+            next_sweep: 0,
+            sweeping: Vec::new(),
+            sweep_total: 0,
+            sweep_start: 0,
+            heads: Vec::new(),
+        }
     }
 
     /// Flow directions in the program's table, and installs it refused.
@@ -227,6 +243,7 @@ impl Offloader {
         for (key, _) in self.known.drain() {
             self.plan.table.remove(&key);
         }
+        self.sweeping.clear();
     }
 
     /// Goes through the flow directions, at most once a second and
@@ -235,15 +252,16 @@ impl Offloader {
     /// engine those it no longer has steady, those idle, and those whose
     /// next hop is no longer known; follows a next hop's new address.
     pub(crate) fn sweep(&mut self, engine: &mut Engine, now: u64) {
-        let Offloader { plan, known, sweeping, next_sweep, .. } = self;
-        if sweeping.is_empty() {
-            if now < *next_sweep {
+        if self.sweeping.is_empty() {
+            if now < self.next_sweep {
                 return;
             }
-            *next_sweep = now + SWEEP_NS;
-            sweeping.extend(known.keys());
+            self.next_sweep = now + SWEEP_NS;
+            self.sweeping.extend(self.known.keys());
+            (self.sweep_total, self.sweep_start) = (self.sweeping.len(), now);
         }
-        let from = sweeping.len().saturating_sub(SWEEP_SLICE);
+        let from = self.sweeping.len().saturating_sub(self.sweep_slice(now));
+        let Offloader { plan, known, sweeping, .. } = self;
         for key in sweeping.drain(from..) {
             let Some(k) = known.get_mut(&key) else { continue };
             let steady = match plan.table.frames(&key) {
@@ -261,6 +279,22 @@ impl Offloader {
             }
         }
     }
+}
+
+impl Offloader {
+    /// How many flow directions this round of the sweep goes through: at
+    /// least `SWEEP_SLICE`, and as many as keep it on course to end
+    /// `SWEEP_NS` after it started.
+    fn sweep_slice(&self, now: u64) -> usize {
+        slice_due(self.sweep_total, self.sweeping.len(), now.saturating_sub(self.sweep_start))
+    }
+}
+
+/// Of a sweep through `total` flow directions with `left` to go, `elapsed`
+/// ns after it started: how many to go through now.
+fn slice_due(total: usize, left: usize, elapsed: u64) -> usize {
+    let due = (total as u128 * u128::from(elapsed.min(SWEEP_NS)) / u128::from(SWEEP_NS)) as usize;
+    due.saturating_sub(total - left).max(SWEEP_SLICE)
 }
 
 /// Whether a flow direction's next hop is still known; installed again
@@ -321,6 +355,17 @@ mod tests {
         frame[23] = 17;
         frame[35] = port;
         offload::flow_key(&frame, 1).expect("a UDP frame")
+    }
+
+    #[test]
+    fn a_sweep_keeps_pace_with_the_second_however_seldom_it_is_called() {
+        // A busy worker, called often: the least slice each time.
+        assert_eq!(slice_due(100_000, 100_000, 1_000), SWEEP_SLICE);
+        // An idle one, woken every 100 ms: a tenth of the flows each time.
+        assert_eq!(slice_due(100_000, 100_000, SWEEP_NS / 10), 10_000);
+        assert_eq!(slice_due(100_000, 90_000, SWEEP_NS / 5), 10_000);
+        // Late: everything left.
+        assert_eq!(slice_due(100_000, 30_000, 3 * SWEEP_NS), 30_000);
     }
 
     #[test]

@@ -19,8 +19,9 @@
 //! area and the rings, `program` the BPF program that redirects frames to
 //! the sockets, `offload` the fast path for established flows it may start
 //! with and the flow table behind it, `bpf` the bpf(2) calls and the
-//! assembler both are written with, and `netlink` attaching the program to
-//! the interface and reading what its driver can do.
+//! assembler both are written with (and the BPF links that attach the
+//! program), and `netlink` reading what an interface's driver can do and
+//! attaching the program where the kernel has no XDP links.
 
 mod bpf;
 mod netlink;

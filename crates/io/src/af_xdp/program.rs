@@ -57,15 +57,23 @@ impl XdpProgram {
         // The program keeps the map (and the map the socket) alive from here.
         drop(map);
         let mut errors = Vec::new();
+        let mut invalid = 0;
         for (mode, name) in MODES {
             match link_xdp(&program, ifindex, mode) {
                 Ok(link) => return Ok(XdpProgram { attachment: Attachment::Link(link) }),
                 // Another program is attached: never replace someone else's.
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(already_attached(interface, e)),
-                // No XDP links in this kernel: rtnetlink instead.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) && mode == XDP_FLAGS_DRV_MODE => return attach_by_netlink(program, ifindex, interface),
-                Err(e) => errors.push(format!("{name}: {e}")),
+                Err(e) => {
+                    invalid += usize::from(e.raw_os_error() == Some(libc::EINVAL));
+                    errors.push(format!("{name}: {e}"));
+                }
             }
+        }
+        // Refused in both modes as invalid: a kernel without XDP links (a
+        // driver refusing native mode says EINVAL too, but generic mode
+        // then takes a link).
+        if invalid == MODES.len() {
+            return attach_by_netlink(program, ifindex, interface);
         }
         Err(unsupported("attaching the XDP program", interface, errors.join("; ")))
     }

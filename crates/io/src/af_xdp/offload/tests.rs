@@ -257,11 +257,18 @@ fn frames_the_engine_must_see_are_passed_on_untouched() {
     let mut tagged = flow.frame();
     tagged[12..14].copy_from_slice(&[0x81, 0x00]);
     cases.push(("VLAN tag", tagged));
-    let mut elsewhere = flow.frame();
-    elsewhere[5] ^= 0x10;
-    cases.push(("addressed to another host", elsewhere));
+    for byte in [1, 5] {
+        let mut elsewhere = flow.frame();
+        elsewhere[byte] ^= 0x10;
+        cases.push(("addressed to another host", elsewhere));
+    }
+    // The header checksum right over the first 20 bytes, as the program
+    // sums them: only the header length tells this frame apart.
     let mut options = flow.frame();
     options[14] = 0x46;
+    options[24..26].copy_from_slice(&[0, 0]);
+    let sum = checksum(&options[14..34]);
+    options[24..26].copy_from_slice(&sum.to_be_bytes());
     cases.push(("IP options", options));
     let mut short_offset = flow.frame();
     short_offset[46] = 0x40;
@@ -300,6 +307,15 @@ fn a_flow_counts_the_frames_forwarded_until_it_is_removed() {
     fx.offload.remove(&key);
     assert_eq!(fx.offload.frames(&key), None);
     assert_eq!(fx.run(&flow.frame()).0, XDP_PASS, "removed: to the engine");
+}
+
+#[test]
+fn fragments_have_no_flow() {
+    let mut first = Packet::udp().frame();
+    first[20] = 0x20; // more fragments, offset 0: the first fragment
+    assert_eq!(flow_key(&first, 1), None);
+    let before = head(&first).unwrap();
+    assert!(learn(&before, 1, &Packet::udp().translated().frame(), Egress { ifindex: 2, counter: 0, max_len: 1500 }).is_none());
 }
 
 #[test]
