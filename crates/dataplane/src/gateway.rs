@@ -285,10 +285,7 @@ impl Gateway {
     pub fn ethernet_to(&self, side: Side, dst: u32, now_ns: u64) -> Option<[u8; 12]> {
         let s = side as usize;
         let hop = self.route4(side, dst)?;
-        let &(mac, learned) = self.v4[s].known.get(&hop)?;
-        if now_ns.saturating_sub(learned) >= NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS {
-            return None;
-        }
+        let (mac, _) = self.v4[s].usable(hop, now_ns)?;
         let mut both = [0u8; 12];
         both[..6].copy_from_slice(&mac);
         both[6..].copy_from_slice(&self.links[s].mac);
@@ -473,11 +470,19 @@ impl<K: Copy + Eq + Hash> Neighbours<K> {
         }
     }
 
+    /// `hop`'s address and how long ago it was learnt, where frames may
+    /// still be sent to it: within its lifetime and grace period.
+    fn usable(&self, hop: K, now_ns: u64) -> Option<([u8; 6], u64)> {
+        let &(mac, learned) = self.known.get(&hop)?;
+        let age = now_ns.saturating_sub(learned);
+        (age < NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS).then_some((mac, age))
+    }
+
     /// Addresses `frame` from `src` to `hop` for sending, or queues a copy
     /// until `hop` answers.
     fn forward(&mut self, hop: K, frame: &mut [u8], now_ns: u64, src: [u8; 6]) -> Forwarded {
-        match self.known.get(&hop).map(|&(mac, learned)| (mac, now_ns.saturating_sub(learned))) {
-            Some((mac, age)) if age < NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS => {
+        match self.usable(hop, now_ns) {
+            Some((mac, age)) => {
                 set_macs(frame, mac, src);
                 if age >= NEIGHBOUR_LIFETIME_NS {
                     Forwarded::SentStale

@@ -704,10 +704,9 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<Opene
 /// table, which interfaces take the frames the programs redirect, and the
 /// start-up notes that say so, for once the ports are open.
 fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut Vec<String>) -> Result<Option<(OffloadTable, Vec<String>)>, DataplaneError> {
-    let refuse = refuse_offload;
     if settings.offload == Offloading::Off || settings.io == IoChoice::AfPacket {
         if settings.offload == Offloading::On {
-            return Err(refuse(interfaces[0], "offload = true needs AF_XDP (io = \"af_packet\")".to_owned()));
+            return Err(refuse_offload(interfaces[0], "offload = true needs AF_XDP (io = \"af_packet\")".to_owned()));
         }
         return Ok(None);
     }
@@ -716,14 +715,14 @@ fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut V
     if egress_ok == [false, false] {
         let why: Vec<String> = interfaces.iter().zip(&takes).map(|(i, t)| format!("{}: {}", i.name, redirect_refusal(t))).collect();
         if settings.offload == Offloading::On {
-            return Err(refuse(interfaces[0], format!("offload = true, but neither interface takes redirected frames ({})", why.join("; "))));
+            return Err(refuse_offload(interfaces[0], format!("offload = true, but neither interface takes redirected frames ({})", why.join("; "))));
         }
         notes.push(format!("offload: off, as neither interface takes frames redirected from XDP ({})", why.join("; ")));
         return Ok(None);
     }
     let table = match Offload::new(OFFLOAD_FLOWS) {
         Ok(t) => Arc::new(t),
-        Err(e) if settings.offload == Offloading::On => return Err(refuse(interfaces[0], format!("offload = true, but its flow table could not be made: {e}"))),
+        Err(e) if settings.offload == Offloading::On => return Err(refuse_offload(interfaces[0], format!("offload = true, but its flow table could not be made: {e}"))),
         Err(e) => {
             notes.push(format!("offload: off, as its flow table could not be made: {e}"));
             return Ok(None);
@@ -739,7 +738,7 @@ fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut V
         })
         .collect();
     let ifindex = interfaces.map(|i| i.index);
-    Ok(Some((OffloadTable { table, ifindex, egress_ok, mtu: interfaces.map(|i| i.mtu) }, described)))
+    Ok(Some((OffloadTable { map: table, ifindex, egress_ok, mtu: interfaces.map(|i| i.mtu) }, described)))
 }
 
 fn refuse_offload(interface: &Interface, reason: String) -> DataplaneError {
@@ -779,7 +778,7 @@ fn open_ports<T>(
     };
     let mut af_xdp = || {
         let open = |table: Option<&Offload>| XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)), table);
-        match open(offload.as_ref().map(|(t, _)| &*t.table)) {
+        match open(offload.as_ref().map(|(t, _)| &*t.map)) {
             // Without the fast path it opens: the fast path was the trouble.
             Err(e) if offload.is_some() && settings.offload == Offloading::Auto => match open(None) {
                 Ok(opened) => {

@@ -47,8 +47,9 @@ const SWEEP_SLICE: usize = 256;
 const RECENT_SLOTS: usize = 1 << 16;
 
 /// The offload's table and what it needs to know of the two interfaces.
+#[derive(Clone)]
 pub(crate) struct OffloadTable {
-    pub(crate) table: Arc<Offload>,
+    pub(crate) map: Arc<Offload>,
     pub(crate) ifindex: [u32; 2],
     /// Whether each interface's driver takes frames redirected to it.
     pub(crate) egress_ok: [bool; 2],
@@ -59,16 +60,13 @@ pub(crate) struct OffloadTable {
 /// The table, and the next hops' addresses the frames it forwards get.
 #[derive(Clone)]
 pub(crate) struct OffloadPlan {
-    table: Arc<Offload>,
-    ifindex: [u32; 2],
-    egress_ok: [bool; 2],
-    mtu: [u16; 2],
+    table: OffloadTable,
     gateway: Arc<Mutex<Gateway>>,
 }
 
 impl OffloadPlan {
-    pub(crate) fn new(t: OffloadTable, gateway: Arc<Mutex<Gateway>>) -> OffloadPlan {
-        OffloadPlan { table: t.table, ifindex: t.ifindex, egress_ok: t.egress_ok, mtu: t.mtu, gateway }
+    pub(crate) fn new(table: OffloadTable, gateway: Arc<Mutex<Gateway>>) -> OffloadPlan {
+        OffloadPlan { table, gateway }
     }
 
     /// The Ethernet addresses of frames to `dst` leaving on `side`, where
@@ -79,13 +77,13 @@ impl OffloadPlan {
 
     /// Where the flows leaving on `side` go, and which counter they count in.
     fn egress(&self, side: Side) -> Egress {
-        let mtu = self.mtu[side as usize];
-        Egress { ifindex: self.ifindex[side as usize], counter: side as u32, max_len: if mtu == 0 { u16::MAX } else { mtu } }
+        let mtu = self.table.mtu[side as usize];
+        Egress { ifindex: self.table.ifindex[side as usize], counter: side as u32, max_len: if mtu == 0 { u16::MAX } else { mtu } }
     }
 
     /// Frames and bytes the program forwarded out of each side.
     pub(crate) fn forwarded(&self) -> [(u64, u64); 2] {
-        [Side::Inside, Side::Outside].map(|side| self.table.forwarded(side as u32))
+        [Side::Inside, Side::Outside].map(|side| self.table.map.forwarded(side as u32))
     }
 }
 
@@ -171,18 +169,18 @@ impl Offloader {
     /// What the engine did with the frame whose head was `before`, arrived
     /// on `side`: `verdict`, leaving `after`.
     fn observe(&mut self, engine: &Engine, side: Side, before: &Head, verdict: Verdict, after: &[u8], now: u64) {
-        let ifindex = self.plan.ifindex[side as usize];
+        let ifindex = self.plan.table.ifindex[side as usize];
         let Some(key) = offload::flow_key(before, ifindex) else { return };
         let known = self.known.contains_key(&key);
         let learnt = match verdict {
-            Verdict::Forward(to) if self.plan.egress_ok[to as usize] && (known || self.ready_to_learn(&key, now)) => {
+            Verdict::Forward(to) if self.plan.table.egress_ok[to as usize] && (known || self.ready_to_learn(&key, now)) => {
                 let learnt = engine.may_offload(before, side).then(|| offload::learn(before, ifindex, after, self.plan.egress(to))).flatten();
                 if learnt.is_none() {
                     // Counted again from 0: a flow the engine keeps is
                     // looked up once every `LEARN_AFTER` frames, not at each.
                     self.recent.reset(&key);
                 }
-                learnt.map(|(_, action)| (action.with_ethernet([0; 12]), to))
+                learnt.map(|(_, action)| (action, to))
             }
             _ => None,
         };
@@ -216,7 +214,7 @@ impl Offloader {
                 return;
             }
         }
-        match self.plan.table.install(&key, &action.with_ethernet(eth)) {
+        match self.plan.table.map.install(&key, &action.with_ethernet(eth)) {
             Ok(()) => {
                 self.known.insert(key, Known { action, eth, to, head: *head, side, counted: 0, seen: now });
             }
@@ -232,7 +230,7 @@ impl Offloader {
 
     fn forget(&mut self, key: &FlowKey) {
         if self.known.remove(key).is_some() {
-            self.plan.table.remove(key);
+            self.plan.table.map.remove(key);
         }
     }
 
@@ -241,7 +239,7 @@ impl Offloader {
     /// reload, a standby switch).
     pub(crate) fn forget_all(&mut self) {
         for (key, _) in self.known.drain() {
-            self.plan.table.remove(&key);
+            self.plan.table.map.remove(&key);
         }
         self.sweeping.clear();
     }
@@ -264,7 +262,7 @@ impl Offloader {
         let Offloader { plan, known, sweeping, .. } = self;
         for key in sweeping.drain(from..) {
             let Some(k) = known.get_mut(&key) else { continue };
-            let steady = match plan.table.frames(&key) {
+            let steady = match plan.table.map.frames(&key) {
                 Some(frames) if frames != k.counted => {
                     (k.counted, k.seen) = (frames, now);
                     engine.refresh_offloaded(&k.head, k.side)
@@ -274,7 +272,7 @@ impl Offloader {
                 None => false,
             };
             if !(steady && follow_next_hop(plan, &key, k, now)) {
-                plan.table.remove(&key);
+                plan.table.map.remove(&key);
                 known.remove(&key);
             }
         }
@@ -302,7 +300,7 @@ fn slice_due(total: usize, left: usize, elapsed: u64) -> usize {
 fn follow_next_hop(plan: &OffloadPlan, key: &FlowKey, k: &mut Known, now: u64) -> bool {
     match plan.ethernet_to(k.to, k.action.dst_addr(), now) {
         Some(eth) if eth == k.eth => true,
-        Some(eth) if plan.table.install(key, &k.action.with_ethernet(eth)).is_ok() => {
+        Some(eth) if plan.table.map.install(key, &k.action.with_ethernet(eth)).is_ok() => {
             (k.eth, k.counted) = (eth, 0);
             true
         }

@@ -413,8 +413,10 @@ pub fn head(frame: &[u8]) -> Option<Head> {
 
 /// The table entry that gives every later frame of `before`'s flow (the
 /// head of a frame as it arrived on `ifindex`) what the engine gave it:
-/// `after`, to leave through `egress`. None where the engine did more than
-/// the plain rewrite, or the frame is not one the program takes.
+/// `after`, to leave through `egress`, but for the Ethernet addresses,
+/// which are the next hop's when the frame leaves (`with_ethernet`), not
+/// what `after` holds yet. None where the engine did more than the plain
+/// rewrite, or the frame is not one the program takes.
 pub fn learn(before: &Head, ifindex: u32, after: &[u8], egress: Egress) -> Option<(FlowKey, FlowAction)> {
     let key = flow_key(before, ifindex)?;
     let after = after.first_chunk::<HEAD>()?;
@@ -425,7 +427,6 @@ pub fn learn(before: &Head, ifindex: u32, after: &[u8], egress: Egress) -> Optio
     let r = |o: i16, n: usize| &after[o as usize..o as usize + n];
     let mut action = FlowAction {
         to_mac: before[..6].try_into().ok()?,
-        eth: r(0, 12).try_into().ok()?,
         max_len: egress.max_len,
         src: r(SRC, 4).try_into().ok()?,
         dst: r(DST, 4).try_into().ok()?,

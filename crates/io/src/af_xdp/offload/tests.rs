@@ -147,8 +147,11 @@ impl Fixture {
     /// Learns the flow from `p` and what the NAT made of it, as a worker does.
     fn learn(&self, p: &Packet, max_len: u16) {
         let before = head(&p.frame()).unwrap();
-        let (key, action) = learn(&before, test_ifindex(), &p.translated().frame(), Egress { ifindex: EGRESS, counter: 1, max_len }).expect("a plain rewrite is learnt");
-        self.offload.install(&key, &action).unwrap();
+        let after = p.translated().frame();
+        let (key, action) = learn(&before, test_ifindex(), &after, Egress { ifindex: EGRESS, counter: 1, max_len }).expect("a plain rewrite is learnt");
+        // The worker's neighbour table gives these; here, the translation's.
+        let eth = after[..12].try_into().unwrap();
+        self.offload.install(&key, &action.with_ethernet(eth)).unwrap();
     }
 
     fn run(&self, frame: &[u8]) -> (u32, Vec<u8>) {
