@@ -204,6 +204,81 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
     assert not lab_up(), "natrix test left its lab behind"
 
 
+def expected_iperf3_cpus(workers, cpus):
+    """README, "Measuring": iperf3's server on the last of the lab's own
+    CPUs and its client on the one before, where they are not CPU 0; else
+    CPU 0, with the tester."""
+    own = [c for c in expected_lab_cpus(workers, cpus) if c != 0]
+    return {"server": own[-1] if own else 0, "client": own[-2] if len(own) > 1 else 0}
+
+
+def iperf3_affinities():
+    """{"server"|"client": CPU affinity} of the iperf3 processes running now."""
+    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, timeout=10).stdout
+    found = {}
+    for line in ps.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        words = args.split()
+        if not words or os.path.basename(words[0]) != "iperf3":
+            continue
+        try:
+            found["server" if "-s" in words else "client"] = os.sched_getaffinity(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_tcp_says_what_each_frame_cost_the_device_and_whether_the_lab_was_the_limit(no_lab, tmp_path):
+    """README, "Measuring", `tcp`: beside the throughput, the frames the
+    device sent into the lab, its CPUs' busy time per frame and share, the
+    busiest other CPU, and `generator_limited` where that CPU was full and
+    the device's were not; iperf3's hosts on CPUs of their own where the
+    host has them."""
+    cpus = os.cpu_count()
+    if cpus < 2:
+        pytest.skip("one CPU: the device has no CPU of its own to charge")
+    stdout = tmp_path / "stdout"
+    with open(stdout, "w") as out_file:
+        proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "natrix", "--quick", "--tests", "tcp", "--json",
+                                 "--out", str(tmp_path / "results")],
+                                stdout=out_file, stderr=subprocess.PIPE, text=True, env=h.clean_env())
+    seen = {}
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        seen.update(iperf3_affinities())
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+    err = proc.communicate()[1]
+    assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{err[-3000:]}"
+    lines = [json.loads(line) for line in stdout.read_text().splitlines() if line.strip()]
+    tcp = [l for l in lines if l["test"] == "tcp_throughput"]
+    assert len(tcp) == 1, lines
+    line, r = tcp[0], tcp[0]["tcp_throughput"]
+
+    want = expected_iperf3_cpus(1, cpus)
+    assert r["iperf3_cpus"] == want
+    for role, cpu in want.items():
+        if role in seen:
+            assert seen[role] == {cpu}, f"iperf3's {role} ran on {seen[role]}, want CPU {cpu}"
+    assert "server" in seen, "the iperf3 server was never seen running"
+
+    # Every data segment the server received crossed the device: at least
+    # the bytes over the MSS (1448 with timestamps) of frames, ACKs beside.
+    data_segments = r["gbps"] * 1e9 * r["seconds"] / 8 / 1448
+    assert r["frames"] >= 0.9 * data_segments, f"{r['frames']} frames for {data_segments:.0f} data segments"
+    assert r["dut_ns_per_frame"] > 0
+    device = set(range(1, cpus)[:1])
+    assert r["lab_busiest_cpu"] not in device and 0 <= r["lab_busiest_cpu"] < cpus
+    for share in ("dut_cpu_busy", "lab_cpu_busy"):
+        assert 0 <= r[share] <= 1.05, f"{share} {r[share]}"
+    # CPU time per frame is busy time over frames: at most the device's
+    # CPU for the whole run (plus its start) per frame.
+    assert r["dut_ns_per_frame"] * r["frames"] <= (r["seconds"] + 5) * 1e9
+    assert line["generator_limited"] == (r["lab_cpu_busy"] >= 0.95 and r["dut_cpu_busy"] < 0.90), r
+    assert not lab_up(), "natrix test left its lab behind"
+
+
 def test_natrix_test_puts_back_what_it_changed_in_a_lab_it_did_not_build(no_lab, tmp_path):
     """README, "Measuring": in a lab left up by `natrix lab up`, the
     tester changes the switch's receive steering for its run and puts it

@@ -122,6 +122,14 @@ fn summary(test: &str, r: &Map<String, Value>) -> String {
         }
         "generator" if r.get("rate_pps").is_some_and(Value::is_string) => format!("as fast as it can: sent {}", kpps("sent_pps")),
         "generator" => format!("asked {}, sent {} ({:+.2}%), received {}", kpps("rate_pps"), kpps("sent_pps"), num(r, "rate_error") * 100.0, kpps("received_pps")),
+        "tcp_throughput" if r.contains_key("dut_ns_per_frame") => format!(
+            "{:.2} Gbit/s TCP, {} retransmits; {:.0} ns of the device's CPUs per frame, which were {:.0}% busy, the lab's busiest CPU {:.0}%",
+            num(r, "gbps"),
+            num(r, "retransmits"),
+            num(r, "dut_ns_per_frame"),
+            num(r, "dut_cpu_busy") * 100.0,
+            num(r, "lab_cpu_busy") * 100.0
+        ),
         "tcp_throughput" => format!("{:.2} Gbit/s TCP, {} retransmits", num(r, "gbps"), num(r, "retransmits")),
         "syn_flood" => format!("{} of {} SYNs answered, median {:.1} us", num(r, "answered"), num(r, "sent"), num(r, "median_us")),
         _ => Value::Object(r.clone()).to_string(),

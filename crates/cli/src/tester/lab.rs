@@ -271,6 +271,33 @@ fn lab_cpus_of(workers: u32, available: usize) -> Vec<usize> {
     }
 }
 
+/// Where iperf3's server and client run in the TCP test: each on a CPU
+/// of the lab's own past the device's, the server on the last, where the
+/// host has them; else (None) on the tester's CPU 0 with the rest of the
+/// lab. Sharing one CPU, the two hosts' copies of every byte limit TCP
+/// before the device does.
+pub struct IperfCpus {
+    pub server: Option<usize>,
+    pub client: Option<usize>,
+}
+
+pub fn iperf_cpus(workers: u32) -> IperfCpus {
+    iperf_cpus_of(workers, available_cpus())
+}
+
+fn iperf_cpus_of(workers: u32, available: usize) -> IperfCpus {
+    let mut own = lab_cpus_of(workers, available).into_iter().filter(|&c| c != 0).rev();
+    IperfCpus { server: own.next(), client: own.next() }
+}
+
+/// Frames the device has sent into the lab so far: what nx-sw's peers of
+/// its two links received.
+pub fn device_frames_sent() -> Option<u64> {
+    let paths: Vec<String> = DEVICE_PEERS.iter().map(|dev| format!("/sys/class/net/{dev}/statistics/rx_packets")).collect();
+    let counts = in_ns(SWITCH_NS, "cat", &paths.iter().map(String::as_str).collect::<Vec<_>>()).ok()?;
+    counts.split_whitespace().map(|n| n.parse::<u64>().ok()).sum()
+}
+
 /// `cpus` as `rps_cpus` takes them: hexadecimal 32-bit groups, the
 /// highest first, separated by commas.
 fn rps_mask(cpus: &[usize]) -> String {
@@ -443,6 +470,20 @@ mod tests {
         assert_eq!(lab_cpus_of(4, 3), vec![0]);
         // 1 CPU: everything shares it, and nothing is steered.
         assert!(dut_cpus_of(1, 1).is_empty() && lab_cpus_of(1, 1).is_empty());
+    }
+
+    #[test]
+    fn iperf3s_hosts_get_lab_cpus_of_their_own_where_there_are_any() {
+        let at = |workers, available| {
+            let c = iperf_cpus_of(workers, available);
+            (c.server, c.client)
+        };
+        assert_eq!(at(1, 16), (Some(15), Some(14)));
+        assert_eq!(at(2, 4), (Some(3), None));
+        // 2 CPUs, or a device that takes every CPU past 0: the tester's CPU 0.
+        assert_eq!(at(1, 2), (None, None));
+        assert_eq!(at(4, 3), (None, None));
+        assert_eq!(at(1, 1), (None, None));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! module builds the lab, starts and resets the device, runs the tests in
 //! order and writes what they found.
 
+mod cputime;
 mod dut;
 mod iperf;
 mod lab;
@@ -219,7 +220,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         }
         let dut = start_dut(&lab, kind, args, args.natrix.as_deref().unwrap_or(&exe), &workdir.0, &natrix_log)?;
         if tests.contains(&"tcp") {
-            match iperf::tcp_throughput(kind.name(), profile.tcp_seconds) {
+            match iperf::tcp_throughput(kind.name(), profile.tcp_seconds, &lab::dut_cpus(args.workers), &lab::iperf_cpus(args.workers)) {
                 Ok(line) => out.emit(line),
                 Err(e) => {
                     failures += 1;

@@ -116,6 +116,7 @@ pub fn side_by_side(lines: &[Line]) -> Option<String> {
         rows.push(Row { what, natrix: pick("natrix", test, size, field), kernel: pick("kernel", test, size, field), unit, lower_better });
     };
     add("TCP throughput, iperf3 (Gbit/s)".into(), "tcp_throughput", None, "gbps", "Gbit/s", false);
+    add("CPU per forwarded TCP frame: the device's CPUs".into(), "tcp_throughput", None, "dut_ns_per_frame", "ns", true);
     add("maximum connection establishment rate (RFC 9693)".into(), "connection_rate", None, "rate_pps", "conn/s", false);
     add("connection tear-down rate (RFC 9693)".into(), "teardown_rate", None, "rate_cps", "conn/s", false);
     add("connection tracking table capacity (RFC 9693)".into(), "table_capacity", None, "flows", "conns", false);

@@ -8,7 +8,8 @@ use std::time::Duration;
 use natrix_tester::engine::{Tester, TrialOutcome, TrialPlan};
 use natrix_tester::procedure::{CpuTimes, TestError, Testbed};
 
-use super::dut::{machine_busy_ns, Dut};
+use super::cputime::machine_busy_ns;
+use super::dut::Dut;
 use super::lab::{INSIDE_ROUTER, OUTSIDE_ROUTER};
 
 /// Set by SIGINT or SIGTERM: the run stops at the next trial and cleans up.
