@@ -648,7 +648,7 @@ def test_offload_false_keeps_every_frame_in_the_engine(natrix, servers, scripts)
     assert not result["missing"] and all(len(p) == 1 for p in result["peers"].values()), result
     time.sleep(1.2)  # the workers read XDP's counts once a second
     after = stats()
-    zero = {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0}
+    zero = {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}}
     assert after.get("offloaded", zero) == zero, f"offload = false, yet /api/stats says {after.get('offloaded')}"
     for way in ("to_inside", "to_outside"):
         grew = after["translated"][way] - before["translated"][way]
@@ -832,7 +832,7 @@ def test_offload_needs_peers_that_take_redirects(lab, natrix, agent, servers, tm
             sub.echo(sid, echo, f"no-offload-{i:04d}".ljust(UDP_SIZE, "x"))
         time.sleep(1.2)
         o = offloaded()
-        assert o == {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0}, f"offload off, yet {o}"
+        assert o == {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}}, f"offload off, yet {o}"
         rc = n.stop()
         n.reported = True
         assert rc == 0, f"natrix exited with {rc} on SIGTERM\n{n.output()}"
@@ -850,6 +850,60 @@ def test_offload_needs_peers_that_take_redirects(lab, natrix, agent, servers, tm
     assert got, f"with GRO back on, a UDP flow was not offloaded: {offloaded()}"
 
 
+def gro_on_peer(peer, state):
+    h.sh("ethtool", "-K", peer, "gro", state, ns=SWITCH)
+
+
+@needs_xdp
+@needs_ethtool
+def test_an_interface_that_stops_taking_redirects_gets_its_flows_back(natrix, agent, servers):
+    """README, "Flow offload": natrix reads the interfaces' XDP features
+    again once a second. GRO turned off on nx-sw's nx-nat-out while a UDP
+    echo flow runs on XDP (where the kernel would drop what the program
+    redirects to outside): within 3 s `natrix_offload_egress` and
+    /api/stats say outside takes no redirects, only the flow direction to
+    inside stays in the table, and 40 echoes in a row are each answered
+    at the first try. With GRO on again, both directions are offloaded
+    again."""
+    n = natrix(XDP)
+    assert_announced(n)
+    sub = agent(NS_SUB1)
+    sid = sub.udp_open()
+    echo = (SRV1, h.UDP_ECHO)
+    sent = 0
+
+    def echoes(count, tries=3):
+        nonlocal sent
+        for _ in range(count):
+            sub.echo(sid, echo, f"egress-{sent:05d}".ljust(UDP_SIZE, "x"), tries=tries)
+            sent += 1
+
+    def egress():
+        m = metrics()
+        return {side: m.get(("natrix_offload_egress", (("interface", side),))) for side in ("inside", "outside")}
+
+    def offloading(flows, outside):
+        echoes(4)
+        o = offloaded()
+        return o["flows"] == flows and o["egress"] == {"inside": True, "outside": outside}
+
+    echoes(16)
+    got, _ = wait_for(lambda: offloading(2, True), 3.0)
+    assert got, f"a UDP echo flow should be offloaded both ways: {offloaded()}"
+    assert egress() == {"inside": 1, "outside": 1}, egress()
+    try:
+        gro_on_peer("nx-nat-out", "off")
+        got, waited = wait_for(lambda: offloading(1, False), 3.0)
+        assert got, f"{waited:.1f} s after GRO went off on nx-nat-out, still {offloaded()}"
+        assert egress() == {"inside": 1, "outside": 0}, egress()
+        echoes(40, tries=1)
+    finally:
+        gro_on_peer("nx-nat-out", "on")
+    got, back = wait_for(lambda: offloading(2, True), 3.0)
+    assert got, f"with GRO on again, the flow is not offloaded both ways: {offloaded()}"
+    print(f"handed back within {waited:.1f} s, offloaded again within {back:.1f} s; {sent} echoes")
+
+
 def test_af_packet_has_no_offload(lab, natrix, agent, servers, tmp_path):
     """`io = "af_packet"`: `offload = true` is refused ("offload = true
     needs AF_XDP"); with the default "auto" natrix starts without a word of
@@ -864,5 +918,5 @@ def test_af_packet_has_no_offload(lab, natrix, agent, servers, tmp_path):
     for i in range(16):
         sub.echo(sid, (SRV1, h.UDP_ECHO), f"af-packet-{i:04d}".ljust(UDP_SIZE, "x"))
     time.sleep(1.2)
-    zero = {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0}
+    zero = {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}}
     assert stats().get("offloaded", zero) == zero, stats()

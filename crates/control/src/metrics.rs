@@ -81,7 +81,15 @@ impl Families {
     }
 
     fn per_side(&mut self, name: &'static str, help: &'static str, values: [u64; 2]) {
-        let f = self.family(name, true, help);
+        self.by_side(name, true, help, values);
+    }
+
+    fn gauge_per_side(&mut self, name: &'static str, help: &'static str, values: [u64; 2]) {
+        self.by_side(name, false, help, values);
+    }
+
+    fn by_side(&mut self, name: &'static str, counter: bool, help: &'static str, values: [u64; 2]) {
+        let f = self.family(name, counter, help);
         for side in SIDES {
             f.sample(&[("interface", side.name().to_owned())], Value::Int(values[side as usize]));
         }
@@ -194,6 +202,11 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     );
     o.per_side("offloaded_bytes_total", "Bytes of those frames.", io.offloaded_bytes);
     o.gauge("offload_flows", "Flow directions in the XDP offload's table.", io.offloaded_flows);
+    o.gauge_per_side(
+        "offload_egress",
+        "1 while the interface takes the frames the XDP offload redirects to it (read once a second); 0: flows leaving by it stay with the workers, as without the offload.",
+        io.offload_egress.map(u64::from),
+    );
     o.counter(
         "offload_table_full_total",
         "Times a flow direction found the XDP offload's table full (at most one a second per worker; such flows stay with the workers).",

@@ -58,7 +58,7 @@ use commands::{Command, Control};
 pub use commands::{ControlError, SyncTally};
 use io_thread::{IoThread, Lanes};
 use links::Links;
-use offload::{OffloadPlan, OffloadTable};
+use offload::{OffloadPlan, OffloadTable, Redirects};
 use worker::{run_single, run_worker, EngineWorker};
 
 /// Frames received from one interface per round.
@@ -254,6 +254,9 @@ pub struct IoSnapshot {
     pub offloaded_flows: u64,
     /// Times a flow direction found the offload's table full.
     pub offload_table_full: u64,
+    /// Whether each interface takes the frames the offload redirects to
+    /// it, as last read (once a second); false without the offload.
+    pub offload_egress: [bool; 2],
 }
 
 impl IoSnapshot {
@@ -278,6 +281,7 @@ impl IoSnapshot {
             offloaded_bytes: _,
             offloaded_flows: _,
             offload_table_full: _,
+            offload_egress: _,
         } = other;
         for side in 0..2 {
             self.rx_frames[side] += rx_frames[side];
@@ -553,6 +557,7 @@ impl Dataplane {
             let workers = self.worker_snapshots()?;
             total.offloaded_flows = workers.iter().map(|w| w.offloaded_flows).sum();
             total.offload_table_full = workers.iter().map(|w| w.offload_table_full).sum();
+            total.offload_egress = plan.redirects_taken();
         }
         Ok(total)
     }
@@ -738,7 +743,8 @@ fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut V
         })
         .collect();
     let ifindex = interfaces.map(|i| i.index);
-    Ok(Some((OffloadTable { map: table, ifindex, egress_ok, mtu: interfaces.map(|i| i.mtu) }, described)))
+    let redirects = Arc::new(Redirects::new(ifindex, egress_ok, takes_redirects));
+    Ok(Some((OffloadTable { map: table, ifindex, redirects, mtu: interfaces.map(|i| i.mtu) }, described)))
 }
 
 fn refuse_offload(interface: &Interface, reason: String) -> DataplaneError {

@@ -13,12 +13,15 @@
 //! frames would have.
 //! A flow comes out of the table when a frame of it reaching the engine
 //! (one the program never takes: a FIN, a RST) is no longer translated so,
-//! when the engine no longer has it steady at a sweep, or after `IDLE_NS`
-//! without a frame.
+//! when the engine no longer has it steady at a sweep, after `IDLE_NS`
+//! without a frame, or once the interface it leaves by no longer takes
+//! redirected frames (`Redirects`).
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use natrix_engine::{Engine, FrameBuf, Side, Verdict};
@@ -52,9 +55,47 @@ pub(crate) struct OffloadTable {
     pub(crate) map: Arc<Offload>,
     pub(crate) ifindex: [u32; 2],
     /// Whether each interface's driver takes frames redirected to it.
-    pub(crate) egress_ok: [bool; 2],
+    pub(crate) redirects: Arc<Redirects>,
     /// The longest datagram each interface takes (its MTU; 0: no limit).
     pub(crate) mtu: [u16; 2],
+}
+
+/// Whether each interface takes frames redirected to it from XDP, as last
+/// read: read again once a second, by whichever worker's sweep comes
+/// first. A veth stops taking them when its peer's GRO goes off, and the
+/// kernel then drops what the program sends there; within a sweep of the
+/// next read, the flows to it are back with the workers.
+pub(crate) struct Redirects {
+    ifindex: [u32; 2],
+    taken: [AtomicBool; 2],
+    next_read: AtomicU64,
+    read: fn(u32) -> io::Result<bool>,
+}
+
+impl Redirects {
+    /// `taken` as read at start; `read` reads an interface's again.
+    pub(crate) fn new(ifindex: [u32; 2], taken: [bool; 2], read: fn(u32) -> io::Result<bool>) -> Redirects {
+        Redirects { ifindex, taken: taken.map(AtomicBool::new), next_read: AtomicU64::new(0), read }
+    }
+
+    pub(crate) fn taken(&self, side: Side) -> bool {
+        self.taken[side as usize].load(Relaxed)
+    }
+
+    /// Reads both interfaces again if a second has passed since the last
+    /// read (the first caller to see it does). A failed read leaves the
+    /// last answer.
+    fn read_again(&self, now: u64) {
+        let due = self.next_read.load(Relaxed);
+        if now < due || self.next_read.compare_exchange(due, now + SWEEP_NS, Relaxed, Relaxed).is_err() {
+            return;
+        }
+        for (taken, &ifindex) in self.taken.iter().zip(&self.ifindex) {
+            if let Ok(now_taken) = (self.read)(ifindex) {
+                taken.store(now_taken, Relaxed);
+            }
+        }
+    }
 }
 
 /// The table, and the next hops' addresses the frames it forwards get.
@@ -79,6 +120,11 @@ impl OffloadPlan {
     fn egress(&self, side: Side) -> Egress {
         let mtu = self.table.mtu[side as usize];
         Egress { ifindex: self.table.ifindex[side as usize], counter: side as u32, max_len: if mtu == 0 { u16::MAX } else { mtu } }
+    }
+
+    /// Whether each side takes the frames the program redirects to it.
+    pub(crate) fn redirects_taken(&self) -> [bool; 2] {
+        [Side::Inside, Side::Outside].map(|side| self.table.redirects.taken(side))
     }
 
     /// Frames and bytes the program forwarded out of each side.
@@ -173,7 +219,7 @@ impl Offloader {
         let Some(key) = offload::flow_key(before, ifindex) else { return };
         let known = self.known.contains_key(&key);
         let learnt = match verdict {
-            Verdict::Forward(to) if self.plan.table.egress_ok[to as usize] && (known || self.ready_to_learn(&key, now)) => {
+            Verdict::Forward(to) if self.plan.table.redirects.taken(to) && (known || self.ready_to_learn(&key, now)) => {
                 let learnt = engine.may_offload(before, side).then(|| offload::learn(before, ifindex, after, self.plan.egress(to))).flatten();
                 if learnt.is_none() {
                     // Counted again from 0: a flow the engine keeps is
@@ -247,13 +293,15 @@ impl Offloader {
     /// Goes through the flow directions, at most once a second and
     /// `SWEEP_SLICE` of them per call: refreshes the sessions of those the
     /// program forwarded frames of since the last time; hands back to the
-    /// engine those it no longer has steady, those idle, and those whose
-    /// next hop is no longer known; follows a next hop's new address.
+    /// engine those it no longer has steady, those idle, those whose next
+    /// hop is no longer known and those whose interface no longer takes
+    /// redirected frames; follows a next hop's new address.
     pub(crate) fn sweep(&mut self, engine: &mut Engine, now: u64) {
         if self.sweeping.is_empty() {
             if now < self.next_sweep {
                 return;
             }
+            self.plan.table.redirects.read_again(now);
             self.next_sweep = now + SWEEP_NS;
             self.sweeping.extend(self.known.keys());
             (self.sweep_total, self.sweep_start) = (self.sweeping.len(), now);
@@ -271,7 +319,7 @@ impl Offloader {
                 // Gone from the table: nothing to take out.
                 None => false,
             };
-            if !(steady && follow_next_hop(plan, &key, k, now)) {
+            if !(steady && plan.table.redirects.taken(k.to) && follow_next_hop(plan, &key, k, now)) {
                 plan.table.map.remove(&key);
                 known.remove(&key);
             }
@@ -353,6 +401,35 @@ mod tests {
         frame[23] = 17;
         frame[35] = port;
         offload::flow_key(&frame, 1).expect("a UDP frame")
+    }
+
+    static VETH_TAKES: AtomicBool = AtomicBool::new(true);
+    static READS: AtomicU64 = AtomicU64::new(0);
+
+    fn read_veth(_: u32) -> io::Result<bool> {
+        READS.fetch_add(1, Relaxed);
+        Ok(VETH_TAKES.load(Relaxed))
+    }
+
+    #[test]
+    fn redirects_are_read_again_once_a_second_and_a_failed_read_changes_nothing() {
+        let r = Redirects::new([1, 2], [true, false], read_veth);
+        assert!(r.taken(Side::Inside) && !r.taken(Side::Outside));
+        VETH_TAKES.store(false, Relaxed);
+        r.read_again(SWEEP_NS);
+        assert!(!r.taken(Side::Inside) && !r.taken(Side::Outside));
+        let reads = READS.load(Relaxed);
+        // Within the second, no other worker reads again.
+        VETH_TAKES.store(true, Relaxed);
+        r.read_again(SWEEP_NS + SWEEP_NS / 2);
+        assert_eq!(READS.load(Relaxed), reads);
+        assert!(!r.taken(Side::Inside));
+        r.read_again(2 * SWEEP_NS);
+        assert!(r.taken(Side::Inside) && r.taken(Side::Outside));
+
+        let failing = Redirects::new([1, 2], [true, false], |_| Err(io::Error::other("netlink")));
+        failing.read_again(SWEEP_NS);
+        assert!(failing.taken(Side::Inside) && !failing.taken(Side::Outside));
     }
 
     #[test]
