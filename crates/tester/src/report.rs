@@ -123,11 +123,11 @@ fn summary(test: &str, r: &Map<String, Value>) -> String {
         "generator" if r.get("rate_pps").is_some_and(Value::is_string) => format!("as fast as it can: sent {}", kpps("sent_pps")),
         "generator" => format!("asked {}, sent {} ({:+.2}%), received {}", kpps("rate_pps"), kpps("sent_pps"), num(r, "rate_error") * 100.0, kpps("received_pps")),
         "tcp_throughput" if r.contains_key("dut_ns_per_frame") => format!(
-            "{:.2} Gbit/s TCP, {} retransmits; {:.0} ns of the device's CPUs per frame, which were {:.0}% busy, the lab's busiest CPU {:.0}%",
+            "{:.2} Gbit/s TCP, {} retransmits; {:.0} ns of the device's CPUs per frame, the busiest of them {:.0}% busy, the lab's busiest CPU {:.0}%",
             num(r, "gbps"),
             num(r, "retransmits"),
             num(r, "dut_ns_per_frame"),
-            num(r, "dut_cpu_busy") * 100.0,
+            num(r, "dut_cpu_busy_max") * 100.0,
             num(r, "lab_cpu_busy") * 100.0
         ),
         "tcp_throughput" => format!("{:.2} Gbit/s TCP, {} retransmits", num(r, "gbps"), num(r, "retransmits")),
@@ -182,5 +182,15 @@ mod tests {
         let row = line(Criterion::Zero).row();
         assert!(row.starts_with("throughput") && row.contains("123.5 kpps"), "{row}");
         assert!(header().starts_with("test"));
+    }
+
+    #[test]
+    fn a_tcp_row_says_what_the_device_spent_and_who_set_the_rate() {
+        let mut tcp = Line { test: "tcp_throughput", method: "iperf3", result: object([("gbps", json!(3.2)), ("retransmits", json!(4))]), ..line(Criterion::Zero) };
+        assert!(tcp.row().ends_with("3.20 Gbit/s TCP, 4 retransmits"), "{}", tcp.row());
+        tcp.result.extend(object([("dut_ns_per_frame", json!(1900.4)), ("dut_cpu_busy_max", json!(0.55)), ("lab_cpu_busy", json!(0.998))]));
+        tcp.generator_limited = true;
+        let row = tcp.row();
+        assert!(row.ends_with("1900 ns of the device's CPUs per frame, the busiest of them 55% busy, the lab's busiest CPU 100% (generator limit)"), "{row}");
     }
 }

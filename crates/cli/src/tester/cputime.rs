@@ -40,14 +40,15 @@ fn stat_lines(stat: &str, names: &[String]) -> Option<Vec<Vec<u64>>> {
 
 /// Busy time of all CPUs together.
 pub fn machine_busy_ns() -> Option<u64> {
-    Some(each_cpu_busy_ns()?.busy.iter().sum())
+    Some(each_cpu_busy_ns()?.busy.iter().flatten().sum())
 }
 
 /// Every CPU's busy time (as `cpu_busy_ns` counts it) from one read of
-/// /proc/stat, by CPU number, and when it was read.
+/// /proc/stat, by CPU number (None for a number /proc/stat skips: an
+/// offline CPU), and when it was read.
 pub struct EachCpu {
     pub at_ns: u64,
-    pub busy: Vec<u64>,
+    pub busy: Vec<Option<u64>>,
 }
 
 pub fn each_cpu_busy_ns() -> Option<EachCpu> {
@@ -58,9 +59,9 @@ pub fn each_cpu_busy_ns() -> Option<EachCpu> {
         let Some(cpu) = fields.next().and_then(|n| n.strip_prefix("cpu")).and_then(|n| n.parse::<usize>().ok()) else { continue };
         let values: Vec<u64> = fields.map(|x| x.parse().unwrap_or(0)).collect();
         if busy.len() <= cpu {
-            busy.resize(cpu + 1, 0);
+            busy.resize(cpu + 1, None);
         }
-        busy[cpu] = cpu_line_busy_ns(&values, at_ns)?;
+        busy[cpu] = Some(cpu_line_busy_ns(&values, at_ns)?);
     }
     (!busy.is_empty()).then_some(EachCpu { at_ns, busy })
 }

@@ -9,6 +9,8 @@
 //! them itself: its AF_XDP ports take every frame of those interfaces, so
 //! it also answers for the hosts' own addresses there.
 
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -290,12 +292,31 @@ fn iperf_cpus_of(workers: u32, available: usize) -> IperfCpus {
     IperfCpus { server: own.next(), client: own.next() }
 }
 
-/// Frames the device has sent into the lab so far: what nx-sw's peers of
-/// its two links received.
-pub fn device_frames_sent() -> Option<u64> {
-    let paths: Vec<String> = DEVICE_PEERS.iter().map(|dev| format!("/sys/class/net/{dev}/statistics/rx_packets")).collect();
-    let counts = in_ns(SWITCH_NS, "cat", &paths.iter().map(String::as_str).collect::<Vec<_>>()).ok()?;
-    counts.split_whitespace().map(|n| n.parse::<u64>().ok()).sum()
+/// nx-sw's interface counters, for the frames the device sends into the
+/// lab: /proc/net/dev opened in nx-sw once, read again for each sample
+/// without starting a program on the lab's CPU.
+pub struct SwitchCounters(File);
+
+impl SwitchCounters {
+    pub fn open() -> Option<SwitchCounters> {
+        in_netns(SWITCH_NS, || File::open("/proc/thread-self/net/dev")).ok()?.ok().map(SwitchCounters)
+    }
+
+    /// Frames the device has sent so far: what nx-sw's peers of its two
+    /// links received.
+    pub fn device_frames(&mut self) -> Option<u64> {
+        let mut text = String::new();
+        self.0.seek(SeekFrom::Start(0)).ok()?;
+        self.0.read_to_string(&mut text).ok()?;
+        DEVICE_PEERS.iter().map(|dev| rx_packets(&text, dev)).sum()
+    }
+}
+
+/// `dev`'s received packets in /proc/net/dev's `text`: the second number
+/// after its name.
+fn rx_packets(text: &str, dev: &str) -> Option<u64> {
+    let line = text.lines().find_map(|l| l.trim_start().strip_prefix(dev)?.strip_prefix(':'))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// `cpus` as `rps_cpus` takes them: hexadecimal 32-bit groups, the
@@ -484,6 +505,16 @@ mod tests {
         assert_eq!(at(1, 2), (None, None));
         assert_eq!(at(4, 3), (None, None));
         assert_eq!(at(1, 1), (None, None));
+    }
+
+    #[test]
+    fn received_packets_are_read_by_interface_name() {
+        let dev = "Inter-|   Receive                            |  Transmit\n face |bytes    packets errs drop\n\
+                   nx-nat-in: 1500 12 0 0 0 0 0 0 900 7 0 0 0 0 0 0\n\
+                   nx-nat-out:99000 66 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
+        assert_eq!(rx_packets(dev, "nx-nat-in"), Some(12));
+        assert_eq!(rx_packets(dev, "nx-nat-out"), Some(66));
+        assert_eq!(rx_packets(dev, "nx-nat"), None);
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod dut;
 mod iperf;
 mod lab;
 mod output;
+mod tcp_meter;
 mod testbed;
 
 use std::path::{Path, PathBuf};
