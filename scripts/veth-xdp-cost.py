@@ -93,14 +93,22 @@ def run_variant(exe, variant, program, config):
     return tcp_run(exe, "kernel", config)
 
 
+def comm(pid):
+    """A process's name; "" for one gone meanwhile."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def napi_on_device_cpu():
     """nx-nat's veths' receive work (veth's copy and the program) in NAPI
     threads on CPU 1, the device's, ahead of other threads: where natrix
     test puts natrix's, rather than on the CPU that sends, the lab's."""
     for dev in ("inside", "outside"):
         subprocess.run(["ip", "netns", "exec", "nx-nat", "sh", "-c", f"echo 1 > /sys/class/net/{dev}/threaded"], check=True)
-    threads = [p for p in os.listdir("/proc") if p.isdigit() and
-               open(f"/proc/{p}/comm").read().startswith(("napi/inside-", "napi/outside-"))]
+    threads = [p for p in os.listdir("/proc") if p.isdigit() and comm(p).startswith(("napi/inside-", "napi/outside-"))]
     if not threads:
         sys.exit("no NAPI threads of nx-nat's inside or outside")
     for pid in threads:

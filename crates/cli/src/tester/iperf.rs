@@ -48,6 +48,7 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], hosts: &Ip
     ]);
     if let Some(c) = &cpu {
         result.extend(object([
+            ("measured_s", json!(c.ns as f64 / 1e9)),
             ("frames", json!(c.frames)),
             ("dut_ns_per_frame", json!(c.dut_ns_per_frame)),
             ("dut_cpu_busy", json!(c.dut_busy)),
@@ -61,8 +62,8 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], hosts: &Ip
 }
 
 /// iperf3's client in nx-sub1 for `seconds`, on `cpu` if given; its
-/// output, and the CPU it ran on.
-fn client(seconds: u32, cpu: Option<usize>) -> Result<(Output, usize), Failure> {
+/// output, and the CPU it ran on (see `spawn_on`).
+fn client(seconds: u32, cpu: Option<usize>) -> Result<(Output, Option<usize>), Failure> {
     let secs = seconds.to_string();
     let timeout = (seconds + 20).to_string();
     let command = || {
@@ -79,9 +80,10 @@ fn client(seconds: u32, cpu: Option<usize>) -> Result<(Output, usize), Failure> 
 }
 
 /// Starts what `command` builds on `cpu`, where given and allowed (a
-/// cpuset may leave it out: then, said on stderr, where the tester runs,
-/// CPU 0). The child, and the CPU it runs on.
-fn spawn_on(command: impl Fn() -> Command, cpu: Option<usize>, role: &str) -> Result<(Child, usize), Failure> {
+/// cpuset may leave it out: then, said on stderr, where the tester runs).
+/// The child, and the CPU it runs on where it is one.
+fn spawn_on(command: impl Fn() -> Command, cpu: Option<usize>, role: &str) -> Result<(Child, Option<usize>), Failure> {
+    let spawned = |mut cmd: Command| cmd.spawn().map_err(|e| Failure::Other(format!("iperf3: {e} (apt-get install iperf3)")));
     if let Some(cpu) = cpu {
         let mut cmd = command();
         let set = cpu_set(&[cpu]);
@@ -94,12 +96,28 @@ fn spawn_on(command: impl Fn() -> Command, cpu: Option<usize>, role: &str) -> Re
             })
         };
         match cmd.spawn() {
-            Ok(child) => return Ok((child, cpu)),
-            Err(e) => eprintln!("natrix test: iperf3's {role} cannot run on CPU {cpu} ({e}); it runs on the tester's CPU 0"),
+            Ok(child) => return Ok((child, Some(cpu))),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => eprintln!("natrix test: iperf3's {role} cannot run on CPU {cpu} ({e}); it runs where the tester does"),
+            Err(e) => return Err(Failure::Other(format!("iperf3: {e}"))),
         }
     }
-    let child = command().spawn().map_err(|e| Failure::Other(format!("iperf3: {e} (apt-get install iperf3)")))?;
-    Ok((child, 0))
+    Ok((spawned(command())?, own_cpu()))
+}
+
+/// The CPU this thread is pinned to, if it is pinned to one.
+fn own_cpu() -> Option<usize> {
+    // SAFETY: cpu_set_t is plain data; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a cpu_set_t of the size given; 0 is this thread.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return None;
+    }
+    // SAFETY: CPU_ISSET reads inside set for indices below CPU_SETSIZE.
+    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+    match cpus[..] {
+        [one] => Some(one),
+        _ => None,
+    }
 }
 
 /// `iperf3 -s -1` in nx-srv1: it serves one test and exits; ended on drop otherwise.
@@ -107,7 +125,7 @@ struct Server(Child);
 
 impl Server {
     /// The server, and the CPU it runs on (see `spawn_on`).
-    fn start(cpu: Option<usize>) -> Result<(Server, usize), Failure> {
+    fn start(cpu: Option<usize>) -> Result<(Server, Option<usize>), Failure> {
         let command = || {
             let mut cmd = Command::new("ip");
             cmd.args(["netns", "exec", SERVER_NS, "iperf3", "-s", "-1", "-B", SERVER, "-p", PORT]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());

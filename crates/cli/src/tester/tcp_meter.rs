@@ -12,9 +12,11 @@ use std::time::Duration;
 use super::cputime::{each_cpu_busy_ns, EachCpu};
 use super::lab::SwitchCounters;
 
-const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 /// An interval carried the transfer where it forwarded frames at least at
-/// this share of the busiest interval's rate.
+/// this share of the busiest interval's rate; the first and last such
+/// are left out where others remain, since the transfer began or ended
+/// somewhere inside them.
 const CARRIED: f64 = 0.5;
 /// A lab CPU this busy was the limit...
 const LAB_FULL: f64 = 0.95;
@@ -27,10 +29,11 @@ pub struct Reading {
     frames: u64,
 }
 
-/// Samples in a thread of its own (on the tester's CPU) until `finish`.
+/// Samples in a thread of its own (on the tester's CPU) until `finish`,
+/// or until dropped (a run that failed).
 pub struct Meter {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Vec<Reading>>,
+    thread: Option<JoinHandle<Vec<Reading>>>,
 }
 
 impl Meter {
@@ -54,20 +57,28 @@ impl Meter {
                 }
             })
             .ok()?;
-        Some(Meter { stop, thread })
+        Some(Meter { stop, thread: Some(thread) })
     }
 
     /// The shares over the run, with the device on `device_cpus`.
-    pub fn finish(self, device_cpus: &[usize]) -> Option<CpuShares> {
+    pub fn finish(mut self, device_cpus: &[usize]) -> Option<CpuShares> {
         self.stop.store(true, Relaxed);
-        CpuShares::over(&self.thread.join().ok()?, device_cpus)
+        CpuShares::over(&self.thread.take()?.join().ok()?, device_cpus)
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
     }
 }
 
 /// Where the CPU time of a TCP run went, over the intervals that carried it.
 #[derive(Debug, PartialEq)]
 pub struct CpuShares {
-    /// Frames the device forwarded, data and ACKs.
+    /// How long those intervals were together, and the frames the device
+    /// forwarded in them, data and ACKs.
+    pub ns: u64,
     pub frames: u64,
     /// The device's CPUs' busy time per frame: the same count for natrix
     /// and the kernel, whatever ran there on their behalf.
@@ -108,7 +119,10 @@ impl CpuShares {
         }
         let intervals: Vec<Interval> = readings.windows(2).filter_map(|w| Interval::between(&w[0], &w[1])).collect();
         let peak = intervals.iter().map(Interval::rate).fold(0.0, f64::max);
-        let carried: Vec<&Interval> = intervals.iter().filter(|i| i.frames > 0 && i.rate() >= CARRIED * peak).collect();
+        let mut carried: Vec<&Interval> = intervals.iter().filter(|i| i.frames > 0 && i.rate() >= CARRIED * peak).collect();
+        if carried.len() > 2 {
+            carried = carried[1..carried.len() - 1].to_vec();
+        }
         let (ns, frames) = carried.iter().fold((0, 0), |(ns, frames), i| (ns + i.ns, frames + i.frames));
         if frames == 0 {
             return None;
@@ -120,6 +134,7 @@ impl CpuShares {
         let (lab_cpu, lab_ns) = (0..cpus).filter(|c| !device_cpus.contains(c)).filter_map(|c| Some((c, busy(c)?))).max_by(|a, b| a.1.total_cmp(&b.1))?;
         let dut_ns: f64 = dut.iter().sum();
         Some(CpuShares {
+            ns,
             frames,
             dut_ns_per_frame: dut_ns / frames as f64,
             dut_busy: share(dut_ns) / dut.len() as f64,
@@ -151,7 +166,7 @@ mod tests {
         // the lab's CPU 0 99% busy.
         let r = [reading(S, &[0, 0, 0], 10), reading(2 * S, &[990_000_000, 500_000_000, 100_000_000], 1_010)];
         let c = CpuShares::over(&r, &[1]).unwrap();
-        assert_eq!(c, CpuShares { frames: 1_000, dut_ns_per_frame: 500_000.0, dut_busy: 0.5, dut_busy_max: 0.5, lab_busy: 0.99, lab_cpu: 0 });
+        assert_eq!(c, CpuShares { ns: S, frames: 1_000, dut_ns_per_frame: 500_000.0, dut_busy: 0.5, dut_busy_max: 0.5, lab_busy: 0.99, lab_cpu: 0 });
         assert!(c.lab_was_the_limit());
     }
 
@@ -167,20 +182,51 @@ mod tests {
         assert!(!CpuShares::over(&r, &[1, 2]).unwrap().lab_was_the_limit());
     }
 
+    /// Readings from 0 of intervals (length ns, frames, busy ns per CPU).
+    fn run(intervals: &[(u64, u64, [u64; 2])]) -> Vec<Reading> {
+        let mut r = vec![reading(0, &[0, 0], 0)];
+        for &(ns, frames, busy) in intervals {
+            let last = r.last().unwrap();
+            let was: Vec<u64> = last.cpus.busy.iter().map(|b| b.unwrap()).collect();
+            r.push(reading(last.cpus.at_ns + ns, &[was[0] + busy[0], was[1] + busy[1]], last.frames + frames));
+        }
+        r
+    }
+
     #[test]
     fn only_the_intervals_that_carried_the_transfer_count() {
-        // A quiet connect (10 frames), a second at 1,000 frames with the
-        // lab full, a quiet end: the quiet quarter-seconds are left out.
         let q = S / 4;
-        let r = [
-            reading(0, &[0, 0], 0),
-            reading(q, &[50_000_000, 10_000_000], 10),
-            reading(q + S, &[50_000_000 + S, 610_000_000], 1_010),
-            reading(2 * q + S, &[100_000_000 + S, 620_000_000], 1_015),
-        ];
+        // A quiet connect, a partial first interval (half the peak rate: a
+        // carried one, but an edge), three that carried it, of different
+        // lengths and loads, a dip to 0.45 of the peak, a partial last one.
+        let r = run(&[
+            (q, 10, [q / 10, q / 100]),
+            (q, 500, [q / 2, q / 4]),
+            (q, 1_000, [q, q / 2]),
+            (S, 2_200, [S, 3 * S / 5]),
+            (q, 550, [q, q / 5]),
+            (q, 450, [q / 2, q / 2]),
+            (q, 1_000, [q, q]),
+            (q, 600, [q / 2, q / 4]),
+        ]);
         let c = CpuShares::over(&r, &[1]).unwrap();
-        assert_eq!((c.frames, c.lab_busy, c.dut_busy), (1_000, 1.0, 0.6));
+        // Kept: the 1,000 in q, 2,200 in S, 550 in q, 1,000 in q (the dip
+        // below half the peak of 4,000/s, and both edges, left out).
+        let ns = 3 * q + S;
+        assert_eq!((c.ns, c.frames), (ns, 4_750));
+        assert_eq!(c.lab_busy, 1.0);
+        let dut = (q / 2 + 3 * S / 5 + q / 5 + q) as f64;
+        assert!((c.dut_busy - dut / ns as f64).abs() < 1e-12, "{c:?}");
+        assert!((c.dut_ns_per_frame - dut / 4_750.0).abs() < 1e-9, "{c:?}");
         assert!(c.lab_was_the_limit());
+    }
+
+    #[test]
+    fn a_lab_cpu_offline_at_a_reading_is_left_out_not_the_run() {
+        let mut r = vec![reading(0, &[0, 0, 0], 0), reading(S, &[S, S / 2, S / 10], 1_000)];
+        r[1].cpus.busy[2] = None;
+        let c = CpuShares::over(&r, &[1]).unwrap();
+        assert_eq!((c.lab_cpu, c.lab_busy, c.dut_busy), (0, 1.0, 0.5));
     }
 
     #[test]
