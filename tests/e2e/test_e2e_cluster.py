@@ -290,6 +290,8 @@ def cluster(tmp_path_factory):
         servers.append(subprocess.Popen(h.netns_cmd("nxc-srv", sys.executable, "-c", UDP_ECHO)))
         servers.append(subprocess.Popen(h.netns_cmd("nxc-srv", "iperf3", "-s", "-p", "5201"),
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        # A query sent before the echo server binds meets a closed port.
+        wait_until("the UDP echo server listens", lambda: sh("ss", "-Hlun", "sport = :7000", ns="nxc-srv").stdout.strip(), 10)
         # Routes in: every pool prefix, and each partition's default via its active node.
         wait_until("the router learns both pools and both defaults", lambda: all(
             "via 198.51.100." in router_route(p) for p in ("203.0.113.1", "203.0.113.9"))
@@ -305,8 +307,13 @@ def cluster(tmp_path_factory):
 
 
 def udp_query(ns, port):
+    """The address and port the server saw a datagram from `port` in `ns`
+    come from. Sent up to three times, a second apart: a flow's first
+    datagram may be dropped while a node resolves its next hop."""
     code = (f"import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('0.0.0.0', {port})); "
-            f"s.settimeout(2); s.sendto(b'q', ('{SERVER}', 7000)); print(s.recvfrom(2048)[0].decode().split(' ')[1])")
+            f"s.settimeout(1)\nfor _ in range(3):\n    s.sendto(b'q', ('{SERVER}', 7000))\n"
+            f"    try:\n        print(s.recvfrom(2048)[0].decode().split(' ')[1]); break\n    except socket.timeout:\n        pass\n"
+            f"else:\n    raise SystemExit('no answer to three datagrams')")
     return sh(sys.executable, "-c", code, ns=ns).stdout.strip()
 
 
