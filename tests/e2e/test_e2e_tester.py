@@ -277,8 +277,9 @@ def test_tcp_says_what_each_frame_cost_the_device_and_whether_the_lab_was_the_li
         assert 0 <= r[share] <= 1.05, f"{share} {r[share]}"
     assert r["dut_cpu_busy"] <= r["dut_cpu_busy_max"] + 1e-9, r
     # CPU time per frame is busy time over frames: at most the device's
-    # one CPU all along the measured intervals.
-    assert r["dut_ns_per_frame"] * r["frames"] <= r["measured_s"] * 1e9 * 1.01, r
+    # one CPU all along the measured intervals (and /proc/stat's idle
+    # time, in 10 ms ticks, rounded at each interval's ends).
+    assert r["dut_ns_per_frame"] * r["frames"] <= r["measured_s"] * 1e9 * 1.05, r
     assert line["generator_limited"] == (r["lab_cpu_busy"] >= 0.95 and r["dut_cpu_busy_max"] < 0.90), r
     assert not lab_up(), "natrix test left its lab behind"
 
