@@ -10,10 +10,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use natrix_tester::report::{object, Criterion, Line};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::lab::{cpu_set, IperfCpus};
-use super::tcp_meter::Meter;
+use super::tcp_meter::{CpuShares, Meter};
 use crate::Failure;
 
 const CLIENT_NS: &str = "nx-sub1";
@@ -34,12 +34,7 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], hosts: &Ip
     let meter = Meter::start();
     let (out, client_cpu) = client(seconds, hosts.client)?;
     let cpu = meter.and_then(|m| m.finish(device_cpus));
-    let v: Value = serde_json::from_slice(&out.stdout).map_err(|_| Failure::Other(format!("iperf3 printed no result: {}", String::from_utf8_lossy(&out.stderr).trim())))?;
-    if let Some(e) = v["error"].as_str() {
-        return Err(Failure::Other(format!("iperf3: {e}")));
-    }
-    let bps = v["end"]["sum_received"]["bits_per_second"].as_f64().ok_or_else(|| Failure::Other("iperf3 reported no received throughput".into()))?;
-    let retransmits = v["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+    let (bps, retransmits) = received(&out)?;
     let mut result = object([
         ("gbps", json!(bps / 1e9)),
         ("retransmits", json!(retransmits)),
@@ -47,18 +42,34 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], hosts: &Ip
         ("iperf3_cpus", json!({"server": server_cpu, "client": client_cpu})),
     ]);
     if let Some(c) = &cpu {
-        result.extend(object([
-            ("measured_s", json!(c.ns as f64 / 1e9)),
-            ("frames", json!(c.frames)),
-            ("dut_ns_per_frame", json!(c.dut_ns_per_frame)),
-            ("dut_cpu_busy", json!(c.dut_busy)),
-            ("dut_cpu_busy_max", json!(c.dut_busy_max)),
-            ("lab_cpu_busy", json!(c.lab_busy)),
-            ("lab_busiest_cpu", json!(c.lab_cpu)),
-        ]));
+        result.extend(cost(c));
     }
     let generator_limited = cpu.is_some_and(|c| c.lab_was_the_limit());
     Ok(Line { test: "tcp_throughput", dut: dut.to_owned(), frame_size: 1518, flows: 1, criterion: Criterion::Zero, method: "iperf3", result, generator_limited })
+}
+
+/// The bits per second the server received and the segments the client
+/// retransmitted, from the client's JSON report.
+fn received(out: &Output) -> Result<(f64, u64), Failure> {
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|_| Failure::Other(format!("iperf3 printed no result: {}", String::from_utf8_lossy(&out.stderr).trim())))?;
+    if let Some(e) = v["error"].as_str() {
+        return Err(Failure::Other(format!("iperf3: {e}")));
+    }
+    let bps = v["end"]["sum_received"]["bits_per_second"].as_f64().ok_or_else(|| Failure::Other("iperf3 reported no received throughput".into()))?;
+    Ok((bps, v["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0)))
+}
+
+/// The result's fields of what the run cost (README, "Measuring", `tcp`).
+fn cost(c: &CpuShares) -> Map<String, Value> {
+    object([
+        ("measured_s", json!(c.ns as f64 / 1e9)),
+        ("frames", json!(c.frames)),
+        ("dut_ns_per_frame", json!(c.dut_ns_per_frame)),
+        ("dut_cpu_busy", json!(c.dut_busy)),
+        ("dut_cpu_busy_max", json!(c.dut_busy_max)),
+        ("lab_cpu_busy", json!(c.lab_busy)),
+        ("lab_busiest_cpu", json!(c.lab_cpu)),
+    ])
 }
 
 /// iperf3's client in nx-sub1 for `seconds`, on `cpu` if given; its
