@@ -201,7 +201,7 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
         io.offloaded_frames,
     );
     o.per_side("offloaded_bytes_total", "Bytes of those frames.", io.offloaded_bytes);
-    o.gauge("offload_flows", "Flow directions in the XDP offload's table.", io.offloaded_flows);
+    o.gauge("offload_flows", "Flow directions in the XDP offload's table.", sum(workers, |w| w.offloaded_flows));
     o.gauge_per_side(
         "offload_egress",
         "1 while the interface takes the frames the XDP offload redirects to it (read once a second); 0: flows leaving by it stay with the workers, as without the offload.",
@@ -210,7 +210,7 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o.counter(
         "offload_table_full_total",
         "Times a flow direction found the XDP offload's table full (at most one a second per worker; such flows stay with the workers).",
-        io.offload_table_full,
+        sum(workers, |w| w.offload_table_full),
     );
     o.per_side("generated_packets_total", "Frames natrix generated (ICMP errors), by the interface they left on.", [0, 1].map(|i| sum(workers, |w| w.stats.generated[i])));
     let nptv6 = [0, 1].map(|i| sum(workers, |w| w.stats.nptv6_translated[i]));

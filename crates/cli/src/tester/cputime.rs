@@ -18,24 +18,16 @@ pub fn process_cpu_ns(pid: u32) -> Option<u64> {
     Some(ticks_to_ns(utime + stime))
 }
 
-/// Softirq time of all CPUs together.
+/// Softirq time of all CPUs together: the seventh value of /proc/stat's
+/// `cpu` line.
 pub fn softirq_ns() -> Option<u64> {
-    let all = stat_lines(&read_stat()?, &["cpu".to_owned()])?;
-    Some(ticks_to_ns(*all[0].get(6)?))
+    let stat = read_stat()?;
+    let all = stat.lines().find(|l| l.split_whitespace().next() == Some("cpu"))?;
+    Some(ticks_to_ns(all.split_whitespace().nth(7)?.parse().ok()?))
 }
 
 fn read_stat() -> Option<String> {
     std::fs::read_to_string("/proc/stat").ok()
-}
-
-/// The values of the named CPU lines of one read of /proc/stat: user,
-/// nice, system, idle, iowait, irq, softirq, steal, ...
-fn stat_lines(stat: &str, names: &[String]) -> Option<Vec<Vec<u64>>> {
-    let values = |name: &String| {
-        let line = stat.lines().find(|l| l.split_whitespace().next() == Some(name))?;
-        Some(line.split_whitespace().skip(1).map(|x| x.parse().unwrap_or(0)).collect())
-    };
-    names.iter().map(values).collect()
 }
 
 /// Busy time of all CPUs together.
@@ -66,10 +58,10 @@ pub fn each_cpu_busy_ns() -> Option<EachCpu> {
     (!busy.is_empty()).then_some(EachCpu { at_ns, busy })
 }
 
-/// Busy time of the named CPUs together (/proc/stat's `cpuN` lines), as a
+/// Busy time of CPUs `cpus` together (/proc/stat's `cpuN` lines), as a
 /// counter whose differences count: the monotonic clock (on which the
 /// kernel keeps idle time) less what each CPU spent idle, waiting for I/O
-/// or stolen by the hypervisor.
+/// or stolen by the hypervisor. None where one of them is not there.
 ///
 /// Not the sum of the busy columns: those are sampled by the scheduler
 /// tick, which a tickless idle CPU has stopped, so softirq work run on such
@@ -77,14 +69,9 @@ pub fn each_cpu_busy_ns() -> Option<EachCpu> {
 /// by RPS) is in no column at all. A 2-CPU VM forwarding TCP for the
 /// kernel showed its CPU 4% busy by the columns and 50% not idle. Idle
 /// time is measured exactly whether the tick runs or not.
-pub fn cpu_busy_ns(names: &[String]) -> Option<u64> {
-    let now = monotonic_ns();
-    busy_in(&read_stat()?, names, now)
-}
-
-/// The named CPUs' busy time in one read of /proc/stat, taken at `now`.
-fn busy_in(stat: &str, names: &[String], now: u64) -> Option<u64> {
-    stat_lines(stat, names)?.iter().map(|v| cpu_line_busy_ns(v, now)).sum()
+pub fn cpu_busy_ns(cpus: &[usize]) -> Option<u64> {
+    let each = each_cpu_busy_ns()?;
+    cpus.iter().map(|&c| each.busy.get(c).copied().flatten()).sum()
 }
 
 /// One CPU's busy time from its /proc/stat values (user, nice, system,
@@ -111,8 +98,8 @@ mod tests {
     fn this_process_and_the_machine_have_cpu_time() {
         assert!(process_cpu_ns(std::process::id()).is_some());
         assert!(machine_busy_ns().is_some_and(|ns| ns > 0));
-        assert!(softirq_ns().is_some() && cpu_busy_ns(&["cpu0".to_owned()]).is_some_and(|ns| ns > 0));
-        assert_eq!(cpu_busy_ns(&["cpu0".to_owned(), "cpu999999".to_owned()]), None);
+        assert!(softirq_ns().is_some() && cpu_busy_ns(&[0]).is_some_and(|ns| ns > 0));
+        assert_eq!(cpu_busy_ns(&[0, 999_999]), None);
     }
 
     #[test]
@@ -133,13 +120,12 @@ mod tests {
         let set = super::super::lab::cpu_set(&[cpu]);
         // SAFETY: set is a live cpu_set_t of the size given; 0 is this thread.
         assert_eq!(unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) }, 0);
-        let name = [format!("cpu{cpu}")];
         let started = Instant::now();
-        let before = cpu_busy_ns(&name).unwrap();
+        let before = cpu_busy_ns(&[cpu]).unwrap();
         while started.elapsed() < Duration::from_millis(300) {
             std::hint::spin_loop();
         }
-        let spun = cpu_busy_ns(&name).unwrap() - before;
+        let spun = cpu_busy_ns(&[cpu]).unwrap() - before;
         let elapsed = started.elapsed().as_nanos() as u64;
         // Busy all along, whoever ran (idle never), to the idle count's
         // 10 ms ticks; only stolen time is subtracted.

@@ -308,7 +308,7 @@ impl Dut for Kernel {
         if self.cpus.is_empty() {
             return softirq_ns();
         }
-        cpu_busy_ns(&self.cpus.iter().map(|c| format!("cpu{c}")).collect::<Vec<_>>())
+        cpu_busy_ns(&self.cpus)
     }
 
     fn shares_cpus(&self) -> bool {

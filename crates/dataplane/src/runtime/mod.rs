@@ -247,13 +247,10 @@ pub struct IoSnapshot {
     pub receive_calls: u64,
     pub wait_calls: u64,
     /// Frames and bytes the XDP programs forwarded out of each interface
-    /// themselves, and flow directions in their table (`offload`). The
-    /// frames are in `rx_*` and `tx_*` too.
+    /// themselves (`offload`; the flows in their table are the workers',
+    /// `WorkerSnapshot`). The frames are in `rx_*` and `tx_*` too.
     pub offloaded_frames: [u64; 2],
     pub offloaded_bytes: [u64; 2],
-    pub offloaded_flows: u64,
-    /// Times a flow direction found the offload's table full.
-    pub offload_table_full: u64,
     /// Whether each interface takes the frames the offload redirects to
     /// it, as last read (once a second); false without the offload.
     pub offload_egress: [bool; 2],
@@ -279,8 +276,6 @@ impl IoSnapshot {
             wait_calls,
             offloaded_frames: _,
             offloaded_bytes: _,
-            offloaded_flows: _,
-            offload_table_full: _,
             offload_egress: _,
         } = other;
         for side in 0..2 {
@@ -554,9 +549,6 @@ impl Dataplane {
                 total.rx_frames[1 - out] += frames;
                 total.rx_bytes[1 - out] += bytes;
             }
-            let workers = self.worker_snapshots()?;
-            total.offloaded_flows = workers.iter().map(|w| w.offloaded_flows).sum();
-            total.offload_table_full = workers.iter().map(|w| w.offload_table_full).sum();
             total.offload_egress = plan.redirects_taken();
         }
         Ok(total)

@@ -68,13 +68,8 @@ fn setlink_request(ifindex: u32, attrs: &[(u16, u32)]) -> Vec<u8> {
     let ifinfomsg_len = size_of::<libc::ifinfomsg>();
     let total = NLMSG_HDRLEN + ifinfomsg_len + nested_len;
     let mut msg = Vec::with_capacity(total);
-    // struct nlmsghdr
-    msg.extend_from_slice(&(total as u32).to_ne_bytes());
-    msg.extend_from_slice(&libc::RTM_SETLINK.to_ne_bytes());
-    msg.extend_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16).to_ne_bytes());
-    msg.extend_from_slice(&1u32.to_ne_bytes()); // sequence number
-    msg.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel's
-                                                // struct ifinfomsg: family AF_UNSPEC, then the index; the rest stays zero.
+    push_message_header(&mut msg, total, libc::RTM_SETLINK, (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16, 1);
+    // struct ifinfomsg: family AF_UNSPEC, then the index; the rest stays zero.
     let index_at = msg.len() + 4;
     msg.resize(msg.len() + ifinfomsg_len, 0);
     msg[index_at..index_at + 4].copy_from_slice(&(ifindex as i32).to_ne_bytes());
@@ -84,6 +79,15 @@ fn setlink_request(ifindex: u32, attrs: &[(u16, u32)]) -> Vec<u8> {
         msg.extend_from_slice(&value.to_ne_bytes());
     }
     msg
+}
+
+/// struct nlmsghdr of a request to the kernel (port id 0).
+fn push_message_header(msg: &mut Vec<u8>, total: usize, kind: u16, flags: u16, seq: u32) {
+    msg.extend_from_slice(&(total as u32).to_ne_bytes());
+    msg.extend_from_slice(&kind.to_ne_bytes());
+    msg.extend_from_slice(&flags.to_ne_bytes());
+    msg.extend_from_slice(&seq.to_ne_bytes());
+    msg.extend_from_slice(&0u32.to_ne_bytes());
 }
 
 fn push_attr_header(msg: &mut Vec<u8>, len: usize, kind: u16) {
@@ -118,23 +122,10 @@ fn parse_ack(answer: &[u8]) -> Result<(), String> {
     let flags = ne_u16(answer, 6).unwrap_or(0);
     // Capped: nlmsgerr is the error and the request's header only.
     let tlvs = answer.get(NLMSG_HDRLEN + 4 + NLMSG_HDRLEN..).unwrap_or(&[]);
-    match (flags & NLM_F_ACK_TLVS != 0).then(|| ack_message(tlvs)).flatten() {
-        Some(message) => Err(format!("{errno} ({message})")),
+    match (flags & NLM_F_ACK_TLVS != 0).then(|| find_attr(tlvs, NLMSGERR_ATTR_MSG).ok().flatten()).flatten() {
+        Some(message) => Err(format!("{errno} ({})", String::from_utf8_lossy(message.split(|&b| b == 0).next().unwrap_or(message)))),
         None => Err(errno.to_string()),
     }
-}
-
-fn ack_message(mut tlvs: &[u8]) -> Option<String> {
-    while let (Some(len), Some(kind)) = (ne_u16(tlvs, 0), ne_u16(tlvs, 2)) {
-        let len = len as usize;
-        let value = tlvs.get(NLA_HDRLEN..len)?;
-        if kind == NLMSGERR_ATTR_MSG {
-            let text = value.split(|&b| b == 0).next().unwrap_or(value);
-            return Some(String::from_utf8_lossy(text).into_owned());
-        }
-        tlvs = tlvs.get(len.next_multiple_of(4)..)?;
-    }
-    None
 }
 
 // uapi/linux/genetlink.h: the controller that names generic families.
@@ -215,12 +206,8 @@ fn genl_request(netlink: &OwnedFd, family: u16, cmd: u8, version: u8, attrs: &[(
 fn genl_message(family: u16, cmd: u8, version: u8, attrs: &[(u16, &[u8])], seq: u32) -> Vec<u8> {
     let total = NLMSG_HDRLEN + GENL_HDRLEN + attrs.iter().map(|(_, value)| (NLA_HDRLEN + value.len()).next_multiple_of(4)).sum::<usize>();
     let mut msg = Vec::with_capacity(total);
-    msg.extend_from_slice(&(total as u32).to_ne_bytes());
-    msg.extend_from_slice(&family.to_ne_bytes());
     // No NLM_F_ACK: the reply, or an NLMSG_ERROR, is the only answer.
-    msg.extend_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
-    msg.extend_from_slice(&seq.to_ne_bytes());
-    msg.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel's
+    push_message_header(&mut msg, total, family, libc::NLM_F_REQUEST as u16, seq);
     msg.extend_from_slice(&[cmd, version, 0, 0]);
     for &(kind, value) in attrs {
         push_attr_header(&mut msg, NLA_HDRLEN + value.len(), kind);
@@ -262,7 +249,8 @@ fn attr_value<const N: usize>(attrs: &[u8], kind: u16, name: &str) -> io::Result
     value.try_into().map_err(|_| invalid(&format!("{name} of {} bytes, not {N}", value.len())))
 }
 
-/// The first attribute of type `kind`; flags in the type are ignored.
+/// The first attribute of type `kind` (flags in the type ignored) in a
+/// generic netlink reply or an extended ack.
 fn find_attr(mut attrs: &[u8], kind: u16) -> io::Result<Option<&[u8]>> {
     while !attrs.is_empty() {
         let (len, this) = ne_u16(attrs, 0).zip(ne_u16(attrs, 2)).ok_or_else(truncated)?;
@@ -277,7 +265,7 @@ fn find_attr(mut attrs: &[u8], kind: u16) -> io::Result<Option<&[u8]>> {
 }
 
 fn truncated() -> io::Error {
-    invalid("a truncated generic netlink answer")
+    invalid("a truncated netlink answer")
 }
 
 fn invalid(what: &str) -> io::Error {
