@@ -10,18 +10,23 @@
 # libraries (.devkit/root/lib, all but the C library's own, which the
 # other machine has); .devkit/natrix is a stripped release build;
 # .devkit/CONFIG.toml are natrix configurations for the lab: the lab's own
-# with the tester's limits lifted (as `natrix test` writes it), for one
-# and two workers, with `offload` on ("auto") or off. On the other machine:
+# with the tester's limits lifted (as `natrix test` writes it), for 1, 2
+# and 4 workers (wN.toml), with `offload` off (wN-nooffload.toml) or
+# without deferral (`prefer_busy_poll = false`, wN-nodefer.toml). With
+# DEVKIT_PERF=1 the kit holds perf too. On the other machine:
 #
 #   RUNS="kernel:1:1 natrix:1:1:w1.toml natrix:1:1:w1-nooffload.toml" BUDGET=400 OUT=$OUT .devkit/run.sh
 #
 # each run DUT:WORKERS:QUEUES[:CONFIG] one `natrix test --json` (TESTS,
 # MAXRATE as below), results in $OUT/results.jsonl with the run named,
-# stderr and natrix's log beside it; runs past BUDGET seconds are skipped.
+# stderr and natrix's logs in $OUT/logs.tgz; runs past BUDGET seconds are
+# skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=.devkit
 TOOLS=(ip ss nft iperf3 ethtool sysctl)
+# perf (28 MiB with its libraries) where asked for: DEVKIT_PERF=1.
+[ -n "${DEVKIT_PERF:-}" ] && TOOLS+=(perf)
 # The C library's own: the other machine's are used.
 SYSTEM_LIBS='/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux[^/]*)\.so'
 
@@ -58,7 +63,7 @@ base = open(lab).read()
 base = base.replace("max_ports_per_subscriber = 2000\n", "max_ports_per_subscriber = 64512\nmax_sessions_per_subscriber = 1048576\nmax_sessions = 262144\n")
 assert "max_sessions = 262144" in base, "the lab's configuration changed: update scripts/devkit.sh"
 for workers in (1, 2, 4):
-    for name, extra in (("", ""), ("-nooffload", "offload = false\n")):
+    for name, extra in (("", ""), ("-nooffload", "offload = false\n"), ("-nodefer", "prefer_busy_poll = false\n")):
         text = base.replace("workers = 1\n", f"workers = {workers}\n{extra}")
         open(f"{kit}/w{workers}{name}.toml", "w").write(text)
 EOF
@@ -84,6 +89,8 @@ for r in $RUNS; do
   cp /tmp/nt/natrix.log "$OUT/natrix-$dut-$w-$q-${config%.toml}.log" 2>/dev/null
   "$K/natrix" lab down > /dev/null 2>&1
 done
+# Few files come back from a lent machine: the logs as one archive.
+(cd "$OUT" && tar czf logs.tgz stderr-* natrix-*.log 2>/dev/null && rm -f stderr-* natrix-*.log)
 EOF
 chmod +x "$KIT/run.sh"
 echo "devkit: $KIT ready ($(du -sh "$KIT" | cut -f1)); carry it to the other machine with the working tree"

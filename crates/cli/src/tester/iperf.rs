@@ -2,8 +2,9 @@
 //! program: iperf3 from nx-sub1 to nx-srv1 with the hosts' own kernel
 //! stacks (offloads off, as the lab sets them). It runs before the
 //! tester's ports open, since those take every frame of both hosts.
-//! Beside the throughput: the device's CPU time per frame, and whether
-//! the lab's CPUs were the limit instead.
+//! Beside the throughput: the device's CPU time per frame, whether the
+//! lab's CPUs were the limit instead, and the frames dropped at the
+//! device's edges (which TCP retransmits).
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 use natrix_tester::report::{object, Criterion, Line};
 use serde_json::{json, Map, Value};
 
-use super::lab::{cpu_set, IperfCpus};
+use super::lab::{cpu_set, EdgeDrops, IperfCpus};
 use super::tcp_meter::{CpuShares, Meter};
 use crate::Failure;
 
@@ -31,9 +32,11 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(5);
 pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], hosts: &IperfCpus) -> Result<Line, Failure> {
     let (mut server, server_cpu) = Server::start(hosts.server)?;
     server.wait_listening()?;
+    let drops_before = EdgeDrops::read();
     let meter = Meter::start();
     let (out, client_cpu) = client(seconds, hosts.client)?;
     let cpu = meter.and_then(|m| m.finish(device_cpus));
+    let dropped = drops_before.zip(EdgeDrops::read()).map(|(before, after)| after.since(&before));
     let (bps, retransmits) = received(&out)?;
     let mut result = object([
         ("gbps", json!(bps / 1e9)),
@@ -43,6 +46,9 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], hosts: &Ip
     ]);
     if let Some(c) = &cpu {
         result.extend(cost(c));
+    }
+    if let Some(d) = dropped {
+        result.insert("dropped".into(), json!({"into_device": d.into_device, "in_device": d.in_device, "out_of_device": d.out_of_device}));
     }
     let generator_limited = cpu.is_some_and(|c| c.lab_was_the_limit());
     Ok(Line { test: "tcp_throughput", dut: dut.to_owned(), frame_size: 1518, flows: 1, criterion: Criterion::Zero, method: "iperf3", result, generator_limited })

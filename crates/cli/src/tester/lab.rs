@@ -27,6 +27,8 @@ pub const NAT_NS: &str = "nx-nat";
 const SWITCH_NS: &str = "nx-sw";
 /// The device's two links' ends in nx-sw: what the device sends arrives there.
 const DEVICE_PEERS: [&str; 2] = ["nx-nat-in", "nx-nat-out"];
+/// The device's two links in nx-nat.
+const DEVICE_LINKS: [&str; 2] = ["inside", "outside"];
 /// br_netfilter's keys, where it is loaded: bridged frames through netfilter's hooks.
 const BRIDGE_FILTERING: [&str; 3] =
     ["/proc/sys/net/bridge/bridge-nf-call-iptables", "/proc/sys/net/bridge/bridge-nf-call-ip6tables", "/proc/sys/net/bridge/bridge-nf-call-arptables"];
@@ -132,7 +134,7 @@ impl Lab {
         for (path, value) in KERNEL_UDP_TIMEOUTS {
             self.set(NAT_NS, path, value)?;
         }
-        self.steer_receive(NAT_NS, &["inside", "outside"], &dut_cpus(workers))
+        self.steer_receive(NAT_NS, &DEVICE_LINKS, &dut_cpus(workers))
     }
 
     /// What the device sends, received in nx-sw and from there by the
@@ -308,15 +310,66 @@ impl SwitchCounters {
         let mut text = String::new();
         self.0.seek(SeekFrom::Start(0)).ok()?;
         self.0.read_to_string(&mut text).ok()?;
-        DEVICE_PEERS.iter().map(|dev| rx_packets(&text, dev)).sum()
+        DEVICE_PEERS.iter().map(|dev| dev_counter(&text, dev, RX_PACKETS)).sum()
     }
 }
 
-/// `dev`'s received packets in /proc/net/dev's `text`: the second number
-/// after its name.
-fn rx_packets(text: &str, dev: &str) -> Option<u64> {
+/// Frames dropped at the device's edges, as the interfaces count them
+/// (veth counts a frame its peer's receive queue refused as a transmit
+/// drop of the sender). The same counts for natrix and the kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EdgeDrops {
+    /// The switch could not hand them to the device: its receive queue was full.
+    pub into_device: u64,
+    /// The device's links dropped them on receive.
+    pub in_device: u64,
+    /// The device could not hand them to the switch: sent (a transmit
+    /// drop) or redirected by XDP (veth's `xdp_xmit_err`).
+    pub out_of_device: u64,
+}
+
+impl EdgeDrops {
+    /// The counts so far; None where /proc/net/dev could not be read.
+    pub fn read() -> Option<EdgeDrops> {
+        let switch = in_ns(SWITCH_NS, "cat", &["/proc/net/dev"]).ok()?;
+        let nat = in_ns(NAT_NS, "cat", &["/proc/net/dev"]).ok()?;
+        let into_device = DEVICE_PEERS.iter().map(|dev| dev_counter(&switch, dev, TX_DROP)).sum::<Option<u64>>()?;
+        let in_device = DEVICE_LINKS.iter().map(|dev| dev_counter(&nat, dev, RX_DROP)).sum::<Option<u64>>()?;
+        let sent = DEVICE_LINKS.iter().map(|dev| dev_counter(&nat, dev, TX_DROP)).sum::<Option<u64>>()?;
+        let redirected: u64 = DEVICE_LINKS.iter().map(|dev| xdp_xmit_errors(dev)).sum();
+        Some(EdgeDrops { into_device, in_device, out_of_device: sent + redirected })
+    }
+
+    /// What was dropped between `before` and `self`.
+    pub fn since(&self, before: &EdgeDrops) -> EdgeDrops {
+        EdgeDrops {
+            into_device: self.into_device.saturating_sub(before.into_device),
+            in_device: self.in_device.saturating_sub(before.in_device),
+            out_of_device: self.out_of_device.saturating_sub(before.out_of_device),
+        }
+    }
+}
+
+/// XDP frames redirected out of `dev` that its peer's queue refused, by
+/// veth's `ethtool -S` counters (0 where it has none).
+fn xdp_xmit_errors(dev: &str) -> u64 {
+    in_ns(NAT_NS, "ethtool", &["-S", dev]).map_or(0, |stats| sum_of_stats(&stats, "xdp_xmit_err"))
+}
+
+/// The sum of the `ethtool -S` counters in `stats` whose names end in `suffix`.
+fn sum_of_stats(stats: &str, suffix: &str) -> u64 {
+    stats.lines().filter_map(|l| l.trim().split_once(':')).filter(|(name, _)| name.ends_with(suffix)).filter_map(|(_, value)| value.trim().parse::<u64>().ok()).sum()
+}
+
+/// /proc/net/dev's columns after an interface's name.
+const RX_PACKETS: usize = 1;
+const RX_DROP: usize = 3;
+const TX_DROP: usize = 11;
+
+/// `dev`'s counter in `column` of /proc/net/dev's `text`.
+fn dev_counter(text: &str, dev: &str, column: usize) -> Option<u64> {
     let line = text.lines().find_map(|l| l.trim_start().strip_prefix(dev)?.strip_prefix(':'))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    line.split_whitespace().nth(column)?.parse().ok()
 }
 
 /// `cpus` as `rps_cpus` takes them: hexadecimal 32-bit groups, the
@@ -404,7 +457,7 @@ fn existing_kind() -> Result<Kind, Failure> {
 /// Returns what could not be done, one line per thread, for the run's notes.
 pub fn napi_on_cpus(cpus: &[usize]) -> Vec<String> {
     let mut failed = Vec::new();
-    for dev in ["inside", "outside"] {
+    for dev in DEVICE_LINKS {
         if let Err(e) = write_in_nat(&format!("/sys/class/net/{dev}/threaded"), "1") {
             failed.push(format!("{dev}: no threaded NAPI, so its receive work runs on the CPU that sends to it: {e}"));
         }
@@ -508,13 +561,30 @@ mod tests {
     }
 
     #[test]
-    fn received_packets_are_read_by_interface_name() {
+    fn interface_counters_are_read_by_name_and_column() {
         let dev = "Inter-|   Receive                            |  Transmit\n face |bytes    packets errs drop\n\
-                   nx-nat-in: 1500 12 0 0 0 0 0 0 900 7 0 0 0 0 0 0\n\
+                   nx-nat-in: 1500 12 0 4 0 0 0 0 900 7 0 9 0 0 0 0\n\
                    nx-nat-out:99000 66 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
-        assert_eq!(rx_packets(dev, "nx-nat-in"), Some(12));
-        assert_eq!(rx_packets(dev, "nx-nat-out"), Some(66));
-        assert_eq!(rx_packets(dev, "nx-nat"), None);
+        assert_eq!(dev_counter(dev, "nx-nat-in", RX_PACKETS), Some(12));
+        assert_eq!(dev_counter(dev, "nx-nat-out", RX_PACKETS), Some(66));
+        assert_eq!(dev_counter(dev, "nx-nat-in", RX_DROP), Some(4));
+        assert_eq!(dev_counter(dev, "nx-nat-in", TX_DROP), Some(9));
+        assert_eq!(dev_counter(dev, "nx-nat", RX_PACKETS), None);
+    }
+
+    #[test]
+    fn redirects_refused_are_summed_over_veths_queues() {
+        let stats = "NIC statistics:\n     peer_ifindex: 5\n     rx_queue_0_xdp_packets: 45600\n\
+                     tx_queue_0_xdp_xmit: 1495829\n     tx_queue_0_xdp_xmit_err: 3\n     tx_queue_1_xdp_xmit_err: 40\n";
+        assert_eq!(sum_of_stats(stats, "xdp_xmit_err"), 43);
+        assert_eq!(sum_of_stats("no stats available\n", "xdp_xmit_err"), 0);
+    }
+
+    #[test]
+    fn drops_since_a_reading_are_the_differences() {
+        let before = EdgeDrops { into_device: 10, in_device: 0, out_of_device: 5 };
+        let after = EdgeDrops { into_device: 25, in_device: 1, out_of_device: 5 };
+        assert_eq!(after.since(&before), EdgeDrops { into_device: 15, in_device: 1, out_of_device: 0 });
     }
 
     #[test]
