@@ -26,7 +26,7 @@ cd "$(dirname "$0")/.."
 KIT=.devkit
 TOOLS=(ip ss nft iperf3 ethtool sysctl)
 # perf (28 MiB with its libraries) where asked for: DEVKIT_PERF=1.
-[ -n "${DEVKIT_PERF:-}" ] && TOOLS+=(perf)
+if [ "${DEVKIT_PERF:-0}" = 1 ]; then TOOLS+=(perf); fi
 # The C library's own: the other machine's are used.
 SYSTEM_LIBS='/(libc|libm|libpthread|libdl|librt|libresolv|ld-linux[^/]*)\.so'
 
@@ -90,7 +90,7 @@ for r in $RUNS; do
   "$K/natrix" lab down > /dev/null 2>&1
 done
 # Few files come back from a lent machine: the logs as one archive.
-(cd "$OUT" && tar czf logs.tgz stderr-* natrix-*.log 2>/dev/null && rm -f stderr-* natrix-*.log)
+(cd "$OUT" && shopt -s nullglob && logs=(stderr-* natrix-*.log) && [ ${#logs[@]} -gt 0 ] && tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}")
 EOF
 chmod +x "$KIT/run.sh"
 echo "devkit: $KIT ready ($(du -sh "$KIT" | cut -f1)); carry it to the other machine with the working tree"

@@ -48,7 +48,7 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], hosts: &Ip
         result.extend(cost(c));
     }
     if let Some(d) = dropped {
-        result.insert("dropped".into(), json!({"into_device": d.into_device, "in_device": d.in_device, "out_of_device": d.out_of_device}));
+        result.insert("dropped".into(), json!({"into_device": d.into_device, "out_of_device": d.out_of_device}));
     }
     let generator_limited = cpu.is_some_and(|c| c.lab_was_the_limit());
     Ok(Line { test: "tcp_throughput", dut: dut.to_owned(), frame_size: 1518, flows: 1, criterion: Criterion::Zero, method: "iperf3", result, generator_limited })

@@ -314,17 +314,15 @@ impl SwitchCounters {
     }
 }
 
-/// Frames dropped at the device's edges, as the interfaces count them
-/// (veth counts a frame its peer's receive queue refused as a transmit
-/// drop of the sender). The same counts for natrix and the kernel.
+/// Frames lost at the device's edges, as veth counts them: a frame its
+/// peer's queue refused (a full ring, a full backlog, a failed XDP
+/// redirect) is a transmit drop of the sender. Each direction is counted
+/// at its sender alone, the same way for natrix and the kernel.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EdgeDrops {
     /// The switch could not hand them to the device: its receive queue was full.
     pub into_device: u64,
-    /// The device's links dropped them on receive.
-    pub in_device: u64,
-    /// The device could not hand them to the switch: sent (a transmit
-    /// drop) or redirected by XDP (veth's `xdp_xmit_err`).
+    /// The device could not hand them to the switch, sent or redirected by XDP.
     pub out_of_device: u64,
 }
 
@@ -333,37 +331,28 @@ impl EdgeDrops {
     pub fn read() -> Option<EdgeDrops> {
         let switch = in_ns(SWITCH_NS, "cat", &["/proc/net/dev"]).ok()?;
         let nat = in_ns(NAT_NS, "cat", &["/proc/net/dev"]).ok()?;
-        let into_device = DEVICE_PEERS.iter().map(|dev| dev_counter(&switch, dev, TX_DROP)).sum::<Option<u64>>()?;
-        let in_device = DEVICE_LINKS.iter().map(|dev| dev_counter(&nat, dev, RX_DROP)).sum::<Option<u64>>()?;
-        let sent = DEVICE_LINKS.iter().map(|dev| dev_counter(&nat, dev, TX_DROP)).sum::<Option<u64>>()?;
-        let redirected: u64 = DEVICE_LINKS.iter().map(|dev| xdp_xmit_errors(dev)).sum();
-        Some(EdgeDrops { into_device, in_device, out_of_device: sent + redirected })
+        EdgeDrops::from_counters(&switch, &nat)
+    }
+
+    /// From /proc/net/dev as read in nx-sw (`switch`) and in nx-nat (`nat`).
+    fn from_counters(switch: &str, nat: &str) -> Option<EdgeDrops> {
+        Some(EdgeDrops { into_device: tx_drops(switch, &DEVICE_PEERS)?, out_of_device: tx_drops(nat, &DEVICE_LINKS)? })
     }
 
     /// What was dropped between `before` and `self`.
     pub fn since(&self, before: &EdgeDrops) -> EdgeDrops {
-        EdgeDrops {
-            into_device: self.into_device.saturating_sub(before.into_device),
-            in_device: self.in_device.saturating_sub(before.in_device),
-            out_of_device: self.out_of_device.saturating_sub(before.out_of_device),
-        }
+        EdgeDrops { into_device: self.into_device.saturating_sub(before.into_device), out_of_device: self.out_of_device.saturating_sub(before.out_of_device) }
     }
 }
 
-/// XDP frames redirected out of `dev` that its peer's queue refused, by
-/// veth's `ethtool -S` counters (0 where it has none).
-fn xdp_xmit_errors(dev: &str) -> u64 {
-    in_ns(NAT_NS, "ethtool", &["-S", dev]).map_or(0, |stats| sum_of_stats(&stats, "xdp_xmit_err"))
+/// The transmit drops of `devs` together, from /proc/net/dev's `text`.
+fn tx_drops(text: &str, devs: &[&str]) -> Option<u64> {
+    devs.iter().map(|dev| dev_counter(text, dev, TX_DROP)).sum()
 }
 
-/// The sum of the `ethtool -S` counters in `stats` whose names end in `suffix`.
-fn sum_of_stats(stats: &str, suffix: &str) -> u64 {
-    stats.lines().filter_map(|l| l.trim().split_once(':')).filter(|(name, _)| name.ends_with(suffix)).filter_map(|(_, value)| value.trim().parse::<u64>().ok()).sum()
-}
-
-/// /proc/net/dev's columns after an interface's name.
+/// Columns of /proc/net/dev after an interface's name: received packets,
+/// and transmit drops (the receive columns come first, eight of them).
 const RX_PACKETS: usize = 1;
-const RX_DROP: usize = 3;
 const TX_DROP: usize = 11;
 
 /// `dev`'s counter in `column` of /proc/net/dev's `text`.
@@ -567,24 +556,41 @@ mod tests {
                    nx-nat-out:99000 66 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
         assert_eq!(dev_counter(dev, "nx-nat-in", RX_PACKETS), Some(12));
         assert_eq!(dev_counter(dev, "nx-nat-out", RX_PACKETS), Some(66));
-        assert_eq!(dev_counter(dev, "nx-nat-in", RX_DROP), Some(4));
         assert_eq!(dev_counter(dev, "nx-nat-in", TX_DROP), Some(9));
         assert_eq!(dev_counter(dev, "nx-nat", RX_PACKETS), None);
     }
 
+    /// /proc/net/dev as the kernel writes it: names right-aligned, long
+    /// counters running into the colon.
+    const SWITCH_DEV: &str = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
+ nx-nat-in: 2685808   45611    0    3    0     0          0         0 2673430775 1782446    0 59744    0     0       0          0
+nx-nat-out:2264566524 1495857    0    0    0     0          0         0  2685808   45600    0  488    0     0       0          0
+  nx-sub1: 9000 100 0 0 0 0 0 0 9000 100 0 7 0 0 0 0
+";
+    const NAT_DEV: &str = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
+inside: 2673430775 1782446    0   11    0     0          0         0  2685808   45611    0    2    0     0       0          0
+outside: 2685808   45600    0    0    0     0          0         0 2264566524 1495857    0   40    0     0       0          0
+";
+
     #[test]
-    fn redirects_refused_are_summed_over_veths_queues() {
-        let stats = "NIC statistics:\n     peer_ifindex: 5\n     rx_queue_0_xdp_packets: 45600\n\
-                     tx_queue_0_xdp_xmit: 1495829\n     tx_queue_0_xdp_xmit_err: 3\n     tx_queue_1_xdp_xmit_err: 40\n";
-        assert_eq!(sum_of_stats(stats, "xdp_xmit_err"), 43);
-        assert_eq!(sum_of_stats("no stats available\n", "xdp_xmit_err"), 0);
+    fn each_direction_is_counted_at_its_sender_alone() {
+        // Into the device: nx-sw's ends of its links; out of it: its own
+        // links. Receive drops and other interfaces count nowhere.
+        let drops = EdgeDrops::from_counters(SWITCH_DEV, NAT_DEV).unwrap();
+        assert_eq!(drops, EdgeDrops { into_device: 59744 + 488, out_of_device: 2 + 40 });
+        // A link missing from either file: no count rather than a wrong one.
+        assert_eq!(EdgeDrops::from_counters(SWITCH_DEV, &NAT_DEV.replace("outside:", "other:")), None);
     }
 
     #[test]
     fn drops_since_a_reading_are_the_differences() {
-        let before = EdgeDrops { into_device: 10, in_device: 0, out_of_device: 5 };
-        let after = EdgeDrops { into_device: 25, in_device: 1, out_of_device: 5 };
-        assert_eq!(after.since(&before), EdgeDrops { into_device: 15, in_device: 1, out_of_device: 0 });
+        let before = EdgeDrops { into_device: 10, out_of_device: 5 };
+        let after = EdgeDrops { into_device: 25, out_of_device: 5 };
+        assert_eq!(after.since(&before), EdgeDrops { into_device: 15, out_of_device: 0 });
     }
 
     #[test]
