@@ -18,7 +18,7 @@
 #   RUNS="kernel:1:1 natrix:1:1:w1.toml natrix:1:1:w1-nooffload.toml" BUDGET=400 OUT=$OUT .devkit/run.sh
 #
 # each run DUT:WORKERS:QUEUES[:CONFIG] one `natrix test --json` (TESTS,
-# MAXRATE as below), results in $OUT/results.jsonl with the run named,
+# MAXRATE and NTARGS, more options, as below), results in $OUT/results.jsonl with the run named,
 # stderr and natrix's logs in $OUT/logs.tgz; runs past BUDGET seconds are
 # skipped.
 set -euo pipefail
@@ -83,6 +83,8 @@ for r in $RUNS; do
   args=(--dut "$dut" --workers "$w" --queues "$q" --tests "${TESTS:-tcp,throughput,connection_rate,cpu}" --sizes 64
         --max-rate "${MAXRATE:-1500000}" --trial-seconds 1 --json --out /tmp/nt --natrix "$K/natrix")
   [ -n "$config" ] && args+=(--config "$K/$config")
+  # More `natrix test` options for every run, e.g. NTARGS="--switch-napi lab".
+  [ -n "${NTARGS:-}" ] && read -r -a more <<< "$NTARGS" && args+=("${more[@]}")
   echo "== $r $(date +%T)" >> "$OUT/log"
   timeout 150 "$K/natrix" test "${args[@]}" 2>> "$OUT/stderr-$dut-$w-$q" | sed "s/^{/{\"run\":\"$r\",/" >> "$OUT/results.jsonl"
   echo "rc $? $(date +%T)" >> "$OUT/log"

@@ -137,13 +137,20 @@ def in_switch(*cmd):
     return subprocess.run(["ip", "netns", "exec", "nx-sw", *cmd], capture_output=True, text=True, timeout=10)
 
 
-def napi_threads():
-    """(comm, scheduling class, real-time priority, CPU affinity) of the NAPI threads of nx-nat's links."""
+# The NAPI threads of the switch's ends of the device's links, by their
+# names as the kernel cuts them (15 characters).
+SWITCH_NAPI = ("napi/nx-nat-in-", "napi/nx-nat-out")
+
+
+def napi_threads(prefixes=("napi/inside-", "napi/outside-")):
+    """(comm, scheduling class, real-time priority, CPU affinity) of the
+    NAPI threads whose names begin with `prefixes` (the kernel cuts a
+    thread's name to 15 characters): by default, those of nx-nat's links."""
     ps = subprocess.run(["ps", "-eo", "comm=,cls=,rtprio=,pid="], capture_output=True, text=True, timeout=10).stdout
     found = []
     for line in ps.splitlines():
         parts = line.split()
-        if len(parts) == 4 and parts[0].startswith(("napi/inside-", "napi/outside-")):
+        if len(parts) == 4 and parts[0].startswith(prefixes):
             try:
                 affinity = os.sched_getaffinity(int(parts[3]))
             except OSError:
@@ -166,7 +173,7 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
         proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "natrix", "--quick", "--tests", "cpu", "--json",
                                  "--out", str(tmp_path / "results")],
                                 stdout=out_file, stderr=err_file, text=True, env=h.clean_env())
-    masks, threads, filtering, bridge_keys = {}, [], {}, False
+    masks, threads, switch_threads, filtering, bridge_keys = {}, [], [], {}, False
     deadline = time.monotonic() + 240
     while proc.poll() is None and time.monotonic() < deadline:
         for dev in ("nx-nat-in", "nx-nat-out"):
@@ -179,6 +186,7 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
             if got.returncode == 0:
                 filtering[key] = got.stdout.strip()
         threads = napi_threads() or threads
+        switch_threads = switch_threads or napi_threads(SWITCH_NAPI)
         time.sleep(0.2)
     if proc.poll() is None:
         proc.kill()
@@ -195,6 +203,7 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
         assert len(filtering) == 2 and all(v == "0" for v in filtering.values()), f"nx-sw filters bridged frames: {filtering}"
 
     assert {name.split("-")[0] for name, *_ in threads} == {"napi/inside", "napi/outside"}, f"no NAPI threads seen: {threads}"
+    assert not switch_threads, f"the switch's NAPI was threaded without --switch-napi lab: {switch_threads}"
     # Where real-time priority is refused (a cgroup without RT time), the
     # tester must say so rather than measure quietly without it.
     refused = "left at its priority, not SCHED_FIFO 50" in err
@@ -202,6 +211,43 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
         assert (cls, rtprio) == ("FF", "50") or refused, f"{name}: {cls} {rtprio}, and natrix test did not say why:\n{err[-2000:]}"
         assert affinity == {1}, f"{name} runs on {affinity}, natrix's worker on CPU 1"
     assert not lab_up(), "natrix test left its lab behind"
+
+
+def test_the_switch_receives_in_napi_threads_on_the_lab_cpus_when_asked(no_lab, tmp_path):
+    """README, "Measuring", `--switch-napi lab`: the switch's ends of the
+    device's links get threaded NAPI, its threads on the lab's CPUs at
+    SCHED_FIFO 50, for either device; by default ("sender") they have
+    none, and veth runs that work on the CPU that sent."""
+    cpus = os.cpu_count()
+    if cpus < 2:
+        pytest.skip("one CPU: the lab has no CPUs apart from the device's")
+    stderr = tmp_path / "stderr"
+    with open(stderr, "w") as err_file:
+        proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "kernel", "--quick", "--tests", "cpu", "--switch-napi", "lab",
+                                 "--json", "--out", str(tmp_path / "results")],
+                                stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=h.clean_env())
+    threads = []
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        threads = napi_threads(SWITCH_NAPI) or threads
+        time.sleep(0.2)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    err = stderr.read_text()
+    assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{err[-3000:]}"
+    assert {name for name, *_ in threads} == set(SWITCH_NAPI), f"the switch's NAPI threads were not seen: {threads}"
+    refused = "left at its priority, not SCHED_FIFO 50" in err
+    want = set(expected_lab_cpus(1, cpus))
+    for name, cls, rtprio, affinity in threads:
+        assert (cls, rtprio) == ("FF", "50") or refused, f"{name}: {cls} {rtprio}, and natrix test did not say why:\n{err[-2000:]}"
+        assert affinity == want, f"{name} runs on {affinity}, want the lab's CPUs {want}"
+    assert not lab_up(), "natrix test left its lab behind"
+    # The kernel removes a deleted namespace's devices, and their threads, in the background.
+    gone = time.monotonic() + 20
+    while napi_threads(SWITCH_NAPI) and time.monotonic() < gone:
+        time.sleep(0.2)
+    assert not napi_threads(SWITCH_NAPI), "the switch's NAPI threads outlived the lab"
 
 
 def expected_iperf3_cpus(workers, cpus):

@@ -66,6 +66,19 @@ impl Kind {
     }
 }
 
+/// Where the switch receives what the device sends (`--switch-napi`).
+/// veth runs it in softirq on the CPU that sent the frame: the device's,
+/// which then pays for the switch's GRO of every frame it sends
+/// (docs/BENCHMARKS.md, "What the switch's GRO costs the device"). In
+/// NAPI threads on the lab's CPUs it is the lab's, as on a separate
+/// machine; on a host whose only lab CPU is the tester's, those threads
+/// starve behind the generator.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SwitchNapi {
+    Sender,
+    Lab,
+}
+
 /// The lab, for as long as the tester uses it.
 pub struct Lab {
     exe: PathBuf,
@@ -80,6 +93,7 @@ pub struct Lab {
 
 pub struct LabOptions<'a> {
     pub workers: u32,
+    pub switch_napi: SwitchNapi,
     /// Queues of the device's interfaces, in a lab the tester builds.
     pub queues: u32,
     pub io: &'a str,
@@ -124,6 +138,9 @@ impl Lab {
             lab.prepare_kernel(opts.workers)?;
         }
         lab.steer_switch_receive(opts.workers);
+        if opts.switch_napi == SwitchNapi::Lab {
+            lab.switch_napi_on_lab_cpus(opts.workers);
+        }
         Ok(lab)
     }
 
@@ -158,6 +175,20 @@ impl Lab {
                     eprintln!("natrix test: nx-sw's bridges still filter: {e}");
                 }
             }
+        }
+    }
+
+    /// The switch's NAPI for what the device sends threaded, on the lab's
+    /// CPUs at the NAPI threads' priority (`SwitchNapi::Lab`). Best
+    /// effort, said on stderr.
+    fn switch_napi_on_lab_cpus(&mut self, workers: u32) {
+        for peer in DEVICE_PEERS {
+            if let Err(e) = self.set(SWITCH_NS, &format!("/sys/class/net/{peer}/threaded"), "1") {
+                eprintln!("natrix test: {peer}'s NAPI is not threaded, so it runs on the CPU that sends to it: {e}");
+            }
+        }
+        for failure in pin_napi_threads(&DEVICE_PEERS, &lab_cpus(workers)) {
+            eprintln!("natrix test: the switch's NAPI: {failure}");
         }
     }
 
@@ -451,10 +482,18 @@ pub fn napi_on_cpus(cpus: &[usize]) -> Vec<String> {
             failed.push(format!("{dev}: no threaded NAPI, so its receive work runs on the CPU that sends to it: {e}"));
         }
     }
-    let threads = napi_threads();
+    failed.extend(pin_napi_threads(&DEVICE_LINKS, cpus));
+    failed
+}
+
+/// Pins the NAPI threads of `devs` to `cpus` at SCHED_FIFO
+/// `NAPI_PRIORITY`; returns what could not be done, one line each.
+fn pin_napi_threads(devs: &[&str], cpus: &[usize]) -> Vec<String> {
+    let threads = napi_threads_of(devs);
     if threads.is_empty() {
-        failed.push("no NAPI threads of inside or outside found to pin to the device's CPUs".to_owned());
+        return vec![format!("no NAPI threads of {} found to pin to CPUs {cpus:?}", devs.join(" or "))];
     }
+    let mut failed = Vec::new();
     let set = cpu_set(cpus);
     let fifo = libc::sched_param { sched_priority: NAPI_PRIORITY };
     for pid in threads {
@@ -476,13 +515,20 @@ const NAPI_PRIORITY: libc::c_int = 50;
 
 /// The NAPI threads of nx-nat's links (threaded NAPI), by their names.
 pub fn napi_threads() -> Vec<libc::pid_t> {
+    napi_threads_of(&DEVICE_LINKS)
+}
+
+/// The NAPI threads of the interfaces named `devs`, in any namespace:
+/// the kernel names them "napi/DEV-ID", cut to 15 characters.
+fn napi_threads_of(devs: &[&str]) -> Vec<libc::pid_t> {
+    let prefixes: Vec<String> = devs.iter().map(|dev| format!("napi/{dev}-").chars().take(15).collect()).collect();
     let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
     procs
         .flatten()
         .filter_map(|p| {
             let pid = p.file_name().to_str()?.parse::<libc::pid_t>().ok()?;
             let comm = std::fs::read_to_string(p.path().join("comm")).ok()?;
-            (comm.starts_with("napi/inside-") || comm.starts_with("napi/outside-")).then_some(pid)
+            prefixes.iter().any(|prefix| comm.starts_with(prefix.as_str())).then_some(pid)
         })
         .collect()
 }
