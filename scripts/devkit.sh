@@ -18,7 +18,8 @@
 #   RUNS="kernel:1:1 natrix:1:1:w1.toml natrix:1:1:w1-nooffload.toml" BUDGET=400 OUT=$OUT .devkit/run.sh
 #
 # each run DUT:WORKERS:QUEUES[:CONFIG] one `natrix test --json` (TESTS,
-# MAXRATE and NTARGS, more options, as below), results in $OUT/results.jsonl with the run named,
+# MAXRATE and NTARGS, more options, as below), results in $OUT/results.jsonl
+# with the run and NTARGS named,
 # stderr and natrix's logs in $OUT/logs.tgz; runs past BUDGET seconds are
 # skipped.
 set -euo pipefail
@@ -85,14 +86,14 @@ for r in $RUNS; do
   [ -n "$config" ] && args+=(--config "$K/$config")
   # More `natrix test` options for every run, e.g. NTARGS="--switch-napi lab".
   [ -n "${NTARGS:-}" ] && read -r -a more <<< "$NTARGS" && args+=("${more[@]}")
-  echo "== $r $(date +%T)" >> "$OUT/log"
-  timeout 150 "$K/natrix" test "${args[@]}" 2>> "$OUT/stderr-$dut-$w-$q" | sed "s/^{/{\"run\":\"$r\",/" >> "$OUT/results.jsonl"
+  echo "== $r ${NTARGS:-} $(date +%T)" >> "$OUT/log"
+  timeout 150 "$K/natrix" test "${args[@]}" 2>> "$OUT/stderr-$dut-$w-$q" | sed "s/^{/{\"run\":\"$r\",\"ntargs\":\"${NTARGS:-}\",/" >> "$OUT/results.jsonl"
   echo "rc $? $(date +%T)" >> "$OUT/log"
   cp /tmp/nt/natrix.log "$OUT/natrix-$dut-$w-$q-${config%.toml}.log" 2>/dev/null
   "$K/natrix" lab down > /dev/null 2>&1
 done
 # Few files come back from a lent machine: the logs as one archive.
-(cd "$OUT" && shopt -s nullglob && logs=(stderr-* natrix-*.log) && [ ${#logs[@]} -gt 0 ] && tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}")
+(cd "$OUT" && shopt -s nullglob && logs=(stderr-* natrix-*.log) && [ ${#logs[@]} -gt 0 ] && tar czf logs.tgz "${logs[@]}" && rm -f "${logs[@]}") || true
 EOF
 chmod +x "$KIT/run.sh"
 echo "devkit: $KIT ready ($(du -sh "$KIT" | cut -f1)); carry it to the other machine with the working tree"

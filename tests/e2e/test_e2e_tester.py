@@ -216,8 +216,8 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
 def test_the_switch_receives_in_napi_threads_on_the_lab_cpus_when_asked(no_lab, tmp_path):
     """README, "Measuring", `--switch-napi lab`: the switch's ends of the
     device's links get threaded NAPI, its threads on the lab's CPUs at
-    SCHED_FIFO 50, for either device; by default ("sender") they have
-    none, and veth runs that work on the CPU that sent."""
+    SCHED_FIFO 50 (the kernel as the device here; the default, "sender",
+    is checked with natrix above)."""
     cpus = os.cpu_count()
     if cpus < 2:
         pytest.skip("one CPU: the lab has no CPUs apart from the device's")
@@ -236,18 +236,13 @@ def test_the_switch_receives_in_napi_threads_on_the_lab_cpus_when_asked(no_lab, 
     proc.wait()
     err = stderr.read_text()
     assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{err[-3000:]}"
-    assert {name for name, *_ in threads} == set(SWITCH_NAPI), f"the switch's NAPI threads were not seen: {threads}"
+    assert {name for name, *_ in threads} == set(SWITCH_NAPI), f"the switch's NAPI threads were not seen: {threads}\n{err[-2000:]}"
     refused = "left at its priority, not SCHED_FIFO 50" in err
     want = set(expected_lab_cpus(1, cpus))
     for name, cls, rtprio, affinity in threads:
         assert (cls, rtprio) == ("FF", "50") or refused, f"{name}: {cls} {rtprio}, and natrix test did not say why:\n{err[-2000:]}"
         assert affinity == want, f"{name} runs on {affinity}, want the lab's CPUs {want}"
     assert not lab_up(), "natrix test left its lab behind"
-    # The kernel removes a deleted namespace's devices, and their threads, in the background.
-    gone = time.monotonic() + 20
-    while napi_threads(SWITCH_NAPI) and time.monotonic() < gone:
-        time.sleep(0.2)
-    assert not napi_threads(SWITCH_NAPI), "the switch's NAPI threads outlived the lab"
 
 
 def expected_iperf3_cpus(workers, cpus):

@@ -73,9 +73,11 @@ impl Kind {
 /// NAPI threads on the lab's CPUs it is the lab's, as on a separate
 /// machine; on a host whose only lab CPU is the tester's, those threads
 /// starve behind the generator.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum SwitchNapi {
+    /// In softirq on the CPU that sent (the device's), as veth does it.
     Sender,
+    /// In NAPI threads on the lab's CPUs at SCHED_FIFO 50.
     Lab,
 }
 
@@ -139,7 +141,7 @@ impl Lab {
         }
         lab.steer_switch_receive(opts.workers);
         if opts.switch_napi == SwitchNapi::Lab {
-            lab.switch_napi_on_lab_cpus(opts.workers);
+            lab.switch_napi_on_lab_cpus(opts.workers)?;
         }
         Ok(lab)
     }
@@ -179,16 +181,27 @@ impl Lab {
     }
 
     /// The switch's NAPI for what the device sends threaded, on the lab's
-    /// CPUs at the NAPI threads' priority (`SwitchNapi::Lab`). Best
-    /// effort, said on stderr.
-    fn switch_napi_on_lab_cpus(&mut self, workers: u32) {
-        for peer in DEVICE_PEERS {
-            if let Err(e) = self.set(SWITCH_NS, &format!("/sys/class/net/{peer}/threaded"), "1") {
-                eprintln!("natrix test: {peer}'s NAPI is not threaded, so it runs on the CPU that sends to it: {e}");
-            }
+    /// CPUs at the NAPI threads' priority (`SwitchNapi::Lab`). Asked for,
+    /// it is done or the run refused. The threads' affinity and priority
+    /// are not recorded to put back: writing `threaded` back ends them.
+    fn switch_napi_on_lab_cpus(&mut self, workers: u32) -> Result<(), Failure> {
+        let cpus = lab_cpus(workers);
+        if cpus.is_empty() {
+            return Err(Failure::Other("--switch-napi lab: one CPU, so the lab has none of its own for the switch's NAPI".into()));
         }
-        for failure in pin_napi_threads(&DEVICE_PEERS, &lab_cpus(workers)) {
-            eprintln!("natrix test: the switch's NAPI: {failure}");
+        if cpus == [0] {
+            eprintln!("natrix test: --switch-napi lab: the lab's only CPU is the tester's CPU 0, where the switch's NAPI threads may starve behind the generator");
+        }
+        for peer in DEVICE_PEERS {
+            self.set(SWITCH_NS, &format!("/sys/class/net/{peer}/threaded"), "1").map_err(|e| {
+                Failure::Other(format!(
+                    "--switch-napi lab: nx-sw's {peer} has no NAPI to thread, as its GRO is off (a lab left up by an older natrix?): `natrix lab down` and run again ({e})"
+                ))
+            })?;
+        }
+        match pin_napi_threads(&DEVICE_PEERS, &cpus).as_slice() {
+            [] => Ok(()),
+            failed => Err(Failure::Other(format!("--switch-napi lab: {}", failed.join("; ")))),
         }
     }
 
@@ -489,21 +502,23 @@ pub fn napi_on_cpus(cpus: &[usize]) -> Vec<String> {
 /// Pins the NAPI threads of `devs` to `cpus` at SCHED_FIFO
 /// `NAPI_PRIORITY`; returns what could not be done, one line each.
 fn pin_napi_threads(devs: &[&str], cpus: &[usize]) -> Vec<String> {
-    let threads = napi_threads_of(devs);
-    if threads.is_empty() {
-        return vec![format!("no NAPI threads of {} found to pin to CPUs {cpus:?}", devs.join(" or "))];
-    }
     let mut failed = Vec::new();
     let set = cpu_set(cpus);
     let fifo = libc::sched_param { sched_priority: NAPI_PRIORITY };
-    for pid in threads {
-        // SAFETY: set is a live cpu_set_t of the size given.
-        if unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-            failed.push(format!("NAPI thread {pid} not pinned to CPUs {cpus:?}: {}", std::io::Error::last_os_error()));
+    for dev in devs {
+        let threads = napi_threads_of(&[dev]);
+        if threads.is_empty() {
+            failed.push(format!("no NAPI threads of {dev} found to pin to CPUs {cpus:?}"));
         }
-        // SAFETY: fifo is a live sched_param.
-        if unsafe { libc::sched_setscheduler(pid, libc::SCHED_FIFO, &fifo) } != 0 {
-            failed.push(format!("NAPI thread {pid} left at its priority, not SCHED_FIFO {NAPI_PRIORITY}: {}", std::io::Error::last_os_error()));
+        for pid in threads {
+            // SAFETY: set is a live cpu_set_t of the size given.
+            if unsafe { libc::sched_setaffinity(pid, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+                failed.push(format!("NAPI thread {pid} of {dev} not pinned to CPUs {cpus:?}: {}", std::io::Error::last_os_error()));
+            }
+            // SAFETY: fifo is a live sched_param.
+            if unsafe { libc::sched_setscheduler(pid, libc::SCHED_FIFO, &fifo) } != 0 {
+                failed.push(format!("NAPI thread {pid} of {dev} left at its priority, not SCHED_FIFO {NAPI_PRIORITY}: {}", std::io::Error::last_os_error()));
+            }
         }
     }
     failed
@@ -519,7 +534,9 @@ pub fn napi_threads() -> Vec<libc::pid_t> {
 }
 
 /// The NAPI threads of the interfaces named `devs`, in any namespace:
-/// the kernel names them "napi/DEV-ID", cut to 15 characters.
+/// the kernel names them "napi/DEV-ID", cut to 15 characters. The lab's
+/// names are its own; another namespace's interfaces of the same names
+/// would have their threads counted too.
 fn napi_threads_of(devs: &[&str]) -> Vec<libc::pid_t> {
     let prefixes: Vec<String> = devs.iter().map(|dev| format!("napi/{dev}-").chars().take(15).collect()).collect();
     let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
@@ -606,14 +623,14 @@ mod tests {
         assert_eq!(dev_counter(dev, "nx-nat", RX_PACKETS), None);
     }
 
-    /// /proc/net/dev as the kernel writes it: names right-aligned, long
-    /// counters running into the colon.
+    /// /proc/net/dev as the kernel writes it ("%6s: %7llu ..."): names
+    /// right-aligned in six columns, longer ones from the line's start.
     const SWITCH_DEV: &str = "Inter-|   Receive                                                |  Transmit
  face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
     lo:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0
- nx-nat-in: 2685808   45611    0    3    0     0          0         0 2673430775 1782446    0 59744    0     0       0          0
-nx-nat-out:2264566524 1495857    0    0    0     0          0         0  2685808   45600    0  488    0     0       0          0
-  nx-sub1: 9000 100 0 0 0 0 0 0 9000 100 0 7 0 0 0 0
+nx-nat-in: 2685808   45611    0    3    0     0          0         0 2673430775 1782446    0 59744    0     0       0          0
+nx-nat-out: 2264566524 1495857    0    0    0     0          0         0  2685808   45600    0  488    0     0       0          0
+nx-sub1: 9000     100    0    0    0     0          0         0     9000     100    0    7    0     0       0          0
 ";
     const NAT_DEV: &str = "Inter-|   Receive                                                |  Transmit
  face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed

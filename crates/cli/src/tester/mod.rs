@@ -98,11 +98,10 @@ pub struct Args {
     /// natrix's `io`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "af_xdp", "af_packet"])]
     io: String,
-    /// Where the switch receives what the device sends: "sender", in softirq on the CPU that sent it (the
-    /// device's, veth's way), or "lab", in NAPI threads on the lab's CPUs at SCHED_FIFO 50, for hosts where
-    /// the lab has CPUs of its own.
-    #[arg(long, default_value = "sender", value_parser = ["sender", "lab"])]
-    switch_napi: String,
+    /// Where the switch receives what the device sends: in softirq on the CPU that sent it (the device's,
+    /// veth's way), or in NAPI threads on the lab's CPUs, for hosts where the lab has CPUs of its own.
+    #[arg(long, value_enum, default_value_t = SwitchNapi::Sender)]
+    switch_napi: SwitchNapi,
     /// Receive queues of the device's two interfaces in a lab the tester builds (`natrix lab up --queues`):
     /// with as many as --workers, natrix runs per-queue workers, and the kernel gets each queue's receive
     /// work steered to the device's CPUs.
@@ -123,15 +122,6 @@ pub struct Args {
     out: PathBuf,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-}
-
-/// `--switch-napi`'s value (clap allows only these two).
-fn switch_napi(name: &str) -> SwitchNapi {
-    if name == "lab" {
-        SwitchNapi::Lab
-    } else {
-        SwitchNapi::Sender
-    }
 }
 
 /// How long and how large: the default profile and --quick.
@@ -226,8 +216,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     for (i, name) in args.dut.iter().enumerate() {
         let kind = if name == "kernel" { Kind::Kernel } else { Kind::Natrix };
         eprintln!("natrix test: {}: preparing the lab", kind.name());
-        let lab =
-            Lab::prepare(kind, &exe, &LabOptions { workers: args.workers, switch_napi: switch_napi(&args.switch_napi), queues: args.queues, io: &args.io, workdir: &workdir.0 })?;
+        let lab = Lab::prepare(kind, &exe, &LabOptions { workers: args.workers, switch_napi: args.switch_napi, queues: args.queues, io: &args.io, workdir: &workdir.0 })?;
         if i == 0 && (tests.contains(&"generator") || args.max_rate.is_none()) {
             let ceiling = generator_tests(&lab, &profile, tests.contains(&"generator"), args, &workdir.0, &mut out)?;
             if args.max_rate.is_none() {
