@@ -18,10 +18,9 @@
 #   RUNS="kernel:1:1 natrix:1:1:w1.toml natrix:1:1:w1-nooffload.toml" BUDGET=400 OUT=$OUT .devkit/run.sh
 #
 # each run DUT:WORKERS:QUEUES[:CONFIG] one `natrix test --json` (TESTS,
-# MAXRATE and NTARGS, more options, as below), results in $OUT/results.jsonl
-# with the run and NTARGS named,
-# stderr and natrix's logs in $OUT/logs.tgz; runs past BUDGET seconds are
-# skipped.
+# MAXRATE and NTARGS, more options, as below), results in
+# $OUT/results.jsonl with the run and NTARGS named, stderr and natrix's
+# logs in $OUT/logs.tgz; runs past BUDGET seconds are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=.devkit

@@ -85,11 +85,11 @@ impl NatrixArgs {
     }
 }
 
-const SWITCH: &str = "nx-sw";
-const NAT: &str = "nx-nat";
+pub(crate) const SWITCH: &str = "nx-sw";
+pub(crate) const NAT: &str = "nx-nat";
 const BRIDGES: [&str; 2] = ["br-in", "br-out"];
 /// natrix's interfaces: (name in nx-nat, peer in nx-sw, bridge).
-const NAT_LINKS: [(&str, &str, &str); 2] = [("inside", "nx-nat-in", "br-in"), ("outside", "nx-nat-out", "br-out")];
+pub(crate) const NAT_LINKS: [(&str, &str, &str); 2] = [("inside", "nx-nat-in", "br-in"), ("outside", "nx-nat-out", "br-out")];
 /// The routed pool; servers reach it through the NAT's outside address.
 const ROUTED_POOL: &str = "203.0.113.0/28";
 /// The subscribers' prefix; servers route it to the NAT in router mode.

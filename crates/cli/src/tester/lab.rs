@@ -21,14 +21,15 @@ use natrix_tester::flows::FlowSpace;
 use natrix_tester::ports::{self, Io, Unconnected};
 use natrix_tester::sys::in_netns;
 
+use crate::lab::NAT_LINKS;
 use crate::Failure;
 
-pub const NAT_NS: &str = "nx-nat";
-const SWITCH_NS: &str = "nx-sw";
-/// The device's two links' ends in nx-sw: what the device sends arrives there.
-const DEVICE_PEERS: [&str; 2] = ["nx-nat-in", "nx-nat-out"];
-/// The device's two links in nx-nat.
-const DEVICE_LINKS: [&str; 2] = ["inside", "outside"];
+pub const NAT_NS: &str = crate::lab::NAT;
+const SWITCH_NS: &str = crate::lab::SWITCH;
+/// The device's two links in nx-nat, as `natrix lab up` names them.
+const DEVICE_LINKS: [&str; 2] = [NAT_LINKS[0].0, NAT_LINKS[1].0];
+/// Their ends in nx-sw: what the device sends arrives there.
+const DEVICE_PEERS: [&str; 2] = [NAT_LINKS[0].1, NAT_LINKS[1].1];
 /// br_netfilter's keys, where it is loaded: bridged frames through netfilter's hooks.
 const BRIDGE_FILTERING: [&str; 3] =
     ["/proc/sys/net/bridge/bridge-nf-call-iptables", "/proc/sys/net/bridge/bridge-nf-call-ip6tables", "/proc/sys/net/bridge/bridge-nf-call-arptables"];
@@ -338,22 +339,36 @@ fn iperf_cpus_of(workers: u32, available: usize) -> IperfCpus {
     IperfCpus { server: own.next(), client: own.next() }
 }
 
+/// A namespace's /proc/net/dev, opened in it once and read again without
+/// starting a program on the lab's CPU.
+struct NetDev(File);
+
+impl NetDev {
+    fn open(ns: &str) -> Option<NetDev> {
+        in_netns(ns, || File::open("/proc/thread-self/net/dev")).ok()?.ok().map(NetDev)
+    }
+
+    fn text(&mut self) -> Option<String> {
+        let mut text = String::new();
+        self.0.seek(SeekFrom::Start(0)).ok()?;
+        self.0.read_to_string(&mut text).ok()?;
+        Some(text)
+    }
+}
+
 /// nx-sw's interface counters, for the frames the device sends into the
-/// lab: /proc/net/dev opened in nx-sw once, read again for each sample
-/// without starting a program on the lab's CPU.
-pub struct SwitchCounters(File);
+/// lab, sampled while TCP runs.
+pub struct SwitchCounters(NetDev);
 
 impl SwitchCounters {
     pub fn open() -> Option<SwitchCounters> {
-        in_netns(SWITCH_NS, || File::open("/proc/thread-self/net/dev")).ok()?.ok().map(SwitchCounters)
+        NetDev::open(SWITCH_NS).map(SwitchCounters)
     }
 
     /// Frames the device has sent so far: what nx-sw's peers of its two
     /// links received.
     pub fn device_frames(&mut self) -> Option<u64> {
-        let mut text = String::new();
-        self.0.seek(SeekFrom::Start(0)).ok()?;
-        self.0.read_to_string(&mut text).ok()?;
+        let text = self.0.text()?;
         DEVICE_PEERS.iter().map(|dev| dev_counter(&text, dev, RX_PACKETS)).sum()
     }
 }
@@ -373,8 +388,8 @@ pub struct EdgeDrops {
 impl EdgeDrops {
     /// The counts so far; None where /proc/net/dev could not be read.
     pub fn read() -> Option<EdgeDrops> {
-        let switch = in_ns(SWITCH_NS, "cat", &["/proc/net/dev"]).ok()?;
-        let nat = in_ns(NAT_NS, "cat", &["/proc/net/dev"]).ok()?;
+        let switch = NetDev::open(SWITCH_NS)?.text()?;
+        let nat = NetDev::open(NAT_NS)?.text()?;
         EdgeDrops::from_counters(&switch, &nat)
     }
 
