@@ -17,8 +17,11 @@
 #
 #   RUNS="kernel:1:1 natrix:1:1:w1.toml natrix:1:1:w1-nooffload.toml" BUDGET=400 OUT=$OUT .devkit/run.sh
 #
-# each run DUT:WORKERS:QUEUES[:CONFIG] one `natrix test --json` (TESTS,
-# MAXRATE and NTARGS, more options, as below), results in
+# each run DUT:WORKERS:QUEUES[:CONFIG[:OPTIONS]] one `natrix test --json`
+# (TESTS, MAXRATE and NTARGS, options for every run, as below; OPTIONS,
+# comma-separated, for that run alone, e.g.
+# natrix:1:1:w1.toml:--switch-napi=lab; with --natrix=.devkit/FILE it
+# measures another build put there), results in
 # $OUT/results.jsonl with the run and NTARGS named, stderr and natrix's
 # logs in $OUT/logs.tgz; runs past BUDGET seconds are skipped.
 set -euo pipefail
@@ -70,25 +73,29 @@ EOF
 
 cat > "$KIT/run.sh" <<'EOF'
 #!/bin/bash
-# RUNS="DUT:WORKERS:QUEUES[:CONFIG] ..." BUDGET=seconds OUT=dir (scripts/devkit.sh).
+# RUNS="DUT:WORKERS:QUEUES[:CONFIG[:OPTIONS]] ..." BUDGET=seconds OUT=dir (scripts/devkit.sh).
 cd "$(dirname "$0")/.."
 K=$PWD/.devkit
 export PATH=$K/root/bin:$PATH
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 { nproc; uname -r; } > "$OUT/machine"
 start=$(date +%s)
+n=0
 for r in $RUNS; do
-  IFS=: read -r dut w q config <<< "$r"
+  n=$((n + 1))
+  IFS=: read -r dut w q config options <<< "$r"
   if [ $(( $(date +%s) - start )) -gt "${BUDGET:-400}" ]; then echo "budget: skip $r" >> "$OUT/log"; continue; fi
   args=(--dut "$dut" --workers "$w" --queues "$q" --tests "${TESTS:-tcp,throughput,connection_rate,cpu}" --sizes 64
-        --max-rate "${MAXRATE:-1500000}" --trial-seconds 1 --json --out /tmp/nt --natrix "$K/natrix")
+        --max-rate "${MAXRATE:-1500000}" --trial-seconds 1 --json --out /tmp/nt)
+  [[ $options == *--natrix* ]] || args+=(--natrix "$K/natrix")
   [ -n "$config" ] && args+=(--config "$K/$config")
   # More `natrix test` options for every run, e.g. NTARGS="--switch-napi lab".
   [ -n "${NTARGS:-}" ] && read -r -a more <<< "$NTARGS" && args+=("${more[@]}")
+  [ -n "$options" ] && IFS=, read -r -a more <<< "$options" && args+=("${more[@]}")
   echo "== $r ${NTARGS:-} $(date +%T)" >> "$OUT/log"
-  timeout 150 "$K/natrix" test "${args[@]}" 2>> "$OUT/stderr-$dut-$w-$q" | sed "s/^{/{\"run\":\"$r\",\"ntargs\":\"${NTARGS:-}\",/" >> "$OUT/results.jsonl"
+  timeout 150 "$K/natrix" test "${args[@]}" 2>> "$OUT/stderr-$dut-$w-$q" | sed "s|^{|{\"run\":\"$r\",\"ntargs\":\"${NTARGS:-}\",|" >> "$OUT/results.jsonl"
   echo "rc $? $(date +%T)" >> "$OUT/log"
-  cp /tmp/nt/natrix.log "$OUT/natrix-$dut-$w-$q-${config%.toml}.log" 2>/dev/null
+  cp /tmp/nt/natrix.log "$OUT/natrix-$n-$dut-$w-$q-${config%.toml}.log" 2>/dev/null
   "$K/natrix" lab down > /dev/null 2>&1
 done
 # Few files come back from a lent machine: the logs as one archive.
