@@ -12,6 +12,7 @@ sanity of the results are checked: speed is for benchmarks.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -173,13 +174,14 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
         proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "natrix", "--quick", "--tests", "cpu", "--json",
                                  "--out", str(tmp_path / "results")],
                                 stdout=out_file, stderr=err_file, text=True, env=h.clean_env())
-    masks, threads, switch_threads, filtering, bridge_keys = {}, [], [], {}, False
+    masks, threads, switch_threads, filtering, bridge_keys, qdiscs = {}, [], [], {}, False, set()
     deadline = time.monotonic() + 240
     while proc.poll() is None and time.monotonic() < deadline:
         for dev in ("nx-nat-in", "nx-nat-out"):
             read = in_switch("cat", f"/sys/class/net/{dev}/queues/rx-0/rps_cpus")
             if read.returncode == 0 and int(read.stdout.strip().replace(",", "") or "0", 16):
                 masks[dev] = read.stdout
+            qdiscs |= port_qdiscs(dev)
         bridge_keys = bridge_keys or in_switch("test", "-e", "/proc/sys/net/bridge").returncode == 0
         for key in ("net.bridge.bridge-nf-call-iptables", "net.bridge.bridge-nf-call-ip6tables"):
             got = in_switch("sysctl", "-n", key)
@@ -204,6 +206,7 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
 
     assert {name.split("-")[0] for name, *_ in threads} == {"napi/inside", "napi/outside"}, f"no NAPI threads seen: {threads}"
     assert not switch_threads, f"the switch's NAPI was threaded without --switch-napi lab: {switch_threads}"
+    assert not qdiscs, f"the switch's ports buffered without --port-buffer: {qdiscs}"
     # Where real-time priority is refused (a cgroup without RT time), the
     # tester must say so rather than measure quietly without it.
     refused = "left at its priority, not SCHED_FIFO 50" in err
@@ -213,23 +216,26 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
     assert not lab_up(), "natrix test left its lab behind"
 
 
-def test_the_switch_receives_in_napi_threads_on_the_lab_cpus_when_asked(no_lab, tmp_path):
-    """README, "Measuring", `--switch-napi lab`: the switch's ends of the
-    device's links get threaded NAPI, its threads on the lab's CPUs at
-    SCHED_FIFO 50 (the kernel as the device here; the default, "sender",
-    is checked with natrix above)."""
+def test_the_switch_receives_in_napi_threads_on_the_lab_cpus_and_buffers_when_asked(no_lab, tmp_path):
+    """README, "Measuring", `--switch-napi lab` and `--port-buffer`: the
+    switch's ends of the device's links get threaded NAPI, its threads on
+    the lab's CPUs at SCHED_FIFO 50, and a FIFO of the frames asked for
+    (the kernel as the device here; the defaults, "sender" and none, are
+    checked with natrix above)."""
     cpus = os.cpu_count()
     if cpus < 2:
         pytest.skip("one CPU: the lab has no CPUs apart from the device's")
     stderr = tmp_path / "stderr"
     with open(stderr, "w") as err_file:
         proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "kernel", "--quick", "--tests", "cpu", "--switch-napi", "lab",
-                                 "--json", "--out", str(tmp_path / "results")],
+                                 "--port-buffer", "500", "--json", "--out", str(tmp_path / "results")],
                                 stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=h.clean_env())
-    threads = []
+    threads, qdiscs = [], {}
     deadline = time.monotonic() + 240
     while proc.poll() is None and time.monotonic() < deadline:
         threads = napi_threads(SWITCH_NAPI) or threads
+        for dev in ("nx-nat-in", "nx-nat-out"):
+            qdiscs[dev] = port_qdiscs(dev) or qdiscs.get(dev, set())
         time.sleep(0.2)
     if proc.poll() is None:
         proc.kill()
@@ -242,7 +248,45 @@ def test_the_switch_receives_in_napi_threads_on_the_lab_cpus_when_asked(no_lab, 
     for name, cls, rtprio, affinity in threads:
         assert (cls, rtprio) == ("FF", "50") or refused, f"{name}: {cls} {rtprio}, and natrix test did not say why:\n{err[-2000:]}"
         assert affinity == want, f"{name} runs on {affinity}, want the lab's CPUs {want}"
+    assert qdiscs == {"nx-nat-in": {("root", "pfifo", "500p")}, "nx-nat-out": {("root", "pfifo", "500p")}}, qdiscs
     assert not lab_up(), "natrix test left its lab behind"
+
+
+def test_a_lab_with_queues_buffers_every_transmit_queue_of_the_switch_ports(no_lab):
+    """README, "Lab", `natrix lab up --port-buffer N --queues Q`: each of
+    the switch's ends of the device's links gets a FIFO of N frames under
+    every one of its Q transmit queues (mq), and none without it."""
+    up = natrix_cli("lab", "up", "--queues", "2", "--port-buffer", "300", "--config-out", "/tmp/natrix-port-buffer-test.toml")
+    try:
+        assert up.returncode == 0, up.stderr
+        for dev in ("nx-nat-in", "nx-nat-out"):
+            got = port_qdiscs(dev)
+            assert got == {("1:1", "pfifo", "300p"), ("1:2", "pfifo", "300p")}, f"{dev}: {got}"
+            shown = in_switch("tc", "qdisc", "show", "dev", dev).stdout
+            assert re.search(r"qdisc mq 1: root", shown), shown
+    finally:
+        natrix_cli("lab", "down")
+    up = natrix_cli("lab", "up", "--queues", "2", "--config-out", "/tmp/natrix-port-buffer-test.toml")
+    try:
+        assert up.returncode == 0, up.stderr
+        for dev in ("nx-nat-in", "nx-nat-out"):
+            assert not port_qdiscs(dev), f"{dev} buffered without --port-buffer"
+    finally:
+        natrix_cli("lab", "down")
+
+
+def port_qdiscs(dev):
+    """{(parent, kind, limit)} of the FIFOs on nx-sw's end `dev` of a
+    device link ("root" for a root qdisc), as tc shows them."""
+    shown = in_switch("tc", "qdisc", "show", "dev", dev)
+    if shown.returncode != 0:
+        return set()
+    found = set()
+    for line in shown.stdout.splitlines():
+        m = re.match(r"qdisc (pfifo|bfifo) \S+ (root|parent (\S+)).*limit (\S+)", line)
+        if m:
+            found.add((m.group(3) or "root", m.group(1), m.group(4)))
+    return found
 
 
 def expected_iperf3_cpus(workers, cpus):

@@ -76,6 +76,11 @@ struct NatrixArgs {
     /// no masquerade).
     #[arg(long, value_name = "MODE", default_value = "dynamic", value_parser = ["dynamic", "off"])]
     mode: String,
+    /// Frames nx-sw's ports towards the device hold, per transmit queue, while the device's
+    /// receive ring is full (a FIFO qdisc, which veth fills instead of dropping from Linux
+    /// 6.16 on, where the device's end runs NAPI); 0: none, veth's own `noqueue`.
+    #[arg(long, value_name = "FRAMES", default_value_t = 0)]
+    port_buffer: u32,
 }
 
 impl NatrixArgs {
@@ -172,7 +177,7 @@ fn up(kernel: bool, natrix: &NatrixArgs) -> Result<(), Failure> {
         return Err(Failure::Other(format!("namespace {ns} already exists: run `natrix lab down` first")));
     }
     // A half-built lab is worse than none: undo everything on any failure.
-    if let Err(e) = build(kernel, natrix.router(), natrix.queues) {
+    if let Err(e) = build(kernel, natrix) {
         let _ = down();
         return Err(e);
     }
@@ -197,7 +202,8 @@ fn require_program(program: &str, package: &str) -> Result<(), Failure> {
     }
 }
 
-fn build(kernel: bool, router: bool, queues: u32) -> Result<(), Failure> {
+fn build(kernel: bool, natrix: &NatrixArgs) -> Result<(), Failure> {
+    let (router, queues) = (natrix.router(), natrix.queues);
     let namespaces = [SWITCH, NAT].into_iter().chain(HOSTS.iter().map(|h| h.ns));
     for ns in namespaces {
         add_namespace(ns)?;
@@ -210,6 +216,9 @@ fn build(kernel: bool, router: bool, queues: u32) -> Result<(), Failure> {
     for (name, peer, bridge) in NAT_LINKS {
         cable(NAT, name, peer, bridge, queues)?;
         takes_redirects(peer);
+        if natrix.port_buffer > 0 {
+            port_buffer(peer, queues, natrix.port_buffer).map_err(Failure::Other)?;
+        }
     }
     for h in &HOSTS {
         cable(h.ns, "eth0", h.ns, h.bridge, 1)?;
@@ -293,6 +302,29 @@ fn cable(ns: &str, name: &str, peer: &str, bridge: &str, queues: u32) -> Result<
 /// natrix says at start when the offload is off for want of it.
 fn takes_redirects(peer: &str) {
     let _ = exec("ip", &["netns", "exec", SWITCH, "ethtool", "-K", peer, "gro", "on"]);
+}
+
+/// A switch port's buffer towards the device: a FIFO of `frames` per
+/// transmit queue on the switch's end of a device link. Where the
+/// device's end runs NAPI (an XDP program attached, as natrix's has),
+/// veth queues what it sends there in a ring of 256 frames and, with no
+/// qdisc, drops what finds the ring full; with one, it stops the queue
+/// and the frames wait in the qdisc (Linux 6.16 on; older kernels drop as
+/// before), and the CPU that drains the ring sends them on, in its
+/// transmit softirq: the device's. The kernel's NAT, with no NAPI on its
+/// ends, queues what arrives in its CPUs' backlogs (`netdev_max_backlog`)
+/// and neither gains nor pays (docs/BENCHMARKS.md, "A switch port's
+/// buffer").
+fn port_buffer(peer: &str, queues: u32, frames: u32) -> Result<(), String> {
+    let limit = frames.to_string();
+    if queues <= 1 {
+        return in_ns(SWITCH, "tc", &["qdisc", "replace", "dev", peer, "root", "pfifo", "limit", &limit]).map(drop);
+    }
+    in_ns(SWITCH, "tc", &["qdisc", "replace", "dev", peer, "root", "handle", "1:", "mq"])?;
+    for queue in 1..=queues {
+        in_ns(SWITCH, "tc", &["qdisc", "replace", "dev", peer, "parent", &format!("1:{queue:x}"), "pfifo", "limit", &limit])?;
+    }
+    Ok(())
 }
 
 /// Best effort: veth refuses some features depending on the kernel, and
@@ -782,7 +814,7 @@ mod tests {
     use super::*;
 
     fn args(mode: &str) -> NatrixArgs {
-        NatrixArgs { config_out: PathBuf::from("unused"), workers: 2, io: "af_packet".into(), mode: mode.into(), queues: 1 }
+        NatrixArgs { config_out: PathBuf::from("unused"), workers: 2, io: "af_packet".into(), mode: mode.into(), queues: 1, port_buffer: 0 }
     }
 
     #[test]

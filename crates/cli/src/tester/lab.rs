@@ -99,6 +99,9 @@ pub struct LabOptions<'a> {
     pub switch_napi: SwitchNapi,
     /// Queues of the device's interfaces, in a lab the tester builds.
     pub queues: u32,
+    /// Frames each switch port towards the device buffers, in a lab the
+    /// tester builds (0: none).
+    pub port_buffer: u32,
     pub io: &'a str,
     pub workdir: &'a Path,
 }
@@ -130,6 +133,8 @@ impl Lab {
                 opts.io.into(),
                 "--queues".into(),
                 opts.queues.to_string(),
+                "--port-buffer".into(),
+                opts.port_buffer.to_string(),
             ];
             if kind == Kind::Kernel {
                 up.push("--kernel".into());

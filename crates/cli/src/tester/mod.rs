@@ -107,6 +107,10 @@ pub struct Args {
     /// work steered to the device's CPUs.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     queues: u32,
+    /// Frames the switch's ports towards the device hold while its receive ring is full, in a lab the tester
+    /// builds (`natrix lab up --port-buffer`); 0: none, veth's own way, which drops them.
+    #[arg(long, value_name = "FRAMES", default_value_t = 0)]
+    port_buffer: u32,
     /// The natrix executable to measure (default: this one), to compare builds under one tester.
     #[arg(long, value_name = "PATH")]
     natrix: Option<PathBuf>,
@@ -216,7 +220,11 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     for (i, name) in args.dut.iter().enumerate() {
         let kind = if name == "kernel" { Kind::Kernel } else { Kind::Natrix };
         eprintln!("natrix test: {}: preparing the lab", kind.name());
-        let lab = Lab::prepare(kind, &exe, &LabOptions { workers: args.workers, switch_napi: args.switch_napi, queues: args.queues, io: &args.io, workdir: &workdir.0 })?;
+        let lab = Lab::prepare(
+            kind,
+            &exe,
+            &LabOptions { workers: args.workers, switch_napi: args.switch_napi, queues: args.queues, port_buffer: args.port_buffer, io: &args.io, workdir: &workdir.0 },
+        )?;
         if i == 0 && (tests.contains(&"generator") || args.max_rate.is_none()) {
             let ceiling = generator_tests(&lab, &profile, tests.contains(&"generator"), args, &workdir.0, &mut out)?;
             if args.max_rate.is_none() {
