@@ -20,29 +20,44 @@ use crate::Failure;
 const CLIENT_NS: &str = "nx-sub1";
 const SERVER_NS: &str = "nx-srv1";
 const SERVER: &str = "198.51.100.11";
-const PORT: &str = "5201";
+const BASE_PORT: u16 = 5201;
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One iperf3 run of `seconds`, as a `tcp_throughput` result line: with
-/// the device on `device_cpus` (none: it shares the tester's), its CPU time
-/// per frame it forwarded, and whether the lab's CPUs rather than the
-/// device's set the limit (`generator_limited`, see `tcp_meter`), as they
-/// do where the host has too few to give iperf3's hosts CPUs of their own
-/// (`hosts`).
-pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], hosts: &IperfCpus) -> Result<Line, Failure> {
-    let (mut server, server_cpu) = Server::start(hosts.server)?;
-    server.wait_listening()?;
+/// One TCP run of `seconds`, as a `tcp_throughput` result line: an
+/// iperf3 transfer for each of `streams` (where each pair runs), at once,
+/// with the device on `device_cpus` (none: it shares the tester's); its
+/// CPU time per frame it forwarded, and whether the lab's CPUs rather
+/// than the device's set the limit (`generator_limited`, see `tcp_meter`),
+/// as they do where the host has too few to give iperf3's hosts CPUs of
+/// their own.
+pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &[IperfCpus]) -> Result<Line, Failure> {
+    let mut servers = Vec::with_capacity(streams.len());
+    for (i, cpus) in streams.iter().enumerate() {
+        let (mut server, cpu) = Server::start(port(i), cpus.server)?;
+        server.wait_listening()?;
+        servers.push((server, cpu));
+    }
     let drops_before = EdgeDrops::read();
     let meter = Meter::start();
-    let (out, client_cpu) = client(seconds, hosts.client)?;
+    let clients = streams.iter().enumerate().map(|(i, cpus)| Client::start(port(i), seconds, cpus.client)).collect::<Result<Vec<_>, _>>()?;
+    let finished = clients.into_iter().map(Client::finish).collect::<Result<Vec<_>, _>>()?;
     let cpu = meter.and_then(|m| m.finish(device_cpus));
     let dropped = drops_before.zip(EdgeDrops::read()).map(|(before, after)| after.since(&before));
-    let (bps, retransmits) = received(&out)?;
+    let mut each = Vec::with_capacity(finished.len());
+    for ((out, client_cpu), (_, server_cpu)) in finished.iter().zip(&servers) {
+        let (bps, retransmits) = received(out)?;
+        each.push((bps, retransmits, *server_cpu, *client_cpu));
+    }
+    let (bps, retransmits) = each.iter().fold((0.0, 0), |(b, r), s| (b + s.0, r + s.1));
     let mut result = object([
         ("gbps", json!(bps / 1e9)),
         ("retransmits", json!(retransmits)),
         ("seconds", json!(seconds)),
-        ("iperf3_cpus", json!({"server": server_cpu, "client": client_cpu})),
+        ("iperf3_cpus", json!({"server": each[0].2, "client": each[0].3})),
+        (
+            "streams",
+            each.iter().map(|&(bps, retransmits, server, client)| json!({"gbps": bps / 1e9, "retransmits": retransmits, "server_cpu": server, "client_cpu": client})).collect(),
+        ),
     ]);
     if let Some(c) = &cpu {
         result.extend(cost(c));
@@ -51,7 +66,12 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], hosts: &Ip
         result.insert("dropped".into(), json!({"into_device": d.into_device, "out_of_device": d.out_of_device}));
     }
     let generator_limited = cpu.is_some_and(|c| c.lab_was_the_limit());
-    Ok(Line { test: "tcp_throughput", dut: dut.to_owned(), frame_size: 1518, flows: 1, criterion: Criterion::Zero, method: "iperf3", result, generator_limited })
+    Ok(Line { test: "tcp_throughput", dut: dut.to_owned(), frame_size: 1518, flows: streams.len() as u64, criterion: Criterion::Zero, method: "iperf3", result, generator_limited })
+}
+
+/// The port of stream `i`'s server: iperf3's own, then the ports after it.
+fn port(i: usize) -> String {
+    (BASE_PORT + i as u16).to_string()
 }
 
 /// The bits per second the server received and the segments the client
@@ -78,22 +98,32 @@ fn cost(c: &CpuShares) -> Map<String, Value> {
     ])
 }
 
-/// iperf3's client in nx-sub1 for `seconds`, on `cpu` if given; its
-/// output, and the CPU it ran on (see `spawn_on`).
-fn client(seconds: u32, cpu: Option<usize>) -> Result<(Output, Option<usize>), Failure> {
-    let secs = seconds.to_string();
-    let timeout = (seconds + 20).to_string();
-    let command = || {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", CLIENT_NS, "timeout", &timeout, "iperf3", "-c", SERVER, "-p", PORT, "-t", &secs, "-J", "--connect-timeout", "3000"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        cmd
-    };
-    let (child, ran_on) = spawn_on(command, cpu, "client")?;
-    let out = child.wait_with_output().map_err(|e| Failure::Other(format!("iperf3: {e}")))?;
-    Ok((out, ran_on))
+/// An iperf3 client in nx-sub1, running.
+struct Client(Child, Option<usize>);
+
+impl Client {
+    /// A transfer of `seconds` to the server on `port`, on `cpu` if given
+    /// (see `spawn_on`).
+    fn start(port: String, seconds: u32, cpu: Option<usize>) -> Result<Client, Failure> {
+        let secs = seconds.to_string();
+        let timeout = (seconds + 20).to_string();
+        let command = || {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", CLIENT_NS, "timeout", &timeout, "iperf3", "-c", SERVER, "-p", &port, "-t", &secs, "-J", "--connect-timeout", "3000"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            cmd
+        };
+        let (child, ran_on) = spawn_on(command, cpu, "client")?;
+        Ok(Client(child, ran_on))
+    }
+
+    /// Its output once it ends, and the CPU it ran on.
+    fn finish(self) -> Result<(Output, Option<usize>), Failure> {
+        let out = self.0.wait_with_output().map_err(|e| Failure::Other(format!("iperf3: {e}")))?;
+        Ok((out, self.1))
+    }
 }
 
 /// Starts what `command` builds on `cpu`, where given and allowed (a
@@ -138,24 +168,24 @@ fn own_cpu() -> Option<usize> {
 }
 
 /// `iperf3 -s -1` in nx-srv1: it serves one test and exits; ended on drop otherwise.
-struct Server(Child);
+struct Server(Child, String);
 
 impl Server {
-    /// The server, and the CPU it runs on (see `spawn_on`).
-    fn start(cpu: Option<usize>) -> Result<(Server, Option<usize>), Failure> {
+    /// The server on `port`, and the CPU it runs on (see `spawn_on`).
+    fn start(port: String, cpu: Option<usize>) -> Result<(Server, Option<usize>), Failure> {
         let command = || {
             let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", SERVER_NS, "iperf3", "-s", "-1", "-B", SERVER, "-p", PORT]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+            cmd.args(["netns", "exec", SERVER_NS, "iperf3", "-s", "-1", "-B", SERVER, "-p", &port]).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
             cmd
         };
         let (child, cpu) = spawn_on(command, cpu, "server")?;
-        Ok((Server(child), cpu))
+        Ok((Server(child, port), cpu))
     }
 
     fn wait_listening(&mut self) -> Result<(), Failure> {
         let started = Instant::now();
         while started.elapsed() < LISTEN_TIMEOUT {
-            let ss = Command::new("ip").args(["netns", "exec", SERVER_NS, "ss", "-Hltn", &format!("sport = :{PORT}")]).output();
+            let ss = Command::new("ip").args(["netns", "exec", SERVER_NS, "ss", "-Hltn", &format!("sport = :{}", self.1)]).output();
             if ss.is_ok_and(|o| !o.stdout.trim_ascii().is_empty()) {
                 return Ok(());
             }

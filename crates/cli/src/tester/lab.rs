@@ -325,23 +325,26 @@ fn lab_cpus_of(workers: u32, available: usize) -> Vec<usize> {
     }
 }
 
-/// Where iperf3's server and client run in the TCP test: each on a CPU
-/// of the lab's own past the device's, the server on the last, where the
-/// host has them; else (None) on the tester's CPU 0 with the rest of the
-/// lab. Sharing one CPU, the two hosts' copies of every byte limit TCP
-/// before the device does.
+/// Where one iperf3 server and its client run in the TCP test: each on a
+/// CPU of the lab's own past the device's, where the host has them; else
+/// (None) on the tester's CPU 0 with the rest of the lab. Sharing one
+/// CPU, the two hosts' copies of every byte limit TCP before the device
+/// does.
 pub struct IperfCpus {
     pub server: Option<usize>,
     pub client: Option<usize>,
 }
 
-pub fn iperf_cpus(workers: u32) -> IperfCpus {
-    iperf_cpus_of(workers, available_cpus())
+/// The CPUs of `streams` iperf3 pairs: the first pair's server on the
+/// lab's last CPU and its client on the one before, the next pair's on
+/// the two before those, and so on while there are CPUs.
+pub fn iperf_cpus(workers: u32, streams: u32) -> Vec<IperfCpus> {
+    iperf_cpus_of(workers, available_cpus(), streams)
 }
 
-fn iperf_cpus_of(workers: u32, available: usize) -> IperfCpus {
+fn iperf_cpus_of(workers: u32, available: usize, streams: u32) -> Vec<IperfCpus> {
     let mut own = lab_cpus_of(workers, available).into_iter().filter(|&c| c != 0).rev();
-    IperfCpus { server: own.next(), client: own.next() }
+    (0..streams).map(|_| IperfCpus { server: own.next(), client: own.next() }).collect()
 }
 
 /// A namespace's /proc/net/dev, opened in it once and read again without
@@ -621,7 +624,7 @@ mod tests {
     #[test]
     fn iperf3s_hosts_get_lab_cpus_of_their_own_where_there_are_any() {
         let at = |workers, available| {
-            let c = iperf_cpus_of(workers, available);
+            let c = &iperf_cpus_of(workers, available, 1)[0];
             (c.server, c.client)
         };
         assert_eq!(at(1, 16), (Some(15), Some(14)));
@@ -630,6 +633,15 @@ mod tests {
         assert_eq!(at(1, 2), (None, None));
         assert_eq!(at(4, 3), (None, None));
         assert_eq!(at(1, 1), (None, None));
+    }
+
+    #[test]
+    fn each_iperf3_pair_gets_lab_cpus_of_its_own_while_there_are_any() {
+        let pairs = |workers, available, streams| iperf_cpus_of(workers, available, streams).iter().map(|c| (c.server, c.client)).collect::<Vec<_>>();
+        assert_eq!(pairs(2, 16, 3), vec![(Some(15), Some(14)), (Some(13), Some(12)), (Some(11), Some(10))]);
+        // 6 CPUs, two workers: the lab has 3-5, so the second pair's client shares CPU 0.
+        assert_eq!(pairs(2, 6, 2), vec![(Some(5), Some(4)), (Some(3), None)]);
+        assert_eq!(pairs(1, 2, 2), vec![(None, None), (None, None)]);
     }
 
     #[test]

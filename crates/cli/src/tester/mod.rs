@@ -107,6 +107,11 @@ pub struct Args {
     /// work steered to the device's CPUs.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     queues: u32,
+    /// Parallel TCP transfers of the tcp test, each its own iperf3 client and server (each pair on lab CPUs of
+    /// its own where the host has them): their flows spread over the device's receive queues as veth hashes
+    /// them, which per-queue workers need to share the work.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    tcp_streams: u32,
     /// Frames the switch's ports towards the device hold while its receive ring is full, in a lab the tester
     /// builds (`natrix lab up --port-buffer`); 0: none, veth's own way, which drops them.
     #[arg(long, value_name = "FRAMES", default_value_t = 0)]
@@ -233,7 +238,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         }
         let dut = start_dut(&lab, kind, args, args.natrix.as_deref().unwrap_or(&exe), &workdir.0, &natrix_log)?;
         if tests.contains(&"tcp") {
-            match iperf::tcp_throughput(kind.name(), profile.tcp_seconds, &lab::dut_cpus(args.workers), &lab::iperf_cpus(args.workers)) {
+            match iperf::tcp_throughput(kind.name(), profile.tcp_seconds, &lab::dut_cpus(args.workers), &lab::iperf_cpus(args.workers, args.tcp_streams)) {
                 Ok(line) => out.emit(line),
                 Err(e) => {
                     failures += 1;
