@@ -5,8 +5,8 @@
 #
 #   scripts/devkit.sh            # on a Debian machine with the tools, as root
 #
-# .devkit/root/bin holds wrappers for ip, ss, nft, iperf3, ethtool and
-# sysctl that run this machine's binaries (.devkit/root/real) with their
+# .devkit/root/bin holds wrappers for ip, ss, nft, iperf3, ethtool, sysctl
+# and tc that run this machine's binaries (.devkit/root/real) with their
 # libraries (.devkit/root/lib, all but the C library's own, which the
 # other machine has); .devkit/natrix is a stripped release build;
 # .devkit/CONFIG.toml are natrix configurations for the lab: the lab's own
@@ -27,7 +27,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIT=.devkit
-TOOLS=(ip ss nft iperf3 ethtool sysctl)
+TOOLS=(ip ss nft iperf3 ethtool sysctl tc)
 # perf (28 MiB with its libraries) where asked for: DEVKIT_PERF=1.
 if [ "${DEVKIT_PERF:-0}" = 1 ]; then TOOLS+=(perf); fi
 # The C library's own: the other machine's are used.
@@ -87,14 +87,14 @@ for r in $RUNS; do
   if [ $(( $(date +%s) - start )) -gt "${BUDGET:-400}" ]; then echo "budget: skip $r" >> "$OUT/log"; continue; fi
   args=(--dut "$dut" --workers "$w" --queues "$q" --tests "${TESTS:-tcp,throughput,connection_rate,cpu}" --sizes 64
         --max-rate "${MAXRATE:-1500000}" --trial-seconds 1 --json --out /tmp/nt)
-  [[ $options == *--natrix* ]] || args+=(--natrix "$K/natrix")
+  [[ "$options ${NTARGS:-}" == *--natrix* ]] || args+=(--natrix "$K/natrix")
   [ -n "$config" ] && args+=(--config "$K/$config")
   # More `natrix test` options for every run, e.g. NTARGS="--switch-napi lab".
   [ -n "${NTARGS:-}" ] && read -r -a more <<< "$NTARGS" && args+=("${more[@]}")
   [ -n "$options" ] && IFS=, read -r -a more <<< "$options" && args+=("${more[@]}")
   echo "== $r ${NTARGS:-} $(date +%T)" >> "$OUT/log"
-  timeout 150 "$K/natrix" test "${args[@]}" 2>> "$OUT/stderr-$dut-$w-$q" | sed "s|^{|{\"run\":\"$r\",\"ntargs\":\"${NTARGS:-}\",|" >> "$OUT/results.jsonl"
-  echo "rc $? $(date +%T)" >> "$OUT/log"
+  timeout 150 "$K/natrix" test "${args[@]}" 2> "$OUT/stderr-$n-$dut-$w-$q" | sed "s|^{|{\"run\":\"$r\",\"ntargs\":\"${NTARGS:-}\",|" >> "$OUT/results.jsonl"
+  echo "rc ${PIPESTATUS[0]} $(date +%T)" >> "$OUT/log"
   cp /tmp/nt/natrix.log "$OUT/natrix-$n-$dut-$w-$q-${config%.toml}.log" 2>/dev/null
   "$K/natrix" lab down > /dev/null 2>&1
 done

@@ -173,6 +173,9 @@ fn up(kernel: bool, natrix: &NatrixArgs) -> Result<(), Failure> {
     if kernel {
         require_program("nft", "nftables")?;
     }
+    if natrix.port_buffer > 0 {
+        require_program("tc", "iproute2")?;
+    }
     if let Some(ns) = lab_namespaces()?.first() {
         return Err(Failure::Other(format!("namespace {ns} already exists: run `natrix lab down` first")));
     }
@@ -316,15 +319,23 @@ fn takes_redirects(peer: &str) {
 /// and neither gains nor pays (docs/BENCHMARKS.md, "A switch port's
 /// buffer").
 fn port_buffer(peer: &str, queues: u32, frames: u32) -> Result<(), String> {
-    let limit = frames.to_string();
-    if queues <= 1 {
-        return in_ns(SWITCH, "tc", &["qdisc", "replace", "dev", peer, "root", "pfifo", "limit", &limit]).map(drop);
-    }
-    in_ns(SWITCH, "tc", &["qdisc", "replace", "dev", peer, "root", "handle", "1:", "mq"])?;
-    for queue in 1..=queues {
-        in_ns(SWITCH, "tc", &["qdisc", "replace", "dev", peer, "parent", &format!("1:{queue:x}"), "pfifo", "limit", &limit])?;
+    for args in port_buffer_commands(peer, queues, frames) {
+        in_ns(SWITCH, "tc", &args.iter().map(String::as_str).collect::<Vec<_>>())?;
     }
     Ok(())
+}
+
+/// tc's arguments for `port_buffer`, in order: one FIFO at the root, or
+/// `mq` with a FIFO under each queue's class (tc numbers them in hex).
+fn port_buffer_commands(peer: &str, queues: u32, frames: u32) -> Vec<Vec<String>> {
+    let limit = frames.to_string();
+    let args = |tail: &[&str]| ["qdisc", "replace", "dev", peer].iter().chain(tail).map(|a| a.to_string()).collect::<Vec<_>>();
+    if queues <= 1 {
+        return vec![args(&["root", "pfifo", "limit", &limit])];
+    }
+    let mut commands = vec![args(&["root", "handle", "1:", "mq"])];
+    commands.extend((1..=queues).map(|q| args(&["parent", &format!("1:{q:x}"), "pfifo", "limit", &limit])));
+    commands
 }
 
 /// Best effort: veth refuses some features depending on the kernel, and
@@ -815,6 +826,19 @@ mod tests {
 
     fn args(mode: &str) -> NatrixArgs {
         NatrixArgs { config_out: PathBuf::from("unused"), workers: 2, io: "af_packet".into(), mode: mode.into(), queues: 1, port_buffer: 0 }
+    }
+
+    #[test]
+    fn a_port_buffer_is_a_fifo_under_every_transmit_queue() {
+        let line = |c: &Vec<String>| c.join(" ");
+        let one: Vec<String> = port_buffer_commands("nx-nat-in", 1, 1000).iter().map(line).collect();
+        assert_eq!(one, ["qdisc replace dev nx-nat-in root pfifo limit 1000"]);
+        let twelve: Vec<String> = port_buffer_commands("nx-nat-out", 12, 300).iter().map(line).collect();
+        assert_eq!(twelve.len(), 13);
+        assert_eq!(twelve[0], "qdisc replace dev nx-nat-out root handle 1: mq");
+        assert_eq!(twelve[1], "qdisc replace dev nx-nat-out parent 1:1 pfifo limit 300");
+        assert_eq!(twelve[10], "qdisc replace dev nx-nat-out parent 1:a pfifo limit 300", "tc's class minors are hexadecimal");
+        assert_eq!(twelve[12], "qdisc replace dev nx-nat-out parent 1:c pfifo limit 300");
     }
 
     #[test]

@@ -120,6 +120,9 @@ impl Lab {
                 )));
             }
             lab.natrix_config = (kind == Kind::Natrix).then(|| PathBuf::from(LAB_CONFIG));
+            if opts.queues != 1 || opts.port_buffer != 0 {
+                eprintln!("natrix test: a lab is up already: its queues and switch ports are measured as they are, not as --queues and --port-buffer ask (`natrix lab down` first for the tester to build its own)");
+            }
         } else {
             let config = opts.workdir.join("lab.toml");
             let mut up = vec![
