@@ -376,15 +376,15 @@ def test_tcp_says_what_each_frame_cost_the_device_and_whether_the_lab_was_the_li
     assert not lab_up(), "natrix test left its lab behind"
 
 
-def iperf3_clients():
-    """The CPU affinities of the iperf3 clients running now, by their
-    server's port."""
+def iperf3_by_port(role):
+    """The CPU affinities of the iperf3 clients ("-c") or servers ("-s")
+    running now, by the server's port."""
     ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, timeout=10).stdout
     found = {}
     for line in ps.splitlines():
         pid, _, args = line.strip().partition(" ")
         words = args.split()
-        if words and os.path.basename(words[0]) == "iperf3" and "-c" in words and "-p" in words:
+        if words and os.path.basename(words[0]) == "iperf3" and role in words and "-p" in words:
             try:
                 found[words[words.index("-p") + 1]] = os.sched_getaffinity(int(pid))
             except OSError:
@@ -398,25 +398,31 @@ def test_tcp_runs_as_many_transfers_at_once_as_asked(no_lab, tmp_path):
     transfer gets and the second on the two before them where the host
     has them; the result is their sum, and lists each."""
     cpus = os.cpu_count()
-    proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "kernel", "--quick", "--tests", "tcp", "--tcp-streams", "2", "--json",
-                             "--out", str(tmp_path / "results")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=h.clean_env())
-    together = {}
+    stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
+    with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
+        proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "kernel", "--quick", "--tests", "tcp", "--tcp-streams", "2", "--json",
+                                 "--out", str(tmp_path / "results")],
+                                stdout=out_file, stderr=err_file, text=True, env=h.clean_env())
+    together, servers = {}, {}
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
-        clients = iperf3_clients()
+        clients = iperf3_by_port("-c")
         if len(clients) > len(together):
             together = clients
+        servers.update(iperf3_by_port("-s"))
         time.sleep(0.05)
     if proc.poll() is None:
         proc.kill()
-    out, err = proc.communicate()
+    proc.wait()
+    out, err = stdout.read_text(), stderr.read_text()
     assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{err[-3000:]}"
     assert set(together) == {"5201", "5202"}, f"the two clients never ran at once: {together}"
+    assert set(servers) == {"5201", "5202"}, f"a server per transfer: {servers}"
     (line,) = [l for l in map(json.loads, out.splitlines()) if l["test"] == "tcp_throughput"]
     r = line["tcp_throughput"]
     assert line["flows"] == 2 and len(r["streams"]) == 2, line
     assert all(s["gbps"] > 0 for s in r["streams"]), r["streams"]
+    assert r["streams"][0]["gbps"] != r["streams"][1]["gbps"], f"each transfer's own report: {r['streams']}"
     assert abs(r["gbps"] - sum(s["gbps"] for s in r["streams"])) < 1e-6, r
     assert r["retransmits"] == sum(s["retransmits"] for s in r["streams"]), r
     own = [c for c in expected_lab_cpus(1, cpus) if c != 0][::-1]
@@ -425,6 +431,7 @@ def test_tcp_runs_as_many_transfers_at_once_as_asked(no_lab, tmp_path):
     assert r["iperf3_cpus"] == {"server": want[0]["server_cpu"], "client": want[0]["client_cpu"]}, r
     for port, stream in zip(("5201", "5202"), want):
         assert together[port] == {stream["client_cpu"]}, f"the client to {port} ran on {together[port]}, want CPU {stream['client_cpu']}"
+        assert servers[port] == {stream["server_cpu"]}, f"the server on {port} ran on {servers[port]}, want CPU {stream['server_cpu']}"
     assert not lab_up(), "natrix test left its lab behind"
 
 

@@ -39,13 +39,14 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
     }
     let drops_before = EdgeDrops::read();
     let meter = Meter::start();
+    // A client that fails ends those started before it (`Client`'s drop).
     let clients = streams.iter().enumerate().map(|(i, cpus)| Client::start(port(i), seconds, cpus.client)).collect::<Result<Vec<_>, _>>()?;
     let finished = clients.into_iter().map(Client::finish).collect::<Result<Vec<_>, _>>()?;
     let cpu = meter.and_then(|m| m.finish(device_cpus));
     let dropped = drops_before.zip(EdgeDrops::read()).map(|(before, after)| after.since(&before));
     let mut each = Vec::with_capacity(finished.len());
-    for ((out, client_cpu), (_, server_cpu)) in finished.iter().zip(&servers) {
-        let (bps, retransmits) = received(out)?;
+    for (i, ((out, client_cpu), (_, server_cpu))) in finished.iter().zip(&servers).enumerate() {
+        let (bps, retransmits) = received(out, &port(i))?;
         each.push((bps, retransmits, *server_cpu, *client_cpu));
     }
     let (bps, retransmits) = each.iter().fold((0.0, 0), |(b, r), s| (b + s.0, r + s.1));
@@ -53,7 +54,7 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
         ("gbps", json!(bps / 1e9)),
         ("retransmits", json!(retransmits)),
         ("seconds", json!(seconds)),
-        ("iperf3_cpus", json!({"server": each[0].2, "client": each[0].3})),
+        ("iperf3_cpus", each.first().map_or(Value::Null, |first| json!({"server": first.2, "client": first.3}))),
         (
             "streams",
             each.iter().map(|&(bps, retransmits, server, client)| json!({"gbps": bps / 1e9, "retransmits": retransmits, "server_cpu": server, "client_cpu": client})).collect(),
@@ -74,14 +75,15 @@ fn port(i: usize) -> String {
     (BASE_PORT + i as u16).to_string()
 }
 
-/// The bits per second the server received and the segments the client
-/// retransmitted, from the client's JSON report.
-fn received(out: &Output) -> Result<(f64, u64), Failure> {
-    let v: Value = serde_json::from_slice(&out.stdout).map_err(|_| Failure::Other(format!("iperf3 printed no result: {}", String::from_utf8_lossy(&out.stderr).trim())))?;
+/// The bits per second the server on `port` received and the segments
+/// the client retransmitted, from the client's JSON report.
+fn received(out: &Output, port: &str) -> Result<(f64, u64), Failure> {
+    let v: Value =
+        serde_json::from_slice(&out.stdout).map_err(|_| Failure::Other(format!("iperf3 to port {port} printed no result: {}", String::from_utf8_lossy(&out.stderr).trim())))?;
     if let Some(e) = v["error"].as_str() {
-        return Err(Failure::Other(format!("iperf3: {e}")));
+        return Err(Failure::Other(format!("iperf3 to port {port}: {e}")));
     }
-    let bps = v["end"]["sum_received"]["bits_per_second"].as_f64().ok_or_else(|| Failure::Other("iperf3 reported no received throughput".into()))?;
+    let bps = v["end"]["sum_received"]["bits_per_second"].as_f64().ok_or_else(|| Failure::Other(format!("iperf3 to port {port} reported no received throughput")))?;
     Ok((bps, v["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0)))
 }
 
@@ -98,8 +100,13 @@ fn cost(c: &CpuShares) -> Map<String, Value> {
     ])
 }
 
-/// An iperf3 client in nx-sub1, running.
-struct Client(Child, Option<usize>);
+/// An iperf3 client in nx-sub1, running: ended (SIGTERM, which `timeout`
+/// passes on to iperf3) and reaped on drop unless finished.
+struct Client {
+    child: Option<Child>,
+    cpu: Option<usize>,
+    port: String,
+}
 
 impl Client {
     /// A transfer of `seconds` to the server on `port`, on `cpu` if given
@@ -115,14 +122,28 @@ impl Client {
                 .stderr(Stdio::piped());
             cmd
         };
-        let (child, ran_on) = spawn_on(command, cpu, "client")?;
-        Ok(Client(child, ran_on))
+        let (child, cpu) = spawn_on(command, cpu, "client")?;
+        Ok(Client { child: Some(child), cpu, port })
     }
 
     /// Its output once it ends, and the CPU it ran on.
-    fn finish(self) -> Result<(Output, Option<usize>), Failure> {
-        let out = self.0.wait_with_output().map_err(|e| Failure::Other(format!("iperf3: {e}")))?;
-        Ok((out, self.1))
+    fn finish(mut self) -> Result<(Output, Option<usize>), Failure> {
+        let Some(child) = self.child.take() else { return Err(Failure::Other(format!("iperf3 to port {}: finished twice", self.port))) };
+        let out = child.wait_with_output().map_err(|e| Failure::Other(format!("iperf3 to port {}: {e}", self.port)))?;
+        Ok((out, self.cpu))
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                // SAFETY: kill has no memory preconditions; the pid is our
+                // own child's, not yet reaped.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            }
+            let _ = child.wait();
+        }
     }
 }
 
@@ -190,11 +211,11 @@ impl Server {
                 return Ok(());
             }
             if let Ok(Some(status)) = self.0.try_wait() {
-                return Err(Failure::Other(format!("the iperf3 server exited ({status})")));
+                return Err(Failure::Other(format!("the iperf3 server on port {} exited ({status})", self.1)));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(Failure::Other(format!("the iperf3 server did not listen within {} s", LISTEN_TIMEOUT.as_secs())))
+        Err(Failure::Other(format!("the iperf3 server on port {} did not listen within {} s", self.1, LISTEN_TIMEOUT.as_secs())))
     }
 }
 

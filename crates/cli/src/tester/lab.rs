@@ -120,9 +120,7 @@ impl Lab {
                 )));
             }
             lab.natrix_config = (kind == Kind::Natrix).then(|| PathBuf::from(LAB_CONFIG));
-            if opts.queues != 1 || opts.port_buffer != 0 {
-                eprintln!("natrix test: a lab is up already: its queues and switch ports are measured as they are, not as --queues and --port-buffer ask (`natrix lab down` first for the tester to build its own)");
-            }
+            eprintln!("natrix test: a lab is up already and is measured as it was built (its queues and switch ports), whatever --queues and --port-buffer say; `natrix lab down` first for the tester to build its own");
         } else {
             let config = opts.workdir.join("lab.toml");
             let mut up = vec![
