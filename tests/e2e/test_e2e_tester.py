@@ -372,6 +372,12 @@ def test_tcp_says_what_each_frame_cost_the_device_and_whether_the_lab_was_the_li
     assert line["generator_limited"] == (r["lab_cpu_busy"] >= 0.95 and r["dut_cpu_busy_max"] < 0.90), r
     # Frames lost at the device's edges, each direction at its sender.
     assert set(r["dropped"]) == {"into_device", "out_of_device"}, r
+    # What each receive queue of natrix's links took, by veth's XDP
+    # counters: one queue each here; the data segments came in inside.
+    by_queue = r["frames_by_queue"]
+    assert set(by_queue) == {"inside", "outside"} and all(len(q) == 1 for q in by_queue.values()), by_queue
+    data_segments = r["gbps"] * 1e9 / 8 * r["seconds"] / 1448
+    assert by_queue["inside"][0] >= 0.9 * data_segments and by_queue["outside"][0] > 0, (by_queue, data_segments)
     assert all(isinstance(n, int) for n in r["dropped"].values()), r
     assert not lab_up(), "natrix test left its lab behind"
 
@@ -425,6 +431,7 @@ def test_tcp_runs_as_many_transfers_at_once_as_asked(no_lab, tmp_path):
     assert r["streams"][0]["gbps"] != r["streams"][1]["gbps"], f"each transfer's own report: {r['streams']}"
     assert abs(r["gbps"] - sum(s["gbps"] for s in r["streams"])) < 1e-6, r
     assert r["retransmits"] == sum(s["retransmits"] for s in r["streams"]), r
+    assert "frames_by_queue" not in r, "the kernel runs no XDP program to count its queues' frames"
     own = [c for c in expected_lab_cpus(1, cpus) if c != 0][::-1]
     want = [{"server_cpu": own[i] if i < len(own) else 0, "client_cpu": own[i + 1] if i + 1 < len(own) else 0} for i in (0, 2)]
     assert [{k: s[k] for k in ("server_cpu", "client_cpu")} for s in r["streams"]] == want, r["streams"]

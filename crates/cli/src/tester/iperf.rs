@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use natrix_tester::report::{object, Criterion, Line};
 use serde_json::{json, Map, Value};
 
-use super::lab::{cpu_set, EdgeDrops, IperfCpus};
+use super::lab::{cpu_set, EdgeDrops, IperfCpus, QueueFrames};
 use super::tcp_meter::{CpuShares, Meter};
 use crate::Failure;
 
@@ -38,12 +38,14 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
         servers.push((server, cpu));
     }
     let drops_before = EdgeDrops::read();
+    let queues_before = QueueFrames::read();
     let meter = Meter::start();
     // A client that fails ends those started before it (`Client`'s drop).
     let clients = streams.iter().enumerate().map(|(i, cpus)| Client::start(port(i), seconds, cpus.client)).collect::<Result<Vec<_>, _>>()?;
     let finished = clients.into_iter().map(Client::finish).collect::<Result<Vec<_>, _>>()?;
     let cpu = meter.and_then(|m| m.finish(device_cpus));
     let dropped = drops_before.zip(EdgeDrops::read()).map(|(before, after)| after.since(&before));
+    let by_queue = queues_before.zip(QueueFrames::read()).and_then(|(before, after)| after.since(&before));
     let mut each = Vec::with_capacity(finished.len());
     for (i, ((out, client_cpu), (_, server_cpu))) in finished.iter().zip(&servers).enumerate() {
         let (bps, retransmits) = received(out, &port(i))?;
@@ -65,6 +67,9 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
     }
     if let Some(d) = dropped {
         result.insert("dropped".into(), json!({"into_device": d.into_device, "out_of_device": d.out_of_device}));
+    }
+    if let Some(links) = by_queue {
+        result.insert("frames_by_queue".into(), links.into_iter().map(|(dev, frames)| (dev.to_owned(), json!(frames))).collect::<Map<_, _>>().into());
     }
     let generator_limited = cpu.is_some_and(|c| c.lab_was_the_limit());
     Ok(Line { test: "tcp_throughput", dut: dut.to_owned(), frame_size: 1518, flows: streams.len() as u64, criterion: Criterion::Zero, method: "iperf3", result, generator_limited })

@@ -413,6 +413,43 @@ impl EdgeDrops {
     }
 }
 
+/// Frames each receive queue of the device's links took, by veth's XDP
+/// counters (`ethtool -S`, `rx_queue_N_xdp_packets`): what the device's
+/// XDP program saw, so natrix's frames, offloaded or not; the kernel runs
+/// no program there, and its counts stay zero.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueFrames(Vec<Vec<u64>>);
+
+impl QueueFrames {
+    /// The counts so far, per link of `DEVICE_LINKS`; None where ethtool
+    /// could not read them.
+    pub fn read() -> Option<QueueFrames> {
+        let read = |dev: &&str| command("ip", &["netns", "exec", NAT_NS, "ethtool", "-S", dev]).ok().map(|stats| xdp_packets_by_queue(&stats));
+        DEVICE_LINKS.iter().map(read).collect::<Option<Vec<_>>>().map(QueueFrames)
+    }
+
+    /// What each queue took between `before` and `self`, by link name;
+    /// None where no queue took any (no XDP program: the kernel).
+    pub fn since(&self, before: &QueueFrames) -> Option<Vec<(&'static str, Vec<u64>)>> {
+        let grown: Vec<Vec<u64>> = self.0.iter().zip(&before.0).map(|(now, then)| now.iter().zip(then).map(|(n, t)| n.saturating_sub(*t)).collect()).collect();
+        grown.iter().flatten().any(|&n| n > 0).then(|| DEVICE_LINKS.into_iter().zip(grown).collect())
+    }
+}
+
+/// `rx_queue_N_xdp_packets` of `ethtool -S`'s `stats`, in queue order.
+fn xdp_packets_by_queue(stats: &str) -> Vec<u64> {
+    let mut queues: Vec<(usize, u64)> = stats
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.trim().split_once(':')?;
+            let queue = name.strip_prefix("rx_queue_")?.strip_suffix("_xdp_packets")?.parse().ok()?;
+            Some((queue, value.trim().parse().ok()?))
+        })
+        .collect();
+    queues.sort_unstable();
+    queues.into_iter().map(|(_, n)| n).collect()
+}
+
 /// The transmit drops of `devs` together, from /proc/net/dev's `text`.
 fn tx_drops(text: &str, devs: &[&str]) -> Option<u64> {
     devs.iter().map(|dev| dev_counter(text, dev, TX_DROP)).sum()
@@ -643,6 +680,17 @@ mod tests {
         // 6 CPUs, two workers: the lab has 3-5, so the second pair's client shares CPU 0.
         assert_eq!(pairs(2, 6, 2), vec![(Some(5), Some(4)), (Some(3), None)]);
         assert_eq!(pairs(1, 2, 2), vec![(None, None), (None, None)]);
+    }
+
+    #[test]
+    fn each_queues_xdp_frames_are_read_in_queue_order() {
+        let stats = "NIC statistics:\n     peer_ifindex: 4\n     rx_queue_1_xdp_packets: 5\n     rx_queue_1_xdp_bytes: 424\n\
+                     rx_queue_0_xdp_packets: 4\n     rx_queue_0_xdp_redirect: 4\n     tx_queue_0_xdp_xmit: 9\n";
+        assert_eq!(xdp_packets_by_queue(stats), vec![4, 5]);
+        let before = QueueFrames(vec![vec![4, 5], vec![1, 1]]);
+        let after = QueueFrames(vec![vec![10, 5], vec![1, 3]]);
+        assert_eq!(after.since(&before), Some(vec![(DEVICE_LINKS[0], vec![6, 0]), (DEVICE_LINKS[1], vec![0, 2])]));
+        assert_eq!(before.since(&before), None, "no program, no counts: nothing to report");
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub struct Args {
     /// Parallel TCP transfers of the tcp test, each its own iperf3 client and server (each pair on lab CPUs of
     /// its own where the host has them): one flow uses one receive queue of the device, so per-queue workers
     /// share TCP only over several flows, which veth spreads over the queues by hash (two share one queue about
-    /// half the time with two queues).
+    /// half the time with two queues; `frames_by_queue` says how they fell, for natrix).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
     tcp_streams: u32,
     /// Frames the switch's ports towards the device hold while its receive ring is full, in a lab the tester
