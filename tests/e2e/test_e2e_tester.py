@@ -193,11 +193,7 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
         threads = napi_threads() or threads
         switch_threads = switch_threads or napi_threads(SWITCH_NAPI)
         time.sleep(0.2)
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    out, err = stdout.read_text(), stderr.read_text()
-    assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{err[-3000:]}"
+    out, err = ended(proc, stdout, stderr)
     assert any(json.loads(line)["test"] == "cpu" for line in out.splitlines() if line.strip())
 
     want = expected_lab_cpus(1, cpus)
@@ -382,6 +378,17 @@ def test_tcp_says_what_each_frame_cost_the_device_and_whether_the_lab_was_the_li
     assert not lab_up(), "natrix test left its lab behind"
 
 
+def ended(proc, stdout, stderr):
+    """The text `proc` wrote to the files `stdout` and `stderr`, once it
+    has exited 0 (killed and failed if still running)."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    out, err = stdout.read_text(), stderr.read_text()
+    assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{err[-3000:]}"
+    return out, err
+
+
 def iperf3_by_port(role):
     """The CPU affinities of the iperf3 clients ("-c") or servers ("-s")
     running now, by the server's port."""
@@ -417,11 +424,7 @@ def test_tcp_runs_as_many_transfers_at_once_as_asked(no_lab, tmp_path):
             together = clients
         servers.update(iperf3_by_port("-s"))
         time.sleep(0.05)
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    out, err = stdout.read_text(), stderr.read_text()
-    assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{err[-3000:]}"
+    out, err = ended(proc, stdout, stderr)
     assert set(together) == {"5201", "5202"}, f"the two clients never ran at once: {together}"
     assert set(servers) == {"5201", "5202"}, f"a server per transfer: {servers}"
     (line,) = [l for l in map(json.loads, out.splitlines()) if l["test"] == "tcp_throughput"]
