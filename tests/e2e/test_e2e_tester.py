@@ -224,11 +224,11 @@ def test_the_switch_receives_in_napi_threads_on_the_lab_cpus_and_buffers_when_as
     cpus = os.cpu_count()
     if cpus < 2:
         pytest.skip("one CPU: the lab has no CPUs apart from the device's")
-    stderr = tmp_path / "stderr"
-    with open(stderr, "w") as err_file:
+    stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
+    with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
         proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "kernel", "--quick", "--tests", "cpu", "--switch-napi", "lab",
                                  "--port-buffer", "500", "--json", "--out", str(tmp_path / "results")],
-                                stdout=subprocess.DEVNULL, stderr=err_file, text=True, env=h.clean_env())
+                                stdout=out_file, stderr=err_file, text=True, env=h.clean_env())
     threads, qdiscs = [], {}
     deadline = time.monotonic() + 240
     while proc.poll() is None and time.monotonic() < deadline:
@@ -236,11 +236,7 @@ def test_the_switch_receives_in_napi_threads_on_the_lab_cpus_and_buffers_when_as
         for dev in ("nx-nat-in", "nx-nat-out"):
             qdiscs[dev] = port_qdiscs(dev) or qdiscs.get(dev, set())
         time.sleep(0.2)
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    err = stderr.read_text()
-    assert proc.returncode == 0, f"natrix test failed ({proc.returncode}):\n{err[-3000:]}"
+    _, err = ended(proc, stdout, stderr)
     assert {name for name, *_ in threads} == set(SWITCH_NAPI), f"the switch's NAPI threads were not seen: {threads}\n{err[-2000:]}"
     refused = "left at its priority, not SCHED_FIFO 50" in err
     want = set(expected_lab_cpus(1, cpus))
@@ -297,22 +293,6 @@ def expected_iperf3_cpus(workers, cpus):
     return {"server": own[-1] if own else 0, "client": own[-2] if len(own) > 1 else 0}
 
 
-def iperf3_affinities():
-    """{"server"|"client": CPU affinity} of the iperf3 processes running now."""
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, timeout=10).stdout
-    found = {}
-    for line in ps.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        words = args.split()
-        if not words or os.path.basename(words[0]) != "iperf3":
-            continue
-        try:
-            found["server" if "-s" in words else "client"] = os.sched_getaffinity(int(pid))
-        except OSError:
-            continue
-    return found
-
-
 def test_tcp_says_what_each_frame_cost_the_device_and_whether_the_lab_was_the_limit(no_lab, tmp_path):
     """README, "Measuring", `tcp`: beside the throughput, the frames the
     device sent into the lab, its CPUs' busy time per frame and share, the
@@ -330,7 +310,10 @@ def test_tcp_says_what_each_frame_cost_the_device_and_whether_the_lab_was_the_li
     seen = {}
     deadline = time.monotonic() + 120
     while proc.poll() is None and time.monotonic() < deadline:
-        seen.update(iperf3_affinities())
+        for role, flag in (("server", "-s"), ("client", "-c")):
+            affinity = iperf3_by_port(flag).get("5201")
+            if affinity is not None:
+                seen[role] = affinity
         time.sleep(0.05)
     if proc.poll() is None:
         proc.kill()

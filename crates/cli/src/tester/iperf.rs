@@ -46,22 +46,16 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
     let cpu = meter.and_then(|m| m.finish(device_cpus));
     let dropped = drops_before.zip(EdgeDrops::read()).map(|(before, after)| after.since(&before));
     let by_queue = queues_before.zip(QueueFrames::read()).and_then(|(before, after)| after.since(&before));
-    let mut each = Vec::with_capacity(finished.len());
-    for (i, ((out, client_cpu), (_, server_cpu))) in finished.iter().zip(&servers).enumerate() {
-        let (bps, retransmits) = received(out, &port(i))?;
-        each.push((bps, retransmits, *server_cpu, *client_cpu));
+    let (mut bps, mut retransmits, mut each) = (0.0, 0, Vec::with_capacity(finished.len()));
+    for ((out, client_cpu), (server, server_cpu)) in finished.iter().zip(&servers) {
+        let (stream_bps, stream_retransmits) = received(out, &server.1)?;
+        bps += stream_bps;
+        retransmits += stream_retransmits;
+        each.push(json!({"gbps": stream_bps / 1e9, "retransmits": stream_retransmits, "server_cpu": server_cpu, "client_cpu": client_cpu}));
     }
-    let (bps, retransmits) = each.iter().fold((0.0, 0), |(b, r), s| (b + s.0, r + s.1));
-    let mut result = object([
-        ("gbps", json!(bps / 1e9)),
-        ("retransmits", json!(retransmits)),
-        ("seconds", json!(seconds)),
-        ("iperf3_cpus", each.first().map_or(Value::Null, |first| json!({"server": first.2, "client": first.3}))),
-        (
-            "streams",
-            each.iter().map(|&(bps, retransmits, server, client)| json!({"gbps": bps / 1e9, "retransmits": retransmits, "server_cpu": server, "client_cpu": client})).collect(),
-        ),
-    ]);
+    let first_pair = servers.first().zip(finished.first()).map_or(Value::Null, |((_, server), (_, client))| json!({"server": server, "client": client}));
+    let mut result =
+        object([("gbps", json!(bps / 1e9)), ("retransmits", json!(retransmits)), ("seconds", json!(seconds)), ("iperf3_cpus", first_pair), ("streams", Value::Array(each))]);
     if let Some(c) = &cpu {
         result.extend(cost(c));
     }

@@ -424,7 +424,7 @@ impl QueueFrames {
     /// The counts so far, per link of `DEVICE_LINKS`; None where ethtool
     /// could not read them.
     pub fn read() -> Option<QueueFrames> {
-        let read = |dev: &&str| command("ip", &["netns", "exec", NAT_NS, "ethtool", "-S", dev]).ok().map(|stats| xdp_packets_by_queue(&stats));
+        let read = |dev: &&str| in_ns(NAT_NS, "ethtool", &["-S", dev]).ok().map(|stats| xdp_packets_by_queue(&stats));
         DEVICE_LINKS.iter().map(read).collect::<Option<Vec<_>>>().map(QueueFrames)
     }
 
