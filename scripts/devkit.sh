@@ -12,7 +12,8 @@
 # .devkit/CONFIG.toml are natrix configurations for the lab: the lab's own
 # with the tester's limits lifted (as `natrix test` writes it), for 1, 2
 # and 4 workers (wN.toml), with `offload` off (wN-nooffload.toml) or
-# without deferral (`prefer_busy_poll = false`, wN-nodefer.toml). With
+# without deferral (`prefer_busy_poll = false`, wN-nodefer.toml), or with
+# generic XDP programs (`xdp_mode = "generic"`, wN-generic.toml). With
 # DEVKIT_PERF=1 the kit holds perf too. On the other machine:
 #
 #   RUNS="kernel:1:1 natrix:1:1:w1.toml natrix:1:1:w1-nooffload.toml" BUDGET=400 OUT=$OUT .devkit/run.sh
@@ -66,7 +67,7 @@ base = open(lab).read()
 base = base.replace("max_ports_per_subscriber = 2000\n", "max_ports_per_subscriber = 64512\nmax_sessions_per_subscriber = 1048576\nmax_sessions = 262144\n")
 assert "max_sessions = 262144" in base, "the lab's configuration changed: update scripts/devkit.sh"
 for workers in (1, 2, 4):
-    for name, extra in (("", ""), ("-nooffload", "offload = false\n"), ("-nodefer", "prefer_busy_poll = false\n")):
+    for name, extra in (("", ""), ("-nooffload", "offload = false\n"), ("-nodefer", "prefer_busy_poll = false\n"), ("-generic", "xdp_mode = \"generic\"\n")):
         text = base.replace("workers = 1\n", f"workers = {workers}\n{extra}")
         open(f"{kit}/w{workers}{name}.toml", "w").write(text)
 EOF

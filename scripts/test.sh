@@ -31,7 +31,7 @@ if [ "$(id -u)" -eq 0 ]; then
     NATRIX_BIN="$PWD/target/debug/natrix" python3 -m pytest tests/e2e -q -rs
     # The same tests in natrix's other arrangements (tests/e2e/README.md);
     # a failure is run once more before it counts, and is reported either way.
-    for arrangement in "NATRIX_E2E_WORKERS=2" "NATRIX_E2E_IO=af_packet" "NATRIX_E2E_IO=af_packet NATRIX_E2E_WORKERS=2"; do
+    for arrangement in "NATRIX_E2E_WORKERS=2" "NATRIX_E2E_IO=af_packet" "NATRIX_E2E_IO=af_packet NATRIX_E2E_WORKERS=2" "NATRIX_E2E_XDP_MODE=generic"; do
         step "end-to-end tests again with $arrangement"
         e2e=(env $arrangement NATRIX_BIN="$PWD/target/debug/natrix" python3 -m pytest tests/e2e -q -rs
             --ignore=tests/e2e/test_e2e_cluster.py --ignore=tests/e2e/test_e2e_lock.py

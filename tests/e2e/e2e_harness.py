@@ -194,11 +194,12 @@ class _Lines:
 
 
 def with_arrangement(config):
-    """`config` with the I/O backend and worker count that NATRIX_E2E_IO and
-    NATRIX_E2E_WORKERS ask for, where the test leaves them to the default,
-    so that the whole suite can run in each arrangement natrix supports."""
+    """`config` with the I/O backend, worker count and XDP mode that
+    NATRIX_E2E_IO, NATRIX_E2E_WORKERS and NATRIX_E2E_XDP_MODE ask for, where
+    the test leaves them to the default, so that the whole suite can run in
+    each arrangement natrix supports."""
     config = dict(config)
-    for key, var, parse in (("io", "NATRIX_E2E_IO", str), ("workers", "NATRIX_E2E_WORKERS", int)):
+    for key, var, parse in (("io", "NATRIX_E2E_IO", str), ("workers", "NATRIX_E2E_WORKERS", int), ("xdp_mode", "NATRIX_E2E_XDP_MODE", str)):
         if os.environ.get(var):
             config.setdefault(key, parse(os.environ[var]))
     return config

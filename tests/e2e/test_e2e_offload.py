@@ -58,6 +58,8 @@ needs_tshark = pytest.mark.skipif(shutil.which("tshark") is None, reason="needs 
 needs_ethtool = pytest.mark.skipif(shutil.which("ethtool") is None, reason="needs ethtool (apt-get install -y ethtool)")
 
 XDP = {"io": "af_xdp"}
+# What a native program's redirects need of the egress, which generic ones do not.
+NATIVE = {**XDP, "xdp_mode": "native"}
 TCP_PORT = 7201  # the TCP echo below; the `servers` fixture holds 7000, 7001, 7100
 SWITCH = "nx-sw"
 PEERS = ("nx-nat-in", "nx-nat-out")  # nx-sw's ends of natrix's inside and outside
@@ -332,6 +334,17 @@ def assert_announced(n):
         f"(up to 131072 flow directions); it said {got}\n{n.output()}")
 
 
+def assert_programs_in(n, mode):
+    """natrix says its XDP programs run in `mode` and `ip` in nx-nat shows
+    them so (`xdpgeneric`, or `xdp` for native)."""
+    said = f"XDP programs in {mode} mode on inside and outside"
+    assert said in n.err.text(), f"natrix should say {said!r}:\n{n.output()}"
+    want = "xdpgeneric" if mode == "generic" else "xdp"
+    for dev in ("inside", "outside"):
+        shown = h.sh("ip", "-d", "link", "show", dev, ns=NS_NAT).stdout.split()
+        assert want in shown, f"`ip -d link show {dev}` in {NS_NAT} should show {want}: {shown}"
+
+
 def decode(path, display_filter, *fields):
     """tshark's decoding of a capture, checksums verified: one list of
     `fields` per frame matching `display_filter`."""
@@ -370,7 +383,8 @@ BULK = 4 << 20
 
 @needs_xdp
 @needs_tshark
-def test_bulk_tcp_is_forwarded_by_xdp_intact(natrix, scripts, tmp_path):
+@pytest.mark.parametrize("xdp_mode", ["native", "generic"])
+def test_bulk_tcp_is_forwarded_by_xdp_intact(natrix, scripts, tmp_path, xdp_mode):
     """A TCP connection echoes 1 MiB, then 4 MiB while tshark captures at
     both ends: every byte comes back and the server hashed the same bytes,
     from a pool address; during the 4 MiB, XDP forwarded at least 90 % of
@@ -379,9 +393,12 @@ def test_bulk_tcp_is_forwarded_by_xdp_intact(natrix, scripts, tmp_path):
     and the interfaces' counters include them, and the table holds flows
     while the connection is open. Every captured frame arrives with its
     sender's TTL less one, and the unmerged ones (the switch's GRO merges
-    some) with IPv4 and TCP checksums tshark verifies."""
-    n = natrix(XDP)
+    some) with IPv4 and TCP checksums tshark verifies. With the programs
+    in native mode (veth's driver runs them) and in generic mode (the
+    kernel runs them on each frame's skb), as `ip` shows them."""
+    n = natrix({**XDP, "xdp_mode": xdp_mode})
     assert_announced(n)
+    assert_programs_in(n, xdp_mode)
     srv = tcp_server(scripts)
     cli = scripts(NS_SUB1, TCP_CLIENT, SRV1, TCP_PORT, 0)
     local = cli.line(10)["local"]
@@ -805,7 +822,8 @@ def refused(lab, tmp_path, overrides, name):
 @needs_ethtool
 def test_offload_needs_peers_that_take_redirects(lab, natrix, agent, servers, tmp_path):
     """With GRO off on nx-sw's nx-nat-in and nx-nat-out, neither of natrix's
-    veths takes XDP redirects: `offload = true` is refused naming the
+    veths takes a native program's XDP redirects (`xdp_mode = "native"`;
+    generic programs need no GRO, as the next test shows): `offload = true` is refused naming the
     interface and `offload = true`; "auto" starts with a note that the
     offload is off, naming both interfaces and `gro on`, and forwards
     without it. With GRO on again (restored whatever happens) a new natrix
@@ -816,10 +834,10 @@ def test_offload_needs_peers_that_take_redirects(lab, natrix, agent, servers, tm
     try:
         gro("off")
         assert gro_states() == {p: "off" for p in PEERS}, gro_states()
-        out = refused(lab, tmp_path, {**XDP, "offload": True}, "offload-true")
+        out = refused(lab, tmp_path, {**NATIVE, "offload": True}, "offload-true")
         assert "offload = true" in out and ("inside" in out or "outside" in out), (
             f"the refusal should name `offload = true` and the interface:\n{out}")
-        n = natrix(XDP)
+        n = natrix(NATIVE)
         notes = [line for line in n.err.text().splitlines() if "offload: off" in line]
         assert notes, f"no `offload: off` note with GRO off on both peers:\n{n.output()}"
         note = notes[0]
@@ -840,7 +858,7 @@ def test_offload_needs_peers_that_take_redirects(lab, natrix, agent, servers, tm
         gro("on")
     assert gro_states() == was, gro_states()
     print(f"refusal: {[line for line in out.splitlines() if 'offload' in line]}; note: {note}")
-    n = natrix(XDP)
+    n = natrix(NATIVE)
     assert_announced(n)
     sub = agent(NS_SUB1)
     sid = sub.udp_open()
@@ -848,6 +866,37 @@ def test_offload_needs_peers_that_take_redirects(lab, natrix, agent, servers, tm
         sub.echo(sid, echo, f"offload-back-{i:04d}".ljust(UDP_SIZE, "x"))
     got, _ = wait_for(lambda: offloaded()["flows"] > 0, 2.0)
     assert got, f"with GRO back on, a UDP flow was not offloaded: {offloaded()}"
+
+
+@needs_xdp
+@needs_ethtool
+def test_generic_programs_offload_to_peers_without_napi(natrix, agent, servers):
+    """A generic program's redirects leave through the kernel's transmit
+    path, which any interface takes: with GRO off on nx-sw's peers (no
+    veth takes a native program's redirects then, as the test above
+    shows), `xdp_mode = "generic"` still announces the offload both ways
+    and a UDP echo flow is forwarded by XDP, every answer intact. natrix
+    leaves the devices' deferral alone (`prefer_busy_poll = "auto"`) and
+    says why."""
+    was = gro_states()
+    echo = (SRV1, h.UDP_ECHO)
+    try:
+        gro("off")
+        n = natrix({**XDP, "xdp_mode": "generic"})
+        assert_announced(n)
+        assert_programs_in(n, "generic")
+        assert "the devices are left as they are" in n.err.text(), f"no note on prefer_busy_poll:\n{n.output()}"
+        sub = agent(NS_SUB1)
+        sid = sub.udp_open()
+        # echo() returns each answer's view of the sender, having checked its payload.
+        seen = {sub.echo(sid, echo, f"generic-{i:04d}".ljust(UDP_SIZE, "x")) for i in range(48)}
+        assert len(seen) == 1 and h.in_pool(next(iter(seen))[0], n.pool), f"the server saw the flow from {seen}, not one pool endpoint"
+        o, _ = wait_for(lambda: (lambda d: d if d["flows"] > 0 and d["to_outside"] > 0 and d["to_inside"] > 0 else None)(offloaded()), 2.0)
+        assert o, f"a UDP echo flow was not forwarded by XDP both ways with generic programs: {offloaded()}"
+        assert o["egress"] == {"inside": True, "outside": True}, o
+    finally:
+        gro("on")
+    assert gro_states() == was, gro_states()
 
 
 def gro_on_peer(peer, state):
@@ -858,14 +907,14 @@ def gro_on_peer(peer, state):
 @needs_ethtool
 def test_an_interface_that_stops_taking_redirects_gets_its_flows_back(natrix, agent, servers):
     """README, "Flow offload": natrix reads the interfaces' XDP features
-    again once a second. GRO turned off on nx-sw's nx-nat-out while a UDP
+    again once a second (native programs, `xdp_mode = "native"`). GRO turned off on nx-sw's nx-nat-out while a UDP
     echo flow runs on XDP (where the kernel would drop what the program
     redirects to outside): within 3 s `natrix_offload_egress` and
     /api/stats say outside takes no redirects, only the flow direction to
     inside stays in the table, and 40 echoes in a row are each answered
     at the first try. With GRO on again, both directions are offloaded
     again."""
-    n = natrix(XDP)
+    n = natrix(NATIVE)
     assert_announced(n)
     sub = agent(NS_SUB1)
     sid = sub.udp_open()

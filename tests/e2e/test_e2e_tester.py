@@ -174,7 +174,7 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
         proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "natrix", "--quick", "--tests", "cpu", "--json",
                                  "--out", str(tmp_path / "results")],
                                 stdout=out_file, stderr=err_file, text=True, env=h.clean_env())
-    masks, threads, switch_threads, filtering, bridge_keys, qdiscs, qdisc_reads = {}, [], [], {}, False, set(), 0
+    masks, threads, switch_threads, filtering, bridge_keys, qdiscs, qdisc_reads = {}, {}, [], {}, False, set(), 0
     deadline = time.monotonic() + 240
     while proc.poll() is None and time.monotonic() < deadline:
         for dev in ("nx-nat-in", "nx-nat-out"):
@@ -190,7 +190,8 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
             got = in_switch("sysctl", "-n", key)
             if got.returncode == 0:
                 filtering[key] = got.stdout.strip()
-        threads = napi_threads() or threads
+        # By name, every one seen: natrix's stop ends them one by one.
+        threads.update((t[0], t) for t in napi_threads())
         switch_threads = switch_threads or napi_threads(SWITCH_NAPI)
         time.sleep(0.2)
     out, err = ended(proc, stdout, stderr)
@@ -203,15 +204,67 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
     if bridge_keys:
         assert len(filtering) == 2 and all(v == "0" for v in filtering.values()), f"nx-sw filters bridged frames: {filtering}"
 
-    assert {name.split("-")[0] for name, *_ in threads} == {"napi/inside", "napi/outside"}, f"no NAPI threads seen: {threads}"
+    assert {name.split("-")[0] for name in threads} == {"napi/inside", "napi/outside"}, f"not every link's NAPI thread seen: {threads}"
     assert not switch_threads, f"the switch's NAPI was threaded without --switch-napi lab: {switch_threads}"
     assert qdisc_reads and not qdiscs, f"the switch's ports buffered without --port-buffer ({qdisc_reads} reads): {qdiscs}"
     # Where real-time priority is refused (a cgroup without RT time), the
     # tester must say so rather than measure quietly without it.
     refused = "left at its priority, not SCHED_FIFO 50" in err
-    for name, cls, rtprio, affinity in threads:
+    for name, cls, rtprio, affinity in threads.values():
         assert (cls, rtprio) == ("FF", "50") or refused, f"{name}: {cls} {rtprio}, and natrix test did not say why:\n{err[-2000:]}"
         assert affinity == {1}, f"{name} runs on {affinity}, natrix's worker on CPU 1"
+    assert not lab_up(), "natrix test left its lab behind"
+
+
+def test_natrix_with_generic_xdp_has_its_receive_work_steered_to_its_cpus_and_charged_to_it(no_lab, tmp_path):
+    """README, "Measuring" and "XDP mode": with natrix's XDP programs in
+    generic mode (`xdp_mode = "generic"` in the configuration given with
+    --config) its links have no NAPI threads, so the tester steers their
+    receive work to natrix's CPU with RPS, as it does the kernel's, says
+    nothing of threads it has no reason to pin, and charges natrix a
+    working CPU time per frame that includes that receive work."""
+    cpus = os.cpu_count()
+    if cpus < 2:
+        pytest.skip("one CPU: nothing is steered")
+    config = tmp_path / "generic.toml"
+    up = natrix_cli("lab", "up", "--config-out", str(config))
+    assert up.returncode == 0, up.stderr
+    down = natrix_cli("lab", "down")
+    assert down.returncode == 0, down.stderr
+    config.write_text('xdp_mode = "generic"\n' + config.read_text())
+    stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
+    with open(stdout, "w") as out_file, open(stderr, "w") as err_file:
+        proc = subprocess.Popen([str(h.natrix_bin()), "test", "--dut", "natrix", "--quick", "--tests", "cpu", "--json",
+                                 "--config", str(config), "--out", str(tmp_path / "results")],
+                                stdout=out_file, stderr=err_file, text=True, env=h.clean_env())
+    masks, shown, threads = {}, {}, []
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        for dev in ("inside", "outside"):
+            read = subprocess.run(["ip", "netns", "exec", "nx-nat", "cat", f"/sys/class/net/{dev}/queues/rx-0/rps_cpus"],
+                                  capture_output=True, text=True, timeout=10)
+            if read.returncode == 0 and int(read.stdout.strip().replace(",", "") or "0", 16):
+                masks[dev] = read.stdout
+            link = subprocess.run(["ip", "-n", "nx-nat", "-d", "link", "show", dev], capture_output=True, text=True, timeout=10)
+            if link.returncode == 0 and "prog/xdp" in link.stdout:
+                shown[dev] = link.stdout.split()
+        threads += napi_threads()
+        time.sleep(0.2)
+    out, err = ended(proc, stdout, stderr)
+    results = [json.loads(line) for line in out.splitlines() if line.strip()]
+    cpu = [r["cpu"] for r in results if r["test"] == "cpu"]
+    assert cpu, f"no cpu result: {results}"
+
+    assert set(shown) == {"inside", "outside"}, f"natrix's programs were never seen attached: {shown}"
+    for dev, words in shown.items():
+        assert "xdpgeneric" in words, f"{dev}: not in generic mode: {' '.join(words)}"
+    assert set(masks) == {"inside", "outside"}, f"natrix's links were never steered: {masks}"
+    for dev, mask in masks.items():
+        assert rps_mask_cpus(mask) == [1], f"{dev}: rps_cpus {mask.strip()}, want natrix's CPU 1"
+    assert not threads, f"natrix's links have NAPI threads with generic programs: {threads}"
+    assert "no threaded NAPI" not in err and "no NAPI threads" not in err, f"the tester complains of NAPI threads it has no reason to pin:\n{err[-2000:]}"
+    work = cpu[0]["dut_work_ns_per_frame"]
+    assert work and work > 0, f"no working CPU per frame for natrix: {cpu[0]}"
     assert not lab_up(), "natrix test left its lab behind"
 
 
@@ -240,7 +293,7 @@ def test_the_switch_receives_in_napi_threads_on_the_lab_cpus_and_buffers_when_as
     assert {name for name, *_ in threads} == set(SWITCH_NAPI), f"the switch's NAPI threads were not seen: {threads}\n{err[-2000:]}"
     refused = "left at its priority, not SCHED_FIFO 50" in err
     want = set(expected_lab_cpus(1, cpus))
-    for name, cls, rtprio, affinity in threads:
+    for name, cls, rtprio, affinity in threads.values():
         assert (cls, rtprio) == ("FF", "50") or refused, f"{name}: {cls} {rtprio}, and natrix test did not say why:\n{err[-2000:]}"
         assert affinity == want, f"{name} runs on {affinity}, want the lab's CPUs {want}"
     assert qdiscs == {"nx-nat-in": {("root", "pfifo", "500p")}, "nx-nat-out": {("root", "pfifo", "500p")}}, qdiscs

@@ -16,8 +16,8 @@ use natrix_control::api::LogCounters;
 use natrix_control::cluster::bgp::Announcement;
 use natrix_control::cluster::node::{ClusterNode, EventTee, NodeSettings};
 use natrix_control::config::cluster::ClusterConfig;
-use natrix_control::{api, Config, IoBackend, LoggingConfig, Offload, PreferBusyPoll};
-use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Offloading, Settings, StartOptions};
+use natrix_control::{api, Config, IoBackend, LoggingConfig, Offload, PreferBusyPoll, XdpMode};
+use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Offloading, Settings, StartOptions, XdpAttach};
 use natrix_io::{InterfaceLock, LOCK_DIR};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -214,6 +214,11 @@ fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
             Offload::Auto => Offloading::Auto,
             Offload::On => Offloading::On,
             Offload::Off => Offloading::Off,
+        },
+        xdp_mode: match live.xdp_mode {
+            XdpMode::Auto => XdpAttach::Auto,
+            XdpMode::Native => XdpAttach::Native,
+            XdpMode::Generic => XdpAttach::Generic,
         },
         event_buffer: EVENT_BUFFER,
     })

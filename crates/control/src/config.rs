@@ -78,6 +78,17 @@ pub enum Offload {
     Off,
 }
 
+/// The mode of the interfaces' XDP programs (`xdp_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpMode {
+    /// Native where the driver takes it, generic elsewhere.
+    Auto,
+    /// The driver runs the program, on frames as it received them.
+    Native,
+    /// The kernel runs the program on each frame's skb, on any interface.
+    Generic,
+}
+
 /// Keys only the live dataplane uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveConfig {
@@ -95,6 +106,8 @@ pub struct LiveConfig {
     pub prefer_busy_poll: PreferBusyPoll,
     /// AF_XDP: established flows forwarded by the XDP programs.
     pub offload: Offload,
+    /// AF_XDP: where the XDP programs run.
+    pub xdp_mode: XdpMode,
     pub management_listen: Option<String>,
     /// Prefix length of the outside address: hosts inside it are on-link.
     pub outside_prefix_len: u8,
@@ -153,6 +166,7 @@ impl Config {
             busy_poll: false,
             prefer_busy_poll: PreferBusyPoll::Auto,
             offload: Offload::Auto,
+            xdp_mode: XdpMode::Auto,
             management_listen: None,
             outside_prefix_len: 32,
         };
@@ -225,6 +239,7 @@ impl Config {
             Some(true) => Offload::On,
             Some(false) => Offload::Off,
         };
+        live.xdp_mode = root.choice("xdp_mode", &[("auto", XdpMode::Auto), ("native", XdpMode::Native), ("generic", XdpMode::Generic)])?.unwrap_or(XdpMode::Auto);
         root.finish()?;
         check_consistency(&engine)?;
         check_addressing(&engine, &live)?;
@@ -271,6 +286,7 @@ impl Config {
             (a.busy_poll != b.busy_poll, "busy_poll"),
             (a.prefer_busy_poll != b.prefer_busy_poll, "prefer_busy_poll"),
             (a.offload != b.offload, "offload"),
+            (a.xdp_mode != b.xdp_mode, "xdp_mode"),
             (a.management_listen != b.management_listen, "management.listen"),
             (self.cluster != new.cluster, "cluster"),
         ]
@@ -921,6 +937,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "busy_poll",
             "prefer_busy_poll",
             "offload",
+            "xdp_mode",
             "nptv6",
             "syn_accel",
             "sctp",
@@ -1270,6 +1287,21 @@ mod tests {
             assert_eq!(e.key, "prefer_busy_poll");
             assert!(e.to_string().contains("true, false or \"auto\""), "{e}");
         }
+    }
+
+    #[test]
+    fn xdp_mode_is_automatic_unless_told_and_only_a_restart_changes_it() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
+        let with = |v: &str| parse(&format!("xdp_mode = {v}\n{base}"));
+        let default = parse(base).unwrap();
+        assert_eq!(default.live.xdp_mode, XdpMode::Auto);
+        assert_eq!(with("\"native\"").unwrap().live.xdp_mode, XdpMode::Native);
+        let generic = with("\"generic\"").unwrap();
+        assert_eq!(generic.live.xdp_mode, XdpMode::Generic);
+        assert_eq!(default.restart_key_changed(&generic), Some("xdp_mode"));
+        let e = with("\"skb\"").unwrap_err();
+        assert_eq!(e.key, "xdp_mode");
+        assert!(e.to_string().contains("\"auto\", \"native\", \"generic\""), "{e}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use natrix_control::cluster::node::{ClusterNode, NodeSettings};
 use natrix_control::config::cluster::{ClusterConfig, Role, SyncConfig};
-use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Offloading, Settings, StartOptions, SuppliedPort};
+use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Offloading, Settings, StartOptions, SuppliedPort, XdpAttach};
 use natrix_engine::{EngineConfig, Event, EventKind, Proto};
 use natrix_io::{MemoryPeer, MemoryPort};
 
@@ -35,6 +35,7 @@ fn dataplane_with_inside() -> (Arc<Dataplane>, MemoryPeer) {
         busy_poll: false,
         prefer_busy_poll: DeviceDeferral::Off,
         offload: Offloading::Off,
+        xdp_mode: XdpAttach::Auto,
         event_buffer: 1024,
     };
     let ports = [SuppliedPort { port: Box::new(inside), mac: [2, 0, 0, 0, 0, 1], mtu: 1500 }, SuppliedPort { port: Box::new(outside), mac: [2, 0, 0, 0, 0, 2], mtu: 1500 }];

@@ -12,6 +12,7 @@ pub mod ring;
 pub mod runtime;
 pub mod steer;
 
+pub use natrix_io::af_xdp::XdpAttach;
 pub use runtime::{
     ControlError, Dataplane, DataplaneError, DeviceDeferral, IoChoice, IoSnapshot, LinkSettings, Logged, Offloading, Settings, StartOptions, SuppliedPort, SyncTally,
     WorkerSnapshot, PORT_USE_THRESHOLDS,

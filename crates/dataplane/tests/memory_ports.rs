@@ -8,7 +8,7 @@ use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 use etherparse::{NetHeaders, PacketBuilder, PacketHeaders, TransportHeader};
-use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Offloading, Settings, StartOptions, SuppliedPort, WorkerSnapshot};
+use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Offloading, Settings, StartOptions, SuppliedPort, WorkerSnapshot, XdpAttach};
 use natrix_engine::config::Addr6;
 use natrix_engine::EngineConfig;
 use natrix_io::{MemoryPeer, MemoryPort};
@@ -90,6 +90,7 @@ impl Net {
             busy_poll: false,
             prefer_busy_poll: DeviceDeferral::Off,
             offload: Offloading::Off,
+            xdp_mode: XdpAttach::Auto,
             event_buffer: 1024,
         };
         let ports = [SuppliedPort { port: Box::new(inside_port), mac: NAT_IN, mtu: 1500 }, SuppliedPort { port: Box::new(outside_port), mac: NAT_OUT, mtu: 1500 }];

@@ -52,11 +52,15 @@ pub struct Natrix {
     /// The subscribers whose sessions `delete_all` clears.
     subscribers: Vec<Ipv4Addr>,
     child: Option<Child>,
+    /// Whether its XDP programs run in generic mode: its links then have
+    /// no NAPI threads, and their receive work runs in softirq on its CPUs
+    /// (RPS puts it there, as for the kernel).
+    generic: bool,
 }
 
 impl Natrix {
     pub fn start(exe: &Path, config: &Path, log: &Path, cpus: Vec<usize>, subscribers: Vec<Ipv4Addr>) -> Result<Natrix, TestError> {
-        let mut n = Natrix { exe: exe.to_owned(), config: config.to_owned(), log: log.to_owned(), cpus, subscribers, child: None };
+        let mut n = Natrix { exe: exe.to_owned(), config: config.to_owned(), log: log.to_owned(), cpus, subscribers, child: None, generic: false };
         n.launch()?;
         Ok(n)
     }
@@ -82,12 +86,28 @@ impl Natrix {
         let logged_before = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
         self.child = Some(cmd.spawn().map_err(|e| TestError::Dut(format!("cannot start natrix: {e}")))?);
         self.wait_ready(logged_before)?;
-        if !self.cpus.is_empty() {
+        self.generic = super::lab::links_run_generic_xdp();
+        if !self.cpus.is_empty() && !self.generic {
             for failure in super::lab::napi_on_cpus(&self.cpus) {
                 eprintln!("natrix test: {failure}");
             }
         }
         Ok(())
+    }
+
+    /// Time natrix's CPUs spent outside its process: in generic mode its
+    /// links' receive work (the XDP program, the copy into the UMEM),
+    /// which softirq runs wherever it lands, from idle too, and which is
+    /// charged to its process only when it interrupts it; in native mode,
+    /// its NAPI threads' time.
+    fn receive_work_ns(&self, process_ns: u64) -> Option<u64> {
+        if !self.generic {
+            return Some(napi_ns());
+        }
+        if self.cpus.is_empty() {
+            return Some(0);
+        }
+        Some(cpu_busy_ns(&self.cpus)?.saturating_sub(process_ns))
     }
 
     /// Waits for natrix's `ready` line in the log, after `offset`.
@@ -164,7 +184,8 @@ impl Dut for Natrix {
     /// frame into natrix's UMEM, the receive work RPS puts on the kernel's
     /// CPUs for the kernel's run.
     fn cpu_ns(&self) -> Option<u64> {
-        Some(process_cpu_ns(self.child.as_ref()?.id())? + napi_ns())
+        let process = process_cpu_ns(self.child.as_ref()?.id())?;
+        Some(process + self.receive_work_ns(process)?)
     }
 
     /// natrix's workers poll on for 50 µs after a frame, so at rates with
@@ -173,7 +194,8 @@ impl Dut for Natrix {
     /// (`natrix_worker_busy_seconds_total`), and the NAPI threads' time.
     fn work_ns(&self) -> Option<u64> {
         let busy = in_netns(NAT_NS, busy_ns).ok()??;
-        Some(busy + napi_ns())
+        let process = process_cpu_ns(self.child.as_ref()?.id())?;
+        Some(busy + self.receive_work_ns(process)?)
     }
 }
 

@@ -143,8 +143,10 @@ impl Lab {
             run(exe, &up)?;
             lab.natrix_config = (kind == Kind::Natrix).then_some(config);
         }
-        if kind == Kind::Kernel {
-            lab.prepare_kernel(opts.workers)?;
+        match kind {
+            Kind::Kernel => lab.prepare_kernel(opts.workers)?,
+            // Where natrix's links have no NAPI (generic XDP), as the kernel's.
+            Kind::Natrix => lab.steer_receive(NAT_NS, &DEVICE_LINKS, &dut_cpus(opts.workers))?,
         }
         lab.steer_switch_receive(opts.workers);
         if opts.switch_napi == SwitchNapi::Lab {
@@ -415,8 +417,9 @@ impl EdgeDrops {
 
 /// Frames each receive queue of the device's links took, by veth's XDP
 /// counters (`ethtool -S`, `rx_queue_N_xdp_packets`): what the device's
-/// XDP program saw, so natrix's frames, offloaded or not; the kernel runs
-/// no program there, and its counts stay zero.
+/// XDP program saw, so natrix's frames, offloaded or not; veth counts
+/// only for native programs, so the counts stay zero for the kernel,
+/// which runs none there, and for natrix's generic ones.
 #[derive(Clone, Debug, PartialEq)]
 pub struct QueueFrames(Vec<Vec<u64>>);
 
@@ -429,7 +432,7 @@ impl QueueFrames {
     }
 
     /// What each queue took between `before` and `self`, by link name;
-    /// None where no queue took any (no XDP program: the kernel).
+    /// None where no queue took any (no native XDP program).
     pub fn since(&self, before: &QueueFrames) -> Option<Vec<(&'static str, Vec<u64>)>> {
         let grown: Vec<Vec<u64>> = self.0.iter().zip(&before.0).map(|(now, then)| now.iter().zip(then).map(|(n, t)| n.saturating_sub(*t)).collect()).collect();
         grown.iter().flatten().any(|&n| n > 0).then(|| DEVICE_LINKS.into_iter().zip(grown).collect())
@@ -558,6 +561,12 @@ pub fn napi_on_cpus(cpus: &[usize]) -> Vec<String> {
     }
     failed.extend(pin_napi_threads(&DEVICE_LINKS, cpus));
     failed
+}
+
+/// Whether the XDP program on nx-nat's `inside` runs in generic mode
+/// (natrix's `xdp_mode`): `ip` shows it as `xdpgeneric`.
+pub fn links_run_generic_xdp() -> bool {
+    in_ns(NAT_NS, "ip", &["-d", "link", "show", DEVICE_LINKS[0]]).is_ok_and(|shown| shown.contains("xdpgeneric"))
 }
 
 /// Pins the NAPI threads of `devs` to `cpus` at SCHED_FIFO

@@ -46,7 +46,7 @@ use natrix_engine::shard::{Owners, Shard};
 use natrix_engine::{Engine, EngineConfig, Event, Side, Stats};
 use natrix_io::af_packet::AfPacketPort;
 use natrix_io::af_xdp::offload::{takes_redirects, Offload};
-use natrix_io::af_xdp::{describe_tuning, DeviceTuning, XdpMode, XdpPorts};
+use natrix_io::af_xdp::{describe_tuning, DeviceTuning, XdpAttach, XdpMode, XdpPorts};
 use natrix_io::iface::Interface;
 use natrix_io::{check_frames_fit, CopyingPorts, FramePorts, IoError, PacketPort};
 
@@ -151,6 +151,8 @@ pub struct Settings {
     /// `gro_flush_timeout` (where nobody has) while natrix runs.
     pub prefer_busy_poll: DeviceDeferral,
     pub offload: Offloading,
+    /// AF_XDP: where the interfaces' XDP programs run.
+    pub xdp_mode: XdpAttach,
     /// Events waiting for the logger; past this they are counted as lost.
     pub event_buffer: usize,
 }
@@ -686,6 +688,13 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<Opene
         table
     });
     let tuning = match (settings.prefer_busy_poll.wanted(usize::from(settings.workers), ports.len()), ports[0].backend()) {
+        // A generic program's frames reach the sockets from the stack, whose
+        // receive work natrix's polls cannot run: deferred, it would wait
+        // for the devices' timers.
+        (Some(_), "af_xdp") if settings.xdp_mode == XdpAttach::Generic && settings.prefer_busy_poll == DeviceDeferral::Auto => {
+            notes.push("prefer_busy_poll = \"auto\": the devices are left as they are, as natrix's polls cannot run their receive work for generic XDP programs".to_owned());
+            None
+        }
         (Some(why), "af_xdp") => Some(tune_for_busy_polling([&inside, &outside], why, notes)),
         (Some(_), backend) if settings.prefer_busy_poll == DeviceDeferral::On => {
             notes.push(format!("prefer_busy_poll applies to AF_XDP only: with {backend} the devices are left as they are"));
@@ -707,7 +716,12 @@ fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut V
         }
         return Ok(None);
     }
-    let takes = interfaces.map(|i| takes_redirects(i.index).map_err(|e| e.to_string()));
+    let read: fn(u32) -> std::io::Result<bool> = match settings.xdp_mode {
+        // The kernel sends what a generic program redirects as any frame.
+        XdpAttach::Generic => |_| Ok(true),
+        XdpAttach::Auto | XdpAttach::Native => takes_redirects,
+    };
+    let takes = interfaces.map(|i| read(i.index).map_err(|e| e.to_string()));
     let egress_ok = [takes[0] == Ok(true), takes[1] == Ok(true)];
     if egress_ok == [false, false] {
         let why: Vec<String> = interfaces.iter().zip(&takes).map(|(i, t)| format!("{}: {}", i.name, redirect_refusal(t))).collect();
@@ -735,7 +749,7 @@ fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut V
         })
         .collect();
     let ifindex = interfaces.map(|i| i.index);
-    let redirects = Arc::new(Redirects::new(ifindex, egress_ok, takes_redirects));
+    let redirects = Arc::new(Redirects::new(ifindex, egress_ok, read));
     Ok(Some((OffloadTable { map: table, ifindex, redirects, mtu: interfaces.map(|i| i.mtu) }, described)))
 }
 
@@ -775,7 +789,7 @@ fn open_ports<T>(
         Ok(vec![Box::new(CopyingPorts::new(ports))])
     };
     let mut af_xdp = || {
-        let open = |table: Option<&Offload>| XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)), table);
+        let open = |table: Option<&Offload>| XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)), table, settings.xdp_mode);
         match open(offload.as_ref().map(|(t, _)| &*t.map)) {
             // Without the fast path it opens: the fast path was the trouble.
             Err(e) if offload.is_some() && settings.offload == Offloading::Auto => match open(None) {
@@ -815,6 +829,7 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
     };
     let queues = |side| sets.iter().map(|s| s.queues(side)).sum::<usize>();
     notes.push(format!("AF_XDP in {mode}: one UMEM for {} inside and {} outside receive queues, frames forwarded where they lie", queues(0), queues(1)));
+    notes.push(program_modes(&sets[0].program_modes(), interfaces));
     if sets.len() > 1 {
         for (w, set) in sets.iter().enumerate() {
             let [inside, outside] = [0, 1].map(|side| set.served_queues(side));
@@ -830,6 +845,15 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
         ));
     }
     sets.into_iter().map(|s| Box::new(s) as Box<dyn FramePorts>).collect()
+}
+
+/// Where the XDP programs run, for the start-up report.
+fn program_modes(modes: &[&str], interfaces: [&Interface; 2]) -> String {
+    match modes {
+        [a, b] if a == b => format!("XDP programs in {a} mode on {} and {}", interfaces[0].name, interfaces[1].name),
+        [a, b] => format!("XDP programs in {a} mode on {} and {b} mode on {}", interfaces[0].name, interfaces[1].name),
+        _ => format!("XDP programs in {} mode", modes.join(", ")),
+    }
 }
 
 fn new_doorbell() -> Result<Arc<Doorbell>, DataplaneError> {

@@ -40,6 +40,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use crate::frames::FramePorts;
 use crate::port::{IoError, PacketPort, MAX_FRAME};
 pub use ports::{XdpMode, XdpPorts};
+pub use program::XdpAttach;
 pub use tuning::{describe as describe_tuning, DeviceTuning, Tuned};
 
 /// UMEM chunk size; one frame per chunk, so a chunk holds the largest frame.

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::offload::Offload;
-use super::program::XdpProgram;
+use super::program::{XdpAttach, XdpProgram};
 use super::umem::{bind, register_umem, xsk_socket, BindAs, Mmap, Ring, Rings};
 use super::{os_error, unsupported, FRAME_SIZE, MAX_KICKS};
 use crate::frames::{FrameId, FramePorts, PortCounters, SharedFrames};
@@ -206,32 +206,36 @@ impl XdpPorts {
     ///
     /// With `offload`, the interfaces' programs forward the flows in its
     /// table themselves.
-    pub fn open_per_queue(interfaces: &[&str], sets: usize, offload: Option<&Offload>) -> Result<Vec<XdpPorts>, IoError> {
+    pub fn open_per_queue(interfaces: &[&str], sets: usize, offload: Option<&Offload>, attach: XdpAttach) -> Result<Vec<XdpPorts>, IoError> {
         let with_queues = with_their_queues(interfaces);
         let fewest = with_queues.iter().map(|&(_, q)| q as usize).min().unwrap_or(1);
         if sets <= 1 || fewest < sets {
-            return Ok(vec![XdpPorts::open_queues_with(&with_queues, true, 1, offload)?]);
+            return Ok(vec![XdpPorts::open_queues_with(&with_queues, true, 1, offload, attach)?]);
         }
-        Ok(XdpPorts::open_queues_with(&with_queues, true, sets as u32, offload)?.split(sets))
+        Ok(XdpPorts::open_queues_with(&with_queues, true, sets as u32, offload, attach)?.split(sets))
     }
 
     /// Opens the first `queues` receive queues of each interface, the
     /// sockets preferring busy polling or not.
     pub(super) fn open_queues(interfaces: &[(&str, u32)], busy_poll: bool) -> Result<XdpPorts, IoError> {
-        XdpPorts::open_queues_with(interfaces, busy_poll, 1, None)
+        XdpPorts::open_queues_with(interfaces, busy_poll, 1, None, XdpAttach::Auto)
     }
 
     /// As `open_queues`, with spare chunks for `sets` sets.
-    fn open_queues_with(interfaces: &[(&str, u32)], busy_poll: bool, sets: u32, offload: Option<&Offload>) -> Result<XdpPorts, IoError> {
-        match XdpPorts::open_as(interfaces, busy_poll, XdpMode::ZeroCopy, sets, offload) {
+    fn open_queues_with(interfaces: &[(&str, u32)], busy_poll: bool, sets: u32, offload: Option<&Offload>, attach: XdpAttach) -> Result<XdpPorts, IoError> {
+        // Zero-copy is the driver's, for its native programs.
+        if attach == XdpAttach::Generic {
+            return XdpPorts::open_as(interfaces, busy_poll, XdpMode::Copy, sets, offload, attach);
+        }
+        match XdpPorts::open_as(interfaces, busy_poll, XdpMode::ZeroCopy, sets, offload, attach) {
             // One interface's driver took zero-copy and another's did not:
             // the UMEM's mode is its first socket's, so all go copy mode.
-            Err(_) => XdpPorts::open_as(interfaces, busy_poll, XdpMode::Copy, sets, offload),
+            Err(_) => XdpPorts::open_as(interfaces, busy_poll, XdpMode::Copy, sets, offload, attach),
             ok => ok,
         }
     }
 
-    fn open_as(interfaces: &[(&str, u32)], busy_poll: bool, wanted: XdpMode, sets: u32, offload: Option<&Offload>) -> Result<XdpPorts, IoError> {
+    fn open_as(interfaces: &[(&str, u32)], busy_poll: bool, wanted: XdpMode, sets: u32, offload: Option<&Offload>, attach: XdpAttach) -> Result<XdpPorts, IoError> {
         let mut looked_up = Vec::with_capacity(interfaces.len());
         for &(name, queues) in interfaces {
             let iface = Interface::lookup(name)?;
@@ -254,7 +258,7 @@ impl XdpPorts {
                 sockets.push(xsk);
             }
             let fds: Vec<RawFd> = sockets[first[first.len() - 1]..].iter().map(|s| s.socket.as_raw_fd()).collect();
-            programs.push(XdpProgram::attach(&fds, ifindex, name, offload)?);
+            programs.push(XdpProgram::attach(&fds, ifindex, name, offload, attach)?);
             first.push(sockets.len());
         }
         let interfaces = interfaces.iter().map(|&(name, _)| name.to_owned()).collect();
@@ -334,6 +338,12 @@ impl XdpPorts {
 
     pub fn mode(&self) -> XdpMode {
         self.mode
+    }
+
+    /// The mode each interface's XDP program runs in ("native" or
+    /// "generic"), in the order the interfaces were opened.
+    pub fn program_modes(&self) -> Vec<&'static str> {
+        self.programs.iter().map(XdpProgram::mode).collect()
     }
 
     /// The first socket's descriptor: the single port's only one.

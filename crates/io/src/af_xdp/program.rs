@@ -17,6 +17,31 @@ use crate::port::IoError;
 /// The redirect program, attached to the interface until drop.
 pub(super) struct XdpProgram {
     attachment: Attachment,
+    /// "native" or "generic", for the start-up report.
+    mode: &'static str,
+}
+
+/// Where natrix's XDP programs run (`xdp_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpAttach {
+    /// Native where the driver takes it, generic elsewhere.
+    Auto,
+    Native,
+    /// The kernel runs the program on each frame's skb, before its stack.
+    /// On veth this spares the copy native mode makes of every frame
+    /// (docs/BENCHMARKS.md, "Generic XDP on veth").
+    Generic,
+}
+
+impl XdpAttach {
+    /// The attach modes to try, in order.
+    fn modes(self) -> &'static [(u32, &'static str)] {
+        match self {
+            XdpAttach::Auto => &MODES,
+            XdpAttach::Native => &MODES[..1],
+            XdpAttach::Generic => &MODES[1..],
+        }
+    }
 }
 
 /// How the program is attached.
@@ -48,7 +73,7 @@ impl XdpProgram {
     /// `sockets[q]` (and passes frames of other queues to the kernel).
     /// With `offload`, established flows in its table are forwarded by
     /// the program itself (`Offload::fast_path`).
-    pub(super) fn attach(sockets: &[RawFd], ifindex: u32, interface: &str, offload: Option<&Offload>) -> Result<XdpProgram, IoError> {
+    pub(super) fn attach(sockets: &[RawFd], ifindex: u32, interface: &str, offload: Option<&Offload>, attach: XdpAttach) -> Result<XdpProgram, IoError> {
         let map = xskmap(sockets.len() as u32).map_err(|e| unsupported("creating the XSKMAP", interface, e))?;
         let program = load_program(&map, offload).map_err(|e| unsupported("loading the XDP program", interface, e))?;
         for (queue, &socket) in sockets.iter().enumerate() {
@@ -58,9 +83,10 @@ impl XdpProgram {
         drop(map);
         let mut errors = Vec::new();
         let mut invalid = 0;
-        for (mode, name) in MODES {
+        let modes = attach.modes();
+        for &(mode, name) in modes {
             match link_xdp(&program, ifindex, mode) {
-                Ok(link) => return Ok(XdpProgram { attachment: Attachment::Link(link) }),
+                Ok(link) => return Ok(XdpProgram { attachment: Attachment::Link(link), mode: name }),
                 // Another program is attached: never replace someone else's.
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(already_attached(interface, e)),
                 Err(e) => {
@@ -69,13 +95,18 @@ impl XdpProgram {
                 }
             }
         }
-        // Refused in both modes as invalid: a kernel without XDP links (a
+        // Refused in every mode as invalid: a kernel without XDP links (a
         // driver refusing native mode says EINVAL too, but generic mode
         // then takes a link).
-        if invalid == MODES.len() {
-            return attach_by_netlink(program, ifindex, interface);
+        if invalid == modes.len() {
+            return attach_by_netlink(program, ifindex, interface, modes);
         }
         Err(unsupported("attaching the XDP program", interface, errors.join("; ")))
+    }
+
+    /// "native" or "generic".
+    pub(super) fn mode(&self) -> &'static str {
+        self.mode
     }
 
     /// Detaches the program, if it is still the one attached; a second
@@ -100,13 +131,14 @@ impl Drop for XdpProgram {
     }
 }
 
-/// Attaches `program` over rtnetlink, never replacing another program.
-fn attach_by_netlink(program: OwnedFd, ifindex: u32, interface: &str) -> Result<XdpProgram, IoError> {
+/// Attaches `program` over rtnetlink in the first of `modes` the interface
+/// takes, never replacing another program.
+fn attach_by_netlink(program: OwnedFd, ifindex: u32, interface: &str, modes: &[(u32, &'static str)]) -> Result<XdpProgram, IoError> {
     let netlink = netlink_socket().map_err(|e| os_error("opening a netlink socket", interface, e))?;
     let mut errors = Vec::new();
-    for (mode, name) in MODES {
+    for &(mode, name) in modes {
         match set_link_xdp(&netlink, ifindex, &[(IFLA_XDP_FD, program.as_raw_fd() as u32), (IFLA_XDP_FLAGS, mode | XDP_FLAGS_UPDATE_IF_NOEXIST)]) {
-            Ok(()) => return Ok(XdpProgram { attachment: Attachment::Netlink { netlink, ifindex, mode, program } }),
+            Ok(()) => return Ok(XdpProgram { attachment: Attachment::Netlink { netlink, ifindex, mode, program }, mode: name }),
             Err(e) => errors.push(format!("{name}: {e}")),
         }
     }

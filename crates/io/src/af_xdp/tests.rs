@@ -201,18 +201,34 @@ const PEER2_IF: &str = "peer1";
 /// where it lies and leaves by the other without a copy, both ways, over
 /// rounds that pass many more frames than the UMEM has chunks; every frame
 /// arrives once and changed; afterwards every chunk is back with a fill
-/// ring or on the free list (none leaked, none held).
+/// ring or on the free list (none leaked, none held). veth takes native
+/// programs, so "auto" gives native mode.
 #[test]
 fn held_frames_leave_by_the_other_interface_changed_in_place_and_no_chunk_leaks() {
+    forward_in_place_both_ways("forward", XdpAttach::Auto, "native");
+}
+
+/// As above with the programs in generic mode (`xdp_mode = "generic"`),
+/// where the kernel hands the program each frame's skb.
+#[test]
+fn in_generic_mode_held_frames_leave_changed_in_place_and_no_chunk_leaks() {
+    forward_in_place_both_ways("generic", XdpAttach::Generic, "generic");
+}
+
+fn forward_in_place_both_ways(tag: &str, attach: XdpAttach, mode: &str) {
     const ROUNDS: u32 = 8;
     const BURST: u32 = 1500;
-    let Some(ns) = Netns::with_veth_pair("forward") else {
+    let Some(ns) = Netns::with_veth_pair(tag) else {
         return;
     };
     ns.add_veth_pair(PORT2_IF, PEER2_IF, 1);
     ns.run(|| {
-        let mut ports = open_one(&[PORT_IF, PORT2_IF]).expect("AF_XDP opens on both");
+        let mut ports = XdpPorts::open_per_queue(&[PORT_IF, PORT2_IF], 1, None, attach).expect("AF_XDP opens on both").remove(0);
         assert_eq!(ports.mode(), XdpMode::Copy, "veth has no zero-copy");
+        assert_eq!(ports.program_modes(), [mode, mode], "both programs in {mode} mode");
+        let shown = ns.ip(&["-d", "link", "show", PORT_IF]);
+        let word = if mode == "generic" { "xdpgeneric" } else { "xdp " };
+        assert!(shown.contains(word), "`ip -d link show {PORT_IF}` does not show `{word}`: {shown}");
         let peers = [RawSocket::open(PEER_IF), RawSocket::open(PEER2_IF)];
         let macs = [PORT_IF, PEER_IF, PORT2_IF, PEER2_IF].map(|i| Interface::lookup(i).unwrap().mac);
         for round in 0..ROUNDS {
@@ -264,7 +280,7 @@ fn held_frames_leave_by_the_other_interface_changed_in_place_and_no_chunk_leaks(
 /// All of the interfaces' queues as one set, as the dataplane opens them
 /// for one worker.
 fn open_one(interfaces: &[&str]) -> Result<XdpPorts, IoError> {
-    XdpPorts::open_per_queue(interfaces, 1, None).map(|mut sets| sets.remove(0))
+    XdpPorts::open_per_queue(interfaces, 1, None, XdpAttach::Auto).map(|mut sets| sets.remove(0))
 }
 
 /// What the test's forwarding writes into a frame where it lies: the next
@@ -338,7 +354,7 @@ fn per_queue_sets_on_their_own_threads_hand_frames_across_and_chunks_come_back_t
     ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
     ns.add_veth_pair(PORT3_IF, PEER3_IF, 2);
     ns.run(|| {
-        let sets = XdpPorts::open_per_queue(&[PORT2_IF, PORT3_IF], SETS, None).expect("AF_XDP opens on every queue");
+        let sets = XdpPorts::open_per_queue(&[PORT2_IF, PORT3_IF], SETS, None, XdpAttach::Auto).expect("AF_XDP opens on every queue");
         assert_eq!(sets.len(), SETS, "one set per queue");
         for (q, set) in sets.iter().enumerate() {
             assert_eq!((set.served_queues(0), set.served_queues(1)), (vec![q as u32], vec![q as u32]), "set {q} serves queue {q} of both");
@@ -499,7 +515,7 @@ fn an_interface_of_one_queue_makes_one_set_of_every_queue() {
     };
     ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
     ns.run(|| {
-        let sets = XdpPorts::open_per_queue(&[PORT_IF, PORT2_IF], 2, None).expect("AF_XDP opens on every queue");
+        let sets = XdpPorts::open_per_queue(&[PORT_IF, PORT2_IF], 2, None, XdpAttach::Auto).expect("AF_XDP opens on every queue");
         assert_eq!(sets.len(), 1, "one set");
         let set = &sets[0];
         assert_eq!((set.served_queues(0), set.served_queues(1)), (vec![0], vec![0, 1]), "the set serves every queue");
