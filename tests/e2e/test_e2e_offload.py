@@ -882,7 +882,8 @@ def test_generic_programs_offload_to_peers_without_napi(natrix, agent, servers):
     echo = (SRV1, h.UDP_ECHO)
     try:
         gro("off")
-        n = natrix({**XDP, "xdp_mode": "generic"})
+        # One worker: the deferral the note is about is for one worker or per-queue workers.
+        n = natrix({**XDP, "xdp_mode": "generic", "workers": 1})
         assert_announced(n)
         assert_programs_in(n, "generic")
         assert "the devices are left as they are" in n.err.text(), f"no note on prefer_busy_poll:\n{n.output()}"

@@ -16,7 +16,7 @@ use natrix_control::api::LogCounters;
 use natrix_control::cluster::bgp::Announcement;
 use natrix_control::cluster::node::{ClusterNode, EventTee, NodeSettings};
 use natrix_control::config::cluster::ClusterConfig;
-use natrix_control::{api, Config, IoBackend, LoggingConfig, Offload, PreferBusyPoll, XdpMode};
+use natrix_control::{api, Config, IoBackend, LoggingConfig, Offload, PreferBusyPoll, XdpProgramMode};
 use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Offloading, Settings, StartOptions, XdpAttach};
 use natrix_io::{InterfaceLock, LOCK_DIR};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -216,9 +216,9 @@ fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
             Offload::Off => Offloading::Off,
         },
         xdp_mode: match live.xdp_mode {
-            XdpMode::Auto => XdpAttach::Auto,
-            XdpMode::Native => XdpAttach::Native,
-            XdpMode::Generic => XdpAttach::Generic,
+            XdpProgramMode::Auto => XdpAttach::Auto,
+            XdpProgramMode::Native => XdpAttach::Native,
+            XdpProgramMode::Generic => XdpAttach::Generic,
         },
         event_buffer: EVENT_BUFFER,
     })

@@ -80,7 +80,7 @@ pub enum Offload {
 
 /// The mode of the interfaces' XDP programs (`xdp_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum XdpMode {
+pub enum XdpProgramMode {
     /// Native where the driver takes it, generic elsewhere.
     Auto,
     /// The driver runs the program, on frames as it received them.
@@ -107,7 +107,7 @@ pub struct LiveConfig {
     /// AF_XDP: established flows forwarded by the XDP programs.
     pub offload: Offload,
     /// AF_XDP: where the XDP programs run.
-    pub xdp_mode: XdpMode,
+    pub xdp_mode: XdpProgramMode,
     pub management_listen: Option<String>,
     /// Prefix length of the outside address: hosts inside it are on-link.
     pub outside_prefix_len: u8,
@@ -166,7 +166,7 @@ impl Config {
             busy_poll: false,
             prefer_busy_poll: PreferBusyPoll::Auto,
             offload: Offload::Auto,
-            xdp_mode: XdpMode::Auto,
+            xdp_mode: XdpProgramMode::Auto,
             management_listen: None,
             outside_prefix_len: 32,
         };
@@ -239,7 +239,8 @@ impl Config {
             Some(true) => Offload::On,
             Some(false) => Offload::Off,
         };
-        live.xdp_mode = root.choice("xdp_mode", &[("auto", XdpMode::Auto), ("native", XdpMode::Native), ("generic", XdpMode::Generic)])?.unwrap_or(XdpMode::Auto);
+        live.xdp_mode =
+            root.choice("xdp_mode", &[("auto", XdpProgramMode::Auto), ("native", XdpProgramMode::Native), ("generic", XdpProgramMode::Generic)])?.unwrap_or(XdpProgramMode::Auto);
         root.finish()?;
         check_consistency(&engine)?;
         check_addressing(&engine, &live)?;
@@ -1294,10 +1295,10 @@ mod tests {
         let base = "[nat]\npool = [\"203.0.113.0/28\"]\n";
         let with = |v: &str| parse(&format!("xdp_mode = {v}\n{base}"));
         let default = parse(base).unwrap();
-        assert_eq!(default.live.xdp_mode, XdpMode::Auto);
-        assert_eq!(with("\"native\"").unwrap().live.xdp_mode, XdpMode::Native);
+        assert_eq!(default.live.xdp_mode, XdpProgramMode::Auto);
+        assert_eq!(with("\"native\"").unwrap().live.xdp_mode, XdpProgramMode::Native);
         let generic = with("\"generic\"").unwrap();
-        assert_eq!(generic.live.xdp_mode, XdpMode::Generic);
+        assert_eq!(generic.live.xdp_mode, XdpProgramMode::Generic);
         assert_eq!(default.restart_key_changed(&generic), Some("xdp_mode"));
         let e = with("\"skb\"").unwrap_err();
         assert_eq!(e.key, "xdp_mode");

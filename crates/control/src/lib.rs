@@ -15,4 +15,4 @@ pub mod sinks;
 pub mod synaccel_metrics;
 pub mod syslog;
 
-pub use config::{Config, ConfigError, IoBackend, LiveConfig, LogUnit, LoggingConfig, Offload, PreferBusyPoll, XdpMode};
+pub use config::{Config, ConfigError, IoBackend, LiveConfig, LogUnit, LoggingConfig, Offload, PreferBusyPoll, XdpProgramMode};

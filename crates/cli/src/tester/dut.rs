@@ -52,15 +52,15 @@ pub struct Natrix {
     /// The subscribers whose sessions `delete_all` clears.
     subscribers: Vec<Ipv4Addr>,
     child: Option<Child>,
-    /// Whether its XDP programs run in generic mode: its links then have
-    /// no NAPI threads, and their receive work runs in softirq on its CPUs
-    /// (RPS puts it there, as for the kernel).
-    generic: bool,
+    /// Whether its links run no native XDP program (generic programs, or
+    /// AF_PACKET): they then have no NAPI threads, and their receive work
+    /// runs in softirq on its CPUs (RPS puts it there, as for the kernel).
+    no_napi_threads: bool,
 }
 
 impl Natrix {
     pub fn start(exe: &Path, config: &Path, log: &Path, cpus: Vec<usize>, subscribers: Vec<Ipv4Addr>) -> Result<Natrix, TestError> {
-        let mut n = Natrix { exe: exe.to_owned(), config: config.to_owned(), log: log.to_owned(), cpus, subscribers, child: None, generic: false };
+        let mut n = Natrix { exe: exe.to_owned(), config: config.to_owned(), log: log.to_owned(), cpus, subscribers, child: None, no_napi_threads: false };
         n.launch()?;
         Ok(n)
     }
@@ -86,8 +86,8 @@ impl Natrix {
         let logged_before = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
         self.child = Some(cmd.spawn().map_err(|e| TestError::Dut(format!("cannot start natrix: {e}")))?);
         self.wait_ready(logged_before)?;
-        self.generic = super::lab::links_run_generic_xdp();
-        if !self.cpus.is_empty() && !self.generic {
+        self.no_napi_threads = !super::lab::links_run_native_xdp();
+        if !self.cpus.is_empty() && !self.no_napi_threads {
             for failure in super::lab::napi_on_cpus(&self.cpus) {
                 eprintln!("natrix test: {failure}");
             }
@@ -95,19 +95,20 @@ impl Natrix {
         Ok(())
     }
 
-    /// Time natrix's CPUs spent outside its process: in generic mode its
-    /// links' receive work (the XDP program, the copy into the UMEM),
-    /// which softirq runs wherever it lands, from idle too, and which is
-    /// charged to its process only when it interrupts it; in native mode,
-    /// its NAPI threads' time.
+    /// natrix's links' receive work (running its XDP programs, copying
+    /// frames into the UMEM): its NAPI threads' time, or where its links
+    /// have none, the time its CPUs were busy outside its process, since
+    /// softirq runs that work wherever it lands, from idle too, and
+    /// charges the process only when it interrupts it. None where natrix
+    /// has no CPUs of its own to tell that time apart.
     fn receive_work_ns(&self, process_ns: u64) -> Option<u64> {
-        if !self.generic {
+        if !self.no_napi_threads {
             return Some(napi_ns());
         }
         if self.cpus.is_empty() {
-            return Some(0);
+            return None;
         }
-        Some(cpu_busy_ns(&self.cpus)?.saturating_sub(process_ns))
+        Some(busy_outside(cpu_busy_ns(&self.cpus)?, process_ns))
     }
 
     /// Waits for natrix's `ready` line in the log, after `offset`.
@@ -179,10 +180,9 @@ impl Dut for Natrix {
     }
 
     /// natrix's process, all threads: its NAT work and, in system time,
-    /// the kernel sending its frames on; and the NAPI threads of its links
-    /// (see `lab::napi_on_cpus`), which run the XDP program and copy each
-    /// frame into natrix's UMEM, the receive work RPS puts on the kernel's
-    /// CPUs for the kernel's run.
+    /// the kernel sending its frames on; and its links' receive work
+    /// (`receive_work_ns`), which RPS puts on the kernel's CPUs for the
+    /// kernel's run.
     fn cpu_ns(&self) -> Option<u64> {
         let process = process_cpu_ns(self.child.as_ref()?.id())?;
         Some(process + self.receive_work_ns(process)?)
@@ -191,12 +191,24 @@ impl Dut for Natrix {
     /// natrix's workers poll on for 50 µs after a frame, so at rates with
     /// frames closer than that their CPU time is all of their CPUs. Their
     /// work is the CPU time of the rounds that carried frames
-    /// (`natrix_worker_busy_seconds_total`), and the NAPI threads' time.
+    /// (`natrix_worker_busy_seconds_total`), and its links' receive work.
     fn work_ns(&self) -> Option<u64> {
         let busy = in_netns(NAT_NS, busy_ns).ok()??;
         let process = process_cpu_ns(self.child.as_ref()?.id())?;
         Some(busy + self.receive_work_ns(process)?)
     }
+
+    /// Where its links have no NAPI threads, part of its time is its
+    /// CPUs' (`receive_work_ns`), other tenants' there included.
+    fn shares_cpus(&self) -> bool {
+        self.no_napi_threads
+    }
+}
+
+/// The busy time of natrix's CPUs that its process did not spend: its
+/// threads run only there, so the rest is other work on those CPUs.
+fn busy_outside(cpus_busy_ns: u64, process_ns: u64) -> u64 {
+    cpus_busy_ns.saturating_sub(process_ns)
 }
 
 /// CPU time of the NAPI threads of natrix's links (see `lab::napi_on_cpus`).

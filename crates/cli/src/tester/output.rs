@@ -134,8 +134,8 @@ pub fn side_by_side(lines: &[Line]) -> Option<String> {
         add(format!("latency, {size} B, 99.9th percentile (RFC 8219)"), "latency", Some(size), "p999_us", "us", true);
         add(format!("PDV, {size} B (RFC 8219)"), "pdv", Some(size), "pdv_us", "us", true);
     }
-    add("CPU per forwarded frame: natrix's process, the kernel's CPUs".into(), "cpu", None, "dut_ns_per_frame", "ns", true);
-    add("CPU per forwarded frame, working: natrix's rounds with frames, the kernel's CPUs".into(), "cpu", None, "dut_work_ns_per_frame", "ns", true);
+    add("CPU per forwarded frame: natrix's process and receive work, the kernel's CPUs".into(), "cpu", None, "dut_ns_per_frame", "ns", true);
+    add("CPU per forwarded frame, working: natrix's rounds with frames and receive work, the kernel's CPUs".into(), "cpu", None, "dut_work_ns_per_frame", "ns", true);
     let mut md = String::from("| metric | natrix | kernel | natrix/kernel |\n|---|---:|---:|---:|\n");
     for r in rows.iter().filter(|r| r.natrix.is_some() || r.kernel.is_some()) {
         let ratio = match (r.natrix, r.kernel) {

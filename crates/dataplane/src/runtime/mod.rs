@@ -676,7 +676,7 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<Opene
         check_frames_fit(&iface.name, iface.mtu)?;
     }
     let mut offload = offload_table(settings, [&inside, &outside], notes)?;
-    let ports = open_ports(&inside, &outside, settings, &mut offload, notes)?;
+    let (ports, generic) = open_ports(&inside, &outside, settings, &mut offload, notes)?;
     if ports[0].backend() != "af_xdp" && offload.take().is_some() {
         if settings.offload == Offloading::On {
             return Err(refuse_offload(&inside, "offload = true needs AF_XDP, and natrix fell back to AF_PACKET (above)".to_owned()));
@@ -691,7 +691,7 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<Opene
         // A generic program's frames reach the sockets from the stack, whose
         // receive work natrix's polls cannot run: deferred, it would wait
         // for the devices' timers.
-        (Some(_), "af_xdp") if settings.xdp_mode == XdpAttach::Generic && settings.prefer_busy_poll == DeviceDeferral::Auto => {
+        (Some(_), "af_xdp") if generic && settings.prefer_busy_poll == DeviceDeferral::Auto => {
             notes.push("prefer_busy_poll = \"auto\": the devices are left as they are, as natrix's polls cannot run their receive work for generic XDP programs".to_owned());
             None
         }
@@ -719,6 +719,8 @@ fn offload_table(settings: &Settings, interfaces: [&Interface; 2], notes: &mut V
     let read: fn(u32) -> std::io::Result<bool> = match settings.xdp_mode {
         // The kernel sends what a generic program redirects as any frame.
         XdpAttach::Generic => |_| Ok(true),
+        // Where "auto" falls back to generic mode this is stricter than
+        // it need be, never looser.
         XdpAttach::Auto | XdpAttach::Native => takes_redirects,
     };
     let takes = interfaces.map(|i| read(i.index).map_err(|e| e.to_string()));
@@ -776,17 +778,18 @@ fn tune_for_busy_polling(interfaces: [&Interface; 2], why: &str, notes: &mut Vec
 
 /// Opens the ports `settings` asks for; with `offload`'s table, where it
 /// can, the programs' fast path taking it up (where it cannot and the
-/// offload is only "auto", without, and `offload` left empty).
+/// offload is only "auto", without, and `offload` left empty). Says
+/// whether an XDP program runs in generic mode.
 fn open_ports<T>(
     inside: &Interface,
     outside: &Interface,
     settings: &Settings,
     offload: &mut Option<(OffloadTable, T)>,
     notes: &mut Vec<String>,
-) -> Result<PortSets, DataplaneError> {
-    let af_packet = || -> Result<PortSets, DataplaneError> {
+) -> Result<(PortSets, bool), DataplaneError> {
+    let af_packet = || -> Result<(PortSets, bool), DataplaneError> {
         let ports: [Box<dyn PacketPort>; 2] = [Box::new(AfPacketPort::open(inside)?), Box::new(AfPacketPort::open(outside)?)];
-        Ok(vec![Box::new(CopyingPorts::new(ports))])
+        Ok((vec![Box::new(CopyingPorts::new(ports))], false))
     };
     let mut af_xdp = || {
         let open = |table: Option<&Offload>| XdpPorts::open_per_queue(&[&inside.name, &outside.name], usize::from(settings.workers.max(1)), table, settings.xdp_mode);
@@ -820,16 +823,20 @@ fn open_ports<T>(
     }
 }
 
-/// Notes how the AF_XDP sockets were bound and, for per-queue workers,
-/// which queues each serves, for the start-up report.
-fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, notes: &mut Vec<String>) -> PortSets {
+/// Notes how the AF_XDP sockets were bound, where the programs run and,
+/// for per-queue workers, which queues each serves, for the start-up
+/// report; says whether a program runs in generic mode.
+fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, notes: &mut Vec<String>) -> (PortSets, bool) {
+    let programs = sets[0].program_modes();
+    let generic = programs.contains(&"generic");
     let mode = match sets[0].mode() {
+        XdpMode::Copy if generic => "copy mode (generic XDP programs)",
         XdpMode::Copy => "copy mode (the drivers have no zero-copy)",
         XdpMode::ZeroCopy => "zero-copy",
     };
     let queues = |side| sets.iter().map(|s| s.queues(side)).sum::<usize>();
     notes.push(format!("AF_XDP in {mode}: one UMEM for {} inside and {} outside receive queues, frames forwarded where they lie", queues(0), queues(1)));
-    notes.push(program_modes(&sets[0].program_modes(), interfaces));
+    notes.push(program_modes(&programs, interfaces));
     if sets.len() > 1 {
         for (w, set) in sets.iter().enumerate() {
             let [inside, outside] = [0, 1].map(|side| set.served_queues(side));
@@ -844,16 +851,17 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
             queues(1)
         ));
     }
-    sets.into_iter().map(|s| Box::new(s) as Box<dyn FramePorts>).collect()
+    (sets.into_iter().map(|s| Box::new(s) as Box<dyn FramePorts>).collect(), generic)
 }
 
-/// Where the XDP programs run, for the start-up report.
+/// Where the XDP programs run (`modes`, one per interface), for the
+/// start-up report.
 fn program_modes(modes: &[&str], interfaces: [&Interface; 2]) -> String {
-    match modes {
-        [a, b] if a == b => format!("XDP programs in {a} mode on {} and {}", interfaces[0].name, interfaces[1].name),
-        [a, b] => format!("XDP programs in {a} mode on {} and {b} mode on {}", interfaces[0].name, interfaces[1].name),
-        _ => format!("XDP programs in {} mode", modes.join(", ")),
+    if modes.iter().all(|m| *m == modes[0]) {
+        return format!("XDP programs in {} mode on {} and {}", modes[0], interfaces[0].name, interfaces[1].name);
     }
+    let each: Vec<String> = modes.iter().zip(interfaces).map(|(m, i)| format!("{m} mode on {}", i.name)).collect();
+    format!("XDP programs in {}", each.join(" and "))
 }
 
 fn new_doorbell() -> Result<Arc<Doorbell>, DataplaneError> {

@@ -26,6 +26,7 @@ pub(super) struct XdpProgram {
 pub enum XdpAttach {
     /// Native where the driver takes it, generic elsewhere.
     Auto,
+    /// The driver runs the program on each frame as it received it.
     Native,
     /// The kernel runs the program on each frame's skb, before its stack.
     /// On veth this spares the copy native mode makes of every frame
@@ -95,9 +96,9 @@ impl XdpProgram {
                 }
             }
         }
-        // Refused in every mode as invalid: a kernel without XDP links (a
-        // driver refusing native mode says EINVAL too, but generic mode
-        // then takes a link).
+        // Refused in every mode tried as invalid: a kernel without XDP
+        // links, or a driver refusing native mode (EINVAL too), which the
+        // same mode over rtnetlink refuses again, naming it.
         if invalid == modes.len() {
             return attach_by_netlink(program, ifindex, interface, modes);
         }

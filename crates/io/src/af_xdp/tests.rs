@@ -227,8 +227,8 @@ fn forward_in_place_both_ways(tag: &str, attach: XdpAttach, mode: &str) {
         assert_eq!(ports.mode(), XdpMode::Copy, "veth has no zero-copy");
         assert_eq!(ports.program_modes(), [mode, mode], "both programs in {mode} mode");
         let shown = ns.ip(&["-d", "link", "show", PORT_IF]);
-        let word = if mode == "generic" { "xdpgeneric" } else { "xdp " };
-        assert!(shown.contains(word), "`ip -d link show {PORT_IF}` does not show `{word}`: {shown}");
+        let word = if mode == "generic" { "xdpgeneric" } else { "xdp" };
+        assert!(shown.split_whitespace().any(|w| w == word), "`ip -d link show {PORT_IF}` does not show `{word}`: {shown}");
         let peers = [RawSocket::open(PEER_IF), RawSocket::open(PEER2_IF)];
         let macs = [PORT_IF, PEER_IF, PORT2_IF, PEER2_IF].map(|i| Interface::lookup(i).unwrap().mac);
         for round in 0..ROUNDS {
