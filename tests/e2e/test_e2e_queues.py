@@ -540,6 +540,28 @@ def test_one_queue_each_leaves_the_interfaces_to_the_first_worker(single_queue):
     assert after[0] - before.get(0, 0) >= tx, f"worker 0 received {after[0] - before.get(0, 0)} frames, fewer than the {tx} sent to natrix"
 
 
+def test_generic_programs_on_veth_leave_every_frame_to_the_first_worker(tmp_path):
+    """README, "XDP mode": veth records no receive queue for the frames it
+    hands its stack, so with generic XDP programs (`xdp_mode = "generic"`)
+    on veths of two queues every frame reaches queue 0. natrix says so at
+    start for both interfaces; every flow is still translated (worker 0
+    hands the other worker its frames), and worker 1 takes none from its
+    own queues."""
+    with natrix_in(Topology("nxqg", queues=2), tmp_path, xdp_mode="generic") as s:
+        text = "\n".join(s.startup_notes())
+        assert "XDP programs in generic mode on nxq-in and nxq-out" in text, text
+        for dev in ("nxq-in", "nxq-out"):
+            assert f"{dev} is a veth: with generic XDP programs every frame it receives reaches queue 0" in text, f"no note for {dev}:\n{text}"
+        before, tx_before = s.received_frames(), s.topo.tx_frames()
+        s.udp_flows(UDP_BASE, PORTS_PER_SUBSCRIBER, rounds=1)
+        time.sleep(0.3)
+        tx = s.topo.tx_frames() - tx_before
+        after = s.received_frames()
+        got = {w: after[w] - before.get(w, 0) for w in after}
+        assert got.get(1) == 0, f"worker 1 received frames from its own queue with generic programs on veth: {got}"
+        assert got.get(0, 0) >= tx, f"worker 0 received {got.get(0)} frames, fewer than the {tx} the client and server sent"
+
+
 def napi_settings(topo):
     """(napi_defer_hard_irqs, gro_flush_timeout) of natrix's two interfaces."""
     if not os.path.exists("/sys/class/net/lo/napi_defer_hard_irqs"):

@@ -46,7 +46,7 @@ use natrix_engine::shard::{Owners, Shard};
 use natrix_engine::{Engine, EngineConfig, Event, Side, Stats};
 use natrix_io::af_packet::AfPacketPort;
 use natrix_io::af_xdp::offload::{takes_redirects, Offload};
-use natrix_io::af_xdp::{describe_tuning, DeviceTuning, XdpAttach, XdpMode, XdpPorts};
+use natrix_io::af_xdp::{describe_tuning, driver, DeviceTuning, XdpAttach, XdpMode, XdpPorts};
 use natrix_io::iface::Interface;
 use natrix_io::{check_frames_fit, CopyingPorts, FramePorts, IoError, PacketPort};
 
@@ -837,6 +837,9 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
     let queues = |side| sets.iter().map(|s| s.queues(side)).sum::<usize>();
     notes.push(format!("AF_XDP in {mode}: one UMEM for {} inside and {} outside receive queues, frames forwarded where they lie", queues(0), queues(1)));
     notes.push(program_modes(&programs, interfaces));
+    if generic && sets.len() > 1 {
+        notes.extend(interfaces.iter().filter(|i| driver(&i.name).as_deref() == Some("veth")).map(|i| veth_queue_0_note(&i.name)));
+    }
     if sets.len() > 1 {
         for (w, set) in sets.iter().enumerate() {
             let [inside, outside] = [0, 1].map(|side| set.served_queues(side));
@@ -852,6 +855,14 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
         ));
     }
     (sets.into_iter().map(|s| Box::new(s) as Box<dyn FramePorts>).collect(), generic)
+}
+
+/// veth records no receive queue for the frames it hands its stack, so a
+/// generic program sees them all on queue 0.
+fn veth_queue_0_note(interface: &str) -> String {
+    format!(
+        "{interface} is a veth: with generic XDP programs every frame it receives reaches queue 0, so worker 0 receives them all and hands the other workers theirs (xdp_mode = \"native\" spreads them over the queues)"
+    )
 }
 
 /// Where the XDP programs run (`modes`, one per interface), for the

@@ -214,6 +214,43 @@ struct EthtoolChannels {
 /// (virtual drivers without channels have one).
 fn rx_queues(interface: &str) -> Option<u32> {
     let mut channels = EthtoolChannels { cmd: ETHTOOL_GCHANNELS, ..Default::default() };
+    ethtool_get(interface, &mut channels)?;
+    Some(channels.rx_count + channels.combined_count)
+}
+
+const ETHTOOL_GDRVINFO: u32 = 0x03;
+
+/// struct ethtool_drvinfo.
+#[repr(C)]
+struct EthtoolDrvinfo {
+    cmd: u32,
+    driver: [u8; 32],
+    version: [u8; 32],
+    fw_version: [u8; 32],
+    bus_info: [u8; 32],
+    erom_version: [u8; 32],
+    reserved2: [u8; 12],
+    n_priv_flags: u32,
+    n_stats: u32,
+    testinfo_len: u32,
+    eedump_len: u32,
+    regdump_len: u32,
+}
+
+/// The name of the interface's driver ("veth", "mlx5_core", ...), or None
+/// where it cannot be read.
+pub fn driver(interface: &str) -> Option<String> {
+    // SAFETY: ethtool_drvinfo is plain data; all zeroes is a valid value.
+    let mut info: EthtoolDrvinfo = unsafe { zeroed() };
+    info.cmd = ETHTOOL_GDRVINFO;
+    ethtool_get(interface, &mut info)?;
+    let name = info.driver.split(|&b| b == 0).next().unwrap_or_default();
+    Some(String::from_utf8_lossy(name).into_owned())
+}
+
+/// One SIOCETHTOOL request for `interface`: `data` is the command's
+/// struct, its first field the command.
+fn ethtool_get<T>(interface: &str, data: &mut T) -> Option<()> {
     // SAFETY: ifreq is plain data; all zeroes is a valid value.
     let mut req: libc::ifreq = unsafe { zeroed() };
     if interface.len() >= req.ifr_name.len() {
@@ -222,14 +259,14 @@ fn rx_queues(interface: &str) -> Option<u32> {
     for (d, s) in req.ifr_name.iter_mut().zip(interface.bytes()) {
         *d = s as libc::c_char;
     }
-    req.ifr_ifru.ifru_data = (&mut channels as *mut EthtoolChannels).cast();
+    req.ifr_ifru.ifru_data = (data as *mut T).cast();
     // SAFETY: a datagram socket only serves as a handle for the ioctl.
     let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }).ok()?;
     // SAFETY: fd was just created and nothing else owns it.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: req names the interface and points at a live ethtool_channels.
+    // SAFETY: req names the interface and points at a live struct of the command's type.
     check(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL, &mut req as *mut libc::ifreq) }).ok()?;
-    Some(channels.rx_count + channels.combined_count)
+    Some(())
 }
 
 fn set_option<T>(socket: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {

@@ -226,6 +226,7 @@ fn forward_in_place_both_ways(tag: &str, attach: XdpAttach, mode: &str) {
         let mut ports = XdpPorts::open_per_queue(&[PORT_IF, PORT2_IF], 1, None, attach).expect("AF_XDP opens on both").remove(0);
         assert_eq!(ports.mode(), XdpMode::Copy, "veth has no zero-copy");
         assert_eq!(ports.program_modes(), [mode, mode], "both programs in {mode} mode");
+        assert_eq!(driver(PORT_IF).as_deref(), Some("veth"), "ethtool names veth's driver");
         let shown = ns.ip(&["-d", "link", "show", PORT_IF]);
         let word = if mode == "generic" { "xdpgeneric" } else { "xdp" };
         assert!(shown.split_whitespace().any(|w| w == word), "`ip -d link show {PORT_IF}` does not show `{word}`: {shown}");
