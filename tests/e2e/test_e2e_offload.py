@@ -972,3 +972,15 @@ def test_af_packet_has_no_offload(lab, natrix, agent, servers, tmp_path):
     time.sleep(1.2)
     zero = {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}}
     assert stats().get("offloaded", zero) == zero, stats()
+
+
+def test_xdp_mode_with_af_packet_is_said_to_be_unused(natrix, agent, servers):
+    """`xdp_mode` says where AF_XDP's programs run: with `io = "af_packet"`
+    natrix says at start that it does not use it, and forwards."""
+    n = natrix({"io": "af_packet", "xdp_mode": "native"})
+    said = "xdp_mode applies to AF_XDP only: with af_packet it is not used"
+    assert said in n.err.text(), f"natrix should say {said!r}:\n{n.output()}"
+    sub = agent(NS_SUB1)
+    sid = sub.udp_open()
+    seen = {sub.echo(sid, (SRV1, h.UDP_ECHO), f"af-packet-mode-{i:04d}".ljust(UDP_SIZE, "x")) for i in range(4)}
+    assert len(seen) == 1 and h.in_pool(next(iter(seen))[0], n.pool), f"the server saw the flow from {seen}"

@@ -683,6 +683,9 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<Opene
         }
         notes.push("offload: off, as natrix runs on AF_PACKET".to_owned());
     }
+    if ports[0].backend() != "af_xdp" && settings.xdp_mode != XdpAttach::Auto {
+        notes.push(format!("xdp_mode applies to AF_XDP only: with {} it is not used", ports[0].backend()));
+    }
     let offload = offload.map(|(table, described)| {
         notes.extend(described);
         table
