@@ -542,16 +542,17 @@ def test_one_queue_each_leaves_the_interfaces_to_the_first_worker(single_queue):
 
 def test_generic_programs_on_veth_leave_every_frame_to_the_first_worker(tmp_path):
     """README, "XDP mode": veth records no receive queue for the frames it
-    hands its stack, so with generic XDP programs (`xdp_mode = "generic"`)
-    on veths of two queues every frame reaches queue 0. natrix says so at
-    start for both interfaces; every flow is still translated (worker 0
-    hands the other worker its frames), and worker 1 takes none from its
-    own queues."""
+    hands its stack, and a generic XDP program (`xdp_mode = "generic"`)
+    then sees the peer's transmit queue less one: on veths of two queues
+    every frame reaches queue 0. natrix says so at start for both
+    interfaces; every flow is still translated (worker 0 hands the other
+    worker its frames), and worker 1 takes none from its own queues."""
     with natrix_in(Topology("nxqg", queues=2), tmp_path, xdp_mode="generic") as s:
         text = "\n".join(s.startup_notes())
         assert "XDP programs in generic mode on nxq-in and nxq-out" in text, text
         for dev in ("nxq-in", "nxq-out"):
-            assert f"{dev} is a veth: with generic XDP programs every frame it receives reaches queue 0" in text, f"no note for {dev}:\n{text}"
+            assert f"{dev} is a veth: with generic XDP programs a frame its peer sent on transmit queue q reaches receive queue q - 1" in text, f"no note for {dev}:\n{text}"
+            assert "so queue 1 receives none and queue 0 twice its share" in text, text
         before, tx_before = s.received_frames(), s.topo.tx_frames()
         s.udp_flows(UDP_BASE, PORTS_PER_SUBSCRIBER, rounds=1)
         time.sleep(0.3)

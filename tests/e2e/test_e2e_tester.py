@@ -216,7 +216,7 @@ def test_natrix_is_measured_with_the_lab_off_its_cpus_and_its_receive_work_at_a_
     assert not lab_up(), "natrix test left its lab behind"
 
 
-def test_natrix_with_generic_xdp_has_its_receive_work_steered_to_its_cpus_and_charged_to_it(no_lab, tmp_path):
+def test_natrix_with_generic_xdp_has_its_receive_work_steered_to_its_cpus(no_lab, tmp_path):
     """README, "Measuring" and "XDP mode": with natrix's XDP programs in
     generic mode (`xdp_mode = "generic"` in the configuration given with
     --config) its links have no NAPI threads, so the tester steers their

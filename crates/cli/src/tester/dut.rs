@@ -86,7 +86,13 @@ impl Natrix {
         let logged_before = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0);
         self.child = Some(cmd.spawn().map_err(|e| TestError::Dut(format!("cannot start natrix: {e}")))?);
         self.wait_ready(logged_before)?;
-        self.no_napi_threads = !super::lab::links_run_native_xdp();
+        self.no_napi_threads = match super::lab::links_run_native_xdp() {
+            Some(native) => !native,
+            None => {
+                eprintln!("natrix test: could not tell how natrix's XDP programs run (`ip -d link show` in nx-nat failed): taken as native, with NAPI threads");
+                false
+            }
+        };
         if !self.cpus.is_empty() && !self.no_napi_threads {
             for failure in super::lab::napi_on_cpus(&self.cpus) {
                 eprintln!("natrix test: {failure}");
@@ -196,12 +202,6 @@ impl Dut for Natrix {
         let busy = in_netns(NAT_NS, busy_ns).ok()??;
         let process = process_cpu_ns(self.child.as_ref()?.id())?;
         Some(busy + self.receive_work_ns(process)?)
-    }
-
-    /// Where its links have no NAPI threads, part of its time is its
-    /// CPUs' (`receive_work_ns`), other tenants' there included.
-    fn shares_cpus(&self) -> bool {
-        self.no_napi_threads
     }
 }
 

@@ -573,9 +573,10 @@ pub fn napi_on_cpus(cpus: &[usize]) -> Vec<String> {
 }
 
 /// Whether nx-nat's `inside` runs a native XDP program (`ip` shows
-/// `xdp`; a generic one shows `xdpgeneric`, AF_PACKET none).
-pub fn links_run_native_xdp() -> bool {
-    in_ns(NAT_NS, "ip", &["-d", "link", "show", DEVICE_LINKS[0]]).is_ok_and(|shown| shown.split_whitespace().any(|word| word == "xdp"))
+/// `xdp`; a generic one shows `xdpgeneric`, AF_PACKET none); None where
+/// `ip` fails.
+pub fn links_run_native_xdp() -> Option<bool> {
+    in_ns(NAT_NS, "ip", &["-d", "link", "show", DEVICE_LINKS[0]]).ok().map(|shown| shown.split_whitespace().any(|word| word == "xdp"))
 }
 
 /// Pins the NAPI threads of `devs` to `cpus` at SCHED_FIFO

@@ -683,7 +683,7 @@ fn open_interfaces(settings: &Settings, notes: &mut Vec<String>) -> Result<Opene
         }
         notes.push("offload: off, as natrix runs on AF_PACKET".to_owned());
     }
-    if ports[0].backend() != "af_xdp" && settings.xdp_mode != XdpAttach::Auto {
+    if settings.io == IoChoice::AfPacket && settings.xdp_mode != XdpAttach::Auto {
         notes.push(format!("xdp_mode applies to AF_XDP only: with {} it is not used", ports[0].backend()));
     }
     let offload = offload.map(|(table, described)| {
@@ -841,7 +841,9 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
     notes.push(format!("AF_XDP in {mode}: one UMEM for {} inside and {} outside receive queues, frames forwarded where they lie", queues(0), queues(1)));
     notes.push(program_modes(&programs, interfaces));
     if generic && sets.len() > 1 {
-        notes.extend(interfaces.iter().filter(|i| driver(&i.name).as_deref() == Some("veth")).map(|i| veth_queue_0_note(&i.name)));
+        for (side, iface) in interfaces.iter().enumerate().filter(|(_, i)| driver(&i.name).as_deref() == Some("veth")) {
+            notes.push(veth_queues_note(&iface.name, queues(side)));
+        }
     }
     if sets.len() > 1 {
         for (w, set) in sets.iter().enumerate() {
@@ -860,11 +862,14 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
     (sets.into_iter().map(|s| Box::new(s) as Box<dyn FramePorts>).collect(), generic)
 }
 
-/// veth records no receive queue for the frames it hands its stack, so a
-/// generic program sees them all on queue 0.
-fn veth_queue_0_note(interface: &str) -> String {
+/// veth records no receive queue for the frames it hands its stack, and
+/// the kernel then reads the sender's transmit queue, less one, as the
+/// receive queue a generic program sees: the sender's first two queues
+/// land on queue 0, and the last of `queues` gets nothing.
+fn veth_queues_note(interface: &str, queues: usize) -> String {
     format!(
-        "{interface} is a veth: with generic XDP programs every frame it receives reaches queue 0, so worker 0 receives them all and hands the other workers theirs (xdp_mode = \"native\" spreads them over the queues)"
+        "{interface} is a veth: with generic XDP programs a frame its peer sent on transmit queue q reaches receive queue q - 1 (queues 0 and 1 both reach 0), so queue {} receives none and queue 0 twice its share; the workers hand each other their frames, and xdp_mode = \"native\" spreads them evenly",
+        queues.saturating_sub(1)
     )
 }
 

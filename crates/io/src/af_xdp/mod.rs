@@ -214,7 +214,8 @@ struct EthtoolChannels {
 /// (virtual drivers without channels have one).
 fn rx_queues(interface: &str) -> Option<u32> {
     let mut channels = EthtoolChannels { cmd: ETHTOOL_GCHANNELS, ..Default::default() };
-    ethtool_get(interface, &mut channels)?;
+    // SAFETY: ETHTOOL_GCHANNELS fills a struct ethtool_channels.
+    unsafe { ethtool_get(interface, &mut channels)? };
     Some(channels.rx_count + channels.combined_count)
 }
 
@@ -243,14 +244,18 @@ pub fn driver(interface: &str) -> Option<String> {
     // SAFETY: ethtool_drvinfo is plain data; all zeroes is a valid value.
     let mut info: EthtoolDrvinfo = unsafe { zeroed() };
     info.cmd = ETHTOOL_GDRVINFO;
-    ethtool_get(interface, &mut info)?;
+    // SAFETY: ETHTOOL_GDRVINFO fills a struct ethtool_drvinfo.
+    unsafe { ethtool_get(interface, &mut info)? };
     let name = info.driver.split(|&b| b == 0).next().unwrap_or_default();
     Some(String::from_utf8_lossy(name).into_owned())
 }
 
 /// One SIOCETHTOOL request for `interface`: `data` is the command's
 /// struct, its first field the command.
-fn ethtool_get<T>(interface: &str, data: &mut T) -> Option<()> {
+///
+/// # Safety
+/// `T` must be the struct the kernel writes for that command, as large.
+unsafe fn ethtool_get<T>(interface: &str, data: &mut T) -> Option<()> {
     // SAFETY: ifreq is plain data; all zeroes is a valid value.
     let mut req: libc::ifreq = unsafe { zeroed() };
     if interface.len() >= req.ifr_name.len() {
