@@ -105,16 +105,21 @@ impl Natrix {
     /// frames into the UMEM): its NAPI threads' time, or where its links
     /// have none, the time its CPUs were busy outside its process, since
     /// softirq runs that work wherever it lands, from idle too, and
-    /// charges the process only when it interrupts it. None where natrix
-    /// has no CPUs of its own to tell that time apart.
-    fn receive_work_ns(&self, process_ns: u64) -> Option<u64> {
+    /// charges the process only when it interrupts it (`process_ns`, read
+    /// only then). None where natrix has no CPUs of its own to tell that
+    /// time apart.
+    fn receive_work_ns(&self, process_ns: impl FnOnce() -> Option<u64>) -> Option<u64> {
         if !self.no_napi_threads {
             return Some(napi_ns());
         }
         if self.cpus.is_empty() {
             return None;
         }
-        Some(busy_outside(cpu_busy_ns(&self.cpus)?, process_ns))
+        Some(busy_outside(cpu_busy_ns(&self.cpus)?, process_ns()?))
+    }
+
+    fn process_ns(&self) -> Option<u64> {
+        process_cpu_ns(self.child.as_ref()?.id())
     }
 
     /// Waits for natrix's `ready` line in the log, after `offset`.
@@ -190,8 +195,8 @@ impl Dut for Natrix {
     /// (`receive_work_ns`), which RPS puts on the kernel's CPUs for the
     /// kernel's run.
     fn cpu_ns(&self) -> Option<u64> {
-        let process = process_cpu_ns(self.child.as_ref()?.id())?;
-        Some(process + self.receive_work_ns(process)?)
+        let process = self.process_ns()?;
+        Some(process + self.receive_work_ns(|| Some(process))?)
     }
 
     /// natrix's workers poll on for 50 µs after a frame, so at rates with
@@ -200,8 +205,7 @@ impl Dut for Natrix {
     /// (`natrix_worker_busy_seconds_total`), and its links' receive work.
     fn work_ns(&self) -> Option<u64> {
         let busy = in_netns(NAT_NS, busy_ns).ok()??;
-        let process = process_cpu_ns(self.child.as_ref()?.id())?;
-        Some(busy + self.receive_work_ns(process)?)
+        Some(busy + self.receive_work_ns(|| self.process_ns())?)
     }
 }
 

@@ -48,7 +48,7 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
     let by_queue = queues_before.zip(QueueFrames::read()).and_then(|(before, after)| after.since(&before));
     let (mut bps, mut retransmits, mut each) = (0.0, 0, Vec::with_capacity(finished.len()));
     for ((out, client_cpu), (server, server_cpu)) in finished.iter().zip(&servers) {
-        let (stream_bps, stream_retransmits) = received(out, &server.1)?;
+        let (stream_bps, stream_retransmits) = received(out, &server.port)?;
         bps += stream_bps;
         retransmits += stream_retransmits;
         each.push(json!({"gbps": stream_bps / 1e9, "retransmits": stream_retransmits, "server_cpu": server_cpu, "client_cpu": client_cpu}));
@@ -188,7 +188,10 @@ fn own_cpu() -> Option<usize> {
 }
 
 /// `iperf3 -s -1` in nx-srv1: it serves one test and exits; ended on drop otherwise.
-struct Server(Child, String);
+struct Server {
+    child: Child,
+    port: String,
+}
 
 impl Server {
     /// The server on `port`, and the CPU it runs on (see `spawn_on`).
@@ -199,30 +202,30 @@ impl Server {
             cmd
         };
         let (child, cpu) = spawn_on(command, cpu, "server")?;
-        Ok((Server(child, port), cpu))
+        Ok((Server { child, port }, cpu))
     }
 
     fn wait_listening(&mut self) -> Result<(), Failure> {
         let started = Instant::now();
         while started.elapsed() < LISTEN_TIMEOUT {
-            let ss = Command::new("ip").args(["netns", "exec", SERVER_NS, "ss", "-Hltn", &format!("sport = :{}", self.1)]).output();
+            let ss = Command::new("ip").args(["netns", "exec", SERVER_NS, "ss", "-Hltn", &format!("sport = :{}", self.port)]).output();
             if ss.is_ok_and(|o| !o.stdout.trim_ascii().is_empty()) {
                 return Ok(());
             }
-            if let Ok(Some(status)) = self.0.try_wait() {
-                return Err(Failure::Other(format!("the iperf3 server on port {} exited ({status})", self.1)));
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(Failure::Other(format!("the iperf3 server on port {} exited ({status})", self.port)));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Err(Failure::Other(format!("the iperf3 server on port {} did not listen within {} s", self.1, LISTEN_TIMEOUT.as_secs())))
+        Err(Failure::Other(format!("the iperf3 server on port {} did not listen within {} s", self.port, LISTEN_TIMEOUT.as_secs())))
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
         }
-        let _ = self.0.wait();
+        let _ = self.child.wait();
     }
 }

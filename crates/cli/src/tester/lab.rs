@@ -161,6 +161,11 @@ impl Lab {
         for (path, value) in KERNEL_UDP_TIMEOUTS {
             self.set(NAT_NS, path, value)?;
         }
+        self.steer_device_receive(workers)
+    }
+
+    /// The device's links' receive work steered (RPS) to its CPUs.
+    fn steer_device_receive(&mut self, workers: u32) -> Result<(), Failure> {
         self.steer_receive(NAT_NS, &DEVICE_LINKS, &dut_cpus(workers))
     }
 
@@ -169,7 +174,7 @@ impl Lab {
     /// XDP programs, or AF_PACKET. Native programs' frames never reach
     /// RPS. Best effort, said on stderr.
     fn steer_natrix_receive(&mut self, workers: u32) {
-        if let Err(e) = self.steer_receive(NAT_NS, &DEVICE_LINKS, &dut_cpus(workers)) {
+        if let Err(e) = self.steer_device_receive(workers) {
             eprintln!("natrix test: natrix's receive work is not (all) steered to its CPUs where its links have no NAPI threads: {e}");
         }
     }

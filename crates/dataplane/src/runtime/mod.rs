@@ -831,7 +831,7 @@ fn open_ports<T>(
 /// report; says whether a program runs in generic mode.
 fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, notes: &mut Vec<String>) -> (PortSets, bool) {
     let programs = sets[0].program_modes();
-    let generic = programs.contains(&"generic");
+    let generic = programs.contains(&XdpAttach::Generic);
     let mode = match sets[0].mode() {
         XdpMode::Copy if generic => "copy mode (generic XDP programs)",
         XdpMode::Copy => "copy mode (the drivers have no zero-copy)",
@@ -875,11 +875,11 @@ fn veth_queues_note(interface: &str, queues: usize) -> String {
 
 /// Where the XDP programs run (`modes`, one per interface), for the
 /// start-up report.
-fn program_modes(modes: &[&str], interfaces: [&Interface; 2]) -> String {
+fn program_modes(modes: &[XdpAttach], interfaces: [&Interface; 2]) -> String {
     if modes.iter().all(|m| *m == modes[0]) {
-        return format!("XDP programs in {} mode on {} and {}", modes[0], interfaces[0].name, interfaces[1].name);
+        return format!("XDP programs in {} mode on {} and {}", modes[0].name(), interfaces[0].name, interfaces[1].name);
     }
-    let each: Vec<String> = modes.iter().zip(interfaces).map(|(m, i)| format!("{m} mode on {}", i.name)).collect();
+    let each: Vec<String> = modes.iter().zip(interfaces).map(|(m, i)| format!("{} mode on {}", m.name(), i.name)).collect();
     format!("XDP programs in {}", each.join(" and "))
 }
 

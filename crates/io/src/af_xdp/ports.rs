@@ -340,9 +340,9 @@ impl XdpPorts {
         self.mode
     }
 
-    /// The mode each interface's XDP program runs in ("native" or
-    /// "generic"), in the order the interfaces were opened.
-    pub fn program_modes(&self) -> Vec<&'static str> {
+    /// The mode each interface's XDP program runs in (native or generic),
+    /// in the order the interfaces were opened.
+    pub fn program_modes(&self) -> Vec<XdpAttach> {
         self.programs.iter().map(XdpProgram::mode).collect()
     }
 

@@ -17,8 +17,8 @@ use crate::port::IoError;
 /// The redirect program, attached to the interface until drop.
 pub(super) struct XdpProgram {
     attachment: Attachment,
-    /// "native" or "generic", for the start-up report.
-    mode: &'static str,
+    /// Native or generic, for the start-up report.
+    mode: XdpAttach,
 }
 
 /// Where natrix's XDP programs run (`xdp_mode`).
@@ -35,8 +35,17 @@ pub enum XdpAttach {
 }
 
 impl XdpAttach {
-    /// The attach modes to try, in order.
-    fn modes(self) -> &'static [(u32, &'static str)] {
+    /// Its name in the configuration and the start-up report.
+    pub fn name(self) -> &'static str {
+        match self {
+            XdpAttach::Auto => "auto",
+            XdpAttach::Native => "native",
+            XdpAttach::Generic => "generic",
+        }
+    }
+
+    /// The attach modes to try, in order, with their netlink flags.
+    fn modes(self) -> &'static [(u32, XdpAttach)] {
         match self {
             XdpAttach::Auto => &MODES,
             XdpAttach::Native => &MODES[..1],
@@ -67,7 +76,7 @@ enum Attachment {
 
 /// Native mode spares a NIC driver an skb per frame; generic mode works on
 /// every interface.
-const MODES: [(u32, &str); 2] = [(XDP_FLAGS_DRV_MODE, "native"), (XDP_FLAGS_SKB_MODE, "generic")];
+const MODES: [(u32, XdpAttach); 2] = [(XDP_FLAGS_DRV_MODE, XdpAttach::Native), (XDP_FLAGS_SKB_MODE, XdpAttach::Generic)];
 
 impl XdpProgram {
     /// Attaches a program that sends receive queue q's frames to
@@ -85,14 +94,14 @@ impl XdpProgram {
         let mut errors = Vec::new();
         let mut invalid = 0;
         let modes = attach.modes();
-        for &(mode, name) in modes {
-            match link_xdp(&program, ifindex, mode) {
-                Ok(link) => return Ok(XdpProgram { attachment: Attachment::Link(link), mode: name }),
+        for &(flags, mode) in modes {
+            match link_xdp(&program, ifindex, flags) {
+                Ok(link) => return Ok(XdpProgram { attachment: Attachment::Link(link), mode }),
                 // Another program is attached: never replace someone else's.
                 Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Err(already_attached(interface, e)),
                 Err(e) => {
                     invalid += usize::from(e.raw_os_error() == Some(libc::EINVAL));
-                    errors.push(format!("{name}: {e}"));
+                    errors.push(format!("{}: {e}", mode.name()));
                 }
             }
         }
@@ -105,8 +114,8 @@ impl XdpProgram {
         Err(unsupported("attaching the XDP program", interface, errors.join("; ")))
     }
 
-    /// "native" or "generic".
-    pub(super) fn mode(&self) -> &'static str {
+    /// Native or generic.
+    pub(super) fn mode(&self) -> XdpAttach {
         self.mode
     }
 
@@ -134,13 +143,13 @@ impl Drop for XdpProgram {
 
 /// Attaches `program` over rtnetlink in the first of `modes` the interface
 /// takes, never replacing another program.
-fn attach_by_netlink(program: OwnedFd, ifindex: u32, interface: &str, modes: &[(u32, &'static str)]) -> Result<XdpProgram, IoError> {
+fn attach_by_netlink(program: OwnedFd, ifindex: u32, interface: &str, modes: &[(u32, XdpAttach)]) -> Result<XdpProgram, IoError> {
     let netlink = netlink_socket().map_err(|e| os_error("opening a netlink socket", interface, e))?;
     let mut errors = Vec::new();
-    for &(mode, name) in modes {
-        match set_link_xdp(&netlink, ifindex, &[(IFLA_XDP_FD, program.as_raw_fd() as u32), (IFLA_XDP_FLAGS, mode | XDP_FLAGS_UPDATE_IF_NOEXIST)]) {
-            Ok(()) => return Ok(XdpProgram { attachment: Attachment::Netlink { netlink, ifindex, mode, program }, mode: name }),
-            Err(e) => errors.push(format!("{name}: {e}")),
+    for &(flags, mode) in modes {
+        match set_link_xdp(&netlink, ifindex, &[(IFLA_XDP_FD, program.as_raw_fd() as u32), (IFLA_XDP_FLAGS, flags | XDP_FLAGS_UPDATE_IF_NOEXIST)]) {
+            Ok(()) => return Ok(XdpProgram { attachment: Attachment::Netlink { netlink, ifindex, mode: flags, program }, mode }),
+            Err(e) => errors.push(format!("{}: {e}", mode.name())),
         }
     }
     Err(unsupported("attaching the XDP program", interface, errors.join("; ")))

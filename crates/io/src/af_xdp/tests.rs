@@ -205,17 +205,17 @@ const PEER2_IF: &str = "peer1";
 /// programs, so "auto" gives native mode.
 #[test]
 fn held_frames_leave_by_the_other_interface_changed_in_place_and_no_chunk_leaks() {
-    forward_in_place_both_ways("forward", XdpAttach::Auto, "native");
+    forward_in_place_both_ways("forward", XdpAttach::Auto, XdpAttach::Native);
 }
 
 /// As above with the programs in generic mode (`xdp_mode = "generic"`),
 /// where the kernel hands the program each frame's skb.
 #[test]
 fn in_generic_mode_held_frames_leave_changed_in_place_and_no_chunk_leaks() {
-    forward_in_place_both_ways("generic", XdpAttach::Generic, "generic");
+    forward_in_place_both_ways("generic", XdpAttach::Generic, XdpAttach::Generic);
 }
 
-fn forward_in_place_both_ways(tag: &str, attach: XdpAttach, mode: &str) {
+fn forward_in_place_both_ways(tag: &str, attach: XdpAttach, mode: XdpAttach) {
     const ROUNDS: u32 = 8;
     const BURST: u32 = 1500;
     let Some(ns) = Netns::with_veth_pair(tag) else {
@@ -225,10 +225,10 @@ fn forward_in_place_both_ways(tag: &str, attach: XdpAttach, mode: &str) {
     ns.run(|| {
         let mut ports = XdpPorts::open_per_queue(&[PORT_IF, PORT2_IF], 1, None, attach).expect("AF_XDP opens on both").remove(0);
         assert_eq!(ports.mode(), XdpMode::Copy, "veth has no zero-copy");
-        assert_eq!(ports.program_modes(), [mode, mode], "both programs in {mode} mode");
+        assert_eq!(ports.program_modes(), [mode, mode], "both programs in {} mode", mode.name());
         assert_eq!(driver(PORT_IF).as_deref(), Some("veth"), "ethtool names veth's driver");
         let shown = ns.ip(&["-d", "link", "show", PORT_IF]);
-        let word = if mode == "generic" { "xdpgeneric" } else { "xdp" };
+        let word = if mode == XdpAttach::Generic { "xdpgeneric" } else { "xdp" };
         assert!(shown.split_whitespace().any(|w| w == word), "`ip -d link show {PORT_IF}` does not show `{word}`: {shown}");
         let peers = [RawSocket::open(PEER_IF), RawSocket::open(PEER2_IF)];
         let macs = [PORT_IF, PEER_IF, PORT2_IF, PEER2_IF].map(|i| Interface::lookup(i).unwrap().mac);
