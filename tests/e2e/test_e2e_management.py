@@ -165,7 +165,7 @@ DOCUMENTED = {
     "natrix_rx_packets_total": {"interface"}, "natrix_rx_bytes_total": {"interface"},
     "natrix_tx_packets_total": {"interface"}, "natrix_tx_bytes_total": {"interface"},
     "natrix_tx_dropped_total": {"interface"}, "natrix_rx_refused_total": {"interface"},
-    "natrix_rx_kernel_dropped_total": {"interface"},
+    "natrix_rx_kernel_dropped_total": {"interface"}, "natrix_rx_checksums_completed_total": {"interface"},
     "natrix_translated_packets_total": {"interface"}, "natrix_generated_packets_total": {"interface"},
     "natrix_offloaded_packets_total": {"interface"}, "natrix_offloaded_bytes_total": {"interface"},
     "natrix_offload_flows": set(), "natrix_offload_table_full_total": set(), "natrix_offload_egress": {"interface"},

@@ -189,7 +189,12 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o.per_side("tx_packets_total", "Frames sent on each interface.", io.tx_frames);
     o.per_side("tx_bytes_total", "Bytes sent on each interface.", io.tx_bytes);
     o.per_side("tx_dropped_total", "Frames lost because the interface's transmit queue was full.", io.tx_dropped);
-    o.per_side("rx_refused_total", "Frames refused on receive: a partial checksum left by a sender's offload, or a VLAN tag.", io.rx_refused);
+    o.per_side("rx_refused_total", "Frames refused on receive: a VLAN tag, or longer than natrix's buffers.", io.rx_refused);
+    o.per_side(
+        "rx_checksums_completed_total",
+        "Frames received with a TCP or UDP checksum their sender's offload left partial (a veth peer's), which natrix finished before translating them.",
+        io.rx_checksums_completed,
+    );
     o.per_side(
         "translated_packets_total",
         "Frames the NAT forwarded (the workers and the XDP offload), by the interface they left on.",
@@ -431,6 +436,7 @@ mod tests {
             "tx_bytes_total",
             "tx_dropped_total",
             "rx_refused_total",
+            "rx_checksums_completed_total",
             "rx_kernel_dropped_total",
             "translated_packets_total",
             "generated_packets_total",

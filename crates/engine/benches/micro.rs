@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the per-packet building blocks: incremental checksum
-//! update, flow index hit, miss and insert, and port allocation.
+//! update, the receive side's check for partial checksums, flow index hit,
+//! miss and insert, and port allocation.
 //! Run: cargo bench -p natrix-engine --bench micro
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
@@ -9,6 +10,7 @@ use natrix_engine::rng::Rng;
 use natrix_engine::state::index::FlowIndex;
 use natrix_engine::Proto;
 use natrix_wire::checksum::Delta;
+use natrix_wire::partial_checksum::{complete, complete_if_partial};
 
 const ENTRIES: u32 = 1 << 20;
 
@@ -29,6 +31,31 @@ fn checksum_update(c: &mut Criterion) {
             field
         })
     });
+}
+
+/// A 1514-byte TCP frame with its checksum whole.
+fn full_tcp_frame() -> Vec<u8> {
+    let mut frame = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([100, 64, 0, 2], [198, 51, 100, 11], 64)
+        .tcp(40000, 443, 7, 1024)
+        .ack(9)
+        .write(&mut frame, &[0x5a; 1460])
+        .unwrap();
+    frame
+}
+
+/// What every AF_XDP frame costs (a whole checksum: the check alone), and
+/// what a partial one costs (finished over 1480 bytes).
+fn partial_checksum(c: &mut Criterion) {
+    let mut whole = full_tcp_frame();
+    c.bench_function("partial checksum/check, whole 1514-byte TCP frame", |b| b.iter(|| complete_if_partial(black_box(&mut whole))));
+    let partial = {
+        let mut f = full_tcp_frame();
+        f[50..52].copy_from_slice(&[0xde, 0xad]);
+        f
+    };
+    c.bench_function("partial checksum/finish, 1514-byte TCP frame", |b| b.iter_batched_ref(|| partial.clone(), |f| complete(black_box(f)), BatchSize::SmallInput));
 }
 
 fn filled_index() -> FlowIndex {
@@ -87,5 +114,5 @@ fn port_allocation(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, checksum_update, flow_index, port_allocation);
+criterion_group!(benches, checksum_update, partial_checksum, flow_index, port_allocation);
 criterion_main!(benches);

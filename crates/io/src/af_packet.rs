@@ -12,6 +12,8 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, Ordering};
 
+use natrix_wire::partial_checksum;
+
 use crate::iface::Interface;
 use crate::port::{IoError, PacketPort, MAX_FRAME};
 
@@ -37,9 +39,11 @@ pub struct AfPacketPort {
     /// sending allocates nothing.
     iov: Vec<libc::iovec>,
     msgs: Vec<libc::mmsghdr>,
-    /// Frames a sender left with a partial checksum (offload on its
-    /// interface), never forwarded corrupt, and VLAN-tagged frames.
+    /// VLAN-tagged frames, and frames longer than natrix's buffers.
     refused: u64,
+    /// Frames a sender left with a partial checksum (offload on its
+    /// interface), finished before natrix read them.
+    checksums_completed: u64,
     kernel_drops: u64,
     tx_errors: u64,
     sendmmsg_calls: u64,
@@ -81,6 +85,7 @@ impl AfPacketPort {
             iov: Vec::with_capacity(TX_QUEUE),
             msgs: Vec::with_capacity(TX_QUEUE),
             refused: 0,
+            checksums_completed: 0,
             kernel_drops: 0,
             tx_errors: 0,
             sendmmsg_calls: 0,
@@ -185,13 +190,18 @@ impl PacketPort for AfPacketPort {
             // frame as untagged would leak it between VLANs.
             // A frame longer than natrix's buffers (the MTU raised after
             // start): refused whole rather than translated cut short.
-            if status & (libc::TP_STATUS_CSUMNOTREADY | libc::TP_STATUS_VLAN_VALID) != 0 || wire_len as usize > MAX_FRAME {
+            if status & libc::TP_STATUS_VLAN_VALID != 0 || wire_len as usize > MAX_FRAME {
                 self.refused += 1;
             } else if is_incoming(hdr) {
                 let len = snaplen as usize;
                 debug_assert!(len <= MAX_FRAME, "the ring copies whole frames of up to MAX_FRAME bytes");
                 // SAFETY: the frame lies at tp_mac within the block, snaplen bytes long.
                 let frame = unsafe { std::slice::from_raw_parts_mut(base.add(usize::from(mac)), len) };
+                // A checksum the sender's offload left partial (a veth
+                // peer's), which the kernel says here.
+                if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
+                    self.checksums_completed += u64::from(partial_checksum::complete(frame));
+                }
                 f(frame);
                 n += 1;
             }
@@ -241,6 +251,10 @@ impl PacketPort for AfPacketPort {
 
     fn dropped_on_receive(&self) -> u64 {
         self.refused
+    }
+
+    fn checksums_completed(&self) -> u64 {
+        self.checksums_completed
     }
 
     fn kernel_dropped(&mut self) -> u64 {

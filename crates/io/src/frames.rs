@@ -111,8 +111,12 @@ impl SharedFrames {
 /// What the backends counted for one interface since it opened.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PortCounters {
-    /// Frames refused on receive (partial checksums, VLAN tags).
+    /// Frames refused on receive (VLAN tags, frames longer than natrix's
+    /// buffers).
     pub refused: u64,
+    /// Frames received with a transport checksum their sender's offload
+    /// left partial, which natrix finished.
+    pub checksums_completed: u64,
     /// Frames the kernel dropped because natrix fell behind.
     pub kernel_dropped: u64,
     /// Frames lost because the device's transmit queue was full.
@@ -392,6 +396,7 @@ impl FramePorts for CopyingPorts {
             tx_dropped: p.dropped_on_transmit(),
             transmit_calls: p.transmit_calls(),
             receive_calls: 0,
+            checksums_completed: p.checksums_completed(),
         }
     }
 }

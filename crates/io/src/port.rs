@@ -86,9 +86,15 @@ pub trait PacketPort: Send {
     /// "af_xdp", "af_packet" or "memory" (tests), for logs and metrics.
     fn backend(&self) -> &'static str;
 
-    /// Frames the backend refused on receive, such as ones a sender left
-    /// with a partial checksum (offload), which are never forwarded corrupt.
+    /// Frames the backend refused on receive (a VLAN tag, a frame longer
+    /// than its buffers).
     fn dropped_on_receive(&self) -> u64 {
+        0
+    }
+
+    /// Frames received with a transport checksum their sender's offload
+    /// left partial, which the backend finished before handing them on.
+    fn checksums_completed(&self) -> u64 {
         0
     }
 

@@ -15,7 +15,8 @@
 //!   error builders for router mode.
 //! - `pcp`: Port Control Protocol messages.
 //! - `checksum`: the Internet checksum, the IPv4 and IPv6 pseudo-headers, and
-//!   incremental updates.
+//!   incremental updates; `partial_checksum` finishes the transport
+//!   checksums a sender's offload left for its NIC.
 //!
 //! Views over untrusted bytes never allocate and never panic once built.
 
@@ -27,6 +28,7 @@ pub mod icmp;
 pub mod icmpv6;
 pub mod ipv4;
 pub mod ipv6;
+pub mod partial_checksum;
 pub mod pcp;
 pub mod sctp;
 pub mod tcp;

@@ -140,6 +140,7 @@ impl Links {
             let c = self.ports.counters(i);
             s.rx_kernel_dropped[i] = c.kernel_dropped;
             s.rx_refused[i] = c.refused;
+            s.rx_checksums_completed[i] = c.checksums_completed;
             s.tx_dropped[i] += c.tx_dropped;
             s.transmit_calls += c.transmit_calls;
             s.receive_calls += c.receive_calls;

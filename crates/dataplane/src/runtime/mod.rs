@@ -238,6 +238,9 @@ pub struct IoSnapshot {
     pub tx_frames: [u64; 2],
     pub tx_bytes: [u64; 2],
     pub rx_refused: [u64; 2],
+    /// Frames whose transport checksum a sender's offload left partial,
+    /// which the port finished on receive.
+    pub rx_checksums_completed: [u64; 2],
     pub rx_kernel_dropped: [u64; 2],
     pub tx_dropped: [u64; 2],
     pub handoff_dropped: u64,
@@ -269,6 +272,7 @@ impl IoSnapshot {
             tx_frames,
             tx_bytes,
             rx_refused,
+            rx_checksums_completed,
             rx_kernel_dropped,
             tx_dropped,
             handoff_dropped,
@@ -286,6 +290,7 @@ impl IoSnapshot {
             self.tx_frames[side] += tx_frames[side];
             self.tx_bytes[side] += tx_bytes[side];
             self.rx_refused[side] += rx_refused[side];
+            self.rx_checksums_completed[side] += rx_checksums_completed[side];
             self.rx_kernel_dropped[side] += rx_kernel_dropped[side];
             self.tx_dropped[side] += tx_dropped[side];
         }
@@ -840,9 +845,12 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
     let queues = |side| sets.iter().map(|s| s.queues(side)).sum::<usize>();
     notes.push(format!("AF_XDP in {mode}: one UMEM for {} inside and {} outside receive queues, frames forwarded where they lie", queues(0), queues(1)));
     notes.push(program_modes(&programs, interfaces));
-    if generic && sets.len() > 1 {
+    if generic {
         for (side, iface) in interfaces.iter().enumerate().filter(|(_, i)| driver(&i.name).as_deref() == Some("veth")) {
-            notes.push(veth_queues_note(&iface.name, queues(side)));
+            notes.push(veth_segments_note(&iface.name));
+            if sets.len() > 1 {
+                notes.push(veth_queues_note(&iface.name, queues(side)));
+            }
         }
     }
     if sets.len() > 1 {
@@ -860,6 +868,16 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
         ));
     }
     (sets.into_iter().map(|s| Box::new(s) as Box<dyn FramePorts>).collect(), generic)
+}
+
+/// A veth peer with segmentation offload (TSO, GSO: a veth's default)
+/// sends segments of up to 64 KiB whole; a native program on the veth
+/// makes the kernel cut them for the peer first, a generic one sees them
+/// whole, too long for natrix's buffers.
+fn veth_segments_note(interface: &str) -> String {
+    format!(
+        "{interface} is a veth: with generic XDP programs its peer's TCP segments reach natrix unsegmented where the peer has segmentation offload on, too long for natrix's buffers, and are dropped (rx_refused_total); `ethtool -K PEER tso off gso off` on the peer, or xdp_mode = \"native\", avoids it"
+    )
 }
 
 /// veth records no receive queue for the frames it hands its stack, and

@@ -33,6 +33,7 @@ pub(super) const REDIRECT: i32 = 23;
 pub(super) const REDIRECT_MAP: i32 = 51;
 
 // XDP actions.
+pub(super) const XDP_DROP: i32 = 1;
 pub(super) const XDP_PASS: i32 = 2;
 
 /// Offsets in struct xdp_md.
@@ -381,4 +382,12 @@ pub(super) fn test_run(program: &OwnedFd, frame: &mut Vec<u8>) -> io::Result<u32
     }
     frame.truncate(attr.data_size_out as usize);
     Ok(attr.retval)
+}
+
+/// The number of possible CPUs, for which a per-CPU map holds values.
+pub(super) fn possible_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| s.trim().rsplit(['-', ',']).next().and_then(|last| last.parse::<usize>().ok()))
+        .map_or(4096, |last| last + 1)
 }

@@ -12,7 +12,8 @@
 //! that the worker can keep the engine's session alive while the flow is
 //! busy (`Offload::frames`), and passes on every frame it does not take
 //! itself: SYN, FIN and RST segments, fragments, IP options, a TTL about
-//! to run out, a datagram past the egress MTU, a bad header checksum.
+//! to run out, a datagram past the egress MTU, a bad header checksum, a
+//! transport checksum its sender's offload left partial.
 //! Those reach the engine as before, on the slower path: a later frame of
 //! the flow the program forwards may arrive first.
 
@@ -175,7 +176,7 @@ impl Offload {
     /// Frames and bytes the program has forwarded that count in
     /// `counter`, summed over the CPUs.
     pub fn forwarded(&self, counter: u32) -> (u64, u64) {
-        let mut per_cpu = vec![Forwarded::default(); possible_cpus()];
+        let mut per_cpu = vec![Forwarded::default(); bpf::possible_cpus()];
         if bpf::map_lookup(&self.forwarded, &counter, per_cpu.as_mut_slice()).is_err() {
             return (0, 0);
         }
@@ -217,6 +218,7 @@ impl Offload {
         asm.alu_reg(Alu::Mov, 0, 9);
         asm.alu(Alu::Sub, 0, 20);
         asm.jump_if_reg(Cond::Gt, 5, 0, slow);
+        partial_checksum_to_workers(asm, slow);
         self.look_up(asm, slow);
         addressed_to_us(asm, slow);
         asm.load(Size::H, 5, 8, A_MAX_LEN);
@@ -311,6 +313,38 @@ impl Offload {
     }
 }
 
+/// A transport checksum its sender's offload left partial (the field
+/// holds exactly the pseudo-header's sum: a veth peer's frames) goes to
+/// the workers, which finish it; the program could only carry it on
+/// unfinished. r3 the protocol and r9 the datagram's length, both kept.
+fn partial_checksum_to_workers(asm: &mut Asm, slow: bpf::Label) {
+    let (udp, sum) = (asm.label(), asm.label());
+    // The words as loaded, in the machine's order: whether a one's
+    // complement sum is a multiple of 0xffff does not depend on it, as
+    // long as every word is in the same order.
+    asm.alu(Alu::Mov, 0, i32::from(u16::from_ne_bytes([0, TCP])));
+    asm.jump_if(Cond::Eq, 3, i32::from(UDP), udp);
+    asm.load(Size::H, 4, 7, TCP_CHECKSUM);
+    asm.goto(sum);
+    asm.place(udp);
+    asm.alu(Alu::Mov, 0, i32::from(u16::from_ne_bytes([0, UDP])));
+    asm.load(Size::H, 4, 7, UDP_CHECKSUM);
+    asm.place(sum);
+    // pseudo-header - field: the field's complement added.
+    asm.alu(Alu::Xor, 4, 0xffff);
+    asm.alu_reg(Alu::Add, 0, 4);
+    for field in [SRC, DST] {
+        asm.load(Size::W, 4, 7, field);
+        asm.alu_reg(Alu::Add, 0, 4);
+    }
+    asm.alu_reg(Alu::Mov, 4, 9);
+    asm.alu(Alu::Sub, 4, 20);
+    asm.be16(4);
+    asm.alu_reg(Alu::Add, 0, 4);
+    asm.alu(Alu::Mod, 0, 0xffff);
+    asm.jump_if(Cond::Eq, 0, 0, slow);
+}
+
 /// Whether the frame (r7) was sent to the Ethernet address the action
 /// (r8) names; if not, to `slow`.
 fn addressed_to_us(asm: &mut Asm, slow: bpf::Label) {
@@ -373,14 +407,6 @@ fn fold_in_delta(asm: &mut Asm, delta: i16) {
 /// NAPI: an XDP program, or GRO on.
 pub fn takes_redirects(ifindex: u32) -> io::Result<bool> {
     Ok(super::netlink::xdp_features(ifindex)? & super::netlink::NETDEV_XDP_ACT_NDO_XMIT != 0)
-}
-
-/// The number of possible CPUs, for which a per-CPU map holds values.
-fn possible_cpus() -> usize {
-    std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .ok()
-        .and_then(|s| s.trim().rsplit(['-', ',']).next().and_then(|last| last.parse::<usize>().ok()))
-        .map_or(4096, |last| last + 1)
 }
 
 /// The key of the flow `frame` belongs to as it arrives on `ifindex`, where

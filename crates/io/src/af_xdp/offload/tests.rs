@@ -43,6 +43,18 @@ fn l4_checksum_ok(frame: &[u8]) -> bool {
     checksum(&pseudo) == 0
 }
 
+/// The frame with its transport checksum as a sender's offload leaves it:
+/// the pseudo-header's folded sum, not complemented.
+fn left_partial(mut frame: Vec<u8>) -> Vec<u8> {
+    let total = usize::from(u16::from_be_bytes([frame[16], frame[17]]));
+    let mut pseudo = frame[26..34].to_vec();
+    pseudo.extend_from_slice(&[0, frame[23]]);
+    pseudo.extend_from_slice(&((total - 20) as u16).to_be_bytes());
+    let at = if frame[23] == TCP { 50 } else { 40 };
+    frame[at..at + 2].copy_from_slice(&(!checksum(&pseudo)).to_be_bytes());
+    frame
+}
+
 struct Packet {
     proto: u8,
     src: [u8; 4],
@@ -287,6 +299,8 @@ fn frames_the_engine_must_see_are_passed_on_untouched() {
     let mut long_udp = udp.frame();
     long_udp[38..40].copy_from_slice(&500u16.to_be_bytes());
     cases.push(("UDP length past the datagram", long_udp));
+    cases.push(("TCP checksum left partial", left_partial(flow.frame())));
+    cases.push(("UDP checksum left partial", left_partial(udp.frame())));
     for (what, f) in cases {
         let (action, out) = fx.run(&f);
         assert_eq!(action, XDP_PASS, "{what}: taken by the fast path");

@@ -1,0 +1,197 @@
+//! Checked against etherparse's checksums, and against a pseudo-header sum
+//! worked out here by hand, as a kernel's offload writes it.
+
+use super::*;
+use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
+use proptest::prelude::*;
+
+const MACS: ([u8; 6], [u8; 6]) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+const SRC6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+const DST6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11];
+
+fn tcp4(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2(MACS.0, MACS.1).ipv4([100, 64, 0, 2], [198, 51, 100, 11], 64).tcp(40000, 5201, 7, 1024).ack(9).write(&mut out, payload).unwrap();
+    out
+}
+
+fn udp4(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2(MACS.0, MACS.1).ipv4([100, 64, 0, 2], [198, 51, 100, 11], 64).udp(40000, 53).write(&mut out, payload).unwrap();
+    out
+}
+
+fn tcp6(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2(MACS.0, MACS.1).ipv6(SRC6, DST6, 64).tcp(40000, 443, 7, 1024).ack(9).write(&mut out, payload).unwrap();
+    out
+}
+
+fn udp6(payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    PacketBuilder::ethernet2(MACS.0, MACS.1).ipv6(SRC6, DST6, 64).udp(40000, 53).write(&mut out, payload).unwrap();
+    out
+}
+
+/// Where the frame's transport checksum lies (Ethernet, no options).
+fn field_at(frame: &[u8]) -> usize {
+    let (l4, udp) = match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x0800 => (34, frame[23] == 17),
+        _ => (54, frame[20] == 17),
+    };
+    l4 + if udp { 6 } else { 16 }
+}
+
+fn field(frame: &[u8]) -> u16 {
+    let at = field_at(frame);
+    u16::from_be_bytes([frame[at], frame[at + 1]])
+}
+
+/// The checksum etherparse computes for the frame's transport.
+fn expected(frame: &[u8]) -> u16 {
+    let p = SlicedPacket::from_ethernet(frame).unwrap();
+    match (p.net.unwrap(), p.transport.unwrap()) {
+        (NetSlice::Ipv4(ip), TransportSlice::Tcp(t)) => t.to_header().calc_checksum_ipv4(&ip.header().to_header(), t.payload()).unwrap(),
+        (NetSlice::Ipv4(ip), TransportSlice::Udp(u)) => u.to_header().calc_checksum_ipv4(&ip.header().to_header(), u.payload()).unwrap(),
+        (NetSlice::Ipv6(ip), TransportSlice::Tcp(t)) => t.to_header().calc_checksum_ipv6(&ip.header().to_header(), t.payload()).unwrap(),
+        (NetSlice::Ipv6(ip), TransportSlice::Udp(u)) => u.to_header().calc_checksum_ipv6(&ip.header().to_header(), u.payload()).unwrap(),
+        other => panic!("not TCP or UDP over IP: {other:?}"),
+    }
+}
+
+/// The field as a kernel's checksum offload leaves it: the folded sum of
+/// the pseudo-header (addresses, protocol, transport length), worked out
+/// here word by word, not complemented.
+fn left_partial(frame: &mut [u8]) {
+    let (words, proto, len): (Vec<u16>, u8, usize) = match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x0800 => (frame[26..34].chunks(2).map(|w| u16::from_be_bytes([w[0], w[1]])).collect(), frame[23], usize::from(u16::from_be_bytes([frame[16], frame[17]])) - 20),
+        _ => (frame[22..54].chunks(2).map(|w| u16::from_be_bytes([w[0], w[1]])).collect(), frame[20], usize::from(u16::from_be_bytes([frame[18], frame[19]]))),
+    };
+    let mut s: u32 = words.iter().map(|&w| u32::from(w)).sum::<u32>() + u32::from(proto) + len as u32;
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    let at = field_at(frame);
+    frame[at..at + 2].copy_from_slice(&(s as u16).to_be_bytes());
+}
+
+#[test]
+fn partial_checksums_are_finished_as_etherparse_computes_them() {
+    for build in [tcp4, udp4, tcp6, udp6] {
+        let right = build(b"a payload of odd length");
+        let mut frame = right.clone();
+        left_partial(&mut frame);
+        assert_ne!(field(&frame), expected(&right), "the partial field differs from the whole checksum");
+        assert!(complete_if_partial(&mut frame));
+        assert_eq!(field(&frame), expected(&right));
+        assert_eq!(frame, right, "only the checksum field changes");
+    }
+}
+
+#[test]
+fn complete_checksums_are_left_alone() {
+    for build in [tcp4, udp4, tcp6, udp6] {
+        let right = build(b"payload");
+        let mut frame = right.clone();
+        assert!(!complete_if_partial(&mut frame));
+        assert_eq!(frame, right);
+    }
+}
+
+#[test]
+fn a_wrong_checksum_that_is_not_the_pseudo_header_sum_is_left_wrong() {
+    // A corrupt frame goes on as it came, for its receiver to refuse.
+    let mut frame = tcp4(b"payload");
+    let at = field_at(&frame);
+    frame[at] ^= 0x5a;
+    let corrupt = frame.clone();
+    assert!(!complete_if_partial(&mut frame));
+    assert_eq!(frame, corrupt);
+}
+
+#[test]
+fn a_udp_datagram_without_a_checksum_keeps_none() {
+    let mut frame = udp4(b"payload");
+    let at = field_at(&frame);
+    frame[at..at + 2].copy_from_slice(&[0, 0]);
+    assert!(!complete_if_partial(&mut frame));
+    assert_eq!(field(&frame), 0);
+}
+
+#[test]
+fn a_udp_checksum_computed_as_zero_is_sent_as_all_ones() {
+    // A whole sum of 0 cannot be, so a computed 0 is the one way to get
+    // 0xffff: found by search over the payload's one word.
+    let right = (0..=u16::MAX).map(|w| udp4(&w.to_be_bytes())).find(|f| expected(f) == 0xffff).expect("some word makes the checksum 0");
+    let mut frame = right.clone();
+    left_partial(&mut frame);
+    assert!(complete_if_partial(&mut frame));
+    assert_eq!(field(&frame), 0xffff);
+}
+
+#[test]
+fn complete_computes_whatever_the_field_held() {
+    for build in [tcp4, udp4, tcp6, udp6] {
+        let right = build(b"0123456789");
+        let mut frame = right.clone();
+        let at = field_at(&frame);
+        frame[at..at + 2].copy_from_slice(&[0xde, 0xad]);
+        assert!(complete(&mut frame));
+        assert_eq!(frame, right);
+    }
+}
+
+#[test]
+fn fragments_extension_headers_and_other_protocols_are_not_touched() {
+    let mut fragment = tcp4(b"payload");
+    fragment[20] |= 0x20; // more fragments
+    left_partial(&mut fragment);
+    let kept = fragment.clone();
+    assert!(!complete_if_partial(&mut fragment) && !complete(&mut fragment));
+    assert_eq!(fragment, kept);
+
+    let mut behind_options = tcp6(b"payload");
+    behind_options[20] = 0; // a hop-by-hop header, as the next header
+    let kept = behind_options.clone();
+    assert!(!complete_if_partial(&mut behind_options) && !complete(&mut behind_options));
+    assert_eq!(behind_options, kept);
+
+    let mut icmp = Vec::new();
+    PacketBuilder::ethernet2(MACS.0, MACS.1).ipv4([100, 64, 0, 2], [198, 51, 100, 11], 64).icmpv4_echo_request(1, 1).write(&mut icmp, b"ping").unwrap();
+    let kept = icmp.clone();
+    assert!(!complete(&mut icmp));
+    assert_eq!(icmp, kept);
+}
+
+#[test]
+fn a_datagram_longer_than_its_frame_is_not_touched() {
+    let mut frame = tcp4(b"payload");
+    left_partial(&mut frame);
+    frame.truncate(frame.len() - 1);
+    let kept = frame.clone();
+    assert!(!complete_if_partial(&mut frame) && !complete(&mut frame));
+    assert_eq!(frame, kept);
+}
+
+proptest! {
+    #[test]
+    fn any_bytes_are_safe(mut bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = complete_if_partial(&mut bytes);
+        let _ = complete(&mut bytes);
+    }
+
+    #[test]
+    fn every_partial_frame_is_finished_and_every_whole_one_kept(payload in proptest::collection::vec(any::<u8>(), 0..1400), which in 0usize..4) {
+        let right = [tcp4, udp4, tcp6, udp6][which](&payload);
+        let mut whole = right.clone();
+        prop_assert!(!complete_if_partial(&mut whole));
+        prop_assert_eq!(&whole, &right);
+        let mut partial = right.clone();
+        left_partial(&mut partial);
+        // One frame in 65,535 has a whole checksum equal to its
+        // pseudo-header's sum: nothing is left to finish there.
+        let left_something = field(&partial) != field(&right);
+        prop_assert_eq!(complete_if_partial(&mut partial), left_something);
+        prop_assert_eq!(&partial, &right);
+    }
+}

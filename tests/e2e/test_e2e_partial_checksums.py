@@ -1,0 +1,219 @@
+"""Frames whose TCP or UDP checksum the sender's offload left partial.
+
+A Linux sender whose interface has checksum offload (a veth's default)
+writes only the pseudo-header's sum into the checksum field and leaves the
+rest to the NIC. On a veth no NIC ever finishes it: the peer's kernel is
+told so and trusts the frame. natrix reads bytes. AF_PACKET tells it
+(TP_STATUS_CSUMNOTREADY), AF_XDP does not, and either way natrix must
+finish such a checksum before it rewrites the frame, or no receiver
+accepts what it sends on.
+
+The lab turns every offload off. Here checksum offload is turned on for
+the client's and the server's veths and for the switch's ports towards
+natrix (with it off there, the bridge would finish the sum itself), and
+off again after. Judged by:
+
+- the kernels' sockets: a TCP echo of 1 MiB comes back intact both ways (a
+  receiving kernel drops a segment whose checksum does not verify), and
+  every UDP datagram is echoed;
+- tshark where the frames arrive (nx-srv1's eth0 for what natrix sends
+  out, nx-sub1's for what it sends in): every TCP and UDP checksum
+  verifies; and where they were sent, that the senders' frames did leave
+  with checksums that do not (the case under test happened);
+- natrix's `rx_checksums_completed` counters.
+
+Runs in every arrangement of the suite: AF_XDP native and generic, and
+AF_PACKET. Then, with generic XDP programs, what a veth peer's
+segmentation offload sends them. Needs tshark and ethtool. About 10 s.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import e2e_harness as h
+from e2e_harness import NS_NAT, NS_SRV1, NS_SUB1, SRV1, SUB1
+
+h.skip_module_if_unavailable()
+
+needs_tools = pytest.mark.skipif(shutil.which("tshark") is None or shutil.which("ethtool") is None,
+                                 reason="needs tshark and ethtool (apt-get install -y tshark ethtool)")
+
+PORT = 7301
+# The senders' veths, and the switch's ports their frames reach natrix by.
+OFFLOADING = ((NS_SUB1, "eth0"), (NS_SRV1, "eth0"), ("nx-sw", "nx-nat-in"), ("nx-sw", "nx-nat-out"))
+
+# Echo server (nx-srv1): TCP, each connection's bytes echoed until EOF;
+# UDP, each datagram echoed. Prints {"listening": port} once both listen.
+SERVER = r"""
+import json, socket, sys, threading
+port = int(sys.argv[1])
+t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); t.bind(("0.0.0.0", port)); t.listen(4)
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", port))
+def tcp():
+    while True:
+        c, _ = t.accept()
+        while True:
+            d = c.recv(65536)
+            if not d:
+                break
+            c.sendall(d)
+        c.close()
+def udp():
+    while True:
+        d, peer = u.recvfrom(65536)
+        u.sendto(d, peer)
+threading.Thread(target=tcp, daemon=True).start()
+threading.Thread(target=udp, daemon=True).start()
+print(json.dumps({"listening": port}), flush=True)
+threading.Event().wait()
+"""
+
+# Client (nx-sub1): 1 MiB of random bytes over TCP, read back; then 50 UDP
+# datagrams, each waited for. Prints {"tcp_intact", "udp_answered"}.
+CLIENT = r"""
+import json, os, socket, sys, threading
+server, port = sys.argv[1], int(sys.argv[2])
+payload = os.urandom(1 << 20)
+s = socket.create_connection((server, port), timeout=20)
+threading.Thread(target=s.sendall, args=(payload,), daemon=True).start()
+got = bytearray()
+while len(got) < len(payload):
+    d = s.recv(65536)
+    if not d:
+        break
+    got += d
+s.close()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2); u.connect((server, port))
+answered = 0
+for i in range(50):
+    msg = f"partial-{i:03d}-".ljust(300, "x").encode()
+    u.send(msg)
+    try:
+        answered += u.recv(65536) == msg
+    except socket.timeout:
+        pass
+print(json.dumps({"tcp_intact": bytes(got) == payload, "udp_answered": answered}), flush=True)
+"""
+
+
+def ethtool_tx(state):
+    for ns, dev in OFFLOADING:
+        h.sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", state, check=False)
+
+
+def tx_checksumming(ns, dev):
+    out = h.sh("ip", "netns", "exec", ns, "ethtool", "-k", dev, check=False).stdout
+    return next((line.split(":")[1].split()[0] for line in out.splitlines() if line.startswith("tx-checksumming:")), "?")
+
+
+def decode(path, display_filter, *fields):
+    """tshark's decoding of a capture, checksums verified."""
+    out = subprocess.run(["tshark", "-r", str(path), "-o", "tcp.check_checksum:TRUE", "-o", "udp.check_checksum:TRUE",
+                          "-Y", display_filter, "-T", "fields", "-E", "occurrence=f", *[a for f in fields for a in ("-e", f)]],
+                         capture_output=True, text=True, timeout=60, env=h.clean_env())
+    assert out.returncode == 0, f"tshark -r {path}: {out.stderr}"
+    return [line.split("\t") for line in out.stdout.splitlines()]
+
+
+def interfaces():
+    r = h.run_in(NS_NAT, "curl", "-sS", "-f", "--noproxy", "*", "-m", "5", f"http://{h.DEFAULT_API}/api/stats", timeout=10)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["interfaces"]
+
+
+def completed():
+    return {side: counters["rx_checksums_completed"] for side, counters in interfaces().items()}
+
+
+def status_by_direction(path, sender, checksum):
+    """{"sent": statuses of `sender`'s frames, "received": the others'}, tshark's checksum status of each."""
+    rows = decode(path, f"tcp.port == {PORT} || udp.port == {PORT}", "ip.src", checksum)
+    rows += decode(path, f"udp.port == {PORT}", "ip.src", "udp.checksum.status")
+    got = {"sent": [], "received": []}
+    for src, status in rows:
+        if status:
+            got["sent" if src == sender else "received"].append(status)
+    return got
+
+
+@needs_tools
+def test_partial_checksums_are_finished_before_translation(natrix, tmp_path):
+    n = natrix()
+    srv = subprocess.Popen(h.netns_cmd(NS_SRV1, sys.executable, "-u", "-c", SERVER, str(PORT)), stdout=subprocess.PIPE, text=True, env=h.clean_env())
+    caps = {}
+    try:
+        assert json.loads(srv.stdout.readline()) == {"listening": PORT}
+        ethtool_tx("on")
+        assert all(tx_checksumming(ns, dev) == "on" for ns, dev in OFFLOADING), "ethtool did not turn checksum offload on"
+        before = completed()
+        caps = {ns: h.Tshark(ns, "eth0", f"port {PORT}", tmp_path / f"{ns}.pcapng") for ns in (NS_SUB1, NS_SRV1)}
+        out = h.run_in(NS_SUB1, sys.executable, "-c", CLIENT, SRV1, str(PORT), timeout=60, check=False)
+        for c in caps.values():
+            c.stop()
+    finally:
+        ethtool_tx("off")
+        srv.kill()
+        srv.wait(timeout=5)
+        for c in caps.values():
+            c.stop()
+    assert out.returncode == 0, f"client failed: {out.stderr}\n{n.output()}"
+    result = json.loads(out.stdout)
+    assert result == {"tcp_intact": True, "udp_answered": 50}, f"through natrix with the senders' checksum offload on: {result}\n{n.output()}"
+
+    grown = {side: completed()[side] - before[side] for side in before}
+    assert grown["inside"] > 0 and grown["outside"] > 0, f"natrix finished no partial checksum on some side: {grown}"
+    # tshark: 1 good, 0 bad.
+    for ns, sender in ((NS_SUB1, SUB1), (NS_SRV1, SRV1)):
+        seen = status_by_direction(caps[ns].path, sender, "tcp.checksum.status")
+        assert seen["sent"] and set(seen["sent"]) == {"0"}, (
+            f"{sender}'s own frames, captured as sent, should carry partial checksums tshark finds bad: {sorted(set(seen['sent']))}")
+        assert seen["received"] and set(seen["received"]) == {"1"}, (
+            f"frames natrix sent to {ns}: every TCP and UDP checksum should verify, tshark found {sorted(set(seen['received']))}")
+
+
+NO_AF_XDP = h.af_xdp_unavailable()
+
+# Client (nx-sub1): 256 KiB over TCP, giving up after 3 s. Prints {"sent"}.
+BULK_CLIENT = r"""
+import json, socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)
+sent = 0
+try:
+    while sent < 1 << 18:
+        sent += s.send(bytes(65536))
+except OSError:
+    pass
+print(json.dumps({"sent": sent}), flush=True)
+"""
+
+
+@needs_tools
+@pytest.mark.skipif(NO_AF_XDP is not None, reason=f"needs AF_XDP: {NO_AF_XDP}")
+def test_generic_programs_count_a_veth_peers_unsegmented_segments(natrix):
+    """With generic programs a veth peer's TSO segments reach natrix whole,
+    longer than its buffers: natrix says so at start, and drops and counts
+    them (`rx_refused`) rather than as overruns of its ring."""
+    n = natrix({"io": "af_xdp", "xdp_mode": "generic"})
+    note = "inside is a veth: with generic XDP programs its peer's TCP segments reach natrix unsegmented"
+    assert note in n.err.text(), f"natrix should say: {note!r}\n{n.output()}"
+    srv = subprocess.Popen(h.netns_cmd(NS_SRV1, sys.executable, "-u", "-c", SERVER, str(PORT)), stdout=subprocess.PIPE, text=True, env=h.clean_env())
+    client_side = ((NS_SUB1, "eth0"), ("nx-sw", "nx-nat-in"))
+    try:
+        assert json.loads(srv.stdout.readline()) == {"listening": PORT}
+        for ns, dev in client_side:
+            h.sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "on", "sg", "on", "tso", "on", "gso", "on", check=False)
+        before = interfaces()
+        h.run_in(NS_SUB1, sys.executable, "-c", BULK_CLIENT, SRV1, str(PORT), timeout=30, check=False)
+        after = interfaces()
+    finally:
+        for ns, dev in client_side:
+            h.sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "sg", "off", "tso", "off", "gso", "off", check=False)
+        srv.kill()
+        srv.wait(timeout=5)
+    grown = {k: after["inside"][k] - before["inside"][k] for k in ("rx_refused", "rx_kernel_dropped")}
+    assert grown["rx_refused"] > 0, f"no segment longer than natrix's buffers counted on inside: {grown}\n{n.output()}"
+    assert grown["rx_kernel_dropped"] == 0, f"segments too long for natrix's buffers counted as ring overruns: {grown}"
