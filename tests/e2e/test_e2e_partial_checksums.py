@@ -19,7 +19,7 @@ off again after. Judged by:
 - tshark where the frames arrive (nx-srv1's eth0 for what natrix sends
   out, nx-sub1's for what it sends in): every TCP and UDP checksum
   verifies; and where they were sent, that the senders' frames did leave
-  with checksums that do not (the case under test happened);
+  with checksums that do not, many of them (the case under test happened);
 - natrix's `rx_checksums_completed` counters.
 
 Runs in every arrangement of the suite: AF_XDP native and generic, and
@@ -150,7 +150,8 @@ def test_partial_checksums_are_finished_before_translation(natrix, tmp_path):
         ethtool_tx("on")
         assert all(tx_checksumming(ns, dev) == "on" for ns, dev in OFFLOADING), "ethtool did not turn checksum offload on"
         before = completed()
-        caps = {ns: h.Tshark(ns, "eth0", f"port {PORT}", tmp_path / f"{ns}.pcapng") for ns in (NS_SUB1, NS_SRV1)}
+        for ns in (NS_SUB1, NS_SRV1):
+            caps[ns] = h.Tshark(ns, "eth0", f"port {PORT}", tmp_path / f"{ns}.pcapng")
         out = h.run_in(NS_SUB1, sys.executable, "-c", CLIENT, SRV1, str(PORT), timeout=60, check=False)
         for c in caps.values():
             c.stop()
@@ -169,8 +170,11 @@ def test_partial_checksums_are_finished_before_translation(natrix, tmp_path):
     # tshark: 1 good, 0 bad.
     for ns, sender in ((NS_SUB1, SUB1), (NS_SRV1, SRV1)):
         seen = status_by_direction(caps[ns].path, sender, "tcp.checksum.status")
-        assert seen["sent"] and set(seen["sent"]) == {"0"}, (
-            f"{sender}'s own frames, captured as sent, should carry partial checksums tshark finds bad: {sorted(set(seen['sent']))}")
+        # The sender's kernel computes some checksums itself all the same.
+        partial = seen["sent"].count("0")
+        assert partial >= 10, (
+            f"{sender}'s own frames, captured as sent, should mostly carry partial checksums tshark finds bad: "
+            f"{partial} of {len(seen['sent'])}")
         assert seen["received"] and set(seen["received"]) == {"1"}, (
             f"frames natrix sent to {ns}: every TCP and UDP checksum should verify, tshark found {sorted(set(seen['received']))}")
 
@@ -205,13 +209,13 @@ def test_generic_programs_count_a_veth_peers_unsegmented_segments(natrix):
     try:
         assert json.loads(srv.stdout.readline()) == {"listening": PORT}
         for ns, dev in client_side:
-            h.sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "on", "sg", "on", "tso", "on", "gso", "on", check=False)
+            h.sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "on", "tso", "on", "gso", "on", check=False)
         before = interfaces()
         h.run_in(NS_SUB1, sys.executable, "-c", BULK_CLIENT, SRV1, str(PORT), timeout=30, check=False)
         after = interfaces()
     finally:
         for ns, dev in client_side:
-            h.sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "sg", "off", "tso", "off", "gso", "off", check=False)
+            h.sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "off", "tso", "off", "gso", "off", check=False)
         srv.kill()
         srv.wait(timeout=5)
     grown = {k: after["inside"][k] - before["inside"][k] for k in ("rx_refused", "rx_kernel_dropped")}

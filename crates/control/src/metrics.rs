@@ -189,11 +189,11 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o.per_side("tx_packets_total", "Frames sent on each interface.", io.tx_frames);
     o.per_side("tx_bytes_total", "Bytes sent on each interface.", io.tx_bytes);
     o.per_side("tx_dropped_total", "Frames lost because the interface's transmit queue was full.", io.tx_dropped);
-    o.per_side("rx_refused_total", "Frames refused on receive: a VLAN tag, or longer than natrix's buffers.", io.rx_refused);
+    o.per_side("rx_refused_total", "Frames refused on receive: a VLAN tag, longer than natrix's buffers, or a partial checksum natrix cannot finish (AF_PACKET).", io.rx_refused);
     o.per_side(
         "rx_checksums_completed_total",
         "Frames received with a TCP or UDP checksum their sender's offload left partial (a veth peer's), which natrix finished before translating them.",
-        io.rx_checksums_completed,
+        [0, 1].map(|i| io.rx_checksums_completed[i] + sum(workers, |w| w.checksums_completed[i])),
     );
     o.per_side(
         "translated_packets_total",

@@ -39,7 +39,8 @@ pub struct AfPacketPort {
     /// sending allocates nothing.
     iov: Vec<libc::iovec>,
     msgs: Vec<libc::mmsghdr>,
-    /// VLAN-tagged frames, and frames longer than natrix's buffers.
+    /// VLAN-tagged frames, frames longer than natrix's buffers, and
+    /// partial checksums natrix does not finish.
     refused: u64,
     /// Frames a sender left with a partial checksum (offload on its
     /// interface), finished before natrix read them.
@@ -198,12 +199,17 @@ impl PacketPort for AfPacketPort {
                 // SAFETY: the frame lies at tp_mac within the block, snaplen bytes long.
                 let frame = unsafe { std::slice::from_raw_parts_mut(base.add(usize::from(mac)), len) };
                 // A checksum the sender's offload left partial (a veth
-                // peer's), which the kernel says here.
-                if status & libc::TP_STATUS_CSUMNOTREADY != 0 {
-                    self.checksums_completed += u64::from(partial_checksum::complete(frame));
+                // peer's), as the kernel says here: finished where it is
+                // TCP's or UDP's, refused where not (SCTP's CRC, one
+                // behind IPv6 extension headers or inside a tunnel).
+                let finished = status & libc::TP_STATUS_CSUMNOTREADY == 0 || partial_checksum::complete(frame);
+                if finished {
+                    self.checksums_completed += u64::from(status & libc::TP_STATUS_CSUMNOTREADY != 0);
+                    f(frame);
+                    n += 1;
+                } else {
+                    self.refused += 1;
                 }
-                f(frame);
-                n += 1;
             }
             self.left_in_block -= 1;
             self.next_offset += next as usize;

@@ -112,10 +112,10 @@ impl SharedFrames {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PortCounters {
     /// Frames refused on receive (VLAN tags, frames longer than natrix's
-    /// buffers).
+    /// buffers, partial checksums the port cannot finish).
     pub refused: u64,
     /// Frames received with a transport checksum their sender's offload
-    /// left partial, which natrix finished.
+    /// left partial that the port finished (AF_PACKET, which is told).
     pub checksums_completed: u64,
     /// Frames the kernel dropped because natrix fell behind.
     pub kernel_dropped: u64,

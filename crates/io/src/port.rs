@@ -87,7 +87,7 @@ pub trait PacketPort: Send {
     fn backend(&self) -> &'static str;
 
     /// Frames the backend refused on receive (a VLAN tag, a frame longer
-    /// than its buffers).
+    /// than its buffers, a partial checksum it cannot finish).
     fn dropped_on_receive(&self) -> u64 {
         0
     }

@@ -6,7 +6,8 @@
 //! (CHECKSUM_PARTIAL). Over a veth no hardware ever does: the frame reaches
 //! the peer that way, and the peer's kernel, which knows the mark, trusts
 //! it. A program that reads the frame's bytes does not know it. AF_PACKET
-//! says so (TP_STATUS_CSUMNOTREADY); AF_XDP says nothing. A NAT that
+//! says so (TP_STATUS_CSUMNOTREADY); AF_XDP says nothing. Other checksums
+//! an offload leaves (SCTP's CRC32c, one inside a tunnel) are not these. A NAT that
 //! updates such a field incrementally sends on a checksum that no receiver
 //! accepts. So the field is finished here first: from scratch where the
 //! mark is known (`complete`), and where it is not (`complete_if_partial`),
@@ -31,7 +32,7 @@ struct Transport {
     udp: bool,
 }
 
-/// Finishes the TCP or UDP checksum of `frame` (Ethernet, untagged IPv4
+/// Finishes the TCP or UDP checksum of `frame` (Ethernet, untagged IPv4,
 /// or IPv6 with the transport header right after the fixed header) where
 /// its field holds exactly the pseudo-header's sum and the whole does not
 /// verify, as a sender's offload leaves it. Whether it did.
@@ -41,11 +42,8 @@ struct Transport {
 /// frames) is finished over the bytes as they are, which only a
 /// receiver's own checks could have caught anyway.
 pub fn complete_if_partial(frame: &mut [u8]) -> bool {
-    let Some(t) = transport(frame) else { return false };
+    let Some(t) = transport(frame).filter(|t| holds_pseudo_header_sum(frame, t)) else { return false };
     let field = get_u16(frame, t.field);
-    if t.udp && field == 0 || fold(fold64(u64::from(t.pseudo) + u64::from(!field))) != 0xffff {
-        return false;
-    }
     let whole = sum(&frame[t.start..t.end]);
     if fold(fold64(u64::from(t.pseudo) + u64::from(whole))) == 0xffff {
         return false;
@@ -55,16 +53,37 @@ pub fn complete_if_partial(frame: &mut [u8]) -> bool {
     true
 }
 
+/// Whether `frame`'s TCP or UDP checksum field (as for
+/// `complete_if_partial`) holds exactly its pseudo-header's sum, as an
+/// offload leaves it; whether the whole verifies is not checked, so one
+/// whole frame in 65,535 says yes too.
+pub fn looks_partial(frame: &[u8]) -> bool {
+    transport(frame).is_some_and(|t| holds_pseudo_header_sum(frame, &t))
+}
+
 /// Computes the TCP or UDP checksum of `frame` (as for
 /// `complete_if_partial`) from scratch, whatever its field holds: for a
 /// frame known to carry a partial one. False where it has no such
-/// transport header, or one cut short.
+/// transport header, or one cut short, or a UDP checksum of 0, which an
+/// offload never leaves (its pseudo-header sum is never 0): that one is
+/// some other protocol's partial checksum, such as a tunnel's.
 pub fn complete(frame: &mut [u8]) -> bool {
     let Some(t) = transport(frame) else { return false };
     let field = get_u16(frame, t.field);
+    if t.udp && field == 0 {
+        return false;
+    }
     let whole = sum(&frame[t.start..t.end]);
     write(frame, &t, fold64(u64::from(whole) + u64::from(!field)));
     true
+}
+
+/// Whether the checksum field holds the pseudo-header's sum, one's
+/// complement equal (0 and 0xffff alike). A UDP field of 0 means no
+/// checksum (RFC 768).
+fn holds_pseudo_header_sum(frame: &[u8], t: &Transport) -> bool {
+    let field = get_u16(frame, t.field);
+    !(t.udp && field == 0) && fold(fold64(u64::from(t.pseudo) + u64::from(!field))) == 0xffff
 }
 
 /// Writes the checksum of a transport whose bytes, less the field, sum to
@@ -75,6 +94,7 @@ fn write(frame: &mut [u8], t: &Transport, rest: u32) {
     frame[t.field..t.field + 2].copy_from_slice(&c.to_be_bytes());
 }
 
+/// The TCP segment or UDP datagram of an untagged IPv4 or IPv6 frame.
 fn transport(frame: &[u8]) -> Option<Transport> {
     match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
         ETHERTYPE_IPV4 => transport_v4(frame),

@@ -228,6 +228,9 @@ pub struct WorkerSnapshot {
     /// it had no room for.
     pub offloaded_flows: u64,
     pub offload_table_full: u64,
+    /// Frames whose transport checksum a sender's offload left partial,
+    /// which the worker finished, by the side they arrived on.
+    pub checksums_completed: [u64; 2],
 }
 
 /// The interfaces' state.
@@ -239,7 +242,8 @@ pub struct IoSnapshot {
     pub tx_bytes: [u64; 2],
     pub rx_refused: [u64; 2],
     /// Frames whose transport checksum a sender's offload left partial,
-    /// which the port finished on receive.
+    /// which the port finished on receive (AF_PACKET; the workers finish
+    /// AF_XDP's, `WorkerSnapshot::checksums_completed`).
     pub rx_checksums_completed: [u64; 2],
     pub rx_kernel_dropped: [u64; 2],
     pub tx_dropped: [u64; 2],

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::af_xdp::offload::{self, Egress, FlowAction, FlowKey, Head, Offload};
+use natrix_wire::partial_checksum;
 
 use crate::gateway::Gateway;
 
@@ -193,10 +194,20 @@ impl Offloader {
         (self.known.len() as u64, self.refused)
     }
 
-    /// Keeps the heads of a batch's frames before the engine translates them.
+    /// Keeps the heads of a batch's frames before the engine translates
+    /// them. None for a frame whose checksum looks left partial by its
+    /// sender's offload: the program hands such frames back, so a flow
+    /// learnt from them would sit in the table unused.
     pub(crate) fn before_batch<F: FrameBuf>(&mut self, frames: &mut [F]) {
         self.heads.clear();
-        self.heads.extend(frames.iter_mut().map(|f| offload::head(f.frame())));
+        self.heads.extend(frames.iter_mut().map(|f| {
+            let frame = f.frame();
+            if partial_checksum::looks_partial(frame) {
+                None
+            } else {
+                offload::head(frame)
+            }
+        }));
     }
 
     /// Learns from, or forgets, the flows of the batch `before_batch` saw,

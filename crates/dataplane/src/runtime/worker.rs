@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::FrameId;
+use natrix_wire::partial_checksum;
 
 use super::clock::{Clock, Idle, Work, SLEEP_MS};
 use super::commands::Command;
@@ -29,12 +30,14 @@ pub(super) struct EngineWorker {
     pub(super) received: u64,
     /// Where the interfaces' XDP programs forward established flows.
     offload: Option<Offloader>,
+    /// Partial checksums finished, by the side the frames arrived on.
+    checksums_completed: [u64; 2],
 }
 
 impl EngineWorker {
     pub(super) fn new(engine: Engine, commands: Receiver<Command>, events: SyncSender<Logged>, offload: Option<OffloadPlan>) -> EngineWorker {
         let offload = offload.map(Offloader::new);
-        EngineWorker { engine, commands, events, events_lost: 0, work: Work::default(), handoff_dropped: 0, received: 0, offload }
+        EngineWorker { engine, commands, events, events_lost: 0, work: Work::default(), handoff_dropped: 0, received: 0, offload, checksums_completed: [0; 2] }
     }
 
     /// Translates a batch of frames, `sides[i]` the side `frames[i]` arrived
@@ -45,9 +48,20 @@ impl EngineWorker {
         if let Some(offload) = self.offload.as_mut() {
             offload.before_batch(frames);
         }
+        self.finish_partial_checksums(sides, frames);
         self.translate_runs(sides, frames, now, verdicts);
         if let Some(offload) = self.offload.as_mut() {
             offload.after_batch(&self.engine, sides, frames, verdicts, now);
+        }
+    }
+
+    /// Finishes the transport checksums a sender's offload left partial (a
+    /// veth peer's): the engine updates checksums, it does not compute
+    /// them. AF_XDP does not mark such frames; AF_PACKET's port has
+    /// finished the ones it marks, which then verify and are left alone.
+    fn finish_partial_checksums<F: FrameBuf>(&mut self, sides: &[Side], frames: &mut [F]) {
+        for (f, &side) in frames.iter_mut().zip(sides) {
+            self.checksums_completed[side as usize] += u64::from(partial_checksum::complete_if_partial(f.frame()));
         }
     }
 
@@ -189,6 +203,7 @@ impl EngineWorker {
             pcp: e.pcp_stats(),
             offloaded_flows: self.offload.as_ref().map_or(0, |o| o.counts().0),
             offload_table_full: self.offload.as_ref().map_or(0, |o| o.counts().1),
+            checksums_completed: self.checksums_completed,
         }
     }
 }

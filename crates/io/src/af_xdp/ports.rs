@@ -22,8 +22,6 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use natrix_wire::partial_checksum;
-
 use super::offload::Offload;
 use super::program::{XdpAttach, XdpProgram};
 use super::umem::{bind, register_umem, xsk_socket, BindAs, Mmap, Ring, Rings};
@@ -70,9 +68,6 @@ pub(super) struct Xsk {
     /// System calls made to transmit and to receive, since the socket opened.
     pub(super) transmit_calls: u64,
     pub(super) receive_calls: u64,
-    /// Frames received with a transport checksum their sender's offload
-    /// left partial, finished before natrix read them.
-    checksums_completed: u64,
 }
 
 impl Xsk {
@@ -411,8 +406,7 @@ fn open_socket(
         register_umem(&socket, umem).map_err(|e| os_error("registering the UMEM", interface, e))?;
     }
     let rings = Rings::map(&socket, interface)?;
-    let mut xsk =
-        Xsk { queue, rx: rings.rx, tx: rings.tx, fill: rings.fill, completion: rings.completion, socket, lent: 0, transmit_calls: 0, receive_calls: 0, checksums_completed: 0 };
+    let mut xsk = Xsk { queue, rx: rings.rx, tx: rings.tx, fill: rings.fill, completion: rings.completion, socket, lent: 0, transmit_calls: 0, receive_calls: 0 };
     // Before the program attaches, so that no early frame finds the fill
     // ring empty.
     xsk.top_up(free);
@@ -444,12 +438,7 @@ impl FramePorts for XdpPorts {
                 let id = FrameId { at: desc.addr, len: desc.len, queue: queue as u16 };
                 // SAFETY: the kernel handed this chunk over in the RX
                 // descriptor; until f keeps or returns it, nobody else has it.
-                let kept = unsafe { frames.frame(id) }.is_some_and(|frame| {
-                    // AF_XDP does not say which frames a sender's offload
-                    // left with a partial checksum (a veth peer's).
-                    s.checksums_completed += u64::from(partial_checksum::complete_if_partial(frame));
-                    f(id, frame)
-                });
+                let kept = unsafe { frames.frame(id) }.is_some_and(|frame| f(id, frame));
                 if !kept {
                     free.push(chunk_of(desc.addr));
                 }
@@ -541,7 +530,6 @@ impl FramePorts for XdpPorts {
             kernel_dropped: sockets.iter().map(Xsk::kernel_dropped).sum(),
             transmit_calls: sockets.iter().map(|s| s.transmit_calls).sum(),
             receive_calls: sockets.iter().map(|s| s.receive_calls).sum(),
-            checksums_completed: sockets.iter().map(|s| s.checksums_completed).sum(),
             ..PortCounters::default()
         }
     }

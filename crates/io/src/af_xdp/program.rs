@@ -91,7 +91,7 @@ impl XdpProgram {
     /// the program itself (`Offload::fast_path`).
     pub(super) fn attach(sockets: &[RawFd], ifindex: u32, interface: &str, offload: Option<&Offload>, attach: XdpAttach) -> Result<XdpProgram, IoError> {
         let map = xskmap(sockets.len() as u32).map_err(|e| unsupported("creating the XSKMAP", interface, e))?;
-        let too_long = counters(sockets.len() as u32).map_err(|e| unsupported("creating the XDP program's counters", interface, e))?;
+        let too_long = per_queue_counts(sockets.len() as u32).map_err(|e| unsupported("creating the XDP program's counters", interface, e))?;
         let program = load_program(&map, &too_long, offload).map_err(|e| unsupported("loading the XDP program", interface, e))?;
         for (queue, &socket) in sockets.iter().enumerate() {
             map_update(&map, &(queue as u32), &socket).map_err(|e| unsupported("adding the socket to the XSKMAP", interface, e))?;
@@ -116,7 +116,7 @@ impl XdpProgram {
         // links, or a driver refusing native mode (EINVAL too), which the
         // same mode over rtnetlink refuses again, naming it.
         if invalid == modes.len() {
-            return attach_by_netlink(program, ifindex, interface, modes).map(|attachment| XdpProgram { mode: attachment.1, attachment: attachment.0, too_long });
+            return attach_by_netlink(program, ifindex, interface, modes).map(|(attachment, mode)| XdpProgram { attachment, mode, too_long });
         }
         Err(unsupported("attaching the XDP program", interface, errors.join("; ")))
     }
@@ -129,7 +129,7 @@ impl XdpProgram {
     /// Frames of receive queue `queue` the program dropped as too long
     /// for a receive chunk, summed over the CPUs.
     pub(super) fn frames_too_long(&self, queue: u32) -> u64 {
-        frames_too_long(&self.too_long, queue)
+        read_per_queue_count(&self.too_long, queue)
     }
 
     /// Detaches the program, if it is still the one attached; a second
@@ -197,13 +197,13 @@ fn xskmap(queues: u32) -> io::Result<OwnedFd> {
 
 /// The count `drop_past_a_chunk` keeps in `too_long` for `queue`, summed
 /// over the CPUs.
-fn frames_too_long(too_long: &OwnedFd, queue: u32) -> u64 {
+fn read_per_queue_count(too_long: &OwnedFd, queue: u32) -> u64 {
     let mut per_cpu = vec![0u64; possible_cpus()];
     map_lookup(too_long, &queue, per_cpu.as_mut_slice()).map_or(0, |()| per_cpu.iter().sum())
 }
 
 /// A per-CPU count for each of `queues` receive queues.
-fn counters(queues: u32) -> io::Result<OwnedFd> {
+fn per_queue_counts(queues: u32) -> io::Result<OwnedFd> {
     map_create(BPF_MAP_TYPE_PERCPU_ARRAY, size_of::<u32>(), size_of::<u64>(), queues, 0)
 }
 
@@ -211,27 +211,31 @@ fn counters(queues: u32) -> io::Result<OwnedFd> {
 /// receive queue in `too_long`: the socket would drop it anyway, counted
 /// as if natrix had fallen behind. Native programs see none (the MTU is
 /// checked at start); generic ones see a sender's segmentation offload's
-/// frames (a veth peer's TSO or GSO) whole, which no MTU bounds. r1 the
-/// context, kept for what follows.
+/// frames (a veth peer's TSO or GSO) whole, which no MTU bounds. A queue
+/// without a socket (one the interface gained after start) has no count
+/// either, and its frames go to the kernel's stack as they would have
+/// (`redirect_to_sockets`). r1 the context, kept for what follows.
 fn drop_past_a_chunk(asm: &mut Asm, too_long: RawFd) {
-    let (fits, drop) = (asm.label(), asm.label());
+    let (fits, to_stack) = (asm.label(), asm.label());
     asm.load(Size::W, 2, 1, XDP_MD_DATA);
     asm.load(Size::W, 3, 1, XDP_MD_DATA_END);
     asm.alu(Alu::Add, 2, MAX_RX_FRAME as i32 + 1);
     asm.jump_if_reg(Cond::Gt, 2, 3, fits);
+    asm.alu_reg(Alu::Mov, 6, 1);
     asm.load(Size::W, 2, 1, XDP_MD_RX_QUEUE_INDEX);
     asm.store(Size::W, 10, -4, 2);
     asm.load_map(1, too_long);
     asm.alu_reg(Alu::Mov, 2, 10);
     asm.alu(Alu::Add, 2, -4);
     asm.call(MAP_LOOKUP_ELEM);
-    asm.jump_if(Cond::Eq, 0, 0, drop);
+    asm.jump_if(Cond::Eq, 0, 0, to_stack);
     asm.load(Size::DW, 2, 0, 0);
     asm.alu(Alu::Add, 2, 1);
     asm.store(Size::DW, 0, 0, 2);
-    asm.place(drop);
     asm.alu(Alu::Mov, 0, XDP_DROP);
     asm.exit();
+    asm.place(to_stack);
+    asm.alu_reg(Alu::Mov, 1, 6);
     asm.place(fits);
 }
 
@@ -259,7 +263,7 @@ mod tests {
             eprintln!("skipped: loading XDP programs needs root");
             return;
         }
-        let (xsks, too_long) = (xskmap(1).unwrap(), counters(1).unwrap());
+        let (xsks, too_long) = (xskmap(1).unwrap(), per_queue_counts(1).unwrap());
         let program = load_program(&xsks, &too_long, None).expect("the verifier takes the program");
         const XDP_DROPPED: u32 = XDP_DROP as u32;
         // The queue's slot is empty, so a frame that fits goes to the stack.
@@ -268,6 +272,6 @@ mod tests {
             assert_eq!(test_run(&program, &mut frame).expect("the test run runs"), expected, "a frame of {len} bytes");
         }
         // BPF_PROG_TEST_RUN runs as receive queue 0.
-        assert_eq!(frames_too_long(&too_long, 0), 2);
+        assert_eq!(read_per_queue_count(&too_long, 0), 2);
     }
 }

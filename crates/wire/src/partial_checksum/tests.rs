@@ -165,11 +165,59 @@ fn fragments_extension_headers_and_other_protocols_are_not_touched() {
 
 #[test]
 fn a_datagram_longer_than_its_frame_is_not_touched() {
-    let mut frame = tcp4(b"payload");
+    for build in [tcp4, udp4, tcp6, udp6] {
+        let mut whole = build(b"payload");
+        left_partial(&mut whole);
+        for len in 0..whole.len() {
+            let mut frame = whole[..len].to_vec();
+            assert!(!looks_partial(&frame) && !complete_if_partial(&mut frame) && !complete(&mut frame), "cut to {len} bytes");
+            assert_eq!(frame, whole[..len]);
+        }
+    }
+}
+
+#[test]
+fn ethernet_padding_is_not_summed() {
+    // A short frame padded to Ethernet's 60 bytes: the datagram ends where
+    // its IPv4 total length says.
+    let right = udp4(b"ab");
+    let mut frame = right.clone();
     left_partial(&mut frame);
-    frame.truncate(frame.len() - 1);
+    frame.resize(60, 0xee);
+    assert!(complete_if_partial(&mut frame));
+    assert_eq!(frame[..right.len()], right[..]);
+}
+
+#[test]
+fn ipv4_options_are_stepped_over() {
+    let mut out = Vec::new();
+    let mut ip = etherparse::Ipv4Header::new(28, 64, etherparse::IpNumber::UDP, [100, 64, 0, 2], [198, 51, 100, 11]).unwrap();
+    ip.options = [1, 1, 1, 0][..].try_into().unwrap();
+    ip.total_len = ip.header_len() as u16 + 8 + 4;
+    let udp = etherparse::UdpHeader::with_ipv4_checksum(40000, 53, &ip, b"opts").unwrap();
+    etherparse::Ethernet2Header { source: MACS.1, destination: MACS.0, ether_type: etherparse::EtherType::IPV4 }.write(&mut out).unwrap();
+    ip.header_checksum = ip.calc_header_checksum();
+    ip.write(&mut out).unwrap();
+    udp.write(&mut out).unwrap();
+    out.extend_from_slice(b"opts");
+    let right = out.clone();
+    // The field at the transport's offset behind 4 bytes of options.
+    let at = 14 + 24 + 6;
+    let pseudo = [100u32 << 8 | 64, 2, 198 << 8 | 51, 100 << 8 | 11, 17, 12].iter().sum::<u32>();
+    out[at..at + 2].copy_from_slice(&((pseudo & 0xffff) + (pseudo >> 16)).to_be_bytes()[2..]);
+    assert!(complete_if_partial(&mut out));
+    assert_eq!(out, right);
+}
+
+#[test]
+fn complete_refuses_a_udp_field_of_zero() {
+    // An offload never leaves 0 (the pseudo-header's sum is never 0): a 0
+    // there is no partial UDP checksum, and no checksum is made up for it.
+    let mut frame = udp4(b"tunnel");
+    let at = field_at(&frame);
+    frame[at..at + 2].copy_from_slice(&[0, 0]);
     let kept = frame.clone();
-    assert!(!complete_if_partial(&mut frame) && !complete(&mut frame));
+    assert!(!complete(&mut frame) && !looks_partial(&frame));
     assert_eq!(frame, kept);
 }
 
@@ -178,6 +226,22 @@ proptest! {
     fn any_bytes_are_safe(mut bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
         let _ = complete_if_partial(&mut bytes);
         let _ = complete(&mut bytes);
+    }
+
+    #[test]
+    fn mangled_frames_are_safe(which in 0usize..4, flips in proptest::collection::vec((0usize..120, any::<u8>()), 1..6), cut in 0usize..130) {
+        // Valid headers with a few bytes changed and cut anywhere: lengths,
+        // header lengths and versions that lie.
+        let mut frame = [tcp4, udp4, tcp6, udp6][which](&[7u8; 60]);
+        for (at, b) in flips {
+            if let Some(x) = frame.get_mut(at) {
+                *x = b;
+            }
+        }
+        frame.truncate(cut.max(1));
+        let _ = looks_partial(&frame);
+        let _ = complete_if_partial(&mut frame.clone());
+        let _ = complete(&mut frame);
     }
 
     #[test]
@@ -191,6 +255,7 @@ proptest! {
         // One frame in 65,535 has a whole checksum equal to its
         // pseudo-header's sum: nothing is left to finish there.
         let left_something = field(&partial) != field(&right);
+        prop_assert!(looks_partial(&partial));
         prop_assert_eq!(complete_if_partial(&mut partial), left_something);
         prop_assert_eq!(&partial, &right);
     }
