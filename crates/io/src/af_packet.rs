@@ -5,6 +5,10 @@
 //! from the port's own queue (`send`: a copy). It works on every Linux
 //! interface, which makes it the fallback when AF_XDP is refused.
 //!
+//! The kernel hands a packet socket what GRO or LRO merged as one frame,
+//! too long to forward, so the port turns both off while it is open
+//! (`merging`).
+//!
 //! The kernel still sees every frame natrix receives this way: natrix's
 //! interfaces must carry no kernel IP address and the namespace must not
 //! forward, or the kernel answers for natrix (ARP, RST, ICMP).
@@ -15,6 +19,7 @@ use std::sync::atomic::{fence, Ordering};
 use natrix_wire::partial_checksum;
 
 use crate::iface::Interface;
+use crate::merging::{Merging, MergingOff};
 use crate::port::{IoError, PacketPort, MAX_FRAME};
 
 const BLOCK_SIZE: usize = 1 << 18;
@@ -26,6 +31,10 @@ const BLOCK_TIMEOUT_MS: u32 = 1;
 const TX_QUEUE: usize = 256;
 
 pub struct AfPacketPort {
+    /// GRO and LRO off while the port is open (`merging`), and what
+    /// became of them.
+    _merging_off: MergingOff,
+    merging: Merging,
     fd: OwnedFd,
     name: String,
     ring: *mut u8,
@@ -73,8 +82,12 @@ impl AfPacketPort {
         // Best effort: skipping the qdisc saves a lock per frame where allowed.
         let _ = set_int(&fd, libc::PACKET_QDISC_BYPASS, 1, "setting PACKET_QDISC_BYPASS", name);
         let ring = map_rx_ring(&fd, name)?;
+        // Before any frame reaches the ring: merged ones are too long.
+        let (merging_off, merging) = MergingOff::apply(name);
         bind(&fd, iface.index, proto, name)?;
         Ok(AfPacketPort {
+            _merging_off: merging_off,
+            merging,
             fd,
             name: name.to_owned(),
             ring,
@@ -91,6 +104,11 @@ impl AfPacketPort {
             tx_errors: 0,
             sendmmsg_calls: 0,
         })
+    }
+
+    /// What became of the interface's receive merging (GRO, LRO) at open.
+    pub fn receive_merging(&self) -> &Merging {
+        &self.merging
     }
 
     /// Sends the frames `self.iov` points at and empties it.

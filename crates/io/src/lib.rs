@@ -9,10 +9,12 @@
 pub mod af_packet;
 pub mod af_xdp;
 pub mod capture;
+pub mod ethtool;
 pub mod frames;
 pub mod iface;
 pub mod lock;
 pub mod memory;
+pub mod merging;
 pub mod output;
 pub mod port;
 

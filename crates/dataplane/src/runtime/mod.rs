@@ -46,8 +46,10 @@ use natrix_engine::shard::{Owners, Shard};
 use natrix_engine::{Engine, EngineConfig, Event, Side, Stats};
 use natrix_io::af_packet::AfPacketPort;
 use natrix_io::af_xdp::offload::{takes_redirects, Offload};
-use natrix_io::af_xdp::{describe_tuning, driver, DeviceTuning, XdpAttach, XdpMode, XdpPorts};
+use natrix_io::af_xdp::{describe_tuning, DeviceTuning, XdpAttach, XdpMode, XdpPorts};
+use natrix_io::ethtool::driver;
 use natrix_io::iface::Interface;
+use natrix_io::merging::describe as describe_merging;
 use natrix_io::{check_frames_fit, CopyingPorts, FramePorts, IoError, PacketPort};
 
 use crate::gateway::{Gateway, GatewayCounters, Link};
@@ -799,8 +801,10 @@ fn open_ports<T>(
     offload: &mut Option<(OffloadTable, T)>,
     notes: &mut Vec<String>,
 ) -> Result<(PortSets, bool), DataplaneError> {
-    let af_packet = || -> Result<(PortSets, bool), DataplaneError> {
-        let ports: [Box<dyn PacketPort>; 2] = [Box::new(AfPacketPort::open(inside)?), Box::new(AfPacketPort::open(outside)?)];
+    let af_packet = |notes: &mut Vec<String>| -> Result<(PortSets, bool), DataplaneError> {
+        let (a, b) = (AfPacketPort::open(inside)?, AfPacketPort::open(outside)?);
+        notes.extend([&a, &b].iter().zip([inside, outside]).filter_map(|(port, iface)| describe_merging(&iface.name, port.receive_merging())));
+        let ports: [Box<dyn PacketPort>; 2] = [Box::new(a), Box::new(b)];
         Ok((vec![Box::new(CopyingPorts::new(ports))], false))
     };
     let mut af_xdp = || {
@@ -819,7 +823,7 @@ fn open_ports<T>(
         }
     };
     match settings.io {
-        IoChoice::AfPacket => af_packet(),
+        IoChoice::AfPacket => af_packet(notes),
         IoChoice::AfXdp => {
             let sets = af_xdp()?;
             Ok(described(sets, [inside, outside], settings.workers, notes))
@@ -829,7 +833,7 @@ fn open_ports<T>(
             Err(e) if settings.offload == Offloading::On => Err(refuse_offload(inside, format!("offload = true needs AF_XDP, which is unavailable: {e}"))),
             Err(e) => {
                 notes.push(format!("AF_XDP unavailable ({e}); using AF_PACKET on {} and {}", inside.name, outside.name));
-                af_packet()
+                af_packet(notes)
             }
         },
     }

@@ -29,14 +29,15 @@ pub mod offload;
 mod ports;
 mod program;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod tuning;
 mod umem;
 
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
+use crate::ethtool;
 use crate::frames::FramePorts;
 use crate::port::{IoError, PacketPort, MAX_FRAME};
 pub use ports::{XdpMode, XdpPorts};
@@ -192,7 +193,6 @@ fn refuse_multiqueue(interface: &str) -> Result<(), IoError> {
     }
 }
 
-const SIOCETHTOOL: libc::Ioctl = 0x8946;
 const ETHTOOL_GCHANNELS: u32 = 0x3c;
 
 /// struct ethtool_channels.
@@ -215,63 +215,8 @@ struct EthtoolChannels {
 fn rx_queues(interface: &str) -> Option<u32> {
     let mut channels = EthtoolChannels { cmd: ETHTOOL_GCHANNELS, ..Default::default() };
     // SAFETY: ETHTOOL_GCHANNELS fills a struct ethtool_channels.
-    unsafe { ethtool_get(interface, &mut channels)? };
+    unsafe { ethtool::request(interface, &mut channels).ok()? };
     Some(channels.rx_count + channels.combined_count)
-}
-
-const ETHTOOL_GDRVINFO: u32 = 0x03;
-
-/// struct ethtool_drvinfo.
-#[repr(C)]
-struct EthtoolDrvinfo {
-    cmd: u32,
-    driver: [u8; 32],
-    version: [u8; 32],
-    fw_version: [u8; 32],
-    bus_info: [u8; 32],
-    erom_version: [u8; 32],
-    reserved2: [u8; 12],
-    n_priv_flags: u32,
-    n_stats: u32,
-    testinfo_len: u32,
-    eedump_len: u32,
-    regdump_len: u32,
-}
-
-/// The name of the interface's driver ("veth", "mlx5_core", ...), or None
-/// where it cannot be read.
-pub fn driver(interface: &str) -> Option<String> {
-    // SAFETY: ethtool_drvinfo is plain data; all zeroes is a valid value.
-    let mut info: EthtoolDrvinfo = unsafe { zeroed() };
-    info.cmd = ETHTOOL_GDRVINFO;
-    // SAFETY: ETHTOOL_GDRVINFO fills a struct ethtool_drvinfo.
-    unsafe { ethtool_get(interface, &mut info)? };
-    let name = info.driver.split(|&b| b == 0).next().unwrap_or_default();
-    Some(String::from_utf8_lossy(name).into_owned())
-}
-
-/// One SIOCETHTOOL request for `interface`: `data` is the command's
-/// struct, its first field the command.
-///
-/// # Safety
-/// `T` must be the struct the kernel writes for that command, as large.
-unsafe fn ethtool_get<T>(interface: &str, data: &mut T) -> Option<()> {
-    // SAFETY: ifreq is plain data; all zeroes is a valid value.
-    let mut req: libc::ifreq = unsafe { zeroed() };
-    if interface.len() >= req.ifr_name.len() {
-        return None;
-    }
-    for (d, s) in req.ifr_name.iter_mut().zip(interface.bytes()) {
-        *d = s as libc::c_char;
-    }
-    req.ifr_ifru.ifru_data = (data as *mut T).cast();
-    // SAFETY: a datagram socket only serves as a handle for the ioctl.
-    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }).ok()?;
-    // SAFETY: fd was just created and nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: req names the interface and points at a live struct of the command's type.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL, &mut req as *mut libc::ifreq) }).ok()?;
-    Some(())
 }
 
 fn set_option<T>(socket: &OwnedFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {

@@ -1,6 +1,7 @@
 //! Tests of the whole port over a veth pair (root only: they skip
 //! otherwise, saying why).
 
+use std::os::fd::FromRawFd;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::ports::{FILL_CHUNKS, SPARE_CHUNKS};
 use super::*;
+use crate::ethtool::driver;
 use crate::frames::FrameId;
 use crate::iface::Interface;
 
@@ -653,14 +655,14 @@ impl RawSocket {
 
 /// A network namespace of our own, deleted (with its interfaces) on drop,
 /// also when a test fails.
-pub(super) struct Netns {
-    name: String,
+pub(crate) struct Netns {
+    pub(crate) name: String,
 }
 
 impl Netns {
     /// An empty namespace; None, after saying why, where the test cannot
     /// run here.
-    pub(super) fn empty(tag: &str) -> Option<Netns> {
+    pub(crate) fn empty(tag: &str) -> Option<Netns> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
             eprintln!("skipped: network namespaces need root");
@@ -699,17 +701,17 @@ impl Netns {
         }
     }
 
-    pub(super) fn ip(&self, args: &[&str]) -> String {
+    pub(crate) fn ip(&self, args: &[&str]) -> String {
         run_command(&[&["ip", "-n", &self.name], args].concat())
     }
 
-    pub(super) fn ethtool(&self, args: &[&str]) {
+    pub(crate) fn ethtool(&self, args: &[&str]) {
         run_command(&[&["ip", "netns", "exec", &self.name, "ethtool"], args].concat());
     }
 
     /// Runs `f` on a thread that has entered the namespace; setns moves
     /// only the calling thread, so the test's own thread stays put.
-    pub(super) fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+    pub(crate) fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
         let path = std::ffi::CString::new(format!("/run/netns/{}", self.name)).unwrap();
         std::thread::scope(|s| {
             s.spawn(|| {

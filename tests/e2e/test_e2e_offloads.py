@@ -1,17 +1,19 @@
-"""Frames whose TCP or UDP checksum the sender's offload left partial.
+"""What offloads do to the frames natrix receives.
 
 A Linux sender whose interface has checksum offload (a veth's default)
-writes only the pseudo-header's sum into the checksum field and leaves the
-rest to the NIC. On a veth no NIC ever finishes it: the peer's kernel is
-told so and trusts the frame. natrix reads bytes. AF_PACKET tells it
-(TP_STATUS_CSUMNOTREADY), AF_XDP does not, and either way natrix must
-finish such a checksum before it rewrites the frame, or no receiver
-accepts what it sends on.
+writes only the pseudo-header's sum into a TCP or UDP checksum field and
+leaves the rest to the NIC. On a veth no NIC ever finishes it: the peer's
+kernel is told so and trusts the frame. natrix reads bytes. AF_PACKET
+tells it (TP_STATUS_CSUMNOTREADY), AF_XDP does not, and either way natrix
+must finish such a checksum before it rewrites the frame, or no receiver
+accepts what it sends on. And a packet socket gets what GRO merged on
+natrix's own interface (a NIC's default) as one frame, too long to
+forward.
 
 The lab turns every offload off. Here checksum offload is turned on for
 the client's and the server's veths and for the switch's ports towards
-natrix (with it off there, the bridge would finish the sum itself), and
-off again after. Judged by:
+natrix (with it off there, the bridge would finish the sum itself), or
+GRO on natrix's inside, and off again after. Judged by:
 
 - the kernels' sockets: a TCP echo of 1 MiB comes back intact both ways (a
   receiving kernel drops a segment whose checksum does not verify), and
@@ -20,11 +22,14 @@ off again after. Judged by:
   out, nx-sub1's for what it sends in): every TCP and UDP checksum
   verifies; and where they were sent, that the senders' frames did leave
   with checksums that do not, many of them (the case under test happened);
-- natrix's `rx_checksums_completed` counters.
+- natrix's `rx_checksums_completed` counters;
+- `ethtool -k`: GRO off on natrix's inside while natrix runs on AF_PACKET,
+  on again after.
 
-Runs in every arrangement of the suite: AF_XDP native and generic, and
-AF_PACKET. Then, with generic XDP programs, what a veth peer's
-segmentation offload sends them. Needs tshark and ethtool. About 10 s.
+The checksum test runs in every arrangement of the suite: AF_XDP native
+and generic, and AF_PACKET. Then, with generic XDP programs, what a veth
+peer's segmentation offload sends them. Needs tshark and ethtool. About
+15 s.
 """
 
 import json
@@ -140,13 +145,52 @@ def status_by_direction(path, sender, checksum):
     return got
 
 
+def echo_server():
+    srv = subprocess.Popen(h.netns_cmd(NS_SRV1, sys.executable, "-u", "-c", SERVER, str(PORT)), stdout=subprocess.PIPE, text=True, env=h.clean_env())
+    assert json.loads(srv.stdout.readline()) == {"listening": PORT}
+    return srv
+
+
+def gro_shown(ns, dev):
+    out = h.sh("ip", "netns", "exec", ns, "ethtool", "-k", dev, check=False).stdout
+    return next((line.split(":")[1].split()[0] for line in out.splitlines() if line.startswith("generic-receive-offload:")), "?")
+
+
+@needs_tools
+def test_af_packet_turns_gro_off_while_it_runs(natrix):
+    """With GRO on natrix's inside, as a NIC has it by default, natrix on
+    AF_PACKET says it turns GRO off while it runs, a 1 MiB TCP echo comes
+    back intact, nothing is refused, and GRO is on again once natrix has
+    stopped."""
+    h.sh("ip", "netns", "exec", NS_NAT, "ethtool", "-K", "inside", "gro", "on")
+    srv = None
+    try:
+        assert gro_shown(NS_NAT, "inside") == "on"
+        n = natrix({"io": "af_packet"})
+        note = "inside: GRO off while natrix runs"
+        assert note in n.err.text(), f"natrix should say {note!r}:\n{n.output()}"
+        assert gro_shown(NS_NAT, "inside") == "off"
+        srv = echo_server()
+        out = h.run_in(NS_SUB1, sys.executable, "-c", CLIENT, SRV1, str(PORT), timeout=60, check=False)
+        assert out.returncode == 0, f"client failed: {out.stderr}\n{n.output()}"
+        assert json.loads(out.stdout) == {"tcp_intact": True, "udp_answered": 50}, n.output()
+        assert interfaces()["inside"]["rx_refused"] == 0
+        assert n.stop() == 0, n.output()
+        n.reported = True  # stopped here, cleanly: the fixture has nothing to stop
+        assert gro_shown(NS_NAT, "inside") == "on", "natrix should put GRO back on at stop"
+    finally:
+        h.sh("ip", "netns", "exec", NS_NAT, "ethtool", "-K", "inside", "gro", "off", check=False)
+        if srv:
+            srv.kill()
+            srv.wait(timeout=5)
+
+
 @needs_tools
 def test_partial_checksums_are_finished_before_translation(natrix, tmp_path):
     n = natrix()
-    srv = subprocess.Popen(h.netns_cmd(NS_SRV1, sys.executable, "-u", "-c", SERVER, str(PORT)), stdout=subprocess.PIPE, text=True, env=h.clean_env())
+    srv = echo_server()
     caps = {}
     try:
-        assert json.loads(srv.stdout.readline()) == {"listening": PORT}
         ethtool_tx("on")
         assert all(tx_checksumming(ns, dev) == "on" for ns, dev in OFFLOADING), "ethtool did not turn checksum offload on"
         before = completed()
@@ -204,10 +248,9 @@ def test_generic_programs_count_a_veth_peers_unsegmented_segments(natrix):
     n = natrix({"io": "af_xdp", "xdp_mode": "generic"})
     note = "inside is a veth: with generic XDP programs its peer's TCP segments reach natrix unsegmented"
     assert note in n.err.text(), f"natrix should say: {note!r}\n{n.output()}"
-    srv = subprocess.Popen(h.netns_cmd(NS_SRV1, sys.executable, "-u", "-c", SERVER, str(PORT)), stdout=subprocess.PIPE, text=True, env=h.clean_env())
+    srv = echo_server()
     client_side = ((NS_SUB1, "eth0"), ("nx-sw", "nx-nat-in"))
     try:
-        assert json.loads(srv.stdout.readline()) == {"listening": PORT}
         for ns, dev in client_side:
             h.sh("ip", "netns", "exec", ns, "ethtool", "-K", dev, "tx", "on", "tso", "on", "gso", "on", check=False)
         before = interfaces()
