@@ -248,14 +248,15 @@ fn stats(dp: &Dataplane, (log_recorded, log_lost): (u64, u64)) -> Result<Value, 
     let workers = dp.worker_snapshots()?;
     let io = dp.io_snapshot()?;
     let total = |f: &dyn Fn(&natrix_dataplane::WorkerSnapshot) -> u64| -> u64 { workers.iter().map(f).sum() };
+    let completed = io.checksums_completed(&workers);
     let drops: serde_json::Map<String, Value> =
         DropReason::ALL.iter().map(|&r| (r.name().to_owned(), json!(total(&|w| w.stats.drops.get(r))))).filter(|(_, v)| v.as_u64() != Some(0)).collect();
     Ok(json!({
         "backend": dp.backend(),
         "workers": workers.len(),
         "interfaces": {
-            "inside": { "rx_packets": io.rx_frames[0], "rx_bytes": io.rx_bytes[0], "tx_packets": io.tx_frames[0], "tx_bytes": io.tx_bytes[0], "tx_dropped": io.tx_dropped[0], "rx_refused": io.rx_refused[0], "rx_checksums_completed": io.rx_checksums_completed[0] + total(&|w| w.checksums_completed[0]), "rx_kernel_dropped": io.rx_kernel_dropped[0] },
-            "outside": { "rx_packets": io.rx_frames[1], "rx_bytes": io.rx_bytes[1], "tx_packets": io.tx_frames[1], "tx_bytes": io.tx_bytes[1], "tx_dropped": io.tx_dropped[1], "rx_refused": io.rx_refused[1], "rx_checksums_completed": io.rx_checksums_completed[1] + total(&|w| w.checksums_completed[1]), "rx_kernel_dropped": io.rx_kernel_dropped[1] },
+            "inside": { "rx_packets": io.rx_frames[0], "rx_bytes": io.rx_bytes[0], "tx_packets": io.tx_frames[0], "tx_bytes": io.tx_bytes[0], "tx_dropped": io.tx_dropped[0], "rx_refused": io.rx_refused[0], "rx_checksums_completed": completed[0], "rx_kernel_dropped": io.rx_kernel_dropped[0] },
+            "outside": { "rx_packets": io.rx_frames[1], "rx_bytes": io.rx_bytes[1], "tx_packets": io.tx_frames[1], "tx_bytes": io.tx_bytes[1], "tx_dropped": io.tx_dropped[1], "rx_refused": io.rx_refused[1], "rx_checksums_completed": completed[1], "rx_kernel_dropped": io.rx_kernel_dropped[1] },
         },
         "system_calls": { "transmit": io.transmit_calls, "receive": io.receive_calls, "wait": io.wait_calls },
         "sessions": { "tcp": total(&|w| u64::from(w.sessions_by_proto[0])), "udp": total(&|w| u64::from(w.sessions_by_proto[1])), "icmp": total(&|w| u64::from(w.sessions_by_proto[2])), "sctp": total(&|w| u64::from(w.sessions_by_proto[3])) },

@@ -193,7 +193,7 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
     o.per_side(
         "rx_checksums_completed_total",
         "Frames received with a TCP or UDP checksum their sender's offload left partial (a veth peer's), which natrix finished before translating them.",
-        [0, 1].map(|i| io.rx_checksums_completed[i] + sum(workers, |w| w.checksums_completed[i])),
+        io.checksums_completed(workers),
     );
     o.per_side(
         "translated_packets_total",

@@ -1,5 +1,5 @@
 //! Micro-benchmarks of the per-packet building blocks: incremental checksum
-//! update, the receive side's check for partial checksums, flow index hit,
+//! update, the workers' check for partial checksums, flow index hit,
 //! miss and insert, and port allocation.
 //! Run: cargo bench -p natrix-engine --bench micro
 
@@ -45,7 +45,7 @@ fn full_tcp_frame() -> Vec<u8> {
     frame
 }
 
-/// What every AF_XDP frame costs (a whole checksum: the check alone), and
+/// What every frame costs in the workers (a whole checksum: the check alone), and
 /// what a partial one costs (finished over 1480 bytes).
 fn partial_checksum(c: &mut Criterion) {
     let mut whole = full_tcp_frame();

@@ -83,7 +83,7 @@ impl AfPacketPort {
         let _ = set_int(&fd, libc::PACKET_QDISC_BYPASS, 1, "setting PACKET_QDISC_BYPASS", name);
         let ring = map_rx_ring(&fd, name)?;
         // Before any frame reaches the ring: merged ones are too long.
-        let (merging_off, merging) = MergingOff::apply(name);
+        let (merging_off, merging) = MergingOff::apply(name, iface.index);
         bind(&fd, iface.index, proto, name)?;
         Ok(AfPacketPort {
             _merging_off: merging_off,
@@ -217,16 +217,16 @@ impl PacketPort for AfPacketPort {
                 // SAFETY: the frame lies at tp_mac within the block, snaplen bytes long.
                 let frame = unsafe { std::slice::from_raw_parts_mut(base.add(usize::from(mac)), len) };
                 // A checksum the sender's offload left partial (a veth
-                // peer's), as the kernel says here: finished where it is
-                // TCP's or UDP's, refused where not (SCTP's CRC, one
+                // peer's), as the kernel says here: finished where natrix
+                // finds it (TCP's, UDP's, SCTP's), refused where not (one
                 // behind IPv6 extension headers or inside a tunnel).
-                let finished = status & libc::TP_STATUS_CSUMNOTREADY == 0 || partial_checksum::complete(frame);
-                if finished {
-                    self.checksums_completed += u64::from(status & libc::TP_STATUS_CSUMNOTREADY != 0);
+                let partial = status & libc::TP_STATUS_CSUMNOTREADY != 0;
+                if partial && !partial_checksum::complete(frame) {
+                    self.refused += 1;
+                } else {
+                    self.checksums_completed += u64::from(partial);
                     f(frame);
                     n += 1;
-                } else {
-                    self.refused += 1;
                 }
             }
             self.left_in_block -= 1;

@@ -1,5 +1,7 @@
-//! SIOCETHTOOL requests, in natrix's network namespace: an interface's
-//! driver, its queues (`af_xdp`), its receive merging (`merging`).
+//! SIOCETHTOOL requests: an interface's driver, its queues (`af_xdp`), its
+//! receive merging (`merging`). An interface is named in the network
+//! namespace of the socket a request goes through: `request` opens one in
+//! the calling thread's, a `Handle` keeps the one it was opened in.
 
 use std::io;
 use std::mem::zeroed;
@@ -37,13 +39,54 @@ pub fn driver(interface: &str) -> Option<String> {
     Some(String::from_utf8_lossy(name).into_owned())
 }
 
-/// One SIOCETHTOOL request for `interface`: `data` is the command's
-/// struct, its first field the command.
+/// One SIOCETHTOOL request for `interface` in the calling thread's
+/// network namespace: `data` is the command's struct, its first field the
+/// command.
 ///
 /// # Safety
-/// `T` must be the struct the kernel reads or writes for that command, as
-/// large.
+/// As for `Handle::request`.
 pub(crate) unsafe fn request<T>(interface: &str, data: &mut T) -> io::Result<()> {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { Handle::open()?.request(interface, data) }
+}
+
+/// A socket to make requests through, in the network namespace it was
+/// opened in, whichever thread makes them later.
+pub(crate) struct Handle(OwnedFd);
+
+impl Handle {
+    pub(crate) fn open() -> io::Result<Handle> {
+        // SAFETY: a datagram socket only serves as a handle for the ioctl.
+        let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+        // SAFETY: fd was just created and nothing else owns it.
+        Ok(Handle(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// One SIOCETHTOOL request for `interface`.
+    ///
+    /// # Safety
+    /// `T` must be the struct the kernel reads or writes for that command,
+    /// as large.
+    pub(crate) unsafe fn request<T>(&self, interface: &str, data: &mut T) -> io::Result<()> {
+        let mut req = ifreq(interface)?;
+        req.ifr_ifru.ifru_data = (data as *mut T).cast();
+        // SAFETY: req names the interface and points at a live struct of the command's type.
+        check(unsafe { libc::ioctl(self.0.as_raw_fd(), SIOCETHTOOL, &mut req as *mut libc::ifreq) })?;
+        Ok(())
+    }
+
+    /// The index of `interface` in the handle's namespace.
+    pub(crate) fn index_of(&self, interface: &str) -> io::Result<u32> {
+        let mut req = ifreq(interface)?;
+        // SAFETY: SIOCGIFINDEX reads the name and writes ifru_ifindex.
+        check(unsafe { libc::ioctl(self.0.as_raw_fd(), libc::SIOCGIFINDEX, &mut req as *mut libc::ifreq) })?;
+        // SAFETY: SIOCGIFINDEX filled ifru_ifindex.
+        Ok(unsafe { req.ifr_ifru.ifru_ifindex } as u32)
+    }
+}
+
+/// An ifreq naming `interface`.
+fn ifreq(interface: &str) -> io::Result<libc::ifreq> {
     // SAFETY: ifreq is plain data; all zeroes is a valid value.
     let mut req: libc::ifreq = unsafe { zeroed() };
     if interface.len() >= req.ifr_name.len() {
@@ -52,14 +95,7 @@ pub(crate) unsafe fn request<T>(interface: &str, data: &mut T) -> io::Result<()>
     for (d, s) in req.ifr_name.iter_mut().zip(interface.bytes()) {
         *d = s as libc::c_char;
     }
-    req.ifr_ifru.ifru_data = (data as *mut T).cast();
-    // SAFETY: a datagram socket only serves as a handle for the ioctl.
-    let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
-    // SAFETY: fd was just created and nothing else owns it.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: req names the interface and points at a live struct of the command's type.
-    check(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCETHTOOL, &mut req as *mut libc::ifreq) })?;
-    Ok(())
+    Ok(req)
 }
 
 fn check(rc: libc::c_int) -> io::Result<libc::c_int> {

@@ -4,13 +4,15 @@
 //! flow, as one frame. natrix forwards frames as they crossed the wire,
 //! at most `MAX_FRAME` bytes, so it would refuse every merged one and the
 //! flow would stall. AF_XDP needs none of this: its programs run before
-//! GRO, and the kernel turns LRO off for them. Turning GRO off turns the
-//! NIC's own GRO (rx-gro-hw) off with it. What natrix turned off goes back
-//! on when it stops, unless someone turned it on again meanwhile.
+//! GRO. Turning GRO off turns the NIC's own GRO (rx-gro-hw) off with it.
+//! What natrix turned off goes back on when it stops cleanly, unless
+//! someone turned it on again meanwhile; after a kill it stays off.
+//! Merging on a device below the interface (a VLAN's or a bond's) is not
+//! seen here.
 
 use std::io;
 
-use crate::ethtool;
+use crate::ethtool::Handle;
 
 const ETHTOOL_GFLAGS: u32 = 0x25;
 const ETHTOOL_SFLAGS: u32 = 0x26;
@@ -40,19 +42,20 @@ impl Merge {
         }
     }
 
-    fn is_on(self, interface: &str) -> io::Result<bool> {
+    fn is_on(self, handle: &Handle, interface: &str) -> io::Result<bool> {
         match self {
-            Merge::Gro => Ok(value(interface, ETHTOOL_GGRO)? != 0),
-            Merge::Lro => Ok(value(interface, ETHTOOL_GFLAGS)? & ETH_FLAG_LRO != 0),
+            Merge::Gro => Ok(value(handle, interface, ETHTOOL_GGRO)? != 0),
+            Merge::Lro => Ok(value(handle, interface, ETHTOOL_GFLAGS)? & ETH_FLAG_LRO != 0),
         }
     }
 
-    fn set(self, interface: &str, on: bool) -> io::Result<()> {
+    /// Only LRO's bit of the flags changes.
+    fn set(self, handle: &Handle, interface: &str, on: bool) -> io::Result<()> {
         match self {
-            Merge::Gro => set_value(interface, ETHTOOL_SGRO, u32::from(on)),
+            Merge::Gro => set_value(handle, interface, ETHTOOL_SGRO, u32::from(on)),
             Merge::Lro => {
-                let flags = value(interface, ETHTOOL_GFLAGS)? & !ETH_FLAG_LRO;
-                set_value(interface, ETHTOOL_SFLAGS, flags | if on { ETH_FLAG_LRO } else { 0 })
+                let flags = value(handle, interface, ETHTOOL_GFLAGS)? & !ETH_FLAG_LRO;
+                set_value(handle, interface, ETHTOOL_SFLAGS, flags | if on { ETH_FLAG_LRO } else { 0 })
             }
         }
     }
@@ -65,44 +68,57 @@ pub enum Merging {
     Off,
     /// Turned off by natrix, until it stops.
     TurnedOff(Vec<Merge>),
-    /// Still on, or unknown: why.
-    Failed(String),
+    /// Still on, or unknown: why, and what was turned off all the same.
+    Failed { why: String, turned_off: Vec<Merge> },
 }
 
 /// Receive merging natrix turned off on an interface, turned back on when
-/// dropped.
+/// dropped: through the socket it was turned off through, so on the same
+/// interface whatever thread or namespace drops it, and only while the
+/// name still has the index it had.
 pub struct MergingOff {
+    handle: Option<Handle>,
     interface: String,
+    ifindex: u32,
     turned_off: Vec<Merge>,
 }
 
 impl MergingOff {
-    /// Turns GRO and LRO off on `interface` where they are on.
-    pub fn apply(interface: &str) -> (MergingOff, Merging) {
-        let mut off = MergingOff { interface: interface.to_owned(), turned_off: Vec::new() };
+    /// Turns GRO and LRO off on `interface` (`ifindex`) where they are on.
+    pub fn apply(interface: &str, ifindex: u32) -> (MergingOff, Merging) {
+        let mut off = MergingOff { handle: None, interface: interface.to_owned(), ifindex, turned_off: Vec::new() };
+        let handle = match Handle::open() {
+            Ok(handle) => off.handle.insert(handle),
+            Err(e) => return (off, Merging::Failed { why: format!("opening a socket: {e}"), turned_off: Vec::new() }),
+        };
+        let mut failures = Vec::new();
         for merge in [Merge::Gro, Merge::Lro] {
-            match merge.is_on(interface) {
-                Ok(false) => {}
-                Ok(true) => match merge.set(interface, false) {
-                    Ok(()) => off.turned_off.push(merge),
-                    Err(e) => return (off, Merging::Failed(format!("turning {} off: {e}", merge.name()))),
-                },
-                // A device without LRO may not answer for it at all.
-                Err(_) if merge == Merge::Lro => {}
-                Err(e) => return (off, Merging::Failed(format!("reading {}: {e}", merge.name()))),
+            match merge.is_on(handle, interface).map(|on| on.then(|| merge.set(handle, interface, false))) {
+                Ok(None) => {}
+                Ok(Some(Ok(()))) => off.turned_off.push(merge),
+                Ok(Some(Err(e))) => failures.push(format!("turning {} off: {e}", merge.name())),
+                Err(e) => failures.push(format!("reading {}: {e}", merge.name())),
             }
         }
-        let outcome = if off.turned_off.is_empty() { Merging::Off } else { Merging::TurnedOff(off.turned_off.clone()) };
+        let outcome = match (failures.is_empty(), off.turned_off.is_empty()) {
+            (true, true) => Merging::Off,
+            (true, false) => Merging::TurnedOff(off.turned_off.clone()),
+            (false, _) => Merging::Failed { why: failures.join("; "), turned_off: off.turned_off.clone() },
+        };
         (off, outcome)
     }
 }
 
 impl Drop for MergingOff {
     fn drop(&mut self) {
+        let Some(handle) = &self.handle else { return };
+        // An interface gone or renamed since has nothing to put back.
+        if handle.index_of(&self.interface).ok() != Some(self.ifindex) {
+            return;
+        }
         for &merge in &self.turned_off {
-            // Best effort: an interface gone since has nothing to put back.
-            if merge.is_on(&self.interface).ok() == Some(false) {
-                let _ = merge.set(&self.interface, true);
+            if merge.is_on(handle, &self.interface).ok() == Some(false) {
+                let _ = merge.set(handle, &self.interface, true);
             }
         }
     }
@@ -111,32 +127,32 @@ impl Drop for MergingOff {
 /// What an operator reads at start-up about an interface's receive
 /// merging; None where there was nothing to do.
 pub fn describe(interface: &str, merging: &Merging) -> Option<String> {
+    let names = |merges: &[Merge]| merges.iter().map(|m| m.name()).collect::<Vec<_>>().join(" and ");
     match merging {
         Merging::Off => None,
         Merging::TurnedOff(merges) => {
-            let names: Vec<&str> = merges.iter().map(|m| m.name()).collect();
+            Some(format!("{interface}: {} off while natrix runs, as AF_PACKET would get what it merges as one frame, too long to forward; back on at stop", names(merges)))
+        }
+        Merging::Failed { why, turned_off } => {
+            let done = if turned_off.is_empty() { String::new() } else { format!(" ({} turned off, back on at stop)", names(turned_off)) };
             Some(format!(
-                "{interface}: {} off while natrix runs, as AF_PACKET would get what it merges as one frame, too long to forward; back on at stop",
-                names.join(" and ")
+                "{interface}: receive merging may be on ({why}){done}; AF_PACKET then gets merged TCP segments, which natrix refuses (rx_refused_total): `ethtool -K {interface} gro off lro off`"
             ))
         }
-        Merging::Failed(why) => Some(format!(
-            "{interface}: receive merging may be on ({why}); AF_PACKET then gets merged TCP segments, which natrix refuses (rx_refused_total): `ethtool -K {interface} gro off lro off`"
-        )),
     }
 }
 
-fn value(interface: &str, cmd: u32) -> io::Result<u32> {
+fn value(handle: &Handle, interface: &str, cmd: u32) -> io::Result<u32> {
     let mut v = EthtoolValue { cmd, data: 0 };
     // SAFETY: the G commands used here fill a struct ethtool_value.
-    unsafe { ethtool::request(interface, &mut v)? };
+    unsafe { handle.request(interface, &mut v)? };
     Ok(v.data)
 }
 
-fn set_value(interface: &str, cmd: u32, data: u32) -> io::Result<()> {
+fn set_value(handle: &Handle, interface: &str, cmd: u32, data: u32) -> io::Result<()> {
     let mut v = EthtoolValue { cmd, data };
     // SAFETY: the S commands used here read a struct ethtool_value.
-    unsafe { ethtool::request(interface, &mut v) }
+    unsafe { handle.request(interface, &mut v) }
 }
 
 #[cfg(test)]
@@ -152,6 +168,23 @@ mod tests {
         line.split_whitespace().nth(1).expect("a state").to_owned()
     }
 
+    fn index_of(ns: &Netns, interface: &str) -> u32 {
+        let out = ns.ip(&["-o", "link", "show", interface]);
+        out.split(':').next().and_then(|i| i.trim().parse().ok()).expect("ip shows the index")
+    }
+
+    #[test]
+    fn an_interface_renamed_or_replaced_meanwhile_is_left_alone() {
+        let Some(ns) = veth_with_gro("merging-gone", "on") else { return };
+        let (off, _) = ns.run(|| MergingOff::apply("m0", index_of(&ns, "m0")));
+        // Another interface under the name, GRO off: not natrix's to change.
+        ns.ip(&["link", "del", "m0"]);
+        ns.ip(&["link", "add", "m0", "type", "veth", "peer", "name", "m2"]);
+        ns.ethtool(&["-K", "m0", "gro", "off"]);
+        drop(off);
+        assert_eq!(gro_shown(&ns, "m0"), "off");
+    }
+
     fn veth_with_gro(tag: &str, gro: &str) -> Option<Netns> {
         let ns = Netns::empty(tag)?;
         ns.ip(&["link", "add", "m0", "type", "veth", "peer", "name", "m1"]);
@@ -163,19 +196,21 @@ mod tests {
     #[test]
     fn gro_is_off_while_held_and_on_again_after() {
         let Some(ns) = veth_with_gro("merging-on", "on") else { return };
-        let (off, outcome) = ns.run(|| MergingOff::apply("m0"));
+        let (off, outcome) = ns.run(|| MergingOff::apply("m0", index_of(&ns, "m0")));
         assert_eq!(outcome, Merging::TurnedOff(vec![Merge::Gro]));
         assert_eq!(gro_shown(&ns, "m0"), "off");
         let note = describe("m0", &outcome).expect("a note");
         assert!(note.starts_with("m0: GRO off while natrix runs"), "{note}");
-        ns.run(|| drop(off));
+        // Dropped outside the namespace, as a port opened in one and
+        // dropped by a thread in another is: still put back there.
+        drop(off);
         assert_eq!(gro_shown(&ns, "m0"), "on", "put back at drop");
     }
 
     #[test]
     fn gro_found_off_is_left_off_and_says_nothing() {
         let Some(ns) = veth_with_gro("merging-off", "off") else { return };
-        let (off, outcome) = ns.run(|| MergingOff::apply("m0"));
+        let (off, outcome) = ns.run(|| MergingOff::apply("m0", index_of(&ns, "m0")));
         assert_eq!(outcome, Merging::Off);
         assert_eq!(describe("m0", &outcome), None);
         ns.run(|| drop(off));
@@ -185,8 +220,8 @@ mod tests {
     #[test]
     fn an_interface_that_is_not_there_is_said_to_fail() {
         let Some(ns) = Netns::empty("merging-none") else { return };
-        let (_off, outcome) = ns.run(|| MergingOff::apply("nx-none0"));
-        let Merging::Failed(why) = &outcome else { panic!("{outcome:?}") };
+        let (_off, outcome) = ns.run(|| MergingOff::apply("nx-none0", 999));
+        let Merging::Failed { why, .. } = &outcome else { panic!("{outcome:?}") };
         assert!(why.starts_with("reading GRO"), "{why}");
         let note = describe("nx-none0", &outcome).expect("a note");
         assert!(note.contains("ethtool -K nx-none0 gro off lro off"), "{note}");

@@ -3,98 +3,131 @@
 //! A kernel that sends TCP or UDP through an interface with checksum
 //! offload (a veth has it by default) writes only the pseudo-header's sum
 //! into the checksum field and marks the packet for the hardware to finish
-//! (CHECKSUM_PARTIAL). Over a veth no hardware ever does: the frame reaches
-//! the peer that way, and the peer's kernel, which knows the mark, trusts
-//! it. A program that reads the frame's bytes does not know it. AF_PACKET
-//! says so (TP_STATUS_CSUMNOTREADY); AF_XDP says nothing. Other checksums
-//! an offload leaves (SCTP's CRC32c, one inside a tunnel) are not these. A NAT that
-//! updates such a field incrementally sends on a checksum that no receiver
-//! accepts. So the field is finished here first: from scratch where the
-//! mark is known (`complete`), and where it is not (`complete_if_partial`),
-//! where the field holds exactly the pseudo-header's sum and the whole
-//! does not verify.
+//! (CHECKSUM_PARTIAL); for SCTP with CRC offload it leaves the CRC32c 0.
+//! Over a veth no hardware ever finishes them: the frame reaches the peer
+//! that way, and the peer's kernel, which knows the mark, trusts it. A
+//! program that reads the frame's bytes does not know it. AF_PACKET says
+//! so (TP_STATUS_CSUMNOTREADY); AF_XDP says nothing. A NAT that updates
+//! such a field incrementally, or forwards it, sends on a checksum that no
+//! receiver accepts. So the field is finished here first, where it looks
+//! as an offload leaves it: for a frame the kernel marked (`complete`),
+//! and for one it may not have (`complete_if_partial`), where the whole
+//! does not verify as it is. Checksums behind IPv6 extension headers or
+//! inside a tunnel are not looked for.
 
 use crate::checksum::{fold, fold64, pseudo_header_sum, pseudo_header_sum_v6, sum};
-use crate::{get_u16, proto};
+use crate::{get_u16, get_u32, proto, sctp};
 
 const ETH_HEADER: usize = 14;
 const ETHERTYPE_IPV4: u16 = 0x0800;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
 const IPV6_HEADER: usize = 40;
 
-/// A frame's TCP segment or UDP datagram: where it lies, where its
-/// checksum field is, and its pseudo-header's sum.
+/// A frame's TCP segment, UDP datagram or SCTP packet: where it lies,
+/// where its checksum field is, and its pseudo-header's sum (not SCTP's).
 struct Transport {
     start: usize,
     end: usize,
     field: usize,
     pseudo: u32,
-    udp: bool,
+    kind: Kind,
 }
 
-/// Finishes the TCP or UDP checksum of `frame` (Ethernet, untagged IPv4,
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Tcp,
+    Udp,
+    Sctp,
+}
+
+/// Finishes the transport checksum of `frame` (Ethernet, untagged IPv4,
 /// or IPv6 with the transport header right after the fixed header) where
-/// its field holds exactly the pseudo-header's sum and the whole does not
-/// verify, as a sender's offload leaves it. Whether it did.
+/// it looks as a sender's offload leaves it (`looks_partial`) and the
+/// whole does not verify. Whether it did.
 ///
-/// A complete checksum that happens to equal that sum verifies and is
-/// left alone. A corrupt one that happens to (one in 65,535 corrupt
-/// frames) is finished over the bytes as they are, which only a
-/// receiver's own checks could have caught anyway.
+/// A whole checksum that happens to look so verifies and is left alone.
+/// A corrupt one that happens to (one in 65,535 corrupt TCP or UDP frames)
+/// is finished over the bytes as they are, which only a receiver's own
+/// checks could have caught anyway.
 pub fn complete_if_partial(frame: &mut [u8]) -> bool {
-    let Some(t) = transport(frame).filter(|t| holds_pseudo_header_sum(frame, t)) else { return false };
-    let field = get_u16(frame, t.field);
-    let whole = sum(&frame[t.start..t.end]);
-    if fold(fold64(u64::from(t.pseudo) + u64::from(whole))) == 0xffff {
-        return false;
+    let Some(t) = transport(frame).filter(|t| left_partial(frame, t)) else { return false };
+    match t.kind {
+        Kind::Sctp => {
+            let crc = sctp_crc(frame, &t);
+            crc != 0 && {
+                write_crc(frame, &t, crc);
+                true
+            }
+        }
+        Kind::Tcp | Kind::Udp => {
+            let whole = sum(&frame[t.start..t.end]);
+            if fold(fold64(u64::from(t.pseudo) + u64::from(whole))) == 0xffff {
+                return false;
+            }
+            finish(frame, &t, whole);
+            true
+        }
     }
-    // The field's own value taken back out of the sum it is part of.
-    write(frame, &t, fold64(u64::from(whole) + u64::from(!field)));
-    true
 }
 
-/// Whether `frame`'s TCP or UDP checksum field (as for
-/// `complete_if_partial`) holds exactly its pseudo-header's sum, as an
-/// offload leaves it; whether the whole verifies is not checked, so one
-/// whole frame in 65,535 says yes too.
+/// Whether `frame`'s transport checksum looks as an offload leaves it: a
+/// TCP or UDP field holding exactly the pseudo-header's sum, or an SCTP
+/// CRC32c of 0. Whether the whole verifies is not checked, so one whole
+/// TCP or UDP frame in 65,535 says yes too.
 pub fn looks_partial(frame: &[u8]) -> bool {
-    transport(frame).is_some_and(|t| holds_pseudo_header_sum(frame, &t))
+    transport(frame).is_some_and(|t| left_partial(frame, &t))
 }
 
-/// Computes the TCP or UDP checksum of `frame` (as for
-/// `complete_if_partial`) from scratch, whatever its field holds: for a
-/// frame known to carry a partial one. False where it has no such
-/// transport header, or one cut short, or a UDP checksum of 0, which an
-/// offload never leaves (its pseudo-header sum is never 0): that one is
-/// some other protocol's partial checksum, such as a tunnel's.
+/// Finishes the transport checksum of `frame` (as for
+/// `complete_if_partial`), which the kernel says is partial, where it
+/// looks so. False where it does not: another protocol's or a tunnel's
+/// partial checksum, which natrix cannot find.
 pub fn complete(frame: &mut [u8]) -> bool {
-    let Some(t) = transport(frame) else { return false };
-    let field = get_u16(frame, t.field);
-    if t.udp && field == 0 {
-        return false;
+    let Some(t) = transport(frame).filter(|t| left_partial(frame, t)) else { return false };
+    match t.kind {
+        Kind::Sctp => write_crc(frame, &t, sctp_crc(frame, &t)),
+        Kind::Tcp | Kind::Udp => finish(frame, &t, sum(&frame[t.start..t.end])),
     }
-    let whole = sum(&frame[t.start..t.end]);
-    write(frame, &t, fold64(u64::from(whole) + u64::from(!field)));
     true
 }
 
-/// Whether the checksum field holds the pseudo-header's sum, one's
-/// complement equal (0 and 0xffff alike). A UDP field of 0 means no
-/// checksum (RFC 768).
-fn holds_pseudo_header_sum(frame: &[u8], t: &Transport) -> bool {
-    let field = get_u16(frame, t.field);
-    !(t.udp && field == 0) && fold(fold64(u64::from(t.pseudo) + u64::from(!field))) == 0xffff
+/// Whether the checksum field looks as an offload leaves it. A TCP or UDP
+/// field equal to the pseudo-header's sum, one's complement (0 and 0xffff
+/// alike); a UDP field of 0 means no checksum (RFC 768), which an offload
+/// never leaves, as the pseudo-header's sum is never 0.
+fn left_partial(frame: &[u8], t: &Transport) -> bool {
+    match t.kind {
+        Kind::Sctp => get_u32(frame, t.field) == 0,
+        Kind::Tcp | Kind::Udp => {
+            let field = get_u16(frame, t.field);
+            !(t.kind == Kind::Udp && field == 0) && fold(fold64(u64::from(t.pseudo) + u64::from(!field))) == 0xffff
+        }
+    }
 }
 
-/// Writes the checksum of a transport whose bytes, less the field, sum to
-/// `rest`. A UDP checksum computed as 0 is sent as all ones (RFC 768).
-fn write(frame: &mut [u8], t: &Transport, rest: u32) {
+/// Writes the TCP or UDP checksum of a transport whose bytes, the field
+/// included, sum to `whole`. A UDP checksum computed as 0 is sent as all
+/// ones (RFC 768).
+fn finish(frame: &mut [u8], t: &Transport, whole: u32) {
+    // The field's own value taken back out of the sum it is part of.
+    let rest = fold64(u64::from(whole) + u64::from(!get_u16(frame, t.field)));
     let c = !fold(fold64(u64::from(t.pseudo) + u64::from(rest)));
-    let c = if t.udp && c == 0 { 0xffff } else { c };
+    let c = if t.kind == Kind::Udp && c == 0 { 0xffff } else { c };
     frame[t.field..t.field + 2].copy_from_slice(&c.to_be_bytes());
 }
 
-/// The TCP segment or UDP datagram of an untagged IPv4 or IPv6 frame.
+/// The SCTP packet's CRC32c (RFC 9260 appendix A), its field taken as 0.
+fn sctp_crc(frame: &[u8], t: &Transport) -> u32 {
+    sctp::Packet::new_checked(&frame[t.start..t.end]).map_or(0, |p| p.compute_checksum())
+}
+
+fn write_crc(frame: &mut [u8], t: &Transport, crc: u32) {
+    if let Ok(mut p) = sctp::Packet::new_checked(&mut frame[t.start..t.end]) {
+        p.set_checksum(crc);
+    }
+}
+
+/// The transport of an untagged IPv4 or IPv6 frame.
 fn transport(frame: &[u8]) -> Option<Transport> {
     match u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]) {
         ETHERTYPE_IPV4 => transport_v4(frame),
@@ -135,18 +168,20 @@ fn transport_v6(frame: &[u8]) -> Option<Transport> {
     located(frame, ip[6], start, start + usize::from(len), pseudo)
 }
 
-/// The transport of protocol `p` in `frame[start..end]`, where it is TCP
-/// or UDP and whole within the frame.
+/// The transport of protocol `p` in `frame[start..end]`, where it is TCP,
+/// UDP or SCTP and whole within the frame.
 fn located(frame: &[u8], p: u8, start: usize, end: usize, pseudo: impl Fn(u8) -> u32) -> Option<Transport> {
-    let (at, min_len) = match p {
-        proto::TCP => (16, 20),
-        proto::UDP => (6, 8),
+    let (kind, at, min_len) = match p {
+        proto::TCP => (Kind::Tcp, 16, 20),
+        proto::UDP => (Kind::Udp, 6, 8),
+        proto::SCTP => (Kind::Sctp, 8, sctp::HEADER_LEN),
         _ => return None,
     };
     if end > frame.len() || end < start + min_len {
         return None;
     }
-    Some(Transport { start, end, field: start + at, pseudo: pseudo(p), udp: p == proto::UDP })
+    let pseudo = if kind == Kind::Sctp { 0 } else { pseudo(p) };
+    Some(Transport { start, end, field: start + at, pseudo, kind })
 }
 
 #[cfg(test)]

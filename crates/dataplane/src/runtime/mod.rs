@@ -268,6 +268,12 @@ pub struct IoSnapshot {
 }
 
 impl IoSnapshot {
+    /// Partial checksums finished, by the interface the frames arrived
+    /// on: by AF_PACKET's ports, which are told, and by the workers.
+    pub fn checksums_completed(&self, workers: &[WorkerSnapshot]) -> [u64; 2] {
+        [0, 1].map(|i| self.rx_checksums_completed[i] + workers.iter().map(|w| w.checksums_completed[i]).sum::<u64>())
+    }
+
     /// Adds another worker's port counters; the gateway's are shared, so
     /// they are counted once. Every field is named, so that a new one is
     /// not forgotten here.
@@ -803,7 +809,12 @@ fn open_ports<T>(
 ) -> Result<(PortSets, bool), DataplaneError> {
     let af_packet = |notes: &mut Vec<String>| -> Result<(PortSets, bool), DataplaneError> {
         let (a, b) = (AfPacketPort::open(inside)?, AfPacketPort::open(outside)?);
-        notes.extend([&a, &b].iter().zip([inside, outside]).filter_map(|(port, iface)| describe_merging(&iface.name, port.receive_merging())));
+        for (port, iface) in [&a, &b].iter().zip([inside, outside]) {
+            notes.extend(describe_merging(&iface.name, port.receive_merging()));
+            if is_veth(&iface.name) {
+                notes.push(veth_segments_note(&iface.name, "AF_PACKET gets", "io = \"af_xdp\" with native XDP programs"));
+            }
+        }
         let ports: [Box<dyn PacketPort>; 2] = [Box::new(a), Box::new(b)];
         Ok((vec![Box::new(CopyingPorts::new(ports))], false))
     };
@@ -854,8 +865,8 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
     notes.push(format!("AF_XDP in {mode}: one UMEM for {} inside and {} outside receive queues, frames forwarded where they lie", queues(0), queues(1)));
     notes.push(program_modes(&programs, interfaces));
     if generic {
-        for (side, iface) in interfaces.iter().enumerate().filter(|(_, i)| driver(&i.name).as_deref() == Some("veth")) {
-            notes.push(veth_segments_note(&iface.name));
+        for (side, iface) in interfaces.iter().enumerate().filter(|(_, i)| is_veth(&i.name)) {
+            notes.push(veth_segments_note(&iface.name, "generic XDP programs see", "xdp_mode = \"native\""));
             if sets.len() > 1 {
                 notes.push(veth_queues_note(&iface.name, queues(side)));
             }
@@ -880,12 +891,17 @@ fn described(sets: Vec<XdpPorts>, interfaces: [&Interface; 2], workers: u16, not
 
 /// A veth peer with segmentation offload (TSO, GSO: a veth's default)
 /// sends segments of up to 64 KiB whole; a native program on the veth
-/// makes the kernel cut them for the peer first, a generic one sees them
-/// whole, too long for natrix's buffers.
-fn veth_segments_note(interface: &str) -> String {
+/// makes the kernel cut them for the peer first, while a generic one and
+/// AF_PACKET (`reader`) get them whole, too long for natrix's buffers.
+fn veth_segments_note(interface: &str, reader: &str, instead: &str) -> String {
     format!(
-        "{interface} is a veth: with generic XDP programs its peer's TCP segments reach natrix unsegmented where the peer has segmentation offload on, too long for natrix's buffers, and are dropped (rx_refused_total); `ethtool -K PEER tso off gso off` on the peer, or xdp_mode = \"native\", avoids it"
+        "{interface} is a veth: {reader} its peer's TCP segments unsegmented where the peer has segmentation offload on, too long for natrix's buffers, and natrix refuses them (rx_refused_total); `ethtool -K PEER tso off gso off` on the peer, or {instead}, avoids it"
     )
+}
+
+/// Whether `interface`'s driver is veth's.
+fn is_veth(interface: &str) -> bool {
+    driver(interface).as_deref() == Some("veth")
 }
 
 /// veth records no receive queue for the frames it hands its stack, and

@@ -134,9 +134,10 @@ impl OffloadPlan {
     }
 }
 
-/// Heads of a batch's frames kept before translation; None for frames
-/// the offload has no interest in.
-type Heads = Vec<Option<Head>>;
+/// Heads of a batch's frames kept before translation, each with whether
+/// its transport checksum looks left partial by its sender's offload;
+/// None for frames the offload has no interest in.
+type Heads = Vec<Option<(Head, bool)>>;
 
 /// A flow direction in the program's table.
 struct Known {
@@ -195,18 +196,13 @@ impl Offloader {
     }
 
     /// Keeps the heads of a batch's frames before the engine translates
-    /// them. None for a frame whose checksum looks left partial by its
-    /// sender's offload: the program hands such frames back, so a flow
-    /// learnt from them would sit in the table unused.
+    /// them, and whether each looks left partial: the workers finish such
+    /// checksums before translation, which the head must not see.
     pub(crate) fn before_batch<F: FrameBuf>(&mut self, frames: &mut [F]) {
         self.heads.clear();
         self.heads.extend(frames.iter_mut().map(|f| {
             let frame = f.frame();
-            if partial_checksum::looks_partial(frame) {
-                None
-            } else {
-                offload::head(frame)
-            }
+            offload::head(frame).map(|head| (head, partial_checksum::looks_partial(frame)))
         }));
     }
 
@@ -216,20 +212,24 @@ impl Offloader {
     pub(crate) fn after_batch<F: FrameBuf>(&mut self, engine: &Engine, sides: &[Side], frames: &mut [F], verdicts: &[Verdict], now: u64) {
         let heads = std::mem::take(&mut self.heads);
         for (i, head) in heads.iter().enumerate() {
-            if let Some(before) = head {
-                self.observe(engine, sides[i], before, verdicts[i], frames[i].frame(), now);
+            if let Some((before, partial)) = head {
+                self.observe(engine, sides[i], (before, *partial), verdicts[i], frames[i].frame(), now);
             }
         }
         self.heads = heads;
     }
 
     /// What the engine did with the frame whose head was `before`, arrived
-    /// on `side`: `verdict`, leaving `after`.
-    fn observe(&mut self, engine: &Engine, side: Side, before: &Head, verdict: Verdict, after: &[u8], now: u64) {
+    /// on `side`: `verdict`, leaving `after`. A flow is not learnt from a
+    /// frame that came with a partial checksum, as the program hands such
+    /// frames back: one learnt would sit in the table unused; and one in
+    /// the table is forgotten, as for any frame not learnt from (a FIN).
+    fn observe(&mut self, engine: &Engine, side: Side, (before, partial): (&Head, bool), verdict: Verdict, after: &[u8], now: u64) {
         let ifindex = self.plan.table.ifindex[side as usize];
         let Some(key) = offload::flow_key(before, ifindex) else { return };
         let known = self.known.contains_key(&key);
         let learnt = match verdict {
+            _ if partial => None,
             Verdict::Forward(to) if self.plan.table.redirects.taken(to) && (known || self.ready_to_learn(&key, now)) => {
                 let learnt = engine.may_offload(before, side).then(|| offload::learn(before, ifindex, after, self.plan.egress(to))).flatten();
                 if learnt.is_none() {
