@@ -16,8 +16,9 @@ natrix (with it off there, the bridge would finish the sum itself), or
 GRO on natrix's inside, and off again after. Judged by:
 
 - the kernels' sockets: a TCP echo of 1 MiB comes back intact both ways (a
-  receiving kernel drops a segment whose checksum does not verify), and
-  every UDP datagram is echoed;
+  receiving kernel drops a segment whose checksum does not verify), as
+  does one of 256 KiB over IPv6, which natrix routes, and every UDP
+  datagram is echoed;
 - tshark where the frames arrive (nx-srv1's eth0 for what natrix sends
   out, nx-sub1's for what it sends in): every TCP and UDP checksum
   verifies; and where they were sent, that the senders' frames did leave
@@ -42,6 +43,8 @@ import pytest
 import e2e_harness as h
 from e2e_harness import NS_NAT, NS_SRV1, NS_SUB1, SRV1, SUB1
 
+SUB1_6, SRV1_6 = "2001:db8:1::2", "2001:db8:2::11"  # the lab's, routed by natrix
+
 h.skip_module_if_unavailable()
 
 needs_tools = pytest.mark.skipif(shutil.which("tshark") is None or shutil.which("ethtool") is None,
@@ -51,14 +54,20 @@ PORT = 7301
 # The senders' veths, and the switch's ports their frames reach natrix by.
 OFFLOADING = ((NS_SUB1, "eth0"), (NS_SRV1, "eth0"), ("nx-sw", "nx-nat-in"), ("nx-sw", "nx-nat-out"))
 
-# Echo server (nx-srv1): TCP, each connection's bytes echoed until EOF;
-# UDP, each datagram echoed. Prints {"listening": port} once both listen.
+# Echo server (nx-srv1): TCP over IPv4 and IPv6, each connection's bytes
+# echoed until EOF; UDP, each datagram echoed. Prints {"listening": port}
+# once all listen.
 SERVER = r"""
 import json, socket, sys, threading
 port = int(sys.argv[1])
-t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); t.bind(("0.0.0.0", port)); t.listen(4)
+def listener(family, addr):
+    t = socket.socket(family); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        t.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    t.bind((addr, port)); t.listen(4)
+    return t
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", port))
-def tcp():
+def tcp(t):
     while True:
         c, _ = t.accept()
         while True:
@@ -71,27 +80,33 @@ def udp():
     while True:
         d, peer = u.recvfrom(65536)
         u.sendto(d, peer)
-threading.Thread(target=tcp, daemon=True).start()
+for t in (listener(socket.AF_INET, "0.0.0.0"), listener(socket.AF_INET6, "::")):
+    threading.Thread(target=tcp, args=(t,), daemon=True).start()
 threading.Thread(target=udp, daemon=True).start()
 print(json.dumps({"listening": port}), flush=True)
 threading.Event().wait()
 """
 
 # Client (nx-sub1): 1 MiB of random bytes over TCP, read back; then 50 UDP
-# datagrams, each waited for. Prints {"tcp_intact", "udp_answered"}.
+# datagrams, each waited for; then, with a third argument (the server's
+# IPv6 address), 256 KiB over TCP on IPv6, which natrix routes. Prints
+# {"tcp_intact", "udp_answered"[, "tcp6_intact"]}.
 CLIENT = r"""
 import json, os, socket, sys, threading
 server, port = sys.argv[1], int(sys.argv[2])
-payload = os.urandom(1 << 20)
-s = socket.create_connection((server, port), timeout=20)
-threading.Thread(target=s.sendall, args=(payload,), daemon=True).start()
-got = bytearray()
-while len(got) < len(payload):
-    d = s.recv(65536)
-    if not d:
-        break
-    got += d
-s.close()
+def echoed(server, size):
+    payload = os.urandom(size)
+    s = socket.create_connection((server, port), timeout=20)
+    threading.Thread(target=s.sendall, args=(payload,), daemon=True).start()
+    got = bytearray()
+    while len(got) < len(payload):
+        d = s.recv(65536)
+        if not d:
+            break
+        got += d
+    s.close()
+    return bytes(got) == payload
+result = {"tcp_intact": echoed(server, 1 << 20)}
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2); u.connect((server, port))
 answered = 0
 for i in range(50):
@@ -101,7 +116,10 @@ for i in range(50):
         answered += u.recv(65536) == msg
     except socket.timeout:
         pass
-print(json.dumps({"tcp_intact": bytes(got) == payload, "udp_answered": answered}), flush=True)
+result["udp_answered"] = answered
+if len(sys.argv) > 3:
+    result["tcp6_intact"] = echoed(sys.argv[3], 1 << 18)
+print(json.dumps(result), flush=True)
 """
 
 
@@ -134,14 +152,16 @@ def completed():
     return {side: counters["rx_checksums_completed"] for side, counters in interfaces().items()}
 
 
-def status_by_direction(path, sender, checksum):
-    """{"sent": statuses of `sender`'s frames, "received": the others'}, tshark's checksum status of each."""
-    rows = decode(path, f"tcp.port == {PORT} || udp.port == {PORT}", "ip.src", checksum)
-    rows += decode(path, f"udp.port == {PORT}", "ip.src", "udp.checksum.status")
+def status_by_direction(path, senders):
+    """{"sent": statuses of the frames `senders` (its IPv4 and IPv6
+    addresses) sent, "received": the others'}, tshark's checksum status of
+    each TCP segment and UDP datagram."""
+    rows = decode(path, f"tcp.port == {PORT}", "ip.src", "ipv6.src", "tcp.checksum.status")
+    rows += decode(path, f"udp.port == {PORT}", "ip.src", "ipv6.src", "udp.checksum.status")
     got = {"sent": [], "received": []}
-    for src, status in rows:
+    for src4, src6, status in rows:
         if status:
-            got["sent" if src == sender else "received"].append(status)
+            got["sent" if (src4 or src6) in senders else "received"].append(status)
     return got
 
 
@@ -201,7 +221,7 @@ def test_partial_checksums_are_finished_before_translation(natrix, tmp_path):
         before = completed()
         for ns in (NS_SUB1, NS_SRV1):
             caps[ns] = h.Tshark(ns, "eth0", f"port {PORT}", tmp_path / f"{ns}.pcapng")
-        out = h.run_in(NS_SUB1, sys.executable, "-c", CLIENT, SRV1, str(PORT), timeout=60, check=False)
+        out = h.run_in(NS_SUB1, sys.executable, "-c", CLIENT, SRV1, str(PORT), SRV1_6, timeout=60, check=False)
         for c in caps.values():
             c.stop()
     finally:
@@ -212,13 +232,13 @@ def test_partial_checksums_are_finished_before_translation(natrix, tmp_path):
             c.stop()
     assert out.returncode == 0, f"client failed: {out.stderr}\n{n.output()}"
     result = json.loads(out.stdout)
-    assert result == {"tcp_intact": True, "udp_answered": 50}, f"through natrix with the senders' checksum offload on: {result}\n{n.output()}"
+    assert result == {"tcp_intact": True, "udp_answered": 50, "tcp6_intact": True}, f"through natrix with the senders' checksum offload on: {result}\n{n.output()}"
 
     grown = {side: completed()[side] - before[side] for side in before}
     assert grown["inside"] > 0 and grown["outside"] > 0, f"natrix finished no partial checksum on some side: {grown}"
     # tshark: 1 good, 0 bad.
-    for ns, sender in ((NS_SUB1, SUB1), (NS_SRV1, SRV1)):
-        seen = status_by_direction(caps[ns].path, sender, "tcp.checksum.status")
+    for ns, sender in ((NS_SUB1, (SUB1, SUB1_6)), (NS_SRV1, (SRV1, SRV1_6))):
+        seen = status_by_direction(caps[ns].path, sender)
         # The sender's kernel computes some checksums itself all the same.
         partial = seen["sent"].count("0")
         assert partial >= 10, (
