@@ -31,10 +31,8 @@ const BLOCK_TIMEOUT_MS: u32 = 1;
 const TX_QUEUE: usize = 256;
 
 pub struct AfPacketPort {
-    /// GRO and LRO off while the port is open (`merging`), and what
-    /// became of them.
-    _merging_off: MergingOff,
-    merging: Merging,
+    /// GRO and LRO off while the port is open (`merging`).
+    merging: MergingOff,
     fd: OwnedFd,
     name: String,
     ring: *mut u8,
@@ -83,10 +81,9 @@ impl AfPacketPort {
         let _ = set_int(&fd, libc::PACKET_QDISC_BYPASS, 1, "setting PACKET_QDISC_BYPASS", name);
         let ring = map_rx_ring(&fd, name)?;
         // Before any frame reaches the ring: merged ones are too long.
-        let (merging_off, merging) = MergingOff::apply(name, iface.index);
+        let merging = MergingOff::apply(name, iface.index);
         bind(&fd, iface.index, proto, name)?;
         Ok(AfPacketPort {
-            _merging_off: merging_off,
             merging,
             fd,
             name: name.to_owned(),
@@ -108,7 +105,7 @@ impl AfPacketPort {
 
     /// What became of the interface's receive merging (GRO, LRO) at open.
     pub fn receive_merging(&self) -> &Merging {
-        &self.merging
+        self.merging.outcome()
     }
 
     /// Sends the frames `self.iov` points at and empties it.

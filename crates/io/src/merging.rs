@@ -80,32 +80,51 @@ pub struct MergingOff {
     handle: Option<Handle>,
     interface: String,
     ifindex: u32,
-    turned_off: Vec<Merge>,
+    outcome: Merging,
 }
 
 impl MergingOff {
     /// Turns GRO and LRO off on `interface` (`ifindex`) where they are on.
-    pub fn apply(interface: &str, ifindex: u32) -> (MergingOff, Merging) {
-        let mut off = MergingOff { handle: None, interface: interface.to_owned(), ifindex, turned_off: Vec::new() };
-        let handle = match Handle::open() {
-            Ok(handle) => off.handle.insert(handle),
-            Err(e) => return (off, Merging::Failed { why: format!("opening a socket: {e}"), turned_off: Vec::new() }),
+    pub fn apply(interface: &str, ifindex: u32) -> MergingOff {
+        let handle = Handle::open();
+        let outcome = match &handle {
+            Ok(handle) => turn_off(handle, interface),
+            Err(e) => Merging::Failed { why: format!("opening a socket: {e}"), turned_off: Vec::new() },
         };
-        let mut failures = Vec::new();
-        for merge in [Merge::Gro, Merge::Lro] {
-            match merge.is_on(handle, interface).map(|on| on.then(|| merge.set(handle, interface, false))) {
-                Ok(None) => {}
-                Ok(Some(Ok(()))) => off.turned_off.push(merge),
-                Ok(Some(Err(e))) => failures.push(format!("turning {} off: {e}", merge.name())),
-                Err(e) => failures.push(format!("reading {}: {e}", merge.name())),
-            }
+        MergingOff { handle: handle.ok(), interface: interface.to_owned(), ifindex, outcome }
+    }
+
+    /// What became of the interface's receive merging.
+    pub fn outcome(&self) -> &Merging {
+        &self.outcome
+    }
+}
+
+/// Turns GRO and LRO off on `interface` where they are on, through `handle`.
+fn turn_off(handle: &Handle, interface: &str) -> Merging {
+    let (mut turned_off, mut failures) = (Vec::new(), Vec::new());
+    for merge in [Merge::Gro, Merge::Lro] {
+        match merge.is_on(handle, interface).map(|on| on.then(|| merge.set(handle, interface, false))) {
+            Ok(None) => {}
+            Ok(Some(Ok(()))) => turned_off.push(merge),
+            Ok(Some(Err(e))) => failures.push(format!("turning {} off: {e}", merge.name())),
+            Err(e) => failures.push(format!("reading {}: {e}", merge.name())),
         }
-        let outcome = match (failures.is_empty(), off.turned_off.is_empty()) {
-            (true, true) => Merging::Off,
-            (true, false) => Merging::TurnedOff(off.turned_off.clone()),
-            (false, _) => Merging::Failed { why: failures.join("; "), turned_off: off.turned_off.clone() },
-        };
-        (off, outcome)
+    }
+    match (failures.is_empty(), turned_off.is_empty()) {
+        (true, true) => Merging::Off,
+        (true, false) => Merging::TurnedOff(turned_off),
+        (false, _) => Merging::Failed { why: failures.join("; "), turned_off },
+    }
+}
+
+impl Merging {
+    /// What natrix turned off, to put back.
+    fn turned_off(&self) -> &[Merge] {
+        match self {
+            Merging::Off => &[],
+            Merging::TurnedOff(merges) | Merging::Failed { turned_off: merges, .. } => merges,
+        }
     }
 }
 
@@ -116,7 +135,7 @@ impl Drop for MergingOff {
         if handle.index_of(&self.interface).ok() != Some(self.ifindex) {
             return;
         }
-        for &merge in &self.turned_off {
+        for &merge in self.outcome.turned_off() {
             if merge.is_on(handle, &self.interface).ok() == Some(false) {
                 let _ = merge.set(handle, &self.interface, true);
             }
@@ -176,7 +195,7 @@ mod tests {
     #[test]
     fn an_interface_renamed_or_replaced_meanwhile_is_left_alone() {
         let Some(ns) = veth_with_gro("merging-gone", "on") else { return };
-        let (off, _) = ns.run(|| MergingOff::apply("m0", index_of(&ns, "m0")));
+        let off = ns.run(|| MergingOff::apply("m0", index_of(&ns, "m0")));
         // Another interface under the name, GRO off: not natrix's to change.
         ns.ip(&["link", "del", "m0"]);
         ns.ip(&["link", "add", "m0", "type", "veth", "peer", "name", "m2"]);
@@ -196,10 +215,10 @@ mod tests {
     #[test]
     fn gro_is_off_while_held_and_on_again_after() {
         let Some(ns) = veth_with_gro("merging-on", "on") else { return };
-        let (off, outcome) = ns.run(|| MergingOff::apply("m0", index_of(&ns, "m0")));
-        assert_eq!(outcome, Merging::TurnedOff(vec![Merge::Gro]));
+        let off = ns.run(|| MergingOff::apply("m0", index_of(&ns, "m0")));
+        assert_eq!(off.outcome(), &Merging::TurnedOff(vec![Merge::Gro]));
         assert_eq!(gro_shown(&ns, "m0"), "off");
-        let note = describe("m0", &outcome).expect("a note");
+        let note = describe("m0", off.outcome()).expect("a note");
         assert!(note.starts_with("m0: GRO off while natrix runs"), "{note}");
         // Dropped outside the namespace, as a port opened in one and
         // dropped by a thread in another is: still put back there.
@@ -210,9 +229,9 @@ mod tests {
     #[test]
     fn gro_found_off_is_left_off_and_says_nothing() {
         let Some(ns) = veth_with_gro("merging-off", "off") else { return };
-        let (off, outcome) = ns.run(|| MergingOff::apply("m0", index_of(&ns, "m0")));
-        assert_eq!(outcome, Merging::Off);
-        assert_eq!(describe("m0", &outcome), None);
+        let off = ns.run(|| MergingOff::apply("m0", index_of(&ns, "m0")));
+        assert_eq!(off.outcome(), &Merging::Off);
+        assert_eq!(describe("m0", off.outcome()), None);
         ns.run(|| drop(off));
         assert_eq!(gro_shown(&ns, "m0"), "off", "natrix turns on nothing it did not turn off");
     }
@@ -220,10 +239,10 @@ mod tests {
     #[test]
     fn an_interface_that_is_not_there_is_said_to_fail() {
         let Some(ns) = Netns::empty("merging-none") else { return };
-        let (_off, outcome) = ns.run(|| MergingOff::apply("nx-none0", 999));
-        let Merging::Failed { why, .. } = &outcome else { panic!("{outcome:?}") };
+        let off = ns.run(|| MergingOff::apply("nx-none0", 999));
+        let Merging::Failed { why, .. } = off.outcome() else { panic!("{:?}", off.outcome()) };
         assert!(why.starts_with("reading GRO"), "{why}");
-        let note = describe("nx-none0", &outcome).expect("a note");
+        let note = describe("nx-none0", off.outcome()).expect("a note");
         assert!(note.contains("ethtool -K nx-none0 gro off lro off"), "{note}");
     }
 }

@@ -40,18 +40,38 @@ enum Kind {
     Sctp,
 }
 
+/// What `complete_if_partial` found in a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// A checksum not as an offload leaves it, or none natrix looks for.
+    NotPartial,
+    /// As an offload leaves it (a TCP or UDP field holding exactly the
+    /// pseudo-header's sum, an SCTP CRC32c of 0), yet whole: left alone.
+    /// One whole TCP or UDP frame in 65,535 looks so.
+    LooksPartialButWhole,
+    /// Left partial, and finished.
+    Finished,
+}
+
+impl Found {
+    /// Whether the checksum looked as an offload leaves it, finished or not.
+    pub fn looks_partial(self) -> bool {
+        self != Found::NotPartial
+    }
+}
+
 /// Finishes the transport checksum of `frame` (Ethernet, untagged IPv4,
 /// or IPv6 with the transport header right after the fixed header) where
-/// it looks as a sender's offload leaves it (`looks_partial`) and the
-/// whole does not verify. Whether it did.
+/// it looks as a sender's offload leaves it and the whole does not
+/// verify; says what it found.
 ///
 /// A whole checksum that happens to look so verifies and is left alone.
 /// A corrupt one that happens to (one in 65,535 corrupt TCP or UDP frames)
 /// is finished over the bytes as they are, which only a receiver's own
 /// checks could have caught anyway.
-pub fn complete_if_partial(frame: &mut [u8]) -> bool {
-    let Some(t) = transport(frame).filter(|t| left_partial(frame, t)) else { return false };
-    match t.kind {
+pub fn complete_if_partial(frame: &mut [u8]) -> Found {
+    let Some(t) = transport(frame).filter(|t| left_partial(frame, t)) else { return Found::NotPartial };
+    let finished = match t.kind {
         Kind::Sctp => {
             let crc = sctp_crc(frame, &t);
             crc != 0 && {
@@ -61,21 +81,17 @@ pub fn complete_if_partial(frame: &mut [u8]) -> bool {
         }
         Kind::Tcp | Kind::Udp => {
             let whole = sum(&frame[t.start..t.end]);
-            if fold(fold64(u64::from(t.pseudo) + u64::from(whole))) == 0xffff {
-                return false;
+            fold(fold64(u64::from(t.pseudo) + u64::from(whole))) != 0xffff && {
+                finish(frame, &t, whole);
+                true
             }
-            finish(frame, &t, whole);
-            true
         }
+    };
+    if finished {
+        Found::Finished
+    } else {
+        Found::LooksPartialButWhole
     }
-}
-
-/// Whether `frame`'s transport checksum looks as an offload leaves it: a
-/// TCP or UDP field holding exactly the pseudo-header's sum, or an SCTP
-/// CRC32c of 0. Whether the whole verifies is not checked, so one whole
-/// TCP or UDP frame in 65,535 says yes too.
-pub fn looks_partial(frame: &[u8]) -> bool {
-    transport(frame).is_some_and(|t| left_partial(frame, &t))
 }
 
 /// Finishes the transport checksum of `frame` (as for

@@ -26,7 +26,6 @@ use std::sync::{Arc, Mutex};
 
 use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::af_xdp::offload::{self, Egress, FlowAction, FlowKey, Head, Offload};
-use natrix_wire::partial_checksum;
 
 use crate::gateway::Gateway;
 
@@ -196,14 +195,11 @@ impl Offloader {
     }
 
     /// Keeps the heads of a batch's frames before the engine translates
-    /// them, and whether each looks left partial: the workers finish such
-    /// checksums before translation, which the head must not see.
-    pub(crate) fn before_batch<F: FrameBuf>(&mut self, frames: &mut [F]) {
+    /// them, each with whether it came with a checksum left partial
+    /// (`looked_partial[i]`, as the worker found before finishing it).
+    pub(crate) fn before_batch<F: FrameBuf>(&mut self, frames: &mut [F], looked_partial: &[bool]) {
         self.heads.clear();
-        self.heads.extend(frames.iter_mut().map(|f| {
-            let frame = f.frame();
-            offload::head(frame).map(|head| (head, partial_checksum::looks_partial(frame)))
-        }));
+        self.heads.extend(frames.iter_mut().zip(looked_partial).map(|(f, &partial)| offload::head(f.frame()).map(|head| (head, partial))));
     }
 
     /// Learns from, or forgets, the flows of the batch `before_batch` saw,

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::FrameId;
-use natrix_wire::partial_checksum;
+use natrix_wire::partial_checksum::{self, Found};
 
 use super::clock::{Clock, Idle, Work, SLEEP_MS};
 use super::commands::Command;
@@ -32,12 +32,25 @@ pub(super) struct EngineWorker {
     offload: Option<Offloader>,
     /// Partial checksums finished, by the side the frames arrived on.
     checksums_completed: [u64; 2],
+    /// Which frames of the batch in hand looked left partial.
+    looked_partial: Vec<bool>,
 }
 
 impl EngineWorker {
     pub(super) fn new(engine: Engine, commands: Receiver<Command>, events: SyncSender<Logged>, offload: Option<OffloadPlan>) -> EngineWorker {
         let offload = offload.map(Offloader::new);
-        EngineWorker { engine, commands, events, events_lost: 0, work: Work::default(), handoff_dropped: 0, received: 0, offload, checksums_completed: [0; 2] }
+        EngineWorker {
+            engine,
+            commands,
+            events,
+            events_lost: 0,
+            work: Work::default(),
+            handoff_dropped: 0,
+            received: 0,
+            offload,
+            checksums_completed: [0; 2],
+            looked_partial: Vec::new(),
+        }
     }
 
     /// Translates a batch of frames, `sides[i]` the side `frames[i]` arrived
@@ -45,10 +58,10 @@ impl EngineWorker {
     /// run of frames from one side at a time so their order holds;
     /// `verdicts[i]` says what became of `frames[i]`.
     pub(super) fn translate_batch<F: FrameBuf>(&mut self, sides: &[Side], frames: &mut [F], now: u64, verdicts: &mut [Verdict]) {
-        if let Some(offload) = self.offload.as_mut() {
-            offload.before_batch(frames);
-        }
         self.finish_partial_checksums(sides, frames);
+        if let Some(offload) = self.offload.as_mut() {
+            offload.before_batch(frames, &self.looked_partial);
+        }
         self.translate_runs(sides, frames, now, verdicts);
         if let Some(offload) = self.offload.as_mut() {
             offload.after_batch(&self.engine, sides, frames, verdicts, now);
@@ -58,10 +71,14 @@ impl EngineWorker {
     /// Finishes the transport checksums a sender's offload left partial (a
     /// veth peer's): the engine updates checksums, it does not compute
     /// them. AF_XDP does not mark such frames; AF_PACKET's port has
-    /// finished the ones it marks, which then verify and are left alone.
+    /// finished the ones it marks, which then look whole and are left
+    /// alone. Notes which frames looked partial, for the offload.
     fn finish_partial_checksums<F: FrameBuf>(&mut self, sides: &[Side], frames: &mut [F]) {
+        self.looked_partial.clear();
         for (f, &side) in frames.iter_mut().zip(sides) {
-            self.checksums_completed[side as usize] += u64::from(partial_checksum::complete_if_partial(f.frame()));
+            let found = partial_checksum::complete_if_partial(f.frame());
+            self.checksums_completed[side as usize] += u64::from(found == Found::Finished);
+            self.looked_partial.push(found.looks_partial());
         }
     }
 

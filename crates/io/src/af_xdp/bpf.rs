@@ -384,10 +384,14 @@ pub(super) fn test_run(program: &OwnedFd, frame: &mut Vec<u8>) -> io::Result<u32
     Ok(attr.retval)
 }
 
-/// The number of possible CPUs, for which a per-CPU map holds values.
+/// The number of possible CPUs, for which a per-CPU map holds values:
+/// read once, as it does not change while the kernel runs.
 pub(super) fn possible_cpus() -> usize {
-    std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .ok()
-        .and_then(|s| s.trim().rsplit(['-', ',']).next().and_then(|last| last.parse::<usize>().ok()))
-        .map_or(4096, |last| last + 1)
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| {
+        std::fs::read_to_string("/sys/devices/system/cpu/possible")
+            .ok()
+            .and_then(|s| s.trim().rsplit(['-', ',']).next().and_then(|last| last.parse::<usize>().ok()))
+            .map_or(4096, |last| last + 1)
+    })
 }

@@ -47,6 +47,17 @@ fn field(frame: &[u8]) -> u16 {
     u16::from_be_bytes([frame[at], frame[at + 1]])
 }
 
+/// Whether `complete_if_partial` finished the frame's checksum.
+fn finished(frame: &mut [u8]) -> bool {
+    complete_if_partial(frame) == Found::Finished
+}
+
+/// Whether the frame's checksum looks as an offload leaves it, found on a
+/// copy, whether finished or not.
+fn looks_partial(frame: &[u8]) -> bool {
+    complete_if_partial(&mut frame.to_vec()).looks_partial()
+}
+
 /// The checksum etherparse computes for the frame's transport.
 fn expected(frame: &[u8]) -> u16 {
     let p = SlicedPacket::from_ethernet(frame).unwrap();
@@ -82,7 +93,7 @@ fn partial_checksums_are_finished_as_etherparse_computes_them() {
         let mut frame = right.clone();
         left_partial(&mut frame);
         assert_ne!(field(&frame), expected(&right), "the partial field differs from the whole checksum");
-        assert!(complete_if_partial(&mut frame));
+        assert!(finished(&mut frame));
         assert_eq!(field(&frame), expected(&right));
         assert_eq!(frame, right, "only the checksum field changes");
     }
@@ -93,7 +104,7 @@ fn complete_checksums_are_left_alone() {
     for build in [tcp4, udp4, tcp6, udp6] {
         let right = build(b"payload");
         let mut frame = right.clone();
-        assert!(!complete_if_partial(&mut frame));
+        assert!(!finished(&mut frame));
         assert_eq!(frame, right);
     }
 }
@@ -105,7 +116,7 @@ fn a_wrong_checksum_that_is_not_the_pseudo_header_sum_is_left_wrong() {
     let at = field_at(&frame);
     frame[at] ^= 0x5a;
     let corrupt = frame.clone();
-    assert!(!complete_if_partial(&mut frame));
+    assert!(!finished(&mut frame));
     assert_eq!(frame, corrupt);
 }
 
@@ -114,7 +125,7 @@ fn a_udp_datagram_without_a_checksum_keeps_none() {
     let mut frame = udp4(b"payload");
     let at = field_at(&frame);
     frame[at..at + 2].copy_from_slice(&[0, 0]);
-    assert!(!complete_if_partial(&mut frame));
+    assert!(!finished(&mut frame));
     assert_eq!(field(&frame), 0);
 }
 
@@ -125,7 +136,7 @@ fn a_udp_checksum_computed_as_zero_is_sent_as_all_ones() {
     let right = (0..=u16::MAX).map(|w| udp4(&w.to_be_bytes())).find(|f| expected(f) == 0xffff).expect("some word makes the checksum 0");
     let mut frame = right.clone();
     left_partial(&mut frame);
-    assert!(complete_if_partial(&mut frame));
+    assert!(finished(&mut frame));
     assert_eq!(field(&frame), 0xffff);
 }
 
@@ -180,7 +191,7 @@ fn an_sctp_crc_left_zero_is_finished() {
     let mut frame = right.clone();
     frame[42..46].copy_from_slice(&[0, 0, 0, 0]);
     assert!(looks_partial(&frame));
-    assert!(complete_if_partial(&mut frame));
+    assert!(finished(&mut frame));
     assert_eq!(frame, right);
     let mut marked = right.clone();
     marked[42..46].copy_from_slice(&[0, 0, 0, 0]);
@@ -190,7 +201,7 @@ fn an_sctp_crc_left_zero_is_finished() {
     let mut wrong = right.clone();
     wrong[42] ^= 1;
     let kept = wrong.clone();
-    assert!(!looks_partial(&wrong) && !complete_if_partial(&mut wrong) && !complete(&mut wrong));
+    assert!(!looks_partial(&wrong) && !finished(&mut wrong) && !complete(&mut wrong));
     assert_eq!(wrong, kept);
 }
 
@@ -200,13 +211,13 @@ fn fragments_extension_headers_and_other_protocols_are_not_touched() {
     fragment[20] |= 0x20; // more fragments
     left_partial(&mut fragment);
     let kept = fragment.clone();
-    assert!(!complete_if_partial(&mut fragment) && !complete(&mut fragment));
+    assert!(!finished(&mut fragment) && !complete(&mut fragment));
     assert_eq!(fragment, kept);
 
     let mut behind_options = tcp6(b"payload");
     behind_options[20] = 0; // a hop-by-hop header, as the next header
     let kept = behind_options.clone();
-    assert!(!complete_if_partial(&mut behind_options) && !complete(&mut behind_options));
+    assert!(!finished(&mut behind_options) && !complete(&mut behind_options));
     assert_eq!(behind_options, kept);
 
     let mut icmp = Vec::new();
@@ -223,7 +234,7 @@ fn a_datagram_longer_than_its_frame_is_not_touched() {
         left_partial(&mut whole);
         for len in 0..whole.len() {
             let mut frame = whole[..len].to_vec();
-            assert!(!looks_partial(&frame) && !complete_if_partial(&mut frame) && !complete(&mut frame), "cut to {len} bytes");
+            assert!(!looks_partial(&frame) && !finished(&mut frame) && !complete(&mut frame), "cut to {len} bytes");
             assert_eq!(frame, whole[..len]);
         }
     }
@@ -237,7 +248,7 @@ fn ethernet_padding_is_not_summed() {
     let mut frame = right.clone();
     left_partial(&mut frame);
     frame.resize(60, 0xee);
-    assert!(complete_if_partial(&mut frame));
+    assert!(finished(&mut frame));
     assert_eq!(frame[..right.len()], right[..]);
 }
 
@@ -258,7 +269,7 @@ fn ipv4_options_are_stepped_over() {
     let at = 14 + 24 + 6;
     let pseudo = [100u32 << 8 | 64, 2, 198 << 8 | 51, 100 << 8 | 11, 17, 12].iter().sum::<u32>();
     out[at..at + 2].copy_from_slice(&((pseudo & 0xffff) + (pseudo >> 16)).to_be_bytes()[2..]);
-    assert!(complete_if_partial(&mut out));
+    assert!(finished(&mut out));
     assert_eq!(out, right);
 }
 
@@ -277,7 +288,7 @@ fn complete_refuses_a_udp_field_of_zero() {
 proptest! {
     #[test]
     fn any_bytes_are_safe(mut bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-        let _ = complete_if_partial(&mut bytes);
+        let _ = finished(&mut bytes);
         let _ = complete(&mut bytes);
     }
 
@@ -293,7 +304,7 @@ proptest! {
         }
         frame.truncate(cut.max(1));
         let _ = looks_partial(&frame);
-        let _ = complete_if_partial(&mut frame.clone());
+        let _ = finished(&mut frame.clone());
         let _ = complete(&mut frame);
     }
 
@@ -301,7 +312,7 @@ proptest! {
     fn every_partial_frame_is_finished_and_every_whole_one_kept(payload in proptest::collection::vec(any::<u8>(), 0..1400), which in 0usize..4) {
         let right = [tcp4, udp4, tcp6, udp6][which](&payload);
         let mut whole = right.clone();
-        prop_assert!(!complete_if_partial(&mut whole));
+        prop_assert!(!finished(&mut whole));
         prop_assert_eq!(&whole, &right);
         let mut partial = right.clone();
         left_partial(&mut partial);
@@ -309,7 +320,7 @@ proptest! {
         // pseudo-header's sum: nothing is left to finish there.
         let left_something = field(&partial) != field(&right);
         prop_assert!(looks_partial(&partial));
-        prop_assert_eq!(complete_if_partial(&mut partial), left_something);
+        prop_assert_eq!(finished(&mut partial), left_something);
         prop_assert_eq!(&partial, &right);
     }
 }
