@@ -215,8 +215,8 @@ impl PacketPort for AfPacketPort {
                 let frame = unsafe { std::slice::from_raw_parts_mut(base.add(usize::from(mac)), len) };
                 // A checksum the sender's offload left partial (a veth
                 // peer's), as the kernel says here: finished where natrix
-                // finds it (TCP's, UDP's, SCTP's), refused where not (one
-                // behind IPv6 extension headers or inside a tunnel).
+                // finds it (see `partial_checksum`), refused where not (one
+                // behind a Routing header or inside another tunnel).
                 let partial = status & libc::TP_STATUS_CSUMNOTREADY != 0;
                 if partial && !partial_checksum::complete(frame) {
                     self.refused += 1;
