@@ -216,7 +216,7 @@ impl PacketPort for AfPacketPort {
                 // A checksum the sender's offload left partial (a veth
                 // peer's), as the kernel says here: finished where natrix
                 // finds it (see `partial_checksum`), refused where not (one
-                // behind a Routing header or inside another tunnel).
+                // behind another extension header or inside another tunnel).
                 let partial = status & libc::TP_STATUS_CSUMNOTREADY != 0;
                 if partial && !partial_checksum::complete(frame) {
                     self.refused += 1;

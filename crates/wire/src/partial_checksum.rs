@@ -14,11 +14,12 @@
 //! and for one it may not have (`complete_if_partial`), where the whole
 //! does not verify as it is. Looked for: TCP, UDP and SCTP in IPv4, in
 //! IPv6 after any Hop-by-Hop and Destination Options headers (a sending
-//! kernel's socket options), and in IPv4 inside IPv6 (a DS-Lite B4's
-//! softwire, RFC 6333). Not behind a Routing header, which moves the
-//! pseudo-header's destination, nor in a fragment, which an offload never
-//! leaves partial, nor in any other tunnel.
-
+//! kernel's socket options, or ip6tnl's Tunnel Encapsulation Limit, RFC
+//! 2473), and in IPv4 inside IPv6 (a DS-Lite B4's softwire, RFC 6333).
+//! Not behind any other extension header (a Routing header moves the
+//! pseudo-header's destination, a fragment is never left partial, AH and
+//! ESP protect or hide what follows), nor behind a Home Address option
+//! (RFC 6275), which moves its source, nor in any other tunnel.
 use crate::checksum::{fold, fold64, pseudo_header_sum, pseudo_header_sum_v6, sum};
 use crate::ipv6::{next_header, MAX_EXT_HEADERS};
 use crate::{get_u16, get_u32, proto, sctp};
@@ -27,6 +28,9 @@ const ETH_HEADER: usize = 14;
 const ETHERTYPE_IPV4: u16 = 0x0800;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
 const IPV6_HEADER: usize = 40;
+/// Destination options (RFC 8200 section 4.2; RFC 6275 section 6.3).
+const PAD1: u8 = 0;
+const HOME_ADDRESS: u8 = 0xc9;
 
 /// A frame's TCP segment, UDP datagram or SCTP packet: where it lies,
 /// where its checksum field is, and its pseudo-header's sum (not SCTP's).
@@ -159,9 +163,8 @@ fn transport(frame: &[u8]) -> Option<Transport> {
 /// The transport of the IPv4 datagram at `frame[at..]`, within `limit`
 /// (the frame's end, or the end of the IPv6 packet that carries it); not of
 /// a fragment, as offloads never leave a fragment's checksum partial.
-// Inlined, as `located` is: out of line, they cost every frame's check
-// (`cargo bench -p natrix-engine --bench micro -- "partial checksum"`)
-// 30-45% more.
+// Inlined, as `located` is: out of line, they made every frame's check
+// dearer (`cargo bench -p natrix-engine --bench micro -- "partial checksum"`).
 #[inline(always)]
 fn transport_v4(frame: &[u8], at: usize, limit: usize) -> Option<Transport> {
     let ip = frame.get(at..at + 20)?;
@@ -174,10 +177,10 @@ fn transport_v4(frame: &[u8], at: usize, limit: usize) -> Option<Transport> {
     if end > limit {
         return None;
     }
-    let len = u16::try_from(end.checked_sub(start)?).ok()?;
     let src = u32::from_be_bytes([ip[12], ip[13], ip[14], ip[15]]);
     let dst = u32::from_be_bytes([ip[16], ip[17], ip[18], ip[19]]);
-    let pseudo = |p| pseudo_header_sum(src, dst, p, len);
+    // A transport within an IPv4 datagram is shorter than 64 KiB.
+    let pseudo = |p, len: usize| pseudo_header_sum(src, dst, p, len as u16);
     located(frame, ip[9], start, end, pseudo)
 }
 
@@ -193,25 +196,28 @@ fn transport_v6(frame: &[u8]) -> Option<Transport> {
     if p == next_header::IPV4 {
         return transport_v4(frame, start, end);
     }
-    let len = u32::try_from(end.checked_sub(start)?).ok()?;
     let address = |at: usize| -> [u8; 16] { ip[at..at + 16].try_into().expect("16 bytes") };
     let (src, dst) = (address(8).into(), address(24).into());
-    let pseudo = |p| pseudo_header_sum_v6(src, dst, p, len);
+    let pseudo = |p, len: usize| pseudo_header_sum_v6(src, dst, p, len as u32);
     located(frame, p, start, end, pseudo)
 }
 
-/// The next header after the Hop-by-Hop and Destination Options headers
-/// that start at `at` with next header `nh`, and where it starts. These
-/// are the headers a sending kernel adds to a segment whose checksum it
-/// leaves partial; any other ends the walk (and `located` finds nothing
-/// there).
+/// The header after the Hop-by-Hop (first only, RFC 8200 section 4.1) and
+/// Destination Options headers that start at `at` with next header `nh`,
+/// and where it starts. None where one of them runs past `end`, holds a
+/// Home Address option, or there are more than an IPv6 walk allows.
 fn past_options_headers(frame: &[u8], mut nh: u8, mut at: usize, end: usize) -> Option<(u8, usize)> {
-    for _ in 0..MAX_EXT_HEADERS {
-        if nh != next_header::HOP_BY_HOP && nh != next_header::DEST_OPTIONS {
-            return Some((nh, at));
+    let first = at;
+    for _ in 0..=MAX_EXT_HEADERS {
+        match nh {
+            next_header::HOP_BY_HOP if at == first => {}
+            next_header::DEST_OPTIONS => {}
+            next_header::HOP_BY_HOP => return None,
+            _ => return Some((nh, at)),
         }
         let len = (usize::from(*frame.get(at + 1)?) + 1) * 8;
-        if at + len > end {
+        let options = frame.get(at + 2..at + len).filter(|_| at + len <= end)?;
+        if nh == next_header::DEST_OPTIONS && has_home_address(options) {
             return None;
         }
         (nh, at) = (frame[at], at + len);
@@ -219,10 +225,26 @@ fn past_options_headers(frame: &[u8], mut nh: u8, mut at: usize, end: usize) -> 
     None
 }
 
+/// Whether options (type, length, value; Pad1 a single byte) hold a Home
+/// Address option, which makes the address it carries the pseudo-header's
+/// source (RFC 6275 section 11.3.1).
+fn has_home_address(mut options: &[u8]) -> bool {
+    while let Some(&kind) = options.first() {
+        if kind == HOME_ADDRESS {
+            return true;
+        }
+        let len = if kind == PAD1 { 1 } else { options.get(1).map_or(options.len(), |&l| 2 + usize::from(l)) };
+        options = options.get(len..).unwrap_or_default();
+    }
+    false
+}
+
 /// The transport of protocol `p` in `frame[start..end]`, where it is TCP,
-/// UDP or SCTP and whole within the frame.
+/// UDP or SCTP and whole within the frame; `pseudo(p, length)` is its
+/// pseudo-header's sum. A UDP datagram ends where its own length says
+/// (RFC 768), which may be before the IP payload does.
 #[inline(always)]
-fn located(frame: &[u8], p: u8, start: usize, end: usize, pseudo: impl Fn(u8) -> u32) -> Option<Transport> {
+fn located(frame: &[u8], p: u8, start: usize, end: usize, pseudo: impl Fn(u8, usize) -> u32) -> Option<Transport> {
     let (kind, at, min_len) = match p {
         proto::TCP => (Kind::Tcp, 16, 20),
         proto::UDP => (Kind::Udp, 6, 8),
@@ -232,7 +254,11 @@ fn located(frame: &[u8], p: u8, start: usize, end: usize, pseudo: impl Fn(u8) ->
     if end > frame.len() || end < start + min_len {
         return None;
     }
-    let pseudo = if kind == Kind::Sctp { 0 } else { pseudo(p) };
+    let end = match kind {
+        Kind::Udp => Some(start + usize::from(get_u16(frame, start + 4))).filter(|&e| e >= start + min_len && e <= end)?,
+        Kind::Tcp | Kind::Sctp => end,
+    };
+    let pseudo = if kind == Kind::Sctp { 0 } else { pseudo(p, end - start) };
     Some(Transport { start, end, field: start + at, pseudo, kind })
 }
 

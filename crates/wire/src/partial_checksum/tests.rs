@@ -33,19 +33,36 @@ fn udp6(payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// `frame` (IPv6, from a builder above) with a Hop-by-Hop and a
-/// Destination Options header, each of PadN, before its transport, as a
-/// kernel sends a segment with those socket options set.
-fn with_options(frame: Vec<u8>) -> Vec<u8> {
+/// `frame` (IPv6) with `headers` (each its type and what follows its
+/// next header and length bytes, 6 bytes and a multiple of 8 more) in
+/// order between the fixed header and what it carried.
+fn with_ext(frame: Vec<u8>, headers: &[(u8, &[u8])]) -> Vec<u8> {
     let upper = frame[20];
     let mut out = frame[..54].to_vec();
-    out[20] = 0;
-    out.extend_from_slice(&[60, 0, 1, 4, 0, 0, 0, 0]);
-    out.extend_from_slice(&[upper, 0, 1, 4, 0, 0, 0, 0]);
+    out[20] = headers[0].0;
+    for (i, (_, body)) in headers.iter().enumerate() {
+        assert_eq!((body.len() + 2) % 8, 0, "a header is a multiple of 8 bytes");
+        let next = headers.get(i + 1).map_or(upper, |h| h.0);
+        out.extend_from_slice(&[next, ((body.len() + 2) / 8 - 1) as u8]);
+        out.extend_from_slice(body);
+    }
     out.extend_from_slice(&frame[54..]);
-    let len = u16::from_be_bytes([out[18], out[19]]) + 16;
-    out[18..20].copy_from_slice(&len.to_be_bytes());
+    let len = u16::from_be_bytes([out[18], out[19]]) as usize + out.len() - frame.len();
+    out[18..20].copy_from_slice(&(len as u16).to_be_bytes());
     out
+}
+
+/// PadN over the 6 bytes a header of 8 leaves.
+const PADN: [u8; 6] = [1, 4, 0, 0, 0, 0];
+/// ip6tnl's Tunnel Encapsulation Limit of 4 (RFC 2473 section 4.1.1),
+/// padded by PadN.
+const ENCAP_LIMIT: [u8; 6] = [4, 1, 4, 1, 1, 0];
+
+/// `frame` (IPv6) with a Hop-by-Hop and a Destination Options header,
+/// each of PadN, before its transport, as a kernel sends a segment with
+/// those socket options set.
+fn with_options(frame: Vec<u8>) -> Vec<u8> {
+    with_ext(frame, &[(0, &PADN), (60, &PADN)])
 }
 
 /// `frame` (IPv4, from a builder above) in a softwire: its IPv4 datagram
@@ -65,6 +82,14 @@ fn udp6_options(payload: &[u8]) -> Vec<u8> {
     with_options(udp6(payload))
 }
 
+fn tcp6_hop_by_hop(payload: &[u8]) -> Vec<u8> {
+    with_ext(tcp6(payload), &[(0, &PADN)])
+}
+
+fn udp6_destination(payload: &[u8]) -> Vec<u8> {
+    with_ext(udp6(payload), &[(60, &PADN)])
+}
+
 fn tcp4_softwire(payload: &[u8]) -> Vec<u8> {
     in_softwire(tcp4(payload))
 }
@@ -73,11 +98,21 @@ fn udp4_softwire(payload: &[u8]) -> Vec<u8> {
     in_softwire(udp4(payload))
 }
 
+/// As a kernel's ip6tnl sends them by default, with an encapsulation limit.
+fn tcp4_softwire_limited(payload: &[u8]) -> Vec<u8> {
+    with_ext(in_softwire(tcp4(payload)), &[(60, &ENCAP_LIMIT)])
+}
+
+fn udp4_softwire_limited(payload: &[u8]) -> Vec<u8> {
+    with_ext(in_softwire(udp4(payload)), &[(60, &ENCAP_LIMIT)])
+}
+
 /// Builds a frame around a payload.
 type Build = fn(&[u8]) -> Vec<u8>;
 
 /// Every shape of frame whose partial checksums are found.
-const BUILDERS: [Build; 8] = [tcp4, udp4, tcp6, udp6, tcp6_options, udp6_options, tcp4_softwire, udp4_softwire];
+const BUILDERS: [Build; 12] =
+    [tcp4, udp4, tcp6, udp6, tcp6_options, udp6_options, tcp6_hop_by_hop, udp6_destination, tcp4_softwire, udp4_softwire, tcp4_softwire_limited, udp4_softwire_limited];
 
 /// Where the IP header that carries the transport starts, where the
 /// transport starts, and its protocol, in a frame the builders above made:
@@ -146,11 +181,13 @@ fn expected(frame: &[u8]) -> u16 {
 /// here word by word, not complemented.
 fn left_partial(frame: &mut [u8]) {
     let (ip, l4, proto) = layout(frame);
-    let (addresses, len) = if frame[ip] >> 4 == 4 {
+    let (addresses, ip_payload) = if frame[ip] >> 4 == 4 {
         (ip + 12..ip + 20, usize::from(u16::from_be_bytes([frame[ip + 2], frame[ip + 3]])) - (l4 - ip))
     } else {
         (ip + 8..ip + 40, ip + 40 + usize::from(u16::from_be_bytes([frame[ip + 4], frame[ip + 5]])) - l4)
     };
+    // UDP's length is its own field's (RFC 768).
+    let len = if proto == 17 { usize::from(u16::from_be_bytes([frame[l4 + 4], frame[l4 + 5]])) } else { ip_payload };
     let words = frame[addresses].chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])));
     let mut s: u32 = words.sum::<u32>() + u32::from(proto) + len as u32;
     while s > 0xffff {
@@ -380,7 +417,7 @@ proptest! {
     }
 
     #[test]
-    fn mangled_frames_are_safe(which in 0usize..8, flips in proptest::collection::vec((0usize..120, any::<u8>()), 1..6), cut in 0usize..130) {
+    fn mangled_frames_are_safe(which in 0usize..BUILDERS.len(), flips in proptest::collection::vec((0usize..120, any::<u8>()), 1..6), cut in 0usize..130) {
         // Valid headers with a few bytes changed and cut anywhere: lengths,
         // header lengths and versions that lie.
         let mut frame = BUILDERS[which](&[7u8; 60]);
@@ -396,7 +433,7 @@ proptest! {
     }
 
     #[test]
-    fn every_partial_frame_is_finished_and_every_whole_one_kept(payload in proptest::collection::vec(any::<u8>(), 0..1400), which in 0usize..8) {
+    fn every_partial_frame_is_finished_and_every_whole_one_kept(payload in proptest::collection::vec(any::<u8>(), 0..1400), which in 0usize..BUILDERS.len()) {
         let right = BUILDERS[which](&payload);
         let mut whole = right.clone();
         prop_assert!(!finished(&mut whole));
@@ -432,4 +469,89 @@ fn a_softwire_whose_datagram_runs_past_its_ipv6_packet_is_not_touched() {
     let kept = frame.clone();
     assert!(!looks_partial(&frame) && !finished(&mut frame) && !complete(&mut frame));
     assert_eq!(frame, kept);
+}
+
+/// `frame` with its transport checksum left partial, as a copy.
+fn partial(frame: &[u8]) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    left_partial(&mut f);
+    f
+}
+
+/// Asserts that nothing is found in `frame`, nor changed.
+fn untouched(frame: &[u8], case: &str) {
+    let mut f = frame.to_vec();
+    assert!(!looks_partial(&f) && !finished(&mut f) && !complete(&mut f), "{case}");
+    assert_eq!(f, frame, "{case}");
+}
+
+#[test]
+fn a_home_address_option_stops_the_search() {
+    // RFC 6275: the home address is the pseudo-header's source, not the
+    // IPv6 header's: PadN to 8n+6, then the option (type 0xc9, 16 bytes).
+    let mut hao = vec![1, 2, 0, 0, 0xc9, 16];
+    hao.extend_from_slice(&SRC6);
+    let frame = partial(&with_ext(tcp6(b"payload"), &[(60, &hao)]));
+    untouched(&frame, "behind a Home Address option");
+}
+
+#[test]
+fn a_hop_by_hop_header_after_another_stops_the_search() {
+    // RFC 8200 section 4.1: Hop-by-Hop comes first, or the packet is bad.
+    let frame = partial(&with_ext(tcp6(b"payload"), &[(60, &PADN), (0, &PADN)]));
+    untouched(&frame, "Hop-by-Hop second");
+}
+
+#[test]
+fn an_options_header_that_runs_past_the_packet_stops_the_search() {
+    let mut frame = partial(&with_ext(udp6(b""), &[(60, &PADN)]));
+    // The payload now ends within the options header.
+    frame[18..20].copy_from_slice(&4u16.to_be_bytes());
+    untouched(&frame, "options header past the payload length");
+}
+
+#[test]
+fn a_softwires_fragment_is_not_touched() {
+    let mut inner = tcp4(b"payload");
+    inner[20] |= 0x20; // more fragments
+    let frame = partial(&in_softwire(inner));
+    untouched(&frame, "a fragment inside a softwire");
+}
+
+#[test]
+fn an_sctp_crc_left_zero_is_finished_behind_options_and_in_a_softwire() {
+    for right in [with_options(in_softwire(sctp4())), with_ext(in_softwire(sctp4()), &[(60, &ENCAP_LIMIT)])] {
+        let crc = right.len() - 32 + 8;
+        assert_ne!(right[crc..crc + 4], [0, 0, 0, 0]);
+        let mut frame = right.clone();
+        frame[crc..crc + 4].copy_from_slice(&[0, 0, 0, 0]);
+        let mut marked = frame.clone();
+        assert!(finished(&mut frame) && complete(&mut marked));
+        assert_eq!(frame, right);
+        assert_eq!(marked, right);
+    }
+}
+
+#[test]
+fn a_udp_datagram_ends_where_its_length_says_not_where_the_ip_payload_does() {
+    // Four bytes after the datagram within the IPv4 payload: not part of
+    // its checksum (RFC 768), which the kernel's receive trims away.
+    let plain = udp4(b"datagram");
+    let mut right = plain.clone();
+    right.extend_from_slice(&[0xaa; 4]);
+    let total = u16::from_be_bytes([right[16], right[17]]) + 4;
+    right[16..18].copy_from_slice(&total.to_be_bytes());
+    right[24..26].copy_from_slice(&[0, 0]);
+    let header_sum = right[14..34].chunks(2).map(|w| u32::from(u16::from_be_bytes([w[0], w[1]]))).sum::<u32>();
+    let header = !(((header_sum & 0xffff) + (header_sum >> 16)) as u16);
+    right[24..26].copy_from_slice(&header.to_be_bytes());
+    assert_eq!(field(&right), expected(&plain), "the trailing bytes change nothing of the datagram's checksum");
+    assert!(!looks_partial(&right));
+    let mut frame = partial(&right);
+    assert!(finished(&mut frame));
+    assert_eq!(frame, right);
+    // A UDP length past the IP payload is no datagram to finish.
+    let mut long = partial(&plain);
+    long[38..40].copy_from_slice(&100u16.to_be_bytes());
+    untouched(&long, "UDP length past the IP payload");
 }
