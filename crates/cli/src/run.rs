@@ -1,5 +1,6 @@
 //! `natrix run`: the live NAT in the foreground. Prints a line with `ready`
-//! on stdout once it forwards; SIGTERM or SIGINT stop it (exit 0); SIGHUP
+//! on stdout once it forwards; SIGTERM or SIGINT stop it (exit 0), and so
+//! does an interface deleted under it (exit 1, `link_watch`); SIGHUP
 //! reloads the configuration without losing state, or refuses a bad one and
 //! keeps the running one. Its own messages go to stderr through `tracing`:
 //! one plain line each, coloured only on a terminal, without the time stamp
@@ -9,7 +10,7 @@ use std::io::IsTerminal;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use natrix_control::api::LogCounters;
@@ -18,12 +19,15 @@ use natrix_control::cluster::node::{ClusterNode, EventTee, NodeSettings};
 use natrix_control::config::cluster::ClusterConfig;
 use natrix_control::{api, Config, IoBackend, LoggingConfig, Offload, PreferBusyPoll, XdpProgramMode};
 use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Offloading, Settings, StartOptions, XdpAttach};
+use natrix_io::iface::Interface;
 use natrix_io::{InterfaceLock, LOCK_DIR};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use tracing::{error, info, warn};
 
 use crate::Failure;
+
+mod link_watch;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -66,6 +70,8 @@ pub fn run(args: &Args) -> Result<(), Failure> {
             .map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
         info!("management API and metrics on http://{addr}/");
     }
+    // Started while signals are masked, as the other threads are.
+    let (watch, watch_stopped) = link_watch::start(served_interfaces(&cfg), signals.handle()).map_err(|e| Failure::Other(format!("starting the link watch: {e}")))?;
     drop(masked);
     println!(
         "natrix: ready: forwarding between {} and {} ({}, {} worker{})",
@@ -94,7 +100,15 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     dp.stop();
     logger.stop();
     info!("stopped");
-    Ok(())
+    signals.handle().close();
+    let _ = watch.join();
+    let stopped_by_the_watch = watch_stopped.lock().unwrap_or_else(PoisonError::into_inner).take();
+    stopped_by_the_watch.map_or(Ok(()), |reason| Err(Failure::Other(reason)))
+}
+
+/// The interfaces `natrix run` serves, as they are now.
+fn served_interfaces(cfg: &Config) -> Vec<Interface> {
+    [&cfg.live.inside_interface, &cfg.live.outside_interface].into_iter().flatten().filter_map(|name| Interface::lookup(name).ok()).collect()
 }
 
 /// Stops the dataplane when `run` returns, however it does.

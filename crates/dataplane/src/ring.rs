@@ -282,11 +282,27 @@ impl Doorbell {
     }
 }
 
-/// Blocks until one of `fds` is readable or `timeout_ms` passes.
+/// Blocks until one of `fds` is readable or `timeout_ms` passes. Reads
+/// (and so clears) the error of a socket that poll reports one for: an
+/// AF_PACKET socket's ENETDOWN, set when its link goes down, stays until
+/// read, and poll reports it at once every time, so an idle worker would
+/// spin for as long as the link stays down. `natrix run` says when a link
+/// goes down.
 pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) {
     let mut pfds: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
     // SAFETY: pfds is a live array of pfds.len() pollfds.
     unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+    for p in pfds.iter().filter(|p| p.revents & libc::POLLERR != 0) {
+        take_socket_error(p.fd);
+    }
+}
+
+/// Reads a socket's pending error, which clears it.
+fn take_socket_error(fd: RawFd) {
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: err and len live for the call; len gives err's size.
+    unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, std::ptr::addr_of_mut!(err).cast(), &mut len) };
 }
 
 #[cfg(test)]
@@ -511,5 +527,32 @@ mod tests {
             });
         }
         t.join().unwrap();
+    }
+
+    /// Whether poll reports an error on `fd` within `timeout_ms`.
+    fn error_reported(fd: RawFd, timeout_ms: i32) -> bool {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one live pollfd.
+        unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        p.revents & libc::POLLERR != 0
+    }
+
+    #[test]
+    fn a_socket_error_poll_reports_is_read_so_the_next_wait_can_sleep() {
+        use std::net::UdpSocket;
+        use std::os::fd::AsRawFd;
+        // A connected UDP socket whose datagram met a closed port holds
+        // ECONNREFUSED until it is read, as an AF_PACKET socket holds
+        // ENETDOWN while its link is down.
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        s.connect(("127.0.0.1", port)).unwrap();
+        s.send(b"to nobody").unwrap();
+        assert!(error_reported(s.as_raw_fd(), 1000), "poll reports the refused datagram's error");
+        assert!(error_reported(s.as_raw_fd(), 0), "and again, while nobody reads it");
+        wait_readable(&[s.as_raw_fd()], 1000);
+        assert!(!error_reported(s.as_raw_fd(), 0), "wait_readable read the error: poll no longer reports it");
     }
 }

@@ -34,6 +34,44 @@ impl Interface {
     }
 }
 
+/// What became of an interface natrix opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkState {
+    /// Administratively up, with a carrier.
+    Up,
+    /// Set down, or without a carrier.
+    Down,
+    /// Deleted: no interface has its index any more. Sockets bound to it
+    /// never work again, even once an interface of its name is back.
+    Gone,
+}
+
+impl Interface {
+    /// The interface's state now, found by its index (a renamed interface
+    /// is still the one natrix opened).
+    pub fn state(&self) -> LinkState {
+        let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
+        // SAFETY: name has the IFNAMSIZ bytes if_indextoname writes at most.
+        if unsafe { libc::if_indextoname(self.index, name.as_mut_ptr()) }.is_null() {
+            return LinkState::Gone;
+        }
+        // SAFETY: if_indextoname wrote a NUL-terminated name.
+        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        let Ok(mut req) = ifreq(&name) else { return LinkState::Down };
+        if ioctl(&name, libc::SIOCGIFFLAGS, &mut req, "reading the flags").is_err() {
+            return LinkState::Down;
+        }
+        // SAFETY: SIOCGIFFLAGS filled ifru_flags.
+        let flags = i32::from(unsafe { req.ifr_ifru.ifru_flags });
+        let up = libc::IFF_UP | libc::IFF_RUNNING;
+        if flags & up == up {
+            LinkState::Up
+        } else {
+            LinkState::Down
+        }
+    }
+}
+
 fn ifreq(name: &str) -> Result<libc::ifreq, IoError> {
     if name.len() >= libc::IFNAMSIZ {
         return Err(IoError::Unsupported { interface: name.to_owned(), reason: format!("interface names are at most {} bytes", libc::IFNAMSIZ - 1) });
@@ -79,5 +117,29 @@ mod tests {
     fn missing_interface_is_named_in_the_error() {
         let e = Interface::lookup("nx-no-such0").unwrap_err().to_string();
         assert!(e.contains("nx-no-such0"), "{e}");
+    }
+
+    #[test]
+    fn a_link_is_up_then_down_without_its_peer_still_itself_renamed_and_gone_once_deleted() {
+        let Some(ns) = crate::af_xdp::tests::Netns::empty("iface-state") else { return };
+        ns.ip(&["link", "add", "nx-a", "type", "veth", "peer", "name", "nx-b"]);
+        ns.ip(&["link", "set", "nx-a", "up"]);
+        ns.ip(&["link", "set", "nx-b", "up"]);
+        let a = ns.run(|| Interface::lookup("nx-a")).expect("nx-a");
+        let state = || ns.run(|| a.state());
+        assert_eq!(state(), LinkState::Up);
+        // No carrier: the peer is down.
+        ns.ip(&["link", "set", "nx-b", "down"]);
+        assert_eq!(state(), LinkState::Down);
+        ns.ip(&["link", "set", "nx-b", "up"]);
+        ns.ip(&["link", "set", "nx-a", "down"]);
+        assert_eq!(state(), LinkState::Down);
+        ns.ip(&["link", "set", "nx-a", "name", "nx-c", "up"]);
+        assert_eq!(state(), LinkState::Up, "renamed, still the interface natrix opened");
+        ns.ip(&["link", "del", "nx-c"]);
+        assert_eq!(state(), LinkState::Gone);
+        // Another of the old name is not the one natrix opened.
+        ns.ip(&["link", "add", "nx-a", "type", "veth", "peer", "name", "nx-b"]);
+        assert_eq!(state(), LinkState::Gone);
     }
 }

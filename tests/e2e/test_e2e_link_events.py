@@ -1,0 +1,92 @@
+"""What natrix does when a link it serves goes down, comes back, or is
+deleted under it.
+
+- Down and up again (the lab's inside, in every arrangement): natrix says
+  so each time, sleeps while the link is down, and forwards again once it
+  is up. An AF_PACKET socket holds ENETDOWN while its link is down, and
+  poll reports it at once every time until it is read: unread, it kept
+  an idle natrix at 100% of a CPU for as long as the link stayed down.
+- Deleted (natrix on veths in a namespace of its own, so the lab stays
+  whole): its sockets went with the interface, so natrix says so and
+  stops with status 1, for its service manager to start it anew once the
+  interface is back.
+
+About 15 s.
+"""
+
+import os
+import time
+
+import pytest
+
+import e2e_harness as h
+from e2e_harness import NS_NAT, NS_SUB1, SRV1
+
+h.skip_module_if_unavailable()
+
+NS_OWN = "nx-linkdel"
+
+
+def cpu_seconds(pid):
+    """User and system time the process has used."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def said(n, text, timeout=5.0):
+    """Waits until natrix's stderr holds `text`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in n.err.text():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def pings(count=3):
+    return h.run_in(NS_SUB1, "ping", "-c", str(count), "-i", "0.3", "-W", "2", SRV1, timeout=20)
+
+
+def test_a_link_down_and_up_again_is_said_slept_through_and_forwarded_after(natrix):
+    n = natrix()
+    assert pings().returncode == 0, f"no echo through natrix before the link went down\n{n.output()}"
+    try:
+        h.sh("ip", "link", "set", "inside", "down", ns=NS_NAT)
+        assert said(n, "inside: link down"), f"natrix should say its inside's link went down\n{n.output()}"
+        before = cpu_seconds(n.proc.pid)
+        time.sleep(2)
+        spent = cpu_seconds(n.proc.pid) - before
+    finally:
+        h.sh("ip", "link", "set", "inside", "up", ns=NS_NAT)
+    # Spinning costs the whole 2 s; sleeping, next to nothing.
+    assert spent < 0.5, f"natrix used {spent:.2f} s of CPU in 2 s with its inside down: it should sleep\n{n.output()}"
+    assert said(n, "inside: link up again"), f"natrix should say its inside's link is up again\n{n.output()}"
+    assert pings(5).returncode == 0, f"no echo through natrix after the link came back\n{n.output()}"
+
+
+@pytest.fixture
+def own_namespace():
+    """A namespace with natrix's inside and outside as veths whose peers
+    are in it too."""
+    h.sh("ip", "netns", "add", NS_OWN)
+    try:
+        for side in ("inside", "outside"):
+            h.sh("ip", "link", "add", side, "type", "veth", "peer", "name", f"{side}-peer", ns=NS_OWN)
+            for dev in (side, f"{side}-peer"):
+                h.sh("ip", "link", "set", dev, "up", ns=NS_OWN)
+        yield NS_OWN
+    finally:
+        h.sh("ip", "netns", "del", NS_OWN, check=False)
+
+
+def test_an_interface_deleted_under_natrix_stops_it_with_status_1(lab, own_namespace, tmp_path):
+    config = {k: v for k, v in lab.items() if k != "management"}
+    n = h.Natrix(config, tmp_path / "natrix.toml", ns=own_namespace)
+    try:
+        n.wait_ready()
+        h.sh("ip", "link", "del", "inside", ns=own_namespace)
+        rc = n.proc.wait(timeout=15)
+    finally:
+        n.stop()
+    assert rc == 1, f"natrix should stop with status 1 once its inside is deleted, not {rc}\n{n.output()}"
+    assert "inside (index" in n.err.text() and "was deleted" in n.err.text(), f"natrix should say its inside was deleted\n{n.output()}"
