@@ -100,6 +100,9 @@ BAD = [
     ("static endpoint mapped twice (port overloading, RFC 4787 REQ-3)",
      MINIMAL + 'static = [{ proto = "udp", inside = "100.64.0.5:53", outside = "203.0.113.1:5353" }, '
                '{ proto = "udp", inside = "100.64.0.6:53", outside = "203.0.113.1:5353" }]\n', "static"),
+    ("more static subscribers than max_subscribers, which replay and run refuse",
+     MINIMAL + 'max_subscribers = 1\nstatic = [{ proto = "udp", inside = "100.64.0.5:53", outside = "203.0.113.1:5353" }, '
+               '{ proto = "udp", inside = "100.64.0.6:53", outside = "203.0.113.1:5354" }]\n', "max_subscribers"),
     ("toml syntax error", "[nat\npool = [\n", None),
 ]
 

@@ -11,9 +11,9 @@ from natrix_harness import POOL1, SRV1, SUB_A, SUB_B, T0
 NAT44_BIB_CREATE, NAT44_BIB_DELETE, PORT_BLOCK_ALLOC, PORT_BLOCK_DEALLOC = 8, 9, 16, 17
 
 
-def replay_with_log(tmp_path, nat, frames):
+def replay_with_log(tmp_path, nat, frames, unit=None):
     log = tmp_path / "events.jsonl"
-    cfg = h.make_config(nat=nat) + f"[logging]\njson = {json.dumps(str(log))}\n"
+    cfg = h.make_config(nat=nat) + f"[logging]\njson = {json.dumps(str(log))}\n" + (f"unit = {json.dumps(unit)}\n" if unit else "")
     _, report = h.run_replay(cfg, frames, tmp_path)
     return [json.loads(line) for line in log.read_text().splitlines()], report
 
@@ -39,7 +39,7 @@ def test_mapping_records_carry_who_held_what_and_when(tmp_path):
 
 
 def test_block_mode_logs_one_record_per_block(tmp_path):
-    records, report = replay_with_log(tmp_path, {"port_block_size": 64}, flows())
+    records, report = replay_with_log(tmp_path, {"port_block_size": 64}, flows(), unit="block")
     assert report["mappings_created"] == 3
     assert [r["nat_event"] for r in records] == [PORT_BLOCK_ALLOC, PORT_BLOCK_ALLOC]
     for r, sub in zip(records, [SUB_A, SUB_B]):

@@ -276,7 +276,7 @@ def test_port_blocks_are_exported_with_their_range(natrix_bin, tmp_path):
     frames = udp_flows() + [(T0 + 1000, "inside", h.udp_out(SUB_C, 50000, SRV1, 53))]
     capture = tmp_path / "in.pcapng"
     h.write_pcapng(capture, frames)
-    records, messages = export(natrix_bin, tmp_path, h.make_config(nat={"port_block_size": 64}), capture)
+    records, messages = export(natrix_bin, tmp_path, h.make_config(nat={"port_block_size": 64}), capture, unit="block")
     data = check_stream(messages)
     events = [int(d["cflow.nat_event"]) for _, d in data]
     assert events == [r["nat_event"] for r in records]

@@ -877,3 +877,12 @@ def test_key_in_the_wrong_section_names_its_section(natrix, tmp_path, cfg, key, 
     t = text(p)
     assert p.returncode == 2, t
     assert key in t and (f"[{section}]" in t or f"{section}.{key}" in t), t
+
+
+@pytest.mark.parametrize("mode", ["syn-accel", "sctp", "host-id", "dslite"])
+def test_bench_refuses_workers_where_it_runs_one(natrix, mode):
+    """These modes measure one worker: `--workers 2` would be ignored, and
+    the figures read as two workers'. Refused, exit 2, naming the flag."""
+    p = natrix("bench", "--mode", mode, "--workers", "2", "--flows", "1000")
+    assert p.returncode == 2, f"exit {p.returncode}, expected 2\n{text(p)}"
+    assert "--workers" in err(p), text(p)

@@ -542,6 +542,21 @@ def test_check_config_mode_off_refuses_translation_keys(natrix, replay_files, tm
     assert rproc.returncode != 0 and key in h.proc_text(rproc), h.proc_text(rproc)
 
 
+def test_check_config_mode_off_names_every_translation_key(natrix, tmp_path):
+    """Contract: refused keys are named, all of them, and PCP's lifetime is
+    one (PCP creates mappings)."""
+    p = tmp_path / "off-bad.toml"
+    p.write_text(CFG_OFF + 'pool = ["203.0.113.1/32"]\nport_block_size = 64\n[pcp]\nmax_lifetime = "1h"\n')
+    proc = natrix("check-config", p)
+    out = h.proc_text(proc)
+    assert proc.returncode == 2, out
+    assert "nat.pool" in out and "nat.port_block_size" in out, f"both [nat] keys should be named:\n{out}"
+    p.write_text(CFG_OFF + '[pcp]\nmax_lifetime = "1h"\n')
+    proc = natrix("check-config", p)
+    out = h.proc_text(proc)
+    assert proc.returncode == 2 and "pcp.max_lifetime" in out, f"mode off with a PCP lifetime: exit {proc.returncode}\n{out}"
+
+
 # ---------------------------------------------------------------------------
 # 4. Determinism
 # ---------------------------------------------------------------------------

@@ -611,7 +611,7 @@ def test_ipfix_says_protocol_132_and_block_mode_still_logs_associations(natrix_b
     capture = tmp_path / "in.pcapng"
     frames = handshake(SUB_A, SRV1, 0x1111, 0x2222) + [(T0 + 1, "inside", out_pkt(SUB_A, SRV1, 0x2222, SCTPChunkAbort()))]
     h.write_pcapng(capture, frames)
-    records, messages = export(natrix_bin, tmp_path, config(nat={"port_block_size": 64}), capture)
+    records, messages = export(natrix_bin, tmp_path, config(nat={"port_block_size": 64}), capture, unit="block")
     assert [(r["event"], r["proto"], r["subscriber"], r["external"], r["external_port"]) for r in records] == [
         ("mapping_create", "sctp", SUB_A, POOL1, CPORT), ("mapping_delete", "sctp", SUB_A, POOL1, CPORT)]
     data = check_stream(messages)

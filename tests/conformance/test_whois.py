@@ -107,7 +107,7 @@ def test_a_mapping_with_no_delete_is_still_held(natrix, logged):
 
 
 def test_whois_reads_port_block_records(natrix, tmp_path):
-    log, outs, _ = replay_logged(tmp_path, [(T0, "inside", h.udp_out(SUB_A, 40000, SRV1, 53, b"a"))], nat={"port_block_size": 64})
+    log, outs, _ = replay_logged(tmp_path, [(T0, "inside", h.udp_out(SUB_A, 40000, SRV1, 53, b"a"))], nat={"port_block_size": 64}, unit="block")
     p = h.one(outs, "outside", h.has_payload(b"a")).pkt
     rc, doc = whois_json(natrix, f"{p[h.IP].src}:{p[h.UDP].sport}", "--at", str(T0 + 1), "--log", log)
     assert rc == 0, doc
@@ -184,7 +184,7 @@ def test_log_volume_matches_the_log_the_run_writes(tmp_path, unit, key):
 
 def test_log_volume_counts_the_configured_block_size_from_the_run(tmp_path):
     frames = [(T0 + i, "inside", h.udp_out(sub, 41000 + i, SRV1, 53, b"q")) for i, sub in enumerate([SUB_A, SUB_B, SUB_A])]
-    log, _, rep = replay_logged(tmp_path, frames, nat={"port_block_size": 128})
+    log, _, rep = replay_logged(tmp_path, frames, nat={"port_block_size": 128}, unit="block")
     blocks = rep["log_volume"]["port_block"]["128"]
     assert blocks == {"records": len(log.read_text().splitlines()), "bytes": log.stat().st_size, "estimated": False}, rep["log_volume"]
     # The simulation of 64-port blocks agrees on this simple traffic: one block per subscriber.

@@ -497,3 +497,18 @@ def test_natrix_test_puts_back_what_it_changed_in_a_lab_it_did_not_build(no_lab,
     finally:
         down = natrix_cli("lab", "down")
         assert down.returncode == 0, down.stderr
+
+
+def test_a_lab_left_up_of_one_kind_refuses_a_run_that_needs_both_before_measuring(lab, tmp_path):
+    """CONTRACTS, "Tester": `natrix test` uses a lab `natrix lab up` left, as
+    it was built, of one kind. A run over both devices is refused at once,
+    saying how to go on, rather than after the first device's results."""
+    assert lab_up(), "the session's natrix lab is up"
+    out = tmp_path / "results"
+    started = time.monotonic()
+    p = natrix_cli("test", "--dut", "natrix,kernel", "--quick", "--tests", "cpu", "--out", str(out), timeout=60)
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "needs the other kind" in p.stderr and "natrix lab down" in p.stderr, p.stderr
+    assert not (out / "results.jsonl").exists() or not (out / "results.jsonl").read_text().strip(), "nothing measured"
+    assert time.monotonic() - started < 30, "refused before any measurement"
+    assert lab_up(), "the lab left up stays"

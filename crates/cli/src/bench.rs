@@ -139,6 +139,12 @@ struct PassResult {
 }
 
 pub fn run(args: &Args) -> Result<(), Failure> {
+    if !matches!(args.mode, Mode::Nat44 | Mode::Nptv6) && args.workers.is_some_and(|w| w != 1) {
+        return Err(Failure::Usage(format!(
+            "--mode {}: runs one worker, so --workers does not apply",
+            clap::ValueEnum::to_possible_value(&args.mode).map_or_else(String::new, |v| v.get_name().to_owned())
+        )));
+    }
     let defaults = match args.mode {
         Mode::Nat44 => &DEFAULT_FLOWS[..],
         Mode::Nptv6 => &nptv6::DEFAULT_FLOWS[..],

@@ -210,6 +210,7 @@ impl Config {
         engine.sctp = sctp::parse(&mut root, &engine)?;
         let logging = parse_logging(&mut root, &mut engine, &mut warnings)?;
         if let Some(mut s) = root.section("pcp")? {
+            refuse_without_translation(&s, &engine)?;
             engine.pcp = parse_pcp(&mut s)?;
             if engine.pcp.is_some() && !engine.translate {
                 return err("pcp.enabled", NEEDS_TRANSLATION);
@@ -380,8 +381,8 @@ const NEEDS_TRANSLATION: &str = "only used when natrix translates, and [nat] mod
 
 /// In the sections translation configures, the keys that serve the router
 /// as well; with `[nat] mode = "off"` every other key of these sections
-/// (the pool, ports, quotas, NAT timeouts, fragments, the log unit) is
-/// refused by name (so is `[pcp] enabled = true`).
+/// (the pool, ports, quotas, NAT timeouts, fragments, the log unit, PCP's
+/// lifetime) is refused by name (so is `[pcp] enabled = true`).
 const ROUTER_KEYS: &[(&str, &[&str])] = &[
     ("nat", &["mode", "seed", "icmp_errors_per_second"]),
     // Mappings, sessions and the SYNs held for them; fragments held until
@@ -392,6 +393,8 @@ const ROUTER_KEYS: &[(&str, &[&str])] = &[
     ("logging", &["json", "ipfix", "syslog"]),
     // SCTP associations are translation's.
     ("sctp", &[]),
+    // PCP creates mappings: `enabled = true` is refused on its own.
+    ("pcp", &["enabled"]),
 ];
 
 /// Whether `[nat] mode = "off"` refuses key `key` of `section`.
@@ -400,13 +403,19 @@ fn needs_translation(section: &str, key: &str) -> bool {
     known && ROUTER_KEYS.iter().find(|(s, _)| *s == section).is_some_and(|(_, keys)| !keys.contains(&key))
 }
 
-/// With translation off, refuses the first key of `s` that only translation uses.
+/// With translation off, refuses the keys of `s` that only translation
+/// uses, naming the first as the key and every other in the message.
 fn refuse_without_translation(s: &Section, e: &EngineConfig) -> Result<(), ConfigError> {
     if e.translate {
         return Ok(());
     }
-    match s.table.keys().find(|k| needs_translation(&s.name, k)) {
-        Some(k) => err(s.path(k), NEEDS_TRANSLATION),
+    let keys: Vec<&String> = s.table.keys().filter(|k| needs_translation(&s.name, k)).collect();
+    match keys.split_first() {
+        Some((first, [])) => err(s.path(first), NEEDS_TRANSLATION),
+        Some((first, rest)) => {
+            let others: Vec<String> = rest.iter().map(|k| s.path(k)).collect();
+            err(s.path(first), format!("{NEEDS_TRANSLATION} (as {})", others.join(", ")))
+        }
         None => Ok(()),
     }
 }
@@ -625,11 +634,10 @@ fn parse_timeouts(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<Stri
 }
 
 fn parse_logging(root: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) -> Result<LoggingConfig, ConfigError> {
-    let default_unit = if e.port_block_size > 0 { LogUnit::Block } else { LogUnit::Mapping };
-    let mut logging = LoggingConfig { unit: default_unit, json: None, ipfix: None, syslog: None };
+    let mut logging = LoggingConfig { unit: LogUnit::Mapping, json: None, ipfix: None, syslog: None };
     let Some(mut s) = root.section("logging")? else { return Ok(logging) };
     refuse_without_translation(&s, e)?;
-    logging.unit = s.choice("unit", &[("mapping", LogUnit::Mapping), ("session", LogUnit::Session), ("block", LogUnit::Block)])?.unwrap_or(default_unit);
+    logging.unit = s.choice("unit", &[("mapping", LogUnit::Mapping), ("session", LogUnit::Session), ("block", LogUnit::Block)])?.unwrap_or(LogUnit::Mapping);
     e.log_sessions = logging.unit == LogUnit::Session;
     if logging.unit == LogUnit::Block && e.port_block_size == 0 {
         return err("logging.unit", "\"block\" needs nat.port_block_size > 0");
@@ -694,8 +702,19 @@ fn parse_collector(t: &str) -> Result<std::net::SocketAddr, String> {
 fn check_consistency(e: &EngineConfig) -> Result<(), ConfigError> {
     natrix_engine::config::check_statics(&e.statics, &e.pool, e.ports).or_else(|p| err(format!("nat.static[{}].{}", p.index, p.endpoint), p.problem))?;
     check_deterministic(e)?;
+    check_static_subscribers(e)?;
     if e.pool.binary_search(&e.inside_addr).is_ok() {
         return err("inside.address", "is also a pool address");
+    }
+    Ok(())
+}
+
+/// Every subscriber with a static mapping holds a place in the subscriber
+/// table from the start, and `replay` runs one table of max_subscribers.
+fn check_static_subscribers(e: &EngineConfig) -> Result<(), ConfigError> {
+    let subscribers: std::collections::HashSet<u32> = e.statics.iter().map(|s| s.int_addr).collect();
+    if subscribers.len() > e.max_subscribers as usize {
+        return err("nat.static", format!("{} subscribers have static mappings, more than nat.max_subscribers ({}) holds", subscribers.len(), e.max_subscribers));
     }
     Ok(())
 }

@@ -82,6 +82,16 @@ impl EventLog {
         self.out.flush()
     }
 
+    /// Lets the log go after a write failed, without another try, and
+    /// says how many records it loses: those whose line has not reached the
+    /// file whole (each ends with a newline, and a write that failed leaves
+    /// what it did not write in the buffer).
+    pub fn abandon(self) -> u64 {
+        let lost = self.out.buffer().iter().filter(|&&b| b == b'\n').count() as u64;
+        drop(self.out.into_parts());
+        lost
+    }
+
     /// Writes the event if the configured unit records it.
     pub fn write(&mut self, e: &Event) -> io::Result<()> {
         if !records_event(self.unit, e) {

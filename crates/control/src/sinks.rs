@@ -37,6 +37,8 @@ pub struct LogSinks {
     lost: LossCounter,
     /// The JSON log's first write error, for a caller that must not go on without it.
     json_error: Option<io::Error>,
+    /// Whether `[logging] json` is configured, open or not.
+    json_wanted: bool,
 }
 
 /// What the sinks handed over: the JSON log (for the caller to finish) and
@@ -72,16 +74,14 @@ impl LogSinks {
             _ => SyslogSender::open(target, cfg.unit, lost.clone()).map(|s| (target.clone(), s)).map_err(|e| errors.push(format!("logging.syslog {target}: {e}"))).ok(),
         });
         let failed = errors.len() as u64;
-        (LogSinks { unit: cfg.unit, json, ipfix, syslog, failed, lost: lost.clone(), json_error: None }, errors)
+        (LogSinks { unit: cfg.unit, json, ipfix, syslog, failed, lost: lost.clone(), json_error: None, json_wanted: cfg.json.is_some() }, errors)
     }
 
     /// Hands the event to every sink; whether it is a record the configured
     /// sinks keep (for the count of records logged).
     pub fn write(&mut self, e: &Event) -> bool {
-        if let Some(l) = &mut self.json {
-            if let Err(err) = l.write(e) {
-                self.json_failed(err);
-            }
+        if let Some(Err(err)) = self.json.as_mut().map(|l| l.write(e)) {
+            self.json_failed(err);
         }
         if let Some((_, x)) = &mut self.ipfix {
             x.write(e);
@@ -99,25 +99,29 @@ impl LogSinks {
     /// Writes a middlebox function's record (HOST_ID's `log` events) to
     /// the JSON log, the one sink with a place for it; whether it was taken.
     pub fn write_record(&mut self, r: &FunctionRecord) -> bool {
-        let Some(l) = &mut self.json else { return false };
-        let written = match r {
+        let written = self.json.as_mut().map(|l| match r {
             FunctionRecord::HostId(e) => l.write_host_id(e),
-        };
+        });
         match written {
-            Ok(()) => true,
-            Err(err) => {
+            Some(Ok(())) => true,
+            Some(Err(err)) => {
                 self.json_failed(err);
+                self.lost.fetch_add(1, Ordering::Relaxed);
                 false
             }
+            // The JSON log that failed, or could not be opened, would have taken it.
+            None if self.json_wanted => {
+                self.lost.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+            None => false,
         }
     }
 
     /// Hands over what the JSON log buffered and a partly filled IPFIX message.
     pub fn flush(&mut self) {
-        if let Some(l) = &mut self.json {
-            if let Err(err) = l.flush() {
-                self.json_failed(err);
-            }
+        if let Some(Err(err)) = self.json.as_mut().map(EventLog::flush) {
+            self.json_failed(err);
         }
         if let Some((_, x)) = &mut self.ipfix {
             x.flush();
@@ -139,10 +143,92 @@ impl LogSinks {
         Finished { json: self.json, ipfix, syslog: self.syslog.as_ref().map(|(_, s)| s.stats()) }
     }
 
+    /// The JSON log failed: the records it still held are lost, and it
+    /// is counted with this and every later record.
     fn json_failed(&mut self, err: io::Error) {
-        self.json = None;
-        // Counted with this and every later record.
+        if let Some(l) = self.json.take() {
+            self.lost.fetch_add(l.abandon(), Ordering::Relaxed);
+        }
         self.failed += 1;
         self.json_error.get_or_insert(err);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use natrix_engine::host_id::{HostIdEvent, Which};
+    use natrix_engine::{EventKind, Proto, Side};
+
+    use super::*;
+
+    /// A log on /dev/full, which takes no byte: every write fails (ENOSPC).
+    fn sinks_on_a_full_disk(lost: &LossCounter) -> LogSinks {
+        let cfg = LoggingConfig { unit: LogUnit::Mapping, json: Some(PathBuf::from("/dev/full")), ipfix: None, syslog: None };
+        let (sinks, errors) = LogSinks::open(&cfg, JsonTarget::Append, Clock::Wall, lost, None);
+        assert!(errors.is_empty(), "/dev/full opens: {errors:?}");
+        sinks
+    }
+
+    fn mapping(port: u16) -> Event {
+        Event {
+            kind: EventKind::MappingCreated,
+            time_ns: 1_795_435_200_000_000_000,
+            proto: Proto::Udp,
+            int_addr: 0x6440_0002,
+            int_port: port,
+            ext_addr: 0xcb00_7100,
+            ext_port: port,
+            ext_port_end: port,
+            rem_addr: 0,
+            rem_port: 0,
+            b4: None,
+        }
+    }
+
+    fn host_id() -> FunctionRecord {
+        let e = HostIdEvent { time_ns: 0, rule: 0, option: Which::Wing, value: Some(7), side: Side::Inside, src: 1, src_port: 2, dst: 3, dst_port: 4 };
+        FunctionRecord::HostId(e)
+    }
+
+    #[test]
+    fn every_record_a_failing_json_log_did_not_take_is_counted_lost() {
+        // Enough records to fill the write buffer several times: those it
+        // held when the write failed are lost as surely as the later ones.
+        let lost = LossCounter::default();
+        let mut sinks = sinks_on_a_full_disk(&lost);
+        let records = 500;
+        for port in 0..records {
+            sinks.write(&mapping(1024 + port));
+        }
+        sinks.flush();
+        assert!(sinks.take_json_error().is_some(), "the write failed");
+        assert_eq!(lost.load(Ordering::Relaxed), u64::from(records));
+    }
+
+    #[test]
+    fn records_held_for_a_flush_that_fails_are_counted_lost() {
+        let lost = LossCounter::default();
+        let mut sinks = sinks_on_a_full_disk(&lost);
+        for port in 0..3 {
+            sinks.write(&mapping(1024 + port));
+        }
+        assert_eq!(lost.load(Ordering::Relaxed), 0, "still held in the buffer");
+        sinks.flush();
+        assert_eq!(lost.load(Ordering::Relaxed), 3);
+        sinks.flush();
+        assert_eq!(lost.load(Ordering::Relaxed), 3, "each counted once");
+    }
+
+    #[test]
+    fn host_id_records_for_a_failed_json_log_are_counted_lost() {
+        let lost = LossCounter::default();
+        let mut sinks = sinks_on_a_full_disk(&lost);
+        assert!(sinks.write_record(&host_id()), "held in the buffer");
+        sinks.flush();
+        assert_eq!(lost.load(Ordering::Relaxed), 1);
+        assert!(!sinks.write_record(&host_id()));
+        assert_eq!(lost.load(Ordering::Relaxed), 2, "the log that failed would have taken it");
     }
 }

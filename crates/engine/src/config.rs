@@ -245,16 +245,19 @@ pub fn restart_key_changed(old: &EngineConfig, new: &EngineConfig) -> Option<&'s
         (old.deterministic != new.deterministic, "nat.mode, nat.subscribers or nat.ports_per_subscriber (deterministic mode)"),
         (old.deterministic.is_some() && old.pool != new.pool, "nat.pool (in deterministic mode the formula depends on it)"),
         (old.max_sessions != new.max_sessions, "nat.max_sessions"),
-        (old.timeouts.fragment_ns != new.timeouts.fragment_ns, "timeouts.fragment"),
-        (old.max_held_fragments != new.max_held_fragments || old.max_held_fragment_bytes != new.max_held_fragment_bytes, "fragments"),
         (old.max_subscribers != new.max_subscribers, "nat.max_subscribers"),
         (old.sctp.max_associations != new.sctp.max_associations, "sctp.max_associations"),
-        (old.syn_accel != new.syn_accel, "syn_accel"),
-        (old.host_id != new.host_id, "host_id"),
+        (old.syn_accel.is_some() != new.syn_accel.is_some(), "syn_accel (turning the SYN accelerator on or off)"),
+        (host_id_active(old) != host_id_active(new), "host_id (turning HOST_ID on or off)"),
         (old.dslite.is_some() != new.dslite.is_some(), "dslite.aftr (turning DS-Lite on or off)"),
     ]
     .into_iter()
     .find_map(|(changed, key)| changed.then_some(key))
+}
+
+/// Whether HOST_ID is one of the pipeline's functions.
+fn host_id_active(cfg: &EngineConfig) -> bool {
+    cfg.host_id.as_ref().is_some_and(|h| h.is_active())
 }
 
 /// Why a static mapping cannot be installed: which mapping (its index in

@@ -160,3 +160,46 @@ fn a_policy_drop_in_router_mode_is_counted() {
     assert!(outputs(&mut e).is_empty());
     assert_eq!(e.stats().host_id.unwrap().rule_matches, [1]);
 }
+
+#[test]
+fn a_reload_changes_the_rules_from_the_next_segment_and_refuses_turning_host_id_off() {
+    // Policy keys apply live (CONTRACTS, "SIGHUP"): a drop rule put in a
+    // rule's place by a reload drops the next SYN that matches it; the
+    // count of the rule at that place goes on.
+    let wing_10 = |action| Rule { option: RuleOption::Wing, value: Some((10, 10)), action };
+    let mut router = EngineConfig { translate: false, ..EngineConfig::default() };
+    router.pool.clear();
+    let mut e = with_host_id(router.clone(), host_id(Mode::Off, vec![wing_10(Action::Log)]));
+    let marked_syn = |sport: u16| {
+        let (ms, md) = macs(Side::Outside);
+        let mut f = Vec::new();
+        PacketBuilder::ethernet2(ms, md).ipv4(SERVER, SUB, 64).tcp(sport, 80, 1, 1024).syn().options_raw(&[200, 4, 0, 10]).unwrap().write(&mut f, b"").unwrap();
+        f
+    };
+    assert_eq!(run(&mut e, &mut marked_syn(5000), Side::Outside, T0), Verdict::Forward(Side::Inside));
+    let dropping = EngineConfig { host_id: Some(host_id(Mode::Off, vec![wing_10(Action::Drop)])), ..router.clone() };
+    e.reconfigure(dropping.clone()).expect("HOST_ID's rules apply live");
+    assert_eq!(run(&mut e, &mut marked_syn(5001), Side::Outside, T0 + SEC), Verdict::Drop(DropReason::HostIdPolicy));
+    assert_eq!(e.stats().host_id.unwrap().rule_matches, [2], "rule 0's count goes on");
+    let off = EngineConfig { host_id: None, ..dropping };
+    let err = e.reconfigure(off).unwrap_err().to_string();
+    assert!(err.contains("host_id") && err.contains("restart"), "turning HOST_ID off needs a restart: {err}");
+    assert_eq!(run(&mut e, &mut marked_syn(5002), Side::Outside, T0 + 2 * SEC), Verdict::Drop(DropReason::HostIdPolicy), "the refused reload changed nothing");
+}
+
+#[test]
+fn a_reload_into_syn_mode_writes_host_id_into_the_next_syn() {
+    let logging = vec![Rule { option: RuleOption::Wing, value: None, action: Action::Log }];
+    let mut e = with_host_id(config(), host_id(Mode::Off, logging.clone()));
+    let mut before = syn(6000);
+    assert_eq!(run(&mut e, &mut before, Side::Inside, T0), Verdict::Forward(Side::Outside));
+    assert_eq!(options_of(&before), [2, 4, 5, 180], "no HOST_ID_WING while HOST_ID only logs");
+    let mut syn_mode = config();
+    syn_mode.host_id = Some(host_id(Mode::Syn, logging));
+    e.reconfigure(syn_mode).expect("HOST_ID's mode applies live");
+    // Grown, it leaves through the output queue (as above).
+    assert_eq!(run(&mut e, &mut syn(6001), Side::Inside, T0 + SEC), Verdict::Held);
+    let out = outputs(&mut e);
+    assert_eq!(out.len(), 1);
+    assert_eq!(options_of(&out[0].2), [2, 4, 5, 180, 200, 4, 0, 10], "WING = the subscriber's low 16 bits");
+}

@@ -175,3 +175,21 @@ fn the_memory_reserved_up_front_is_what_a_new_engine_holds() {
         assert_eq!(natrix_engine::Engine::reserved_bytes(&cfg), e.memory_bytes() as u64, "{max_sessions} sessions, block {block}");
     }
 }
+
+#[test]
+fn a_reload_applies_the_fragment_limits_to_what_arrives_next() {
+    use etherparse::Ethernet2Header;
+    let mut e = engine(config());
+    let eth = Ethernet2Header { source: MAC_SUB, destination: MAC_NAT_IN, ether_type: etherparse::EtherType::IPV4 };
+    // A second fragment whose first has not come: held, one per datagram.
+    let later = |ident: u16| ipv4_fragment(&eth, [100, 64, 0, 2], REMOTE, ident, 16, &[7u8; 24], false);
+    assert_eq!(e.process(&mut later(1), Side::Inside, SEC), Verdict::Held);
+    let mut one_held = config();
+    one_held.max_held_fragments = 1;
+    e.reconfigure(one_held.clone()).expect("fragment limits apply live");
+    assert_eq!(e.process(&mut later(2), Side::Inside, SEC), Verdict::Drop(DropReason::FragmentBufferFull), "the new limit holds");
+    let mut shorter = one_held;
+    shorter.timeouts.fragment_ns = SEC / 2;
+    e.reconfigure(shorter).expect("the fragment timeout applies live");
+    assert_eq!(e.process(&mut later(3), Side::Inside, 2 * SEC), Verdict::Held, "the first held fragment timed out under the new timeout");
+}

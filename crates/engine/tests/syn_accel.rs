@@ -207,3 +207,26 @@ fn the_end_of_a_run_plays_out_pending_attempts() {
     let times: Vec<(Side, u64)> = out.iter().map(|o| (o.0, o.1 - T0)).collect();
     assert_eq!(times, [(Side::Outside, 500 * MS), (Side::Outside, 1_000 * MS), (Side::Outside, 1_500 * MS), (Side::Inside, 2_000 * MS)]);
 }
+
+#[test]
+fn a_reload_sets_the_interval_and_destinations_for_the_next_attempt_and_refuses_turning_it_off() {
+    let mut cfg = config();
+    let mut e = defaults(cfg.clone());
+    let mut a = e.config().syn_accel.clone().unwrap();
+    a.interval = Interval::Fixed { ns: 200 * MS };
+    a.destinations[0].ports = (5062, 5062);
+    cfg.syn_accel = Some(a);
+    e.reconfigure(cfg.clone()).expect("the SYN accelerator's settings apply live");
+    // 5060 is no longer accelerated; 5062 is, at the new interval.
+    let mut old_port = syn(5060, ISN);
+    assert_eq!(run(&mut e, &mut old_port, Side::Inside, T0), Verdict::Forward(Side::Outside));
+    assert!(tick(&mut e, T0, T0 + SEC).iter().all(|o| o.0 != Side::Outside), "5060 left the destinations: no copies");
+    let mut new_port = tcp_frame(Side::Inside, SUB, 40001, SERVER, 5062, 64, TcpKind::Syn, ISN, 0, b"");
+    let t1 = T0 + 2 * SEC;
+    assert_eq!(run(&mut e, &mut new_port, Side::Inside, t1), Verdict::Forward(Side::Outside));
+    let copies: Vec<u64> = tick(&mut e, t1, t1 + 700 * MS).iter().filter(|o| o.0 == Side::Outside).map(|o| o.1).collect();
+    assert_eq!(copies, [t1 + 200 * MS, t1 + 400 * MS, t1 + 600 * MS]);
+    cfg.syn_accel = None;
+    let err = e.reconfigure(cfg).unwrap_err().to_string();
+    assert!(err.contains("syn_accel") && err.contains("restart"), "{err}");
+}

@@ -106,19 +106,29 @@ pub struct LabOptions<'a> {
     pub workdir: &'a Path,
 }
 
+/// Refuses, before anything is measured, devices a lab `natrix lab up`
+/// left cannot hold: it is measured as it was built, of one kind.
+pub fn check_existing_lab(kinds: &[Kind]) -> Result<(), Failure> {
+    if !lab_exists()? {
+        return Ok(());
+    }
+    let found = existing_kind()?;
+    match kinds.iter().find(|&&k| k != found) {
+        Some(other) => Err(Failure::Other(format!(
+            "the lab that is up holds {}; --dut {} needs the other kind: `natrix lab down` first (the tester then builds its own for each device)",
+            found.name(),
+            other.name()
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl Lab {
     pub fn prepare(kind: Kind, exe: &Path, opts: &LabOptions) -> Result<Lab, Failure> {
         let existing = lab_exists()?;
         let mut lab = Lab { exe: exe.to_owned(), built: !existing, changed: Vec::new(), natrix_config: None };
         if existing {
-            let found = existing_kind()?;
-            if found != kind {
-                return Err(Failure::Other(format!(
-                    "the lab that is up holds {}; --dut {} needs the other kind: `natrix lab down` first (the tester then builds its own)",
-                    found.name(),
-                    kind.name()
-                )));
-            }
+            check_existing_lab(&[kind])?;
             lab.natrix_config = (kind == Kind::Natrix).then(|| PathBuf::from(LAB_CONFIG));
             eprintln!("natrix test: a lab is up already and is measured as it was built (its queues and switch ports), whatever --queues and --port-buffer say; `natrix lab down` first for the tester to build its own");
         } else {

@@ -202,6 +202,8 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         return Err(Failure::Other("natrix test must run as root: it builds network namespaces and opens packet sockets (try sudo)".into()));
     }
     let tests = selected_tests(args)?;
+    let kinds: Vec<Kind> = args.dut.iter().map(|name| if name == "kernel" { Kind::Kernel } else { Kind::Natrix }).collect();
+    lab::check_existing_lab(&kinds)?;
     for size in &args.sizes {
         if !(natrix_tester::frame::MIN_FRAME_SIZE..=natrix_tester::frame::MAX_FRAME_SIZE).contains(size) {
             return Err(Failure::Usage(format!("--sizes {size}: frames are 64 to 1518 bytes (RFC 2544 sizes, FCS included)")));
@@ -223,8 +225,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let mut out = Output::create(args.json, &args.out)?;
     let mut plots = PlotData::default();
     let mut failures = 0;
-    for (i, name) in args.dut.iter().enumerate() {
-        let kind = if name == "kernel" { Kind::Kernel } else { Kind::Natrix };
+    for (i, &kind) in kinds.iter().enumerate() {
         eprintln!("natrix test: {}: preparing the lab", kind.name());
         let lab = Lab::prepare(
             kind,

@@ -65,6 +65,11 @@ impl Reassembly {
         Reassembly { partials: BTreeMap::new(), held_fragments: 0, held_bytes: 0, max_fragments, max_bytes: max_bytes as usize, timeout_ns }
     }
 
+    /// A reload's limits: for what arrives from now on.
+    pub fn set_limits(&mut self, max_fragments: u32, max_bytes: u32, timeout_ns: u64) {
+        (self.max_fragments, self.max_bytes, self.timeout_ns) = (max_fragments, max_bytes as usize, timeout_ns);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.partials.is_empty()
     }
@@ -150,6 +155,17 @@ mod tests {
         assert_eq!(r.add(piece(1, 24, true, &packet[24..48]), 2), Ok(Some(packet)));
         assert!(r.is_empty());
         assert_eq!((r.held_fragments, r.held_bytes), (0, 0));
+    }
+
+    #[test]
+    fn limits_set_by_a_reload_hold_for_what_arrives_next() {
+        let mut r = Reassembly::new(16, 1 << 16, 5_000_000_000);
+        let data = [7u8; 8];
+        assert_eq!(r.add(piece(1, 0, true, &data), 0), Ok(None));
+        r.set_limits(1, 1 << 16, 1_000_000_000);
+        assert_eq!(r.add(piece(2, 0, true, &data), 0), Err(DropReason::FragmentBufferFull));
+        assert_eq!(r.expire(1_000_000_000), 1, "the shorter timeout");
+        assert_eq!(r.add(piece(2, 0, true, &data), 1_000_000_000), Ok(None));
     }
 
     #[test]

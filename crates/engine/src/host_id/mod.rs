@@ -603,6 +603,16 @@ impl Middlebox for HostId {
         stats.host_id = Some(self.stats.clone());
     }
 
+    /// New rules and options take effect from the next segment; the
+    /// connections ACK mode follows stay, and each rule's count stays with
+    /// its place in the list.
+    fn reconfigure(&mut self, cfg: &EngineConfig) {
+        if let Some(h) = &cfg.host_id {
+            self.stats.rule_matches.resize(h.rules.len(), 0);
+            self.cfg = h.clone();
+        }
+    }
+
     fn memory_bytes(&self) -> usize {
         self.echoed.memory_bytes() + self.events.capacity() * std::mem::size_of::<HostIdEvent>()
     }

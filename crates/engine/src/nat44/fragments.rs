@@ -89,8 +89,10 @@ impl Fragments {
         }
     }
 
-    pub fn set_timeout(&mut self, ns: u64) {
-        self.timeout_ns = ns;
+    /// A reload's limits: for what arrives from now on; what is held
+    /// already stays until its first fragment or its time is up.
+    pub fn set_limits(&mut self, max_held: usize, max_held_bytes: usize, timeout_ns: u64) {
+        (self.max_held, self.max_held_bytes, self.timeout_ns) = (max_held, max_held_bytes, timeout_ns);
     }
 
     pub fn lookup(&self, key: &FragKey, now_ns: u64) -> Option<FragRewrite> {

@@ -121,7 +121,7 @@ pub struct Nat44 {
     pub(crate) pool: Pool,
     /// SCTP associations (seed 001): keyed by tags, no port translated.
     pub(crate) assocs: Associations,
-    frags: Fragments,
+    pub(crate) frags: Fragments,
     held_syns: HeldSyns,
     events: EventQueue,
     rng: Rng,

@@ -10,7 +10,7 @@ use crate::pipeline::frame::Ip;
 use crate::pipeline::frame_buf::FrameBuf;
 use crate::pipeline::router::Router;
 use crate::pipeline::Stats;
-use crate::Side;
+use crate::{EngineConfig, Side};
 
 /// Where in the pipeline a function runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +193,11 @@ pub trait Middlebox: Send {
     /// Adds the function's counters to the engine's.
     fn add_stats(&self, _stats: &mut Stats) {}
 
+    /// Takes a reloaded configuration's settings for it, keeping its state
+    /// (connections it follows, counters). Never one that turns it off:
+    /// that needs a restart (`config::restart_key_changed`).
+    fn reconfigure(&mut self, _cfg: &EngineConfig) {}
+
     /// Bytes the function's state holds.
     fn memory_bytes(&self) -> usize {
         0
@@ -283,6 +288,17 @@ impl Hooks {
                     f.prefetch(frame, side);
                 }
             }
+        }
+    }
+
+    /// Hands a reloaded configuration to every function; what they want
+    /// and when they wake may change with it.
+    pub fn reconfigure(&mut self, cfg: &EngineConfig) {
+        let functions = std::mem::take(&mut self.functions);
+        *self = Hooks::default();
+        for mut f in functions {
+            f.reconfigure(cfg);
+            self.add(f);
         }
     }
 

@@ -1040,8 +1040,11 @@ impl Engine {
         self.nat.reconfigure(new)?;
         self.nptv6.replace_table(bindings);
         self.router.reconfigure(self.nat.config());
-        if let (Some(ds), Some(cfg)) = (self.dslite.as_mut(), self.nat.config().dslite.clone()) {
+        self.hooks.reconfigure(self.nat.config());
+        let c = self.nat.config();
+        if let (Some(ds), Some(cfg)) = (self.dslite.as_mut(), c.dslite.clone()) {
             ds.cfg = cfg;
+            ds.reassembly.set_limits(c.max_held_fragments, c.max_held_fragment_bytes, c.timeouts.fragment_ns);
         }
         // A softwire endpoint admitted under the old configuration is admitted again.
         self.nat.subs.identities_mut().forget_recent();

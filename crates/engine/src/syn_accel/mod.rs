@@ -496,6 +496,14 @@ impl Middlebox for SynAccel {
         }
     }
 
+    /// New destinations, interval, attempts and deadline: for the
+    /// attempts that start from now on (one under way keeps its timers).
+    fn reconfigure(&mut self, cfg: &EngineConfig) {
+        if let Some(a) = &cfg.syn_accel {
+            self.cfg = a.clone();
+        }
+    }
+
     fn add_stats(&self, stats: &mut Stats) {
         let mut s = self.stats.clone();
         s.pending = self.attempts.live() as u64;
