@@ -47,8 +47,11 @@ def pings(count=3):
     return h.run_in(NS_SUB1, "ping", "-c", str(count), "-i", "0.3", "-W", "2", SRV1, timeout=20)
 
 
-def test_a_link_down_and_up_again_is_said_slept_through_and_forwarded_after(natrix):
-    n = natrix()
+# The arrangement's I/O, and AF_PACKET's always: its sockets are the ones
+# that hold an error while the link is down.
+@pytest.mark.parametrize("io", [None, "af_packet"], ids=["arranged", "af_packet"])
+def test_a_link_down_and_up_again_is_said_slept_through_and_forwarded_after(natrix, io):
+    n = natrix({"io": io} if io else {})
     assert pings().returncode == 0, f"no echo through natrix before the link went down\n{n.output()}"
     try:
         h.sh("ip", "link", "set", "inside", "down", ns=NS_NAT)

@@ -10,7 +10,7 @@ use std::io::IsTerminal;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use natrix_control::api::LogCounters;
@@ -52,6 +52,9 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         settings.engine.log_sessions = true;
     }
     let _locks = lock_interfaces(&settings)?;
+    // Found before the dataplane opens them, so that the watch follows the
+    // interfaces it opened.
+    let served = served_interfaces(&cfg);
     let dp =
         Arc::new(Dataplane::start_with(settings, StartOptions { gateway6: cfg.live.gateway6, ports: None }).map_err(|e| Failure::Other(format!("starting the dataplane: {e}")))?);
     // A start that fails from here on still stops the threads and puts
@@ -71,7 +74,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         info!("management API and metrics on http://{addr}/");
     }
     // Started while signals are masked, as the other threads are.
-    let (watch, watch_stopped) = link_watch::start(served_interfaces(&cfg), signals.handle()).map_err(|e| Failure::Other(format!("starting the link watch: {e}")))?;
+    let watch = link_watch::LinkWatch::start(served, signals.handle()).map_err(|e| Failure::Other(format!("starting the link watch: {e}")))?;
     drop(masked);
     println!(
         "natrix: ready: forwarding between {} and {} ({}, {} worker{})",
@@ -82,6 +85,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         if dp.workers() == 1 { "" } else { "s" }
     );
     let mut running = cfg;
+    let mut told_to_stop = false;
     for signal in signals.forever() {
         match signal {
             SIGHUP => {
@@ -89,10 +93,16 @@ pub fn run(args: &Args) -> Result<(), Failure> {
                     running = new;
                 }
             }
-            SIGTERM | SIGINT => break,
+            SIGTERM | SIGINT => {
+                told_to_stop = true;
+                break;
+            }
             _ => {}
         }
     }
+    // Ended before the stop, which may take links down; a signal's stop
+    // exits 0 whatever the links did meanwhile.
+    let deleted = watch.end().filter(|_| !told_to_stop);
     // Withdrawn first: routers move the traffic away before natrix stops forwarding.
     if let Some(c) = cluster {
         c.stop();
@@ -100,10 +110,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     dp.stop();
     logger.stop();
     info!("stopped");
-    signals.handle().close();
-    let _ = watch.join();
-    let stopped_by_the_watch = watch_stopped.lock().unwrap_or_else(PoisonError::into_inner).take();
-    stopped_by_the_watch.map_or(Ok(()), |reason| Err(Failure::Other(reason)))
+    deleted.map_or(Ok(()), |reason| Err(Failure::Other(reason)))
 }
 
 /// The interfaces `natrix run` serves, as they are now.

@@ -210,11 +210,11 @@ impl Config {
         engine.sctp = sctp::parse(&mut root, &engine)?;
         let logging = parse_logging(&mut root, &mut engine, &mut warnings)?;
         if let Some(mut s) = root.section("pcp")? {
-            refuse_without_translation(&s, &engine)?;
             engine.pcp = parse_pcp(&mut s)?;
             if engine.pcp.is_some() && !engine.translate {
                 return err("pcp.enabled", NEEDS_TRANSLATION);
             }
+            refuse_without_translation(&s, &engine)?;
             s.finish()?;
         }
         engine.nptv6 = parse_nptv6(&mut root)?;
@@ -413,8 +413,8 @@ fn refuse_without_translation(s: &Section, e: &EngineConfig) -> Result<(), Confi
     match keys.split_first() {
         Some((first, [])) => err(s.path(first), NEEDS_TRANSLATION),
         Some((first, rest)) => {
-            let others: Vec<String> = rest.iter().map(|k| s.path(k)).collect();
-            err(s.path(first), format!("{NEEDS_TRANSLATION} (as {})", others.join(", ")))
+            let all: Vec<String> = std::iter::once(first).chain(rest).map(|k| s.path(k)).collect();
+            err(s.path(first), format!("{}, as are the others: remove them ({})", NEEDS_TRANSLATION.trim_end_matches(": remove it"), all.join(", ")))
         }
         None => Ok(()),
     }

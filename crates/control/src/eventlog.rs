@@ -73,8 +73,13 @@ impl EventLog {
     }
 
     /// Opens for appending: a live natrix never truncates its own records.
+    /// A last line a failed write left without its newline gets one, so
+    /// that it does not swallow the next record.
     pub fn append(path: &Path, unit: LogUnit) -> io::Result<Self> {
-        let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        let mut file = std::fs::OpenOptions::new().create(true).append(true).read(true).open(path)?;
+        if ends_mid_line(&file)? {
+            file.write_all(b"\n")?;
+        }
         Ok(EventLog { out: BufWriter::new(file), unit, written: 0, bytes: 0 })
     }
 
@@ -152,6 +157,18 @@ pub fn records(unit: LogUnit, kind: EventKind) -> bool {
     }
 }
 
+/// Whether a regular file's last byte is not a newline.
+fn ends_mid_line(file: &File) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let meta = file.metadata()?;
+    if !meta.is_file() || meta.len() == 0 {
+        return Ok(false);
+    }
+    let mut last = [0u8];
+    file.read_exact_at(&mut last, meta.len() - 1)?;
+    Ok(last[0] != b'\n')
+}
+
 /// Whether the configured unit records event `e`. SCTP associations hold no
 /// port block (their ports are never translated), so their mapping records
 /// are kept in block mode too: without them `whois` could not answer.
@@ -221,6 +238,19 @@ mod tests {
         assert!(!records(LogUnit::Mapping, EventKind::SessionCreated));
         assert!(records(LogUnit::Session, EventKind::SessionDeleted));
         assert!(records(LogUnit::Block, EventKind::QuotaExceeded));
+    }
+
+    #[test]
+    fn a_log_reopened_after_a_torn_line_starts_on_a_line_of_its_own() {
+        let dir = std::env::temp_dir().join(format!("natrix-eventlog-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("events.jsonl");
+        std::fs::write(&path, b"{\"whole\":1}\n{\"torn").unwrap();
+        drop(EventLog::append(&path, LogUnit::Mapping).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"whole\":1}\n{\"torn\n");
+        drop(EventLog::append(&path, LogUnit::Mapping).unwrap());
+        assert_eq!(std::fs::read(&path).unwrap(), b"{\"whole\":1}\n{\"torn\n", "a whole last line is left alone");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

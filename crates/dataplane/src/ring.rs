@@ -293,16 +293,8 @@ pub fn wait_readable(fds: &[RawFd], timeout_ms: i32) {
     // SAFETY: pfds is a live array of pfds.len() pollfds.
     unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
     for p in pfds.iter().filter(|p| p.revents & libc::POLLERR != 0) {
-        take_socket_error(p.fd);
+        natrix_io::take_socket_error(p.fd);
     }
-}
-
-/// Reads a socket's pending error, which clears it.
-fn take_socket_error(fd: RawFd) {
-    let mut err: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: err and len live for the call; len gives err's size.
-    unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, std::ptr::addr_of_mut!(err).cast(), &mut len) };
 }
 
 #[cfg(test)]

@@ -208,7 +208,7 @@ impl Nat44 {
         self.pool.set_policy(new.port_selection, new.port_parity, new.hold_down_s);
         self.tables.set_timeouts(new.timeouts.by_class());
         self.assocs.set_timeouts(new.timeouts.by_class());
-        self.frags.set_limits(new.max_held_fragments as usize, new.max_held_fragment_bytes as usize, new.timeouts.fragment_ns);
+        self.frags.set_limits(new.max_held_fragments as usize, new.max_held_fragment_bytes as usize, new.timeouts.fragment_ns, self.now_ns);
         self.cfg = new;
         Ok(())
     }

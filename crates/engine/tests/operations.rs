@@ -193,3 +193,20 @@ fn a_reload_applies_the_fragment_limits_to_what_arrives_next() {
     e.reconfigure(shorter).expect("the fragment timeout applies live");
     assert_eq!(e.process(&mut later(3), Side::Inside, 2 * SEC), Verdict::Held, "the first held fragment timed out under the new timeout");
 }
+
+#[test]
+fn a_shorter_fragment_timeout_on_reload_ends_the_records_of_first_fragments_sooner() {
+    use etherparse::Ethernet2Header;
+    let mut e = engine(config());
+    let eth = Ethernet2Header { source: MAC_SUB, destination: MAC_NAT_IN, ether_type: etherparse::EtherType::IPV4 };
+    let sub = [100, 64, 0, 2];
+    // A UDP header (ports 4000 to 53, length 40) and 8 bytes, then the rest.
+    let mut first = ipv4_fragment(&eth, sub, REMOTE, 9, 0, &[0x0f, 0xa0, 0, 53, 0, 40, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8], true);
+    assert_eq!(e.process(&mut first, Side::Inside, SEC), Verdict::Forward(Side::Outside));
+    let mut shorter = config();
+    shorter.timeouts.fragment_ns = SEC / 2;
+    e.reconfigure(shorter).expect("the fragment timeout applies live");
+    // Under the old timeout the first fragment's record would still stand.
+    let mut later = ipv4_fragment(&eth, sub, REMOTE, 9, 16, &[9u8; 24], false);
+    assert_eq!(e.process(&mut later, Side::Inside, 2 * SEC), Verdict::Held, "the record ended half a second after the reload");
+}

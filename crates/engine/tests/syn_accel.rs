@@ -230,3 +230,20 @@ fn a_reload_sets_the_interval_and_destinations_for_the_next_attempt_and_refuses_
     let err = e.reconfigure(cfg).unwrap_err().to_string();
     assert!(err.contains("syn_accel") && err.contains("restart"), "{err}");
 }
+
+#[test]
+fn an_attempt_under_way_keeps_its_count_of_syns_across_a_reload() {
+    let mut cfg = config();
+    let mut e = defaults(cfg.clone());
+    let mut first = syn(5060, ISN);
+    assert_eq!(run(&mut e, &mut first, Side::Inside, T0), Verdict::Forward(Side::Outside));
+    let mut a = e.config().syn_accel.clone().unwrap();
+    a.attempts = 2;
+    cfg.syn_accel = Some(a);
+    e.reconfigure(cfg).expect("applies live");
+    let mut second = tcp_frame(Side::Inside, SUB, 40001, SERVER, 5061, 64, TcpKind::Syn, ISN, 0, b"");
+    assert_eq!(run(&mut e, &mut second, Side::Inside, T0 + 100 * MS), Verdict::Forward(Side::Outside));
+    let copies = tick(&mut e, T0, T0 + 1_900 * MS);
+    let of = |port: u16| copies.iter().filter(|o| o.0 == Side::Outside && must_decode(&o.2).tcp().destination_port == port).count();
+    assert_eq!((of(5060), of(5061)), (3, 1), "4 SYNs in all for the attempt begun before the reload, 2 for the one after");
+}

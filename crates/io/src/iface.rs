@@ -48,28 +48,30 @@ pub enum LinkState {
 
 impl Interface {
     /// The interface's state now, found by its index (a renamed interface
-    /// is still the one natrix opened).
-    pub fn state(&self) -> LinkState {
+    /// is still the one natrix opened); None where the kernel could not be
+    /// asked (out of file descriptors, say), which says nothing about it.
+    pub fn state(&self) -> Option<LinkState> {
         let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
         // SAFETY: name has the IFNAMSIZ bytes if_indextoname writes at most.
         if unsafe { libc::if_indextoname(self.index, name.as_mut_ptr()) }.is_null() {
-            return LinkState::Gone;
+            // No such index: ENXIO (glibc's word for the kernel's ENODEV).
+            return no_such_device(&std::io::Error::last_os_error()).then_some(LinkState::Gone);
         }
         // SAFETY: if_indextoname wrote a NUL-terminated name.
         let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
-        let Ok(mut req) = ifreq(&name) else { return LinkState::Down };
-        if ioctl(&name, libc::SIOCGIFFLAGS, &mut req, "reading the flags").is_err() {
-            return LinkState::Down;
-        }
+        let mut req = ifreq(&name).ok()?;
+        // A failure here, the index just found, is a rename or a deletion
+        // in between: the next look tells.
+        ioctl(&name, libc::SIOCGIFFLAGS, &mut req, "reading the flags").ok()?;
         // SAFETY: SIOCGIFFLAGS filled ifru_flags.
         let flags = i32::from(unsafe { req.ifr_ifru.ifru_flags });
         let up = libc::IFF_UP | libc::IFF_RUNNING;
-        if flags & up == up {
-            LinkState::Up
-        } else {
-            LinkState::Down
-        }
+        Some(if flags & up == up { LinkState::Up } else { LinkState::Down })
     }
+}
+
+fn no_such_device(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV))
 }
 
 fn ifreq(name: &str) -> Result<libc::ifreq, IoError> {
@@ -126,7 +128,7 @@ mod tests {
         ns.ip(&["link", "set", "nx-a", "up"]);
         ns.ip(&["link", "set", "nx-b", "up"]);
         let a = ns.run(|| Interface::lookup("nx-a")).expect("nx-a");
-        let state = || ns.run(|| a.state());
+        let state = || ns.run(|| a.state()).expect("the kernel answers");
         assert_eq!(state(), LinkState::Up);
         // No carrier: the peer is down.
         ns.ip(&["link", "set", "nx-b", "down"]);

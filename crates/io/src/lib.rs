@@ -23,4 +23,4 @@ pub use frames::{CopyingPorts, FrameId, FramePorts, PortCounters, SharedFrames};
 pub use lock::{InterfaceLock, LockError, LOCK_DIR};
 pub use memory::{MemoryPeer, MemoryPort};
 pub use output::{same_file, PendingFile};
-pub use port::{check_frames_fit, IoError, PacketPort, MAX_FRAME};
+pub use port::{check_frames_fit, take_socket_error, IoError, PacketPort, MAX_FRAME};

@@ -17,6 +17,16 @@ pub fn check_frames_fit(interface: &str, mtu: u16) -> Result<(), IoError> {
     Ok(())
 }
 
+/// Reads a socket's pending error, which clears it. A packet socket holds
+/// ENETDOWN while its link is down, and poll reports it at once every time
+/// until it is read: a loop that sleeps in poll must read it, or spin.
+pub fn take_socket_error(fd: RawFd) {
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: err and len live for the call; len gives err's size.
+    unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, std::ptr::addr_of_mut!(err).cast(), &mut len) };
+}
+
 /// An error of a live backend, naming the operation and the interface.
 #[derive(Debug)]
 pub enum IoError {

@@ -15,13 +15,17 @@ pub fn now_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// Sleeps until one of `fds` is readable or `timeout_ns` passes.
+/// Sleeps until one of `fds` is readable or `timeout_ns` passes; reads
+/// the error of a socket poll reports one for (`take_socket_error`).
 pub fn wait_readable(fds: &[RawFd], timeout_ns: u64) {
     let mut polls: Vec<libc::pollfd> = fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
     let ts = libc::timespec { tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t, tv_nsec: (timeout_ns % 1_000_000_000) as libc::c_long };
     // SAFETY: polls and ts are live for the call; a null sigmask keeps the
     // thread's own. An interrupted or failed wait only ends the nap early.
     unsafe { libc::ppoll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, &ts, std::ptr::null()) };
+    for p in polls.iter().filter(|p| p.revents & libc::POLLERR != 0) {
+        natrix_io::take_socket_error(p.fd);
+    }
 }
 
 /// Timer wake-ups as exact as the kernel can make them: the default 50 us

@@ -5,7 +5,12 @@
 //! nothing would hold its addresses (and, in a cluster, its role) all the
 //! same. Stopped, it exits 1, and a service manager starts it anew once
 //! the interface is back (the systemd unit restarts it on failure).
+//!
+//! Looked at once a second: an interface moved to another namespace and
+//! back within that second keeps its index and looks merely down and up,
+//! though natrix's sockets on it are gone.
 
+use std::sync::mpsc::{self, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -17,45 +22,63 @@ use tracing::{error, info, warn};
 /// How often the links are looked at.
 const EVERY: Duration = Duration::from_secs(1);
 
-/// Why the watch stopped natrix, once it has.
-pub type Stopped = Arc<Mutex<Option<String>>>;
-
-/// Starts the watch over `interfaces`. It ends natrix's wait for signals
-/// (`signals`) with the reason in the answer's `Stopped` once an interface
-/// is deleted, and ends itself once `signals` is closed.
-pub fn start(interfaces: Vec<Interface>, signals: Handle) -> std::io::Result<(JoinHandle<()>, Stopped)> {
-    let stopped = Stopped::default();
-    let reason = stopped.clone();
-    let watch = thread::Builder::new().name("link-watch".into()).spawn(move || watch(&interfaces, &signals, &reason))?;
-    Ok((watch, stopped))
+/// The watch under way.
+pub struct LinkWatch {
+    thread: JoinHandle<()>,
+    /// Dropped to end the watch at once.
+    quit: Sender<()>,
+    /// Why the watch stopped natrix, once it has.
+    stopped: Arc<Mutex<Option<String>>>,
 }
 
-fn watch(interfaces: &[Interface], signals: &Handle, stopped: &Mutex<Option<String>>) {
-    let mut last: Vec<LinkState> = interfaces.iter().map(|i| i.state()).collect();
-    for (i, &state) in interfaces.iter().zip(&last) {
-        if state == LinkState::Down {
+impl LinkWatch {
+    /// Starts watching `interfaces`. Once one is deleted, the watch ends
+    /// natrix's wait for signals (`signals`), the reason kept for `end`.
+    pub fn start(interfaces: Vec<Interface>, signals: Handle) -> std::io::Result<LinkWatch> {
+        let stopped = Arc::new(Mutex::new(None));
+        let reason = stopped.clone();
+        let (quit, told) = mpsc::channel::<()>();
+        let thread = thread::Builder::new().name("natrix-links".into()).spawn(move || {
+            if let Some(r) = watch(&interfaces, || told.recv_timeout(EVERY) == Err(RecvTimeoutError::Timeout)) {
+                error!("{r}");
+                *reason.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+                signals.close();
+            }
+        })?;
+        Ok(LinkWatch { thread, quit, stopped })
+    }
+
+    /// Ends the watch; why it stopped natrix, if it did.
+    pub fn end(self) -> Option<String> {
+        drop(self.quit);
+        let _ = self.thread.join();
+        self.stopped.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// Says what becomes of each link while `wait` (a second's wait, false
+/// once the watch is to end) goes on; the reason to stop natrix once an
+/// interface is deleted. A look the kernel cannot answer changes nothing.
+fn watch(interfaces: &[Interface], mut wait: impl FnMut() -> bool) -> Option<String> {
+    let mut last: Vec<Option<LinkState>> = interfaces.iter().map(Interface::state).collect();
+    for (i, state) in interfaces.iter().zip(&last) {
+        if *state == Some(LinkState::Down) {
             warn!("{}: link down at start: nothing passes through it until it is up", i.name);
         }
     }
-    while !signals.is_closed() {
-        thread::sleep(EVERY);
+    while wait() {
         for (i, last) in interfaces.iter().zip(&mut last) {
-            let now = i.state();
-            match (*last, now) {
-                (was, now) if was == now => {}
-                (_, LinkState::Down) => warn!("{}: link down: nothing passes through it until it is up again", i.name),
-                (_, LinkState::Up) => info!("{}: link up again", i.name),
-                (_, LinkState::Gone) => {
-                    let reason = deleted(i);
-                    error!("{reason}");
-                    *stopped.lock().unwrap_or_else(PoisonError::into_inner) = Some(reason);
-                    signals.close();
-                    return;
-                }
+            let Some(now) = i.state() else { continue };
+            match now {
+                _ if *last == Some(now) => {}
+                LinkState::Down => warn!("{}: link down: nothing passes through it until it is up again", i.name),
+                LinkState::Up => info!("{}: link up again", i.name),
+                LinkState::Gone => return Some(deleted(i)),
             }
-            *last = now;
+            *last = Some(now);
         }
     }
+    None
 }
 
 fn deleted(i: &Interface) -> String {

@@ -202,8 +202,6 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         return Err(Failure::Other("natrix test must run as root: it builds network namespaces and opens packet sockets (try sudo)".into()));
     }
     let tests = selected_tests(args)?;
-    let kinds: Vec<Kind> = args.dut.iter().map(|name| if name == "kernel" { Kind::Kernel } else { Kind::Natrix }).collect();
-    lab::check_existing_lab(&kinds)?;
     for size in &args.sizes {
         if !(natrix_tester::frame::MIN_FRAME_SIZE..=natrix_tester::frame::MAX_FRAME_SIZE).contains(size) {
             return Err(Failure::Usage(format!("--sizes {size}: frames are 64 to 1518 bytes (RFC 2544 sizes, FCS included)")));
@@ -212,6 +210,8 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure::Other(format!("cannot find the natrix executable: {e}")))?;
     let mut profile = Profile::new(args);
     check_connections(&profile.settings, lab::flow_space().capacity())?;
+    let kinds: Vec<Kind> = args.dut.iter().map(|name| if name == "kernel" { Kind::Kernel } else { Kind::Natrix }).collect();
+    lab::check_existing_lab(&kinds)?;
     std::fs::create_dir_all(&args.out).map_err(|e| Failure::Other(format!("{}: {e}", args.out.display())))?;
     let workdir = WorkDir::create()?;
     let natrix_log = args.out.join("natrix.log");

@@ -89,10 +89,16 @@ impl Fragments {
         }
     }
 
-    /// A reload's limits: for what arrives from now on; what is held
-    /// already stays until its first fragment or its time is up.
-    pub fn set_limits(&mut self, max_held: usize, max_held_bytes: usize, timeout_ns: u64) {
+    /// A reload's limits, at `now_ns`: for what arrives from now on; what
+    /// is held already stays until its first fragment or its time is up.
+    /// A record of a first fragment lasts no longer than the new timeout
+    /// allows: what it names (a DS-Lite stand-in) is kept that long only.
+    pub fn set_limits(&mut self, max_held: usize, max_held_bytes: usize, timeout_ns: u64, now_ns: u64) {
         (self.max_held, self.max_held_bytes, self.timeout_ns) = (max_held, max_held_bytes, timeout_ns);
+        let latest = now_ns.saturating_add(timeout_ns);
+        for r in &mut self.records {
+            r.expires_ns = r.expires_ns.min(latest);
+        }
     }
 
     pub fn lookup(&self, key: &FragKey, now_ns: u64) -> Option<FragRewrite> {

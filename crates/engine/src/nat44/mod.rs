@@ -133,7 +133,7 @@ pub struct Nat44 {
     /// FILTER options (RFC 6887 section 13.3) of the mappings PCP holds.
     pcp_filters: std::collections::BTreeMap<(Proto, u32, u16), Vec<FilterRule>>,
     pub(crate) counters: Counters,
-    now_ns: u64,
+    pub(crate) now_ns: u64,
     pub(crate) now_s: u32,
     /// A cluster standby: synced sessions wait for the active node's deletions instead of expiring.
     standby: bool,

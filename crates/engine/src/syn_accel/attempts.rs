@@ -48,6 +48,8 @@ pub(super) struct Attempt {
     pub state: State,
     /// SYNs sent so far, the caller's first included.
     pub sent: u8,
+    /// SYNs to send in all, as configured when the attempt began.
+    attempts: u8,
     /// Offset of the IPv4 header and length of `frame`.
     l3: u8,
     len: u8,
@@ -63,8 +65,24 @@ pub(super) struct Attempt {
 }
 
 impl Attempt {
-    pub fn new(key: Key, isn: u32, first_ns: u64, interval_ns: u64, deadline_ns: u64) -> Attempt {
-        Attempt { key, isn, state: State::Live, sent: 1, l3: 0, len: 0, first_ns, interval_ns, deadline_ns, due_ns: deadline_ns, answered_ns: u64::MAX, frame: [0; COPY_MAX] }
+    /// An attempt that sends `attempts` SYNs in all, `interval_ns` apart
+    /// from `first_ns`, before `deadline_ns`.
+    pub fn new(key: Key, isn: u32, attempts: u8, first_ns: u64, interval_ns: u64, deadline_ns: u64) -> Attempt {
+        Attempt {
+            key,
+            isn,
+            state: State::Live,
+            sent: 1,
+            attempts,
+            l3: 0,
+            len: 0,
+            first_ns,
+            interval_ns,
+            deadline_ns,
+            due_ns: deadline_ns,
+            answered_ns: u64::MAX,
+            frame: [0; COPY_MAX],
+        }
     }
 
     /// Keeps `frame` (IPv4 header at `l3`) as it is about to leave, with
@@ -96,11 +114,11 @@ impl Attempt {
     }
 
     /// The next SYN (the k-th, k = `sent`) falls at first + k x interval
-    /// while k < `attempts` and that is before the deadline; else the
+    /// while k < the attempt's `attempts` and that is before the deadline; else the
     /// deadline's reset is next.
-    pub fn next_due(&self, attempts: u8) -> u64 {
+    pub fn next_due(&self) -> u64 {
         let next = self.first_ns + u64::from(self.sent) * self.interval_ns;
-        if self.sent < attempts && next < self.deadline_ns {
+        if self.sent < self.attempts && next < self.deadline_ns {
             next
         } else {
             self.deadline_ns
@@ -294,10 +312,10 @@ mod tests {
     #[test]
     fn the_schedule_stops_at_the_attempts_or_the_deadline() {
         let key = Key { caller: 1, server: 2, caller_port: 3, server_port: 4 };
-        let mut a = Attempt::new(key, 9, 1_000, 500, 2_000 + 1_000);
+        let mut a = Attempt::new(key, 9, 4, 1_000, 500, 2_000 + 1_000);
         let mut dues = Vec::new();
         for _ in 0..6 {
-            let d = a.next_due(4);
+            let d = a.next_due();
             dues.push(d);
             if d == a.deadline_ns {
                 break;
@@ -305,23 +323,23 @@ mod tests {
             a.sent += 1;
         }
         assert_eq!(dues, [1_500, 2_000, 2_500, 3_000], "copies at 0.5, 1.0, 1.5, the reset at 2.0");
-        let mut short = Attempt::new(key, 9, 0, 500, 700);
-        assert_eq!(short.next_due(4), 500);
+        let mut short = Attempt::new(key, 9, 4, 0, 500, 700);
+        assert_eq!(short.next_due(), 500);
         short.sent = 2;
-        assert_eq!(short.next_due(4), 700, "no copy at or after the deadline");
+        assert_eq!(short.next_due(), 700, "no copy at or after the deadline");
     }
 
     #[test]
     fn ended_attempts_keep_their_record_until_released_and_leave_the_index() {
         let mut t = Attempts::new(16, 1).unwrap();
         let key = Key { caller: 10, server: 20, caller_port: 30, server_port: 40 };
-        let id = t.insert(Attempt::new(key, 1, 0, 5, 20)).unwrap();
+        let id = t.insert(Attempt::new(key, 1, 4, 0, 5, 20)).unwrap();
         assert_eq!(t.find(&key), Some(id));
         assert_eq!(t.live(), 1);
         t.retire(id);
         assert_eq!(t.find(&key), None);
         assert_eq!(t.live(), 0);
-        let again = t.insert(Attempt::new(key, 2, 0, 5, 20)).unwrap();
+        let again = t.insert(Attempt::new(key, 2, 4, 0, 5, 20)).unwrap();
         assert_ne!(again, id, "the retired record is still the old timer's");
         t.release(id);
         t.release(again);

@@ -308,12 +308,12 @@ impl SynAccel {
             return;
         }
         let (interval_ns, deadline_ns) = self.schedule_for(staged.key.server);
-        let mut a = Attempt::new(staged.key, staged.isn, staged.at_ns, interval_ns, staged.at_ns + deadline_ns);
+        let mut a = Attempt::new(staged.key, staged.isn, self.cfg.attempts, staged.at_ns, interval_ns, staged.at_ns + deadline_ns);
         if !a.keep_copy(frame, info.l3) {
             self.stats.untracked += 1;
             return;
         }
-        a.due_ns = a.next_due(self.cfg.attempts);
+        a.due_ns = a.next_due();
         let due = a.due_ns;
         self.timers.catch_up_idle(info.now_ns);
         match self.attempts.insert(a) {
@@ -400,7 +400,6 @@ impl SynAccel {
     /// frames of a sparse capture) is sent at once, each stamped with its
     /// own time, before anything else can touch the attempt.
     fn fire(&mut self, id: u32, now_ns: u64, out: &mut Emitter) {
-        let attempts_cfg = self.cfg.attempts;
         loop {
             let a = self.attempts.get_mut(id);
             let owed = matches!(a.state, State::Live | State::Answered) && a.due_ns <= a.answered_ns;
@@ -408,7 +407,7 @@ impl SynAccel {
                 (true, true) => {
                     out.send_copy(Side::Outside, a.due_ns, a.copy());
                     a.sent += 1;
-                    a.due_ns = a.next_due(attempts_cfg);
+                    a.due_ns = a.next_due();
                     self.stats.retransmits += 1;
                     a.due_ns
                 }
