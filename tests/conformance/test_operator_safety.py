@@ -886,3 +886,18 @@ def test_bench_refuses_workers_where_it_runs_one(natrix, mode):
     p = natrix("bench", "--mode", mode, "--workers", "2", "--flows", "1000")
     assert p.returncode == 2, f"exit {p.returncode}, expected 2\n{text(p)}"
     assert "--workers" in err(p), text(p)
+
+
+@pytest.mark.skipif(shutil.which("capinfos") is None or shutil.which("tshark") is None, reason="needs capinfos and tshark (apt-get install -y tshark)")
+@pytest.mark.parametrize("name,kind", [("gen.pcap", "nanosecond pcap"), ("gen.pcapng", "pcapng")])
+def test_gen_writes_a_classic_pcap_or_a_pcapng_by_the_files_name(natrix, tmp_path, name, kind):
+    """CONTRACTS, "Tester": `natrix gen` writes to "a pcap (--out FILE)":
+    a classic pcap where the name ends in .pcap, else pcapng, as capinfos
+    and tshark read them."""
+    out = tmp_path / name
+    p = natrix("gen", "--out", out, "--rate", "1000", "--duration", "0.01", "--flows", "4")
+    assert p.returncode == 0, text(p)
+    info = subprocess.run(["capinfos", "-t", "-c", str(out)], capture_output=True, text=True, timeout=30).stdout
+    assert kind in info and re.search(r"Number of packets:\s+10\b", info), info
+    frames = subprocess.run(["tshark", "-r", str(out), "-T", "fields", "-e", "udp.dstport"], capture_output=True, text=True, timeout=30).stdout.split()
+    assert len(frames) == 10 and set(frames) == {"5001"}, frames

@@ -6,6 +6,8 @@ deleted under it.
   is up. An AF_PACKET socket holds ENETDOWN while its link is down, and
   poll reports it at once every time until it is read: unread, it kept
   an idle natrix at 100% of a CPU for as long as the link stayed down.
+- Its MTU changed while natrix runs: said, with the MTU natrix goes on
+  using (the one it read at start), and the way back too.
 - Deleted (natrix on veths in a namespace of its own, so the lab stays
   whole): its sockets went with the interface, so natrix says so and
   stops with status 1, for its service manager to start it anew once the
@@ -65,6 +67,19 @@ def test_a_link_down_and_up_again_is_said_slept_through_and_forwarded_after(natr
     assert spent < 0.5, f"natrix used {spent:.2f} s of CPU in 2 s with its inside down: it should sleep\n{n.output()}"
     assert said(n, "inside: link up again"), f"natrix should say its inside's link is up again\n{n.output()}"
     assert pings(5).returncode == 0, f"no echo through natrix after the link came back\n{n.output()}"
+
+
+def test_an_mtu_changed_under_natrix_is_said(natrix):
+    """natrix reads its interfaces' MTUs once, at start: a change while it
+    runs is said, with what natrix goes on using, and so is the way back."""
+    n = natrix()
+    mtu = h.sh("ip", "-o", "link", "show", "inside", ns=NS_NAT).stdout.split(" mtu ")[1].split()[0]
+    try:
+        h.sh("ip", "link", "set", "inside", "mtu", "1400", ns=NS_NAT)
+        assert said(n, "inside: MTU now 1400; natrix goes on with the " + mtu), f"natrix should say the MTU changed\n{n.output()}"
+    finally:
+        h.sh("ip", "link", "set", "inside", "mtu", mtu, ns=NS_NAT)
+    assert said(n, f"inside: MTU back to {mtu}"), f"natrix should say the MTU is back\n{n.output()}"
 
 
 @pytest.fixture

@@ -210,13 +210,12 @@ fn bench_one(flows: u64, workers: u32, order: Order) -> Result<Vec<Line>, Failur
     // Memory an earlier size freed would otherwise be reused unseen.
     release_free_heap();
     let rss_before = rss_bytes();
-    let per_worker = flows / u64::from(workers);
     let barrier = Barrier::new(workers as usize);
     let sync = &barrier;
-    let bar = progress_bar(per_worker * u64::from(workers), workers);
+    let bar = progress_bar(flows, workers);
     let progress = &bar;
     let results: Vec<Result<WorkerResult, Failure>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, workers, per_worker, order, sync, progress))).collect();
+        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, workers, flows, order, sync, progress))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Failure::Other("bench worker panicked".into())))).collect()
     });
     bar.finish_and_clear();
@@ -236,7 +235,7 @@ fn bench_one(flows: u64, workers: u32, order: Order) -> Result<Vec<Line>, Failur
         let busy_s: f64 = parts.iter().map(|p| p.busy_ns as f64 / 1e9).fold(0.0, f64::max);
         lines.push(Line {
             mode: "nat44",
-            flows: per_worker * u64::from(workers),
+            flows,
             workers,
             pass: if pass == Pass::New { "new" } else { "established" },
             order: order.name(),
@@ -297,7 +296,15 @@ fn worker_config(worker: u32, workers: u32, flows: u64) -> EngineConfig {
 /// One worker's run. `sync` holds every worker between the passes, so the
 /// resident memory is read once all tables are full and the established
 /// passes run side by side.
-fn run_worker(worker: u32, workers: u32, flows: u64, order: Order, sync: &Barrier, progress: &ProgressBar) -> Result<WorkerResult, Failure> {
+/// Worker `worker`'s share of `total` flows among `workers`: the remainder
+/// goes one each to the first workers, so the shares add up to `total`.
+pub(crate) fn share(total: u64, workers: u32, worker: u32) -> u64 {
+    total / u64::from(workers) + u64::from(u64::from(worker) < total % u64::from(workers))
+}
+
+/// Worker `worker`'s run over its share of `total` flows.
+fn run_worker(worker: u32, workers: u32, total: u64, order: Order, sync: &Barrier, progress: &ProgressBar) -> Result<WorkerResult, Failure> {
+    let flows = share(total, workers, worker);
     let mut engine = match Engine::new(worker_config(worker, workers, flows)) {
         Ok(e) => e,
         Err(e) => {
@@ -306,7 +313,8 @@ fn run_worker(worker: u32, workers: u32, flows: u64, order: Order, sync: &Barrie
             return Err(Failure::Other(e.to_string()));
         }
     };
-    let first_sub = u64::from(worker) * flows.div_ceil(FLOWS_PER_SUBSCRIBER);
+    // Each worker's subscribers apart from the others', the largest share apart.
+    let first_sub = u64::from(worker) * share(total, workers, 0).div_ceil(FLOWS_PER_SUBSCRIBER);
     let shuffle = |pass: u64| (order == Order::Random).then(|| Permutation::new(flows, u64::from(worker) << 1 | pass));
     let new = run_pass(&mut engine, first_sub, flows, Pass::New, shuffle(0).as_ref(), progress);
     let sessions = engine.tables().session_count() as u64;
@@ -460,6 +468,17 @@ mod tests {
                 assert!(l.table_bytes_per_session > 0.0);
             }
         }
+    }
+
+    #[test]
+    fn flows_that_do_not_divide_among_the_workers_are_all_measured() {
+        // CONTRACTS: with --workers, --flows is the total across workers.
+        let lines = bench_one(1001, 2, Order::Created).unwrap();
+        for l in &lines {
+            assert_eq!((l.flows, l.errors), (1001, 0), "pass {}", l.pass);
+            assert_eq!(l.packets, 1001 * 2, "every flow, out and back, in pass {}", l.pass);
+        }
+        assert_eq!((0..3).map(|w| share(10, 3, w)).collect::<Vec<_>>(), [4, 3, 3]);
     }
 
     #[test]

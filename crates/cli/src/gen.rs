@@ -6,8 +6,7 @@
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-use natrix_engine::Side;
-use natrix_io::CaptureWriter;
+use natrix_io::OneSideCapture;
 use natrix_tester::engine::{render, AddrRange, DirectionReport, Expect, Kind, Link, Pick, Stream, Tester, TrialOutcome, TrialPlan};
 use natrix_tester::flows::FlowSpace;
 use natrix_tester::frame::{MAX_FRAME_SIZE, MIN_FRAME_SIZE};
@@ -24,7 +23,8 @@ pub struct Args {
     /// Send on this interface (AF_XDP, else AF_PACKET); answers that come back on it are counted.
     #[arg(long, value_name = "IF", required_unless_present = "out")]
     interface: Option<String>,
-    /// Write the frames to this capture (pcapng), each stamped with its due time, instead of sending them.
+    /// Write the frames to this capture, each stamped with its due time, instead of sending them: a classic
+    /// pcap (nanosecond time stamps) where FILE ends in .pcap, else pcapng.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["interface", "receive"])]
     out: Option<PathBuf>,
     /// Open the interface inside this network namespace (a name from `ip netns`).
@@ -154,12 +154,12 @@ fn kind(args: &Args) -> Kind {
 }
 
 fn write_capture(args: &Args, flows: FlowSpace, dst_mac: [u8; 6], out: &std::path::Path) -> Result<(), Failure> {
-    let mut capture = CaptureWriter::create(out).map_err(|e| Failure::Other(e.to_string()))?;
+    let mut capture = OneSideCapture::create(out).map_err(|e| Failure::Other(e.to_string()))?;
     let s = stream(args);
     let src_mac = [0x02, 0, 0, 0, 0, 0x01];
     let started = now_ns();
     let epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
-    render(kind(args), s, flows, (src_mac, dst_mac), epoch, |t, f| capture.write(Side::Inside, t, f)).map_err(|e| Failure::Other(e.to_string()))?;
+    render(kind(args), s, flows, (src_mac, dst_mac), epoch, |t, f| capture.write(t, f)).map_err(|e| Failure::Other(e.to_string()))?;
     capture.finish().map_err(|e| Failure::Other(e.to_string()))?;
     let took = (now_ns() - started) as f64 / 1e9;
     let built = s.frames as f64 / took;

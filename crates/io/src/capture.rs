@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use natrix_engine::Side;
-use pcap_file::pcap::PcapParser;
+use pcap_file::pcap::{PcapHeader, PcapPacket, PcapParser, PcapWriter};
 use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
 use pcap_file::pcapng::blocks::interface_description::{InterfaceDescriptionBlock, InterfaceDescriptionOption};
 use pcap_file::pcapng::{Block, PcapNgParser, PcapNgWriter};
-use pcap_file::{DataLink, PcapError};
+use pcap_file::{DataLink, PcapError, TsResolution};
 
 use crate::output::PendingFile;
 
@@ -361,9 +361,79 @@ impl CaptureWriter {
     }
 }
 
+/// A capture of frames all on one side (a generator's): a classic pcap,
+/// with nanosecond time stamps, where the name ends in `.pcap`, for tools
+/// that read nothing else; else a pcapng as `CaptureWriter` writes it.
+/// Written beside its final name, as `CaptureWriter` is.
+pub enum OneSideCapture {
+    Pcap { path: PathBuf, pending: PendingFile, writer: PcapWriter<BufWriter<File>> },
+    PcapNg(CaptureWriter),
+}
+
+impl OneSideCapture {
+    pub fn create(path: &Path) -> Result<Self, CaptureError> {
+        if path.extension().is_none_or(|e| e != "pcap") {
+            return CaptureWriter::create(path).map(OneSideCapture::PcapNg);
+        }
+        let (pending, file) = PendingFile::create(path).map_err(|source| CaptureError::Open { path: path.to_path_buf(), source })?;
+        let header = PcapHeader { ts_resolution: TsResolution::NanoSecond, datalink: DataLink::ETHERNET, ..PcapHeader::default() };
+        let writer =
+            PcapWriter::with_header(BufWriter::with_capacity(1 << 20, file), header).map_err(|e| CaptureError::Write { path: path.to_path_buf(), detail: e.to_string() })?;
+        Ok(OneSideCapture::Pcap { path: path.to_path_buf(), pending, writer })
+    }
+
+    pub fn write(&mut self, time_ns: u64, data: &[u8]) -> Result<(), CaptureError> {
+        match self {
+            OneSideCapture::PcapNg(w) => w.write(Side::Inside, time_ns, data),
+            OneSideCapture::Pcap { path, writer, .. } => {
+                let packet = PcapPacket::new(Duration::from_nanos(time_ns), data.len() as u32, data);
+                writer.write_packet(&packet).map(drop).map_err(|e| CaptureError::Write { path: path.clone(), detail: e.to_string() })
+            }
+        }
+    }
+
+    /// Flushes the capture and gives it its final name.
+    pub fn finish(self) -> Result<(), CaptureError> {
+        match self {
+            OneSideCapture::PcapNg(w) => w.finish(),
+            OneSideCapture::Pcap { path, pending, writer } => {
+                let write_err = |e: io::Error| CaptureError::Write { path: path.clone(), detail: e.to_string() };
+                let file = writer.into_writer().into_inner().map_err(|e| write_err(e.into_error()))?;
+                file.sync_all().map_err(write_err)?;
+                pending.commit().map_err(write_err)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_capture_named_pcap_is_a_classic_pcap_with_nanosecond_stamps() {
+        let dir = std::env::temp_dir().join(format!("natrix-one-side-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Classic pcap's nanosecond magic 0xa1b23c4d, in either byte order.
+        let nanosecond_pcap = [[0xa1, 0xb2, 0x3c, 0x4d], [0x4d, 0x3c, 0xb2, 0xa1]];
+        for (name, magics) in [("gen.pcap", &nanosecond_pcap[..]), ("gen.pcapng", &[PCAPNG_MAGIC][..])] {
+            let path = dir.join(name);
+            let mut w = OneSideCapture::create(&path).unwrap();
+            w.write(1_500_000_123, &[0xaa; 60]).unwrap();
+            w.write(1_500_000_456, &[0xbb; 64]).unwrap();
+            w.finish().unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            assert!(magics.iter().any(|m| bytes[..4] == m[..]), "{name}: {:02x?}", &bytes[..4]);
+            let mut r = CaptureReader::open(&path).unwrap();
+            let mut buf = Vec::new();
+            let first = r.next_into(&mut buf).unwrap().expect("a first frame");
+            assert_eq!((first.time_ns, buf.as_slice()), (1_500_000_123, &[0xaa; 60][..]), "{name}");
+            let second = r.next_into(&mut buf).unwrap().expect("a second frame");
+            assert_eq!((second.time_ns, buf.len()), (1_500_000_456, 64), "{name}");
+            assert!(r.next_into(&mut buf).unwrap().is_none());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn timestamps_scale_by_interface_resolution() {

@@ -51,14 +51,10 @@ impl Interface {
     /// is still the one natrix opened); None where the kernel could not be
     /// asked (out of file descriptors, say), which says nothing about it.
     pub fn state(&self) -> Option<LinkState> {
-        let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
-        // SAFETY: name has the IFNAMSIZ bytes if_indextoname writes at most.
-        if unsafe { libc::if_indextoname(self.index, name.as_mut_ptr()) }.is_null() {
+        let Some(name) = self.name_now() else {
             // No such index: ENXIO (glibc's word for the kernel's ENODEV).
             return no_such_device(&std::io::Error::last_os_error()).then_some(LinkState::Gone);
-        }
-        // SAFETY: if_indextoname wrote a NUL-terminated name.
-        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        };
         let mut req = ifreq(&name).ok()?;
         // A failure here, the index just found, is a rename or a deletion
         // in between: the next look tells.
@@ -67,6 +63,26 @@ impl Interface {
         let flags = i32::from(unsafe { req.ifr_ifru.ifru_flags });
         let up = libc::IFF_UP | libc::IFF_RUNNING;
         Some(if flags & up == up { LinkState::Up } else { LinkState::Down })
+    }
+
+    /// The interface's MTU now, where it can be read.
+    pub fn mtu_now(&self) -> Option<u16> {
+        let name = self.name_now()?;
+        let mut req = ifreq(&name).ok()?;
+        ioctl(&name, libc::SIOCGIFMTU, &mut req, "reading the MTU").ok()?;
+        // SAFETY: SIOCGIFMTU filled ifru_mtu.
+        Some(unsafe { req.ifr_ifru.ifru_mtu }.clamp(68, 65535) as u16)
+    }
+
+    /// The name its index has now; None (errno set) where it has none.
+    fn name_now(&self) -> Option<String> {
+        let mut name = [0 as libc::c_char; libc::IFNAMSIZ];
+        // SAFETY: name has the IFNAMSIZ bytes if_indextoname writes at most.
+        if unsafe { libc::if_indextoname(self.index, name.as_mut_ptr()) }.is_null() {
+            return None;
+        }
+        // SAFETY: if_indextoname wrote a NUL-terminated name.
+        Some(unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned())
     }
 }
 
@@ -138,6 +154,9 @@ mod tests {
         assert_eq!(state(), LinkState::Down);
         ns.ip(&["link", "set", "nx-a", "name", "nx-c", "up"]);
         assert_eq!(state(), LinkState::Up, "renamed, still the interface natrix opened");
+        assert_eq!(ns.run(|| a.mtu_now()), Some(1500));
+        ns.ip(&["link", "set", "nx-c", "mtu", "1400"]);
+        assert_eq!(ns.run(|| a.mtu_now()), Some(1400), "read again, under its new name");
         ns.ip(&["link", "del", "nx-c"]);
         assert_eq!(state(), LinkState::Gone);
         // Another of the old name is not the one natrix opened.

@@ -18,7 +18,7 @@ pub mod merging;
 pub mod output;
 pub mod port;
 
-pub use capture::{CaptureError, CaptureReader, CaptureWriter, ReadFrame};
+pub use capture::{CaptureError, CaptureReader, CaptureWriter, OneSideCapture, ReadFrame};
 pub use frames::{CopyingPorts, FrameId, FramePorts, PortCounters, SharedFrames};
 pub use lock::{InterfaceLock, LockError, LOCK_DIR};
 pub use memory::{MemoryPeer, MemoryPort};

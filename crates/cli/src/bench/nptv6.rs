@@ -69,11 +69,10 @@ pub fn bench_one(flows: u64, workers: u32) -> Result<Line, Failure> {
     if flows < u64::from(workers) {
         return Err(Failure::Other("--flows must be at least --workers".into()));
     }
-    let per_worker = flows / u64::from(workers);
     let barrier = Barrier::new(workers as usize);
     let sync = &barrier;
     let results: Vec<Result<PassResult, Failure>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, per_worker, sync))).collect();
+        let handles: Vec<_> = (0..workers).map(|w| s.spawn(move || run_worker(w, super::share(flows, workers, w), sync))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Failure::Other("bench worker panicked".into())))).collect()
     });
     let parts: Vec<PassResult> = results.into_iter().collect::<Result<_, _>>()?;
@@ -82,7 +81,7 @@ pub fn bench_one(flows: u64, workers: u32) -> Result<Line, Failure> {
     batches.sort_unstable();
     Ok(Line {
         mode: "nptv6",
-        flows: per_worker * u64::from(workers),
+        flows,
         workers,
         pass: "stateless",
         order: "created",

@@ -1,6 +1,6 @@
 //! The served interfaces' links, watched while natrix runs: a link that goes
-//! down or comes back is said, and an interface deleted under natrix stops
-//! it. Its sockets and programs went with the interface and never work
+//! down or comes back is said, as is an MTU changed under natrix, and an
+//! interface deleted under natrix stops it. Its sockets and programs went with the interface and never work
 //! again, even once one of the same name is back; a natrix that forwards
 //! nothing would hold its addresses (and, in a cluster, its role) all the
 //! same. Stopped, it exits 1, and a service manager starts it anew once
@@ -66,7 +66,17 @@ fn watch(interfaces: &[Interface], mut wait: impl FnMut() -> bool) -> Option<Str
             warn!("{}: link down at start: nothing passes through it until it is up", i.name);
         }
     }
+    let mut last_mtu: Vec<u16> = interfaces.iter().map(|i| i.mtu).collect();
     while wait() {
+        for (i, last_mtu) in interfaces.iter().zip(&mut last_mtu) {
+            match i.mtu_now() {
+                Some(mtu) if mtu != *last_mtu => {
+                    warn!("{}", mtu_changed(i, mtu));
+                    *last_mtu = mtu;
+                }
+                _ => {}
+            }
+        }
         for (i, last) in interfaces.iter().zip(&mut last) {
             let Some(now) = i.state() else { continue };
             match now {
@@ -79,6 +89,19 @@ fn watch(interfaces: &[Interface], mut wait: impl FnMut() -> bool) -> Option<Str
         }
     }
     None
+}
+
+/// natrix reads an MTU once, at start: it sizes what it sends (and the
+/// ICMP fragmentation needed it answers with) and the frames it takes.
+fn mtu_changed(i: &Interface, mtu: u16) -> String {
+    if mtu == i.mtu {
+        format!("{}: MTU back to {mtu}, the one natrix uses", i.name)
+    } else {
+        format!(
+            "{}: MTU now {mtu}; natrix goes on with the {} it read at start (what it sends, the ICMP fragmentation needed it answers, the frames it takes): restart natrix to use {mtu}",
+            i.name, i.mtu
+        )
+    }
 }
 
 fn deleted(i: &Interface) -> String {
