@@ -8,21 +8,26 @@ deleted under it.
   an idle natrix at 100% of a CPU for as long as the link stayed down.
 - Its MTU changed while natrix runs: said, with the MTU natrix goes on
   using (the one it read at start), and the way back too.
+- Its next hop moved to another MAC with a gratuitous ARP (a router
+  failover): followed at once, also by the flows the XDP program forwards.
 - Deleted (natrix on veths in a namespace of its own, so the lab stays
   whole): its sockets went with the interface, so natrix says so and
   stops with status 1, for its service manager to start it anew once the
   interface is back.
 
-About 15 s.
+About 20 s.
 """
 
+import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 import e2e_harness as h
-from e2e_harness import NS_NAT, NS_SUB1, SRV1
+from e2e_harness import NS_NAT, NS_SRV1, NS_SUB1, SRV1
 
 h.skip_module_if_unavailable()
 
@@ -80,6 +85,76 @@ def test_an_mtu_changed_under_natrix_is_said(natrix):
     finally:
         h.sh("ip", "link", "set", "inside", "mtu", mtu, ns=NS_NAT)
     assert said(n, f"inside: MTU back to {mtu}"), f"natrix should say the MTU is back\n{n.output()}"
+
+
+# Echoes (nx-sub1): 100-byte UDP datagrams to the server, 100 a second for
+# 5 s, each waited for 10 ms. Prints {"sent", "lost"}.
+ECHO_CLIENT = r"""
+import json, socket, sys, time
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(0.002); u.connect((sys.argv[1], int(sys.argv[2])))
+got, sent, t0 = set(), 0, time.time()
+while time.time() - t0 < 5:
+    u.send(str(sent).encode().ljust(100)); sent += 1
+    end = time.time() + 0.01
+    while time.time() < end:
+        try:
+            got.add(int(u.recv(200)))
+        except (socket.timeout, ValueError):
+            pass
+print(json.dumps({"sent": sent, "lost": sum(1 for i in range(sent) if i not in got)}), flush=True)
+"""
+
+ECHO_SERVER = r"""
+import socket, sys
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("0.0.0.0", int(sys.argv[1])))
+print("ready", flush=True)
+while True:
+    d, a = u.recvfrom(2000); u.sendto(d, a)
+"""
+
+# The server's router fails over (nx-srv1): its MAC changes and it says so
+# with a gratuitous ARP (a request for its own address), within a few ms.
+FAILOVER = r"""
+import subprocess, sys
+from scapy.all import ARP, Ether, sendp
+mac, ip = sys.argv[1], sys.argv[2]
+subprocess.run(["ip", "link", "set", "eth0", "address", mac], check=True)
+sendp(Ether(src=mac, dst="ff:ff:ff:ff:ff:ff") / ARP(op=1, hwsrc=mac, psrc=ip, hwdst="00:00:00:00:00:00", pdst=ip), iface="eth0", verbose=False)
+"""
+
+
+def api_stats():
+    r = h.run_in(NS_NAT, "curl", "-sS", "-f", "--noproxy", "*", "-m", "5", f"http://{h.DEFAULT_API}/api/stats", timeout=10)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_a_next_hop_that_moves_with_a_gratuitous_arp_is_followed_at_once(natrix):
+    """A router failover moves the next hop's MAC and says so with a
+    gratuitous ARP. natrix follows at once, also for the flows its XDP
+    program forwards by itself (they carry the next hop's address, and
+    before, kept the old one until the next sweep, up to a second later)."""
+    n = natrix()
+    port = 7402
+    old_mac = h.sh("cat", "/sys/class/net/eth0/address", ns=NS_SRV1).stdout.strip()
+    server = subprocess.Popen(h.netns_cmd(NS_SRV1, sys.executable, "-u", "-c", ECHO_SERVER, str(port)), stdout=subprocess.PIPE, text=True, env=h.clean_env())
+    try:
+        assert server.stdout.readline().strip() == "ready"
+        client = subprocess.Popen(h.netns_cmd(NS_SUB1, sys.executable, "-c", ECHO_CLIENT, SRV1, str(port)), stdout=subprocess.PIPE, text=True, env=h.clean_env())
+        time.sleep(2.5)
+        offloaded = api_stats()["offloaded"]
+        h.run_in(NS_SRV1, sys.executable, "-c", FAILOVER, "02:aa:bb:cc:dd:ee", SRV1, timeout=30, check=True)
+        out, _ = client.communicate(timeout=30)
+    finally:
+        server.kill()
+        server.wait(timeout=5)
+        h.run_in(NS_SRV1, sys.executable, "-c", FAILOVER, old_mac, SRV1, timeout=30)
+    result = json.loads(out)
+    assert result["sent"] > 300, result
+    if offloaded["egress"]["outside"]:
+        assert offloaded["to_outside"] > 0, f"the XDP program should forward the flow by itself by now: {offloaded}"
+    # Each datagram waits 10 ms: the few the change itself catches, no more.
+    assert result["lost"] <= 5, f"echoes lost after the next hop moved: {result}\n{offloaded}\n{n.output()}"
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::Ipv6Addr;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use natrix_engine::config::{prefix_contains, Addr6};
 use natrix_engine::state::hash;
@@ -105,19 +107,31 @@ pub struct Gateway {
     /// Keyed by the address as a u128.
     v6: [Neighbours<u128>; 2],
     pub counters: GatewayCounters,
+    /// Known neighbours that moved to another link-layer address (a router
+    /// failover's gratuitous ARP), counted, for the XDP offload, whose
+    /// flows carry their next hop's address, to follow at once.
+    moves: Arc<AtomicU64>,
 }
 
 impl Gateway {
     pub fn new(inside: Link, outside: Link, gateway: Option<u32>, gateway6: Option<Ipv6Addr>) -> Gateway {
         let seed = Seeded::random();
+        let moves = Arc::new(AtomicU64::new(0));
         Gateway {
             links: [inside, outside],
             gateway,
             gateway6,
-            v4: [Neighbours::new(seed), Neighbours::new(seed)],
-            v6: [Neighbours::new(seed), Neighbours::new(seed)],
+            v4: [(); 2].map(|_| Neighbours::new(seed, moves.clone())),
+            v6: [(); 2].map(|_| Neighbours::new(seed, moves.clone())),
             counters: GatewayCounters::default(),
+            moves,
         }
+    }
+
+    /// The count of known neighbours that moved to another link-layer
+    /// address, shared: it grows as they move.
+    pub fn moves(&self) -> Arc<AtomicU64> {
+        self.moves.clone()
     }
 
     /// Reloads what a SIGHUP may change: the addresses answered for (pool
@@ -433,11 +447,13 @@ struct Neighbours<K> {
     known: HashMap<K, ([u8; 6], u64), Seeded>,
     asked: HashMap<K, u64, Seeded>,
     pending: VecDeque<(K, u64, Vec<u8>)>,
+    /// The gateway's count of neighbours that moved.
+    moves: Arc<AtomicU64>,
 }
 
 impl<K: Copy + Eq + Hash> Neighbours<K> {
-    fn new(seed: Seeded) -> Neighbours<K> {
-        Neighbours { known: HashMap::with_hasher(seed), asked: HashMap::with_hasher(seed), pending: VecDeque::new() }
+    fn new(seed: Seeded, moves: Arc<AtomicU64>) -> Neighbours<K> {
+        Neighbours { known: HashMap::with_hasher(seed), asked: HashMap::with_hasher(seed), pending: VecDeque::new(), moves }
     }
 
     fn knows(&self, addr: K) -> bool {
@@ -458,7 +474,9 @@ impl<K: Copy + Eq + Hash> Neighbours<K> {
                 return;
             }
         }
-        self.known.insert(addr, (mac, now_ns));
+        if self.known.insert(addr, (mac, now_ns)).is_some_and(|(was, _)| was != mac) {
+            self.moves.fetch_add(1, Relaxed);
+        }
         self.asked.remove(&addr);
         for (hop, since, mut frame) in std::mem::take(&mut self.pending) {
             if hop == addr {
@@ -761,6 +779,26 @@ mod tests {
         let mut off = ipv4_to(0x0a00_0001);
         egress(&mut g, Side::Inside, &mut off, 0, &mut |_, _| panic!("no route inside"));
         assert_eq!((g.counters.not_for_us, g.counters.no_route), (1, 1));
+    }
+
+    #[test]
+    fn a_gratuitous_arp_moves_a_known_next_hop_at_once_and_is_counted() {
+        let mut g = gateway();
+        let moves = g.moves();
+        let (old, new) = ([2, 0, 0, 0, 0, 0xfe], [2, 0, 0, 0, 0, 0xef]);
+        collect(&mut g, |g, tx| {
+            g.ingress(Side::Outside, &arp_frame(NAT_OUT, arp::OP_REPLY, (old, GW), OUTSIDE), 0, tx);
+            // Refreshed as it was: no move.
+            g.ingress(Side::Outside, &arp_frame(NAT_OUT, arp::OP_REPLY, (old, GW), OUTSIDE), 1, tx);
+        });
+        assert_eq!(moves.load(Relaxed), 0, "learning a neighbour, or hearing it again, is no move");
+        // A router failover's gratuitous ARP: a request for its own address.
+        collect(&mut g, |g, tx| {
+            g.ingress(Side::Outside, &arp_frame(BROADCAST, arp::OP_REQUEST, (new, GW), GW), 2, tx);
+        });
+        assert_eq!(moves.load(Relaxed), 1);
+        let sent = collect(&mut g, |g, tx| egress(g, Side::Outside, &mut ipv4_to(0x0808_0808), 3, tx));
+        assert_eq!(&sent[0].1[0..6], &new, "the next frame goes to the new address");
     }
 
     #[test]

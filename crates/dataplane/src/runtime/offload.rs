@@ -103,11 +103,14 @@ impl Redirects {
 pub(crate) struct OffloadPlan {
     table: OffloadTable,
     gateway: Arc<Mutex<Gateway>>,
+    /// The gateway's count of next hops that moved (`Gateway::moves`).
+    moves: Arc<AtomicU64>,
 }
 
 impl OffloadPlan {
     pub(crate) fn new(table: OffloadTable, gateway: Arc<Mutex<Gateway>>) -> OffloadPlan {
-        OffloadPlan { table, gateway }
+        let moves = gateway.lock().unwrap_or_else(std::sync::PoisonError::into_inner).moves();
+        OffloadPlan { table, gateway, moves }
     }
 
     /// The Ethernet addresses of frames to `dst` leaving on `side`, where
@@ -171,6 +174,8 @@ pub(crate) struct Offloader {
     sweep_total: usize,
     sweep_start: u64,
     heads: Heads,
+    /// The next hops' moves followed so far (`OffloadPlan::moves`).
+    moves_followed: u64,
 }
 
 impl Offloader {
@@ -186,6 +191,7 @@ impl Offloader {
             sweep_total: 0,
             sweep_start: 0,
             heads: Vec::new(),
+            moves_followed: 0,
         }
     }
 
@@ -304,6 +310,7 @@ impl Offloader {
     /// hop is no longer known and those whose interface no longer takes
     /// redirected frames; follows a next hop's new address.
     pub(crate) fn sweep(&mut self, engine: &mut Engine, now: u64) {
+        self.follow_moved_next_hops(now);
         if self.sweeping.is_empty() {
             if now < self.next_sweep {
                 return;
@@ -335,6 +342,26 @@ impl Offloader {
 }
 
 impl Offloader {
+    /// Once a next hop has moved to another link-layer address (a router
+    /// failover's gratuitous ARP), every flow direction is addressed to
+    /// where its next hop is now, at once rather than at the next sweep:
+    /// the program would send the frames to the old address until then.
+    fn follow_moved_next_hops(&mut self, now: u64) {
+        let moves = self.plan.moves.load(Relaxed);
+        if moves == self.moves_followed {
+            return;
+        }
+        self.moves_followed = moves;
+        let Offloader { plan, known, .. } = self;
+        known.retain(|key, k| {
+            let kept = follow_next_hop(plan, key, k, now);
+            if !kept {
+                plan.table.map.remove(key);
+            }
+            kept
+        });
+    }
+
     /// How many flow directions this round of the sweep goes through: at
     /// least `SWEEP_SLICE`, and as many as keep it on course to end
     /// `SWEEP_NS` after it started.
