@@ -204,7 +204,7 @@ fn bench_one(flows: u64, workers: u32, order: Order) -> Result<Vec<Line>, Failur
     if flows < u64::from(workers) {
         return Err(Failure::Other("--flows must be at least --workers".into()));
     }
-    if flows / FLOWS_PER_SUBSCRIBER > (1 << 22) {
+    if share(flows, workers, 0).div_ceil(FLOWS_PER_SUBSCRIBER) * u64::from(workers) > (1 << 22) {
         return Err(Failure::Other("at most 268M flows: the subscribers must fit in 100.64.0.0/10".into()));
     }
     // Memory an earlier size freed would otherwise be reused unseen.
@@ -293,16 +293,15 @@ fn worker_config(worker: u32, workers: u32, flows: u64) -> EngineConfig {
     }
 }
 
-/// One worker's run. `sync` holds every worker between the passes, so the
-/// resident memory is read once all tables are full and the established
-/// passes run side by side.
 /// Worker `worker`'s share of `total` flows among `workers`: the remainder
 /// goes one each to the first workers, so the shares add up to `total`.
 pub(crate) fn share(total: u64, workers: u32, worker: u32) -> u64 {
     total / u64::from(workers) + u64::from(u64::from(worker) < total % u64::from(workers))
 }
 
-/// Worker `worker`'s run over its share of `total` flows.
+/// Worker `worker`'s run over its share of `total` flows. `sync` holds
+/// every worker between the passes, so the resident memory is read once
+/// all tables are full and the established passes run side by side.
 fn run_worker(worker: u32, workers: u32, total: u64, order: Order, sync: &Barrier, progress: &ProgressBar) -> Result<WorkerResult, Failure> {
     let flows = share(total, workers, worker);
     let mut engine = match Engine::new(worker_config(worker, workers, flows)) {

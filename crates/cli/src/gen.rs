@@ -160,14 +160,15 @@ fn write_capture(args: &Args, flows: FlowSpace, dst_mac: [u8; 6], out: &std::pat
     let started = now_ns();
     let epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
     render(kind(args), s, flows, (src_mac, dst_mac), epoch, |t, f| capture.write(t, f)).map_err(|e| Failure::Other(e.to_string()))?;
+    let format = capture.format();
     capture.finish().map_err(|e| Failure::Other(e.to_string()))?;
     let took = (now_ns() - started) as f64 / 1e9;
     let built = s.frames as f64 / took;
     if args.json {
-        println!("{}", json!({"out": out, "frames": s.frames, "rate_pps": args.rate, "seconds": s.frames as f64 / args.rate, "generated_pps": built}));
+        println!("{}", json!({"out": out, "format": format, "frames": s.frames, "rate_pps": args.rate, "seconds": s.frames as f64 / args.rate, "generated_pps": built}));
     } else {
         println!(
-            "wrote {} frames to {} at {} frames/s of capture time ({:.1} s); generated at {:.0} frames/s",
+            "wrote {} frames to {} ({format}) at {} frames/s of capture time ({:.1} s); generated at {:.0} frames/s",
             s.frames,
             out.display(),
             args.rate,

@@ -9,6 +9,7 @@
 use std::io::IsTerminal;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,6 +45,12 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     // instead of killing the process; then masked while the other threads
     // start, so they inherit the mask and only this thread ever takes them.
     let mut signals = Signals::new([SIGTERM, SIGINT, SIGHUP]).map_err(|e| Failure::Other(format!("installing signal handlers: {e}")))?;
+    // Also kept apart from the loop below, which a deleted interface may end
+    // before it reads a SIGTERM that came at the same moment.
+    let told_to_stop = Arc::new(AtomicBool::new(false));
+    for signal in [SIGTERM, SIGINT] {
+        signal_hook::flag::register(signal, told_to_stop.clone()).map_err(|e| Failure::Other(format!("installing signal handlers: {e}")))?;
+    }
     let masked = SignalMask::block(&[SIGTERM, SIGINT, SIGHUP]);
     let cfg = load(&args.config)?;
     let mut settings = settings(&cfg, &args.config)?;
@@ -85,7 +92,6 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         if dp.workers() == 1 { "" } else { "s" }
     );
     let mut running = cfg;
-    let mut told_to_stop = false;
     for signal in signals.forever() {
         match signal {
             SIGHUP => {
@@ -93,16 +99,13 @@ pub fn run(args: &Args) -> Result<(), Failure> {
                     running = new;
                 }
             }
-            SIGTERM | SIGINT => {
-                told_to_stop = true;
-                break;
-            }
+            SIGTERM | SIGINT => break,
             _ => {}
         }
     }
     // Ended before the stop, which may take links down; a signal's stop
     // exits 0 whatever the links did meanwhile.
-    let deleted = watch.end().filter(|_| !told_to_stop);
+    let deleted = watch.end().filter(|_| !told_to_stop.load(Ordering::Relaxed));
     // Withdrawn first: routers move the traffic away before natrix stops forwarding.
     if let Some(c) = cluster {
         c.stop();

@@ -76,8 +76,13 @@ impl EventLog {
     /// A last line a failed write left without its newline gets one, so
     /// that it does not swallow the next record.
     pub fn append(path: &Path, unit: LogUnit) -> io::Result<Self> {
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).read(true).open(path)?;
-        if ends_mid_line(&file)? {
+        let open = |read| std::fs::OpenOptions::new().create(true).append(true).read(read).open(path);
+        // A file natrix may write but not read is appended to unlooked at.
+        let (mut file, readable) = match open(true) {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => (open(false)?, false),
+            other => (other?, true),
+        };
+        if readable && ends_mid_line(&file)? {
             file.write_all(b"\n")?;
         }
         Ok(EventLog { out: BufWriter::new(file), unit, written: 0, bytes: 0 })

@@ -13,7 +13,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::Ipv6Addr;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use natrix_engine::config::{prefix_contains, Addr6};
@@ -21,6 +20,9 @@ use natrix_engine::state::hash;
 use natrix_engine::Side;
 use natrix_wire::icmpv6::{self, NeighborAdvert, NeighborMessage, NeighborSolicit};
 use natrix_wire::{arp, ethernet, ipv4, ipv6};
+
+pub mod moves;
+use moves::{Move, MoveLog};
 
 const BROADCAST: [u8; 6] = [0xff; 6];
 const NS: u64 = 1_000_000_000;
@@ -107,30 +109,28 @@ pub struct Gateway {
     /// Keyed by the address as a u128.
     v6: [Neighbours<u128>; 2],
     pub counters: GatewayCounters,
-    /// Known neighbours that moved to another link-layer address (a router
-    /// failover's gratuitous ARP), counted, for the XDP offload, whose
-    /// flows carry their next hop's address, to follow at once.
-    moves: Arc<AtomicU64>,
+    /// Known IPv4 neighbours that moved to another link-layer address.
+    moves: Arc<MoveLog>,
 }
 
 impl Gateway {
     pub fn new(inside: Link, outside: Link, gateway: Option<u32>, gateway6: Option<Ipv6Addr>) -> Gateway {
         let seed = Seeded::random();
-        let moves = Arc::new(AtomicU64::new(0));
+        let moves = Arc::new(MoveLog::default());
         Gateway {
             links: [inside, outside],
             gateway,
             gateway6,
-            v4: [(); 2].map(|_| Neighbours::new(seed, moves.clone())),
-            v6: [(); 2].map(|_| Neighbours::new(seed, moves.clone())),
+            v4: [Side::Inside, Side::Outside].map(|side| Neighbours::new(seed, Some((moves.clone(), side)))),
+            v6: [(); 2].map(|_| Neighbours::new(seed, None)),
             counters: GatewayCounters::default(),
             moves,
         }
     }
 
-    /// The count of known neighbours that moved to another link-layer
-    /// address, shared: it grows as they move.
-    pub fn moves(&self) -> Arc<AtomicU64> {
+    /// The known IPv4 neighbours that moved to another link-layer address,
+    /// shared: it grows as they move.
+    pub fn moves(&self) -> Arc<MoveLog> {
         self.moves.clone()
     }
 
@@ -447,12 +447,12 @@ struct Neighbours<K> {
     known: HashMap<K, ([u8; 6], u64), Seeded>,
     asked: HashMap<K, u64, Seeded>,
     pending: VecDeque<(K, u64, Vec<u8>)>,
-    /// The gateway's count of neighbours that moved.
-    moves: Arc<AtomicU64>,
+    /// Where moves are told (the IPv4 neighbours of a side), and the side.
+    moves: Option<(Arc<MoveLog>, Side)>,
 }
 
 impl<K: Copy + Eq + Hash> Neighbours<K> {
-    fn new(seed: Seeded, moves: Arc<AtomicU64>) -> Neighbours<K> {
+    fn new(seed: Seeded, moves: Option<(Arc<MoveLog>, Side)>) -> Neighbours<K> {
         Neighbours { known: HashMap::with_hasher(seed), asked: HashMap::with_hasher(seed), pending: VecDeque::new(), moves }
     }
 
@@ -474,8 +474,9 @@ impl<K: Copy + Eq + Hash> Neighbours<K> {
                 return;
             }
         }
-        if self.known.insert(addr, (mac, now_ns)).is_some_and(|(was, _)| was != mac) {
-            self.moves.fetch_add(1, Relaxed);
+        match (self.known.insert(addr, (mac, now_ns)), &self.moves) {
+            (Some((old, _)), Some((log, side))) if old != mac => log.record(Move { side: *side, old, new: mac }),
+            _ => {}
         }
         self.asked.remove(&addr);
         for (hop, since, mut frame) in std::mem::take(&mut self.pending) {
@@ -791,12 +792,12 @@ mod tests {
             // Refreshed as it was: no move.
             g.ingress(Side::Outside, &arp_frame(NAT_OUT, arp::OP_REPLY, (old, GW), OUTSIDE), 1, tx);
         });
-        assert_eq!(moves.load(Relaxed), 0, "learning a neighbour, or hearing it again, is no move");
+        assert_eq!(moves.count(), 0, "learning a neighbour, or hearing it again, is no move");
         // A router failover's gratuitous ARP: a request for its own address.
         collect(&mut g, |g, tx| {
             g.ingress(Side::Outside, &arp_frame(BROADCAST, arp::OP_REQUEST, (new, GW), GW), 2, tx);
         });
-        assert_eq!(moves.load(Relaxed), 1);
+        assert!(matches!(moves.since(0, moves.count()), moves::Since::Moves(m) if m == [Move { side: Side::Outside, old, new }]));
         let sent = collect(&mut g, |g, tx| egress(g, Side::Outside, &mut ipv4_to(0x0808_0808), 3, tx));
         assert_eq!(&sent[0].1[0..6], &new, "the next frame goes to the new address");
     }

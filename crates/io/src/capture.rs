@@ -372,7 +372,7 @@ pub enum OneSideCapture {
 
 impl OneSideCapture {
     pub fn create(path: &Path) -> Result<Self, CaptureError> {
-        if path.extension().is_none_or(|e| e != "pcap") {
+        if !path.extension().is_some_and(|e| e.eq_ignore_ascii_case("pcap")) {
             return CaptureWriter::create(path).map(OneSideCapture::PcapNg);
         }
         let (pending, file) = PendingFile::create(path).map_err(|source| CaptureError::Open { path: path.to_path_buf(), source })?;
@@ -389,6 +389,14 @@ impl OneSideCapture {
                 let packet = PcapPacket::new(Duration::from_nanos(time_ns), data.len() as u32, data);
                 writer.write_packet(&packet).map(drop).map_err(|e| CaptureError::Write { path: path.clone(), detail: e.to_string() })
             }
+        }
+    }
+
+    /// "pcap" or "pcapng".
+    pub fn format(&self) -> &'static str {
+        match self {
+            OneSideCapture::Pcap { .. } => "pcap",
+            OneSideCapture::PcapNg(_) => "pcapng",
         }
     }
 
@@ -416,7 +424,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         // Classic pcap's nanosecond magic 0xa1b23c4d, in either byte order.
         let nanosecond_pcap = [[0xa1, 0xb2, 0x3c, 0x4d], [0x4d, 0x3c, 0xb2, 0xa1]];
-        for (name, magics) in [("gen.pcap", &nanosecond_pcap[..]), ("gen.pcapng", &[PCAPNG_MAGIC][..])] {
+        for (name, magics) in [("gen.pcap", &nanosecond_pcap[..]), ("GEN.PCAP", &nanosecond_pcap[..]), ("gen.pcapng", &[PCAPNG_MAGIC][..])] {
             let path = dir.join(name);
             let mut w = OneSideCapture::create(&path).unwrap();
             w.write(1_500_000_123, &[0xaa; 60]).unwrap();

@@ -1,10 +1,11 @@
 //! The served interfaces' links, watched while natrix runs: a link that goes
 //! down or comes back is said, as is an MTU changed under natrix, and an
-//! interface deleted under natrix stops it. Its sockets and programs went with the interface and never work
-//! again, even once one of the same name is back; a natrix that forwards
-//! nothing would hold its addresses (and, in a cluster, its role) all the
-//! same. Stopped, it exits 1, and a service manager starts it anew once
-//! the interface is back (the systemd unit restarts it on failure).
+//! interface deleted under natrix stops it. Its sockets and programs went
+//! with the interface and never work again, even once one of the same name
+//! is back; a natrix that forwards nothing would hold its addresses (and,
+//! in a cluster, its role) all the same. Stopped, it exits 1, and a service
+//! manager starts it anew once the interface is back (the systemd unit
+//! restarts it on failure).
 //!
 //! Looked at once a second: an interface moved to another namespace and
 //! back within that second keeps its index and looks merely down and up,

@@ -412,6 +412,12 @@ impl Dataplane {
         } else {
             dp.start_sharded(engines, links.remove(0), &engine_cfg, event_tx, clock, settings.busy_poll)?;
         }
+        if dp.offload.is_some() {
+            // Every worker's offloader follows a moved next hop at once,
+            // even one asleep because the program forwards all its flows.
+            let bells = dp.workers.iter().map(|w| w.doorbell.clone()).collect();
+            gateway.lock().unwrap_or_else(std::sync::PoisonError::into_inner).moves().wake(bells);
+        }
         Ok(dp)
     }
 

@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex};
 use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::af_xdp::offload::{self, Egress, FlowAction, FlowKey, Head, Offload};
 
+use crate::gateway::moves::{MoveLog, Since};
 use crate::gateway::Gateway;
 
 /// Frames of a flow direction the engine translates before the program
@@ -103,8 +104,8 @@ impl Redirects {
 pub(crate) struct OffloadPlan {
     table: OffloadTable,
     gateway: Arc<Mutex<Gateway>>,
-    /// The gateway's count of next hops that moved (`Gateway::moves`).
-    moves: Arc<AtomicU64>,
+    /// The next hops that moved (`Gateway::moves`).
+    moves: Arc<MoveLog>,
 }
 
 impl OffloadPlan {
@@ -343,18 +344,24 @@ impl Offloader {
 
 impl Offloader {
     /// Once a next hop has moved to another link-layer address (a router
-    /// failover's gratuitous ARP), every flow direction is addressed to
-    /// where its next hop is now, at once rather than at the next sweep:
-    /// the program would send the frames to the old address until then.
+    /// failover's gratuitous ARP), the flow directions addressed to its old
+    /// one are addressed to its new one, at once rather than at the next
+    /// sweep: the program would send their frames to the old one until
+    /// then. An offloader that fell behind the moves kept looks up every
+    /// flow direction's next hop.
     fn follow_moved_next_hops(&mut self, now: u64) {
-        let moves = self.plan.moves.load(Relaxed);
-        if moves == self.moves_followed {
+        let count = self.plan.moves.count();
+        if count == self.moves_followed {
             return;
         }
-        self.moves_followed = moves;
+        let since = self.plan.moves.since(self.moves_followed, count);
+        self.moves_followed = count;
         let Offloader { plan, known, .. } = self;
         known.retain(|key, k| {
-            let kept = follow_next_hop(plan, key, k, now);
+            let kept = match &since {
+                Since::Moves(moves) => moves.iter().all(|m| k.to != m.side || k.eth[..6] != m.old || readdress(plan, key, k, m.new)),
+                Since::TooMany => follow_next_hop(plan, key, k, now),
+            };
             if !kept {
                 plan.table.map.remove(key);
             }
@@ -375,6 +382,18 @@ impl Offloader {
 fn slice_due(total: usize, left: usize, elapsed: u64) -> usize {
     let due = (total as u128 * u128::from(elapsed.min(SWEEP_NS)) / u128::from(SWEEP_NS)) as usize;
     due.saturating_sub(total - left).max(SWEEP_SLICE)
+}
+
+/// Installs the flow direction again with its next hop at `mac` (the frame
+/// count starting over); whether the table took it.
+fn readdress(plan: &OffloadPlan, key: &FlowKey, k: &mut Known, mac: [u8; 6]) -> bool {
+    let mut eth = k.eth;
+    eth[..6].copy_from_slice(&mac);
+    let taken = plan.table.map.install(key, &k.action.with_ethernet(eth)).is_ok();
+    if taken {
+        (k.eth, k.counted) = (eth, 0);
+    }
+    taken
 }
 
 /// Whether a flow direction's next hop is still known; installed again
