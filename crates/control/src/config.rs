@@ -414,7 +414,8 @@ fn refuse_without_translation(s: &Section, e: &EngineConfig) -> Result<(), Confi
         Some((first, [])) => err(s.path(first), NEEDS_TRANSLATION),
         Some((first, rest)) => {
             let all: Vec<String> = std::iter::once(first).chain(rest).map(|k| s.path(k)).collect();
-            err(s.path(first), format!("{}: remove them ({})", NEEDS_TRANSLATION.trim_end_matches(": remove it").replacen("only used", "these are only used", 1), all.join(", ")))
+            let why = NEEDS_TRANSLATION.trim_end_matches(": remove it");
+            err(s.path(first), format!("these are {why}: remove them ({})", all.join(", ")))
         }
         None => Ok(()),
     }

@@ -61,32 +61,26 @@ impl LinkWatch {
 /// once the watch is to end) goes on; the reason to stop natrix once an
 /// interface is deleted. A look the kernel cannot answer changes nothing.
 fn watch(interfaces: &[Interface], mut wait: impl FnMut() -> bool) -> Option<String> {
-    let mut last: Vec<Option<LinkState>> = interfaces.iter().map(Interface::state).collect();
-    for (i, state) in interfaces.iter().zip(&last) {
+    let mut last: Vec<(Option<LinkState>, u16)> = interfaces.iter().map(|i| (i.state(), i.mtu)).collect();
+    for (i, (state, _)) in interfaces.iter().zip(&last) {
         if *state == Some(LinkState::Down) {
             warn!("{}: link down at start: nothing passes through it until it is up", i.name);
         }
     }
-    let mut last_mtu: Vec<u16> = interfaces.iter().map(|i| i.mtu).collect();
     while wait() {
-        for (i, last_mtu) in interfaces.iter().zip(&mut last_mtu) {
-            match i.mtu_now() {
-                Some(mtu) if mtu != *last_mtu => {
-                    warn!("{}", mtu_changed(i, mtu));
-                    *last_mtu = mtu;
-                }
-                _ => {}
+        for (i, (last_state, last_mtu)) in interfaces.iter().zip(&mut last) {
+            if let Some(mtu) = i.mtu_now().filter(|mtu| mtu != last_mtu) {
+                warn!("{}", mtu_changed(i, mtu));
+                *last_mtu = mtu;
             }
-        }
-        for (i, last) in interfaces.iter().zip(&mut last) {
             let Some(now) = i.state() else { continue };
             match now {
-                _ if *last == Some(now) => {}
+                _ if *last_state == Some(now) => {}
                 LinkState::Down => warn!("{}: link down: nothing passes through it until it is up again", i.name),
                 LinkState::Up => info!("{}: link up again", i.name),
                 LinkState::Gone => return Some(deleted(i)),
             }
-            *last = Some(now);
+            *last_state = Some(now);
         }
     }
     None

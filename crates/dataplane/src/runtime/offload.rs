@@ -384,11 +384,17 @@ fn slice_due(total: usize, left: usize, elapsed: u64) -> usize {
     due.saturating_sub(total - left).max(SWEEP_SLICE)
 }
 
-/// Installs the flow direction again with its next hop at `mac` (the frame
-/// count starting over); whether the table took it.
+/// Installs the flow direction again with its next hop at `mac`; whether
+/// the table took it.
 fn readdress(plan: &OffloadPlan, key: &FlowKey, k: &mut Known, mac: [u8; 6]) -> bool {
     let mut eth = k.eth;
     eth[..6].copy_from_slice(&mac);
+    install_addressed(plan, key, k, eth)
+}
+
+/// Installs the flow direction again with Ethernet addresses `eth` (the
+/// frame count starting over); whether the table took it.
+fn install_addressed(plan: &OffloadPlan, key: &FlowKey, k: &mut Known, eth: [u8; 12]) -> bool {
     let taken = plan.table.map.install(key, &k.action.with_ethernet(eth)).is_ok();
     if taken {
         (k.eth, k.counted) = (eth, 0);
@@ -397,15 +403,11 @@ fn readdress(plan: &OffloadPlan, key: &FlowKey, k: &mut Known, mac: [u8; 6]) -> 
 }
 
 /// Whether a flow direction's next hop is still known; installed again
-/// where its address changed (the frame count starting over).
+/// where its address changed.
 fn follow_next_hop(plan: &OffloadPlan, key: &FlowKey, k: &mut Known, now: u64) -> bool {
     match plan.ethernet_to(k.to, k.action.dst_addr(), now) {
-        Some(eth) if eth == k.eth => true,
-        Some(eth) if plan.table.map.install(key, &k.action.with_ethernet(eth)).is_ok() => {
-            (k.eth, k.counted) = (eth, 0);
-            true
-        }
-        _ => false,
+        Some(eth) => eth == k.eth || install_addressed(plan, key, k, eth),
+        None => false,
     }
 }
 
