@@ -474,8 +474,7 @@ def test_closed_connection_leaves_the_table_and_reopens(natrix, scripts):
     first) leaves the XDP table within 2.5 s (it holds nothing else); a new
     connection from the same client port to the same server then works,
     whole, and is offloaded in its turn. A third, ended by the client's
-    RST, leaves the table as quickly: the RST's direction at once, the
-    server's, whose session is no longer steady, at the next sweep."""
+    RST, leaves the table as quickly: both directions as the RST passes."""
     n = natrix(XDP)
     srv = tcp_server(scripts)
     port = random.randint(40000, 49999)

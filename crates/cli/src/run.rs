@@ -53,11 +53,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     }
     let masked = SignalMask::block(&[SIGTERM, SIGINT, SIGHUP]);
     let cfg = load(&args.config)?;
-    let mut settings = settings(&cfg, &args.config)?;
-    if cfg.cluster.as_ref().is_some_and(|c| c.sync.is_some()) {
-        // Session sync streams session events too, whatever the log keeps.
-        settings.engine.log_sessions = true;
-    }
+    let settings = settings(&cfg, &args.config)?;
     let _locks = lock_interfaces(&settings)?;
     // Found before the dataplane opens them, so that the watch follows the
     // interfaces it opened.
@@ -218,7 +214,7 @@ fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
     let outside = live.outside_interface.clone().ok_or_else(|| missing("outside.interface"))?;
     let outside_addr = cfg.engine.outside_addr.ok_or_else(|| missing("outside.address"))?;
     Ok(Settings {
-        engine: cfg.engine.clone(),
+        engine: engine_to_run(cfg),
         inside: LinkSettings { interface: inside, addr: cfg.engine.inside_addr, prefix_len: cfg.engine.inside_prefix_len },
         outside: LinkSettings { interface: outside, addr: outside_addr, prefix_len: live.outside_prefix_len },
         gateway: live.gateway.map(u32::from),
@@ -262,7 +258,7 @@ fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Opt
     if let Some(key) = running.restart_key_changed(&new) {
         return refuse(format!("{key} changed: that needs a restart"));
     }
-    if let Err(e) = dp.reload(&new.engine) {
+    if let Err(e) = dp.reload(&engine_to_run(&new)) {
         return refuse(e.to_string());
     }
     logger.reconfigure(&new.logging);
@@ -271,6 +267,16 @@ fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Opt
     }
     info!("configuration reloaded from {}", path.display());
     Some(new)
+}
+
+/// The engine's configuration as `natrix run` runs it: session sync streams
+/// session events too, whatever the log keeps, at start and after a reload.
+fn engine_to_run(cfg: &Config) -> natrix_engine::EngineConfig {
+    let mut engine = cfg.engine.clone();
+    if cfg.cluster.as_ref().is_some_and(|c| c.sync.is_some()) {
+        engine.log_sessions = true;
+    }
+    engine
 }
 
 /// Signals blocked in this thread while it lives, so the threads started
@@ -427,4 +433,20 @@ fn report_json_error(sinks: &mut LogSinks) {
 /// An address operators type, for `show` and `clear`.
 pub fn parse_subscriber(s: &str) -> Result<Ipv4Addr, Failure> {
     s.parse().map_err(|_| Failure::Other(format!("--subscriber {s}: not an IPv4 address")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine a reload hands the workers is built as the one at start:
+    /// a node that syncs sessions keeps making their events whatever unit
+    /// the log keeps.
+    #[test]
+    fn session_sync_keeps_session_events_on_whatever_the_log_keeps() {
+        let node = "[nat]\npool = [\"203.0.113.0/29\"]\n[logging]\nunit = \"mapping\"\n[cluster]\nnode = \"a\"\nrole = \"active\"\nsubscribers = [\"100.64.0.0/23\"]\nsubscriber_space = [\"100.64.0.0/22\"]\npool_space = [\"203.0.113.0/28\"]\n";
+        let syncing = format!("{node}sync_listen = \"192.0.2.1:7400\"\nsync_peer = \"192.0.2.2:7400\"\n");
+        assert!(engine_to_run(&Config::parse(&syncing).expect("a syncing node")).log_sessions);
+        assert!(!engine_to_run(&Config::parse(node).expect("a node without sync")).log_sessions);
+    }
 }

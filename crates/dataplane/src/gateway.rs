@@ -10,7 +10,7 @@
 //! (`gateway`, `gateway6`); inside, anything else has no route. A side
 //! without `address6` routes no IPv6 and answers no Neighbor Discovery.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::net::Ipv6Addr;
 use std::sync::Arc;
@@ -34,6 +34,13 @@ const NEIGHBOUR_GRACE_NS: u64 = 5 * NS;
 /// Learned neighbours per family and link: ARP or NDP from a flood of
 /// made-up senders must not grow the table without bound.
 const MAX_NEIGHBOURS: usize = 65536;
+/// Past this many, a neighbour is learned only where natrix asked for it:
+/// a flood of requests from made-up senders fills the table up to here
+/// and no further, and next hops natrix needs still find room.
+const UNSOLICITED_NEIGHBOURS: usize = MAX_NEIGHBOURS / 4 * 3;
+/// A table past `UNSOLICITED_NEIGHBOURS` forgets its silent neighbours at
+/// most this often: a pass over the whole table, not one per frame of a flood.
+const FORGET_EVERY_NS: u64 = NS;
 /// At most one request (ARP request, Neighbor Solicitation) per next hop this often.
 const REQUEST_INTERVAL_NS: u64 = NS;
 /// Next hops with a request outstanding, per family and link: frames to a
@@ -138,6 +145,12 @@ impl Gateway {
     /// additions or removals).
     pub fn set_answers_for(&mut self, side: Side, addrs: Vec<u32>) {
         self.links[side as usize].answers_for = addrs;
+    }
+
+    /// Reloads the IPv6 addresses answered for besides the link's own (a
+    /// DS-Lite AFTR address changed).
+    pub fn set_answers_for6(&mut self, side: Side, addrs: Vec<Ipv6Addr>) {
+        self.links[side as usize].answers_for6 = addrs;
     }
 
     pub fn mac(&self, side: Side) -> [u8; 6] {
@@ -296,10 +309,18 @@ impl Gateway {
     /// sent), and natrix's own. None where the next hop is not known;
     /// nothing is asked or queued. What the XDP offload writes into the
     /// frames it forwards.
-    pub fn ethernet_to(&self, side: Side, dst: u32, now_ns: u64) -> Option<[u8; 12]> {
+    ///
+    /// A next hop past its lifetime is asked for again at the next
+    /// `expire`, as it is when a frame the workers address finds it so:
+    /// otherwise one that never speaks to natrix would be forgotten after
+    /// its grace period, and its flows handed back to the workers at once.
+    pub fn ethernet_to(&mut self, side: Side, dst: u32, now_ns: u64) -> Option<[u8; 12]> {
         let s = side as usize;
         let hop = self.route4(side, dst)?;
-        let (mac, _) = self.v4[s].usable(hop, now_ns)?;
+        let (mac, age) = self.v4[s].usable(hop, now_ns)?;
+        if age >= NEIGHBOUR_LIFETIME_NS {
+            self.v4[s].still_in_use(hop);
+        }
         let mut both = [0u8; 12];
         both[..6].copy_from_slice(&mac);
         both[6..].copy_from_slice(&self.links[s].mac);
@@ -402,13 +423,20 @@ impl Gateway {
         }
     }
 
-    /// Drops frames that waited too long for a next hop.
-    pub fn expire(&mut self, now_ns: u64) {
+    /// Drops frames that waited too long for a next hop, and asks again
+    /// for the next hops past their lifetime that `ethernet_to` found.
+    pub fn expire(&mut self, now_ns: u64, tx: &mut dyn FnMut(Side, &[u8])) {
         for n in &mut self.v4 {
             self.counters.unresolved += n.expire(now_ns);
         }
         for n in &mut self.v6 {
             self.counters.unresolved += n.expire(now_ns);
+        }
+        for side in [Side::Inside, Side::Outside] {
+            let stale: Vec<u32> = self.v4[side as usize].stale_in_use.drain().collect();
+            for hop in stale {
+                self.ask4(side, hop, now_ns, tx);
+            }
         }
     }
 }
@@ -449,11 +477,23 @@ struct Neighbours<K> {
     pending: VecDeque<(K, u64, Vec<u8>)>,
     /// Where moves are told (the IPv4 neighbours of a side), and the side.
     moves: Option<(Arc<MoveLog>, Side)>,
+    /// When the table may next forget its silent neighbours.
+    next_forget_ns: u64,
+    /// Next hops past their lifetime that frames still go to without the
+    /// workers (the XDP offload), to ask for again (`Gateway::expire`).
+    stale_in_use: HashSet<K, Seeded>,
 }
 
 impl<K: Copy + Eq + Hash> Neighbours<K> {
     fn new(seed: Seeded, moves: Option<(Arc<MoveLog>, Side)>) -> Neighbours<K> {
-        Neighbours { known: HashMap::with_hasher(seed), asked: HashMap::with_hasher(seed), pending: VecDeque::new(), moves }
+        Neighbours {
+            known: HashMap::with_hasher(seed),
+            asked: HashMap::with_hasher(seed),
+            pending: VecDeque::new(),
+            moves,
+            next_forget_ns: 0,
+            stale_in_use: HashSet::with_hasher(seed),
+        }
     }
 
     fn knows(&self, addr: K) -> bool {
@@ -465,14 +505,11 @@ impl<K: Copy + Eq + Hash> Neighbours<K> {
     }
 
     /// Learns that `addr` is at `mac` and sends, from `src`, the frames that
-    /// waited for it. A full table first forgets neighbours silent past the
-    /// grace period; if it is still full, `addr` is not learned.
+    /// waited for it; a new neighbour only where the table has room for it
+    /// (`room_for`).
     fn learn(&mut self, addr: K, mac: [u8; 6], now_ns: u64, src: [u8; 6], tx: &mut dyn FnMut(&[u8])) {
-        if self.known.len() >= MAX_NEIGHBOURS && !self.known.contains_key(&addr) {
-            self.known.retain(|_, &mut (_, learned)| now_ns.saturating_sub(learned) < NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS);
-            if self.known.len() >= MAX_NEIGHBOURS {
-                return;
-            }
+        if !self.known.contains_key(&addr) && !self.room_for(addr, now_ns) {
+            return;
         }
         match (self.known.insert(addr, (mac, now_ns)), &self.moves) {
             (Some((old, _)), Some((log, side))) if old != mac => log.record(Move { side: *side, old, new: mac }),
@@ -487,6 +524,32 @@ impl<K: Copy + Eq + Hash> Neighbours<K> {
                 self.pending.push_back((hop, since, frame));
             }
         }
+    }
+
+    /// Whether a new neighbour `addr` may be learned. Past
+    /// `UNSOLICITED_NEIGHBOURS` the table first forgets those silent past
+    /// the grace period (at most once a second); if it is still that full,
+    /// only a next hop natrix asked for is learned, in the place of any
+    /// other neighbour where the table is full (that one is asked for
+    /// again when natrix next needs it).
+    fn room_for(&mut self, addr: K, now_ns: u64) -> bool {
+        if self.known.len() >= UNSOLICITED_NEIGHBOURS && now_ns >= self.next_forget_ns {
+            self.next_forget_ns = now_ns + FORGET_EVERY_NS;
+            self.known.retain(|_, &mut (_, learned)| now_ns.saturating_sub(learned) < NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS);
+        }
+        if self.known.len() < UNSOLICITED_NEIGHBOURS {
+            return true;
+        }
+        if !self.asked.contains_key(&addr) {
+            return false;
+        }
+        if self.known.len() >= MAX_NEIGHBOURS {
+            let any = self.known.keys().next().copied();
+            if let Some(other) = any {
+                self.known.remove(&other);
+            }
+        }
+        true
     }
 
     /// `hop`'s address and how long ago it was learnt, where frames may
@@ -532,6 +595,14 @@ impl<K: Copy + Eq + Hash> Neighbours<K> {
         }
         self.asked.insert(hop, now_ns);
         true
+    }
+
+    /// Notes that frames still go to `hop`, past its lifetime, without
+    /// passing `forward`; as many as requests may be outstanding.
+    fn still_in_use(&mut self, hop: K) {
+        if self.stale_in_use.len() < MAX_ASKED {
+            self.stale_in_use.insert(hop);
+        }
     }
 
     /// Drops the frames that waited too long; returns how many.
@@ -731,6 +802,53 @@ mod tests {
         assert_eq!(&sent[0].1[0..12], &[gw_mac, NAT_OUT].concat()[..]);
     }
 
+    /// A flood of ARP requests from made-up senders on the inside (a /10)
+    /// fills the neighbour table only so far: a subscriber natrix must
+    /// reach is still learned once it answers, and the flood costs a pass
+    /// over the table at most once a second.
+    #[test]
+    fn a_flood_of_made_up_senders_leaves_room_for_the_neighbours_natrix_asks_for() {
+        let mut g = gateway();
+        let host = |i: u32| ([2, 0, 0, (i >> 16) as u8, (i >> 8) as u8, i as u8], 0x6440_0100 + i);
+        let flood = (UNSOLICITED_NEIGHBOURS + 1000) as u32;
+        collect(&mut g, |g, tx| {
+            for i in 0..flood {
+                g.ingress(Side::Inside, &arp_frame(BROADCAST, arp::OP_REQUEST, host(i), INSIDE), NS, tx);
+            }
+        });
+        assert_eq!(g.v4[0].known.len(), UNSOLICITED_NEIGHBOURS, "the flood stops at the mark");
+        assert_eq!(g.v4[0].next_forget_ns, 2 * NS, "one pass over the table for the whole flood");
+        // A subscriber natrix has a frame for: asked, answered, learned.
+        let sub = (HOST, 0x6450_0009);
+        let mut frame = ipv4_to(sub.1);
+        let sent = collect(&mut g, |g, tx| egress(g, Side::Inside, &mut frame, 2 * NS, tx));
+        assert_eq!(arp::Packet::new_checked(&sent[0].1[14..]).unwrap().target_addr(), sub.1, "natrix asks");
+        let sent = collect(&mut g, |g, tx| {
+            g.ingress(Side::Inside, &arp_frame(NAT_IN, arp::OP_REPLY, sub, INSIDE), 2 * NS + 1, tx);
+        });
+        assert_eq!(sent.len(), 1, "the waiting frame leaves");
+        assert_eq!(&sent[0].1[0..6], &HOST);
+        // Even in a table full to the last place.
+        while g.v4[0].known.len() < MAX_NEIGHBOURS {
+            let i = g.v4[0].known.len() as u32 + flood;
+            g.v4[0].known.insert(host(i).1, (host(i).0, 2 * NS));
+        }
+        let other = ([2, 0, 0, 0, 0, 0x0b], 0x6450_000b);
+        let mut frame = ipv4_to(other.1);
+        collect(&mut g, |g, tx| egress(g, Side::Inside, &mut frame, 3 * NS, tx));
+        let sent = collect(&mut g, |g, tx| {
+            g.ingress(Side::Inside, &arp_frame(NAT_IN, arp::OP_REPLY, other, INSIDE), 3 * NS + 1, tx);
+        });
+        assert_eq!(sent.len(), 1, "learned in another's place");
+        assert_eq!(g.v4[0].known.len(), MAX_NEIGHBOURS);
+        // Silent past the grace period, the flood's senders are forgotten.
+        let later = 2 * NS + NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS;
+        collect(&mut g, |g, tx| {
+            g.ingress(Side::Inside, &arp_frame(BROADCAST, arp::OP_REQUEST, host(flood + MAX_NEIGHBOURS as u32), INSIDE), later, tx);
+        });
+        assert!(g.v4[0].known.len() < 10, "{} left", g.v4[0].known.len());
+    }
+
     /// The lock-free check never takes a frame the gateway would keep
     /// (ARP, Neighbor Discovery) or drop, and takes the plain traffic.
     #[test]
@@ -842,6 +960,34 @@ mod tests {
         assert!(g.v4[1].known.is_empty());
     }
 
+    /// The XDP offload's frames never pass `address`: a next hop they go
+    /// to is asked for again once past its lifetime all the same, and so
+    /// stays known while it answers.
+    #[test]
+    fn a_next_hop_only_the_offload_uses_is_asked_for_again_past_its_lifetime() {
+        let mut g = gateway();
+        let gw_mac = [2, 0, 0, 0, 0, 0xfe];
+        collect(&mut g, |g, tx| egress(g, Side::Outside, &mut ipv4_to(0x0808_0808), 0, tx));
+        collect(&mut g, |g, tx| {
+            g.ingress(Side::Outside, &arp_frame(NAT_OUT, arp::OP_REPLY, (gw_mac, GW), OUTSIDE), 0, tx);
+        });
+        let fresh = NEIGHBOUR_LIFETIME_NS - NS;
+        assert!(g.ethernet_to(Side::Outside, 0x0808_0808, fresh).is_some());
+        assert!(collect(&mut g, |g, tx| g.expire(fresh, tx)).is_empty(), "nothing to ask while fresh");
+        let stale = NEIGHBOUR_LIFETIME_NS + NS;
+        assert!(g.ethernet_to(Side::Outside, 0x0808_0808, stale).is_some(), "still used in its grace period");
+        let sent = collect(&mut g, |g, tx| g.expire(stale, tx));
+        assert_eq!(sent.len(), 1, "asked again");
+        assert_eq!(arp::Packet::new_checked(&sent[0].1[14..]).unwrap().target_addr(), GW);
+        g.ethernet_to(Side::Outside, 0x0808_0808, stale + 1);
+        assert!(collect(&mut g, |g, tx| g.expire(stale + 1, tx)).is_empty(), "at most once a second");
+        collect(&mut g, |g, tx| {
+            g.ingress(Side::Outside, &arp_frame(NAT_OUT, arp::OP_REPLY, (gw_mac, GW), OUTSIDE), stale + 2, tx);
+        });
+        let later = NEIGHBOUR_LIFETIME_NS + NEIGHBOUR_GRACE_NS + NS;
+        assert!(g.ethernet_to(Side::Outside, 0x0808_0808, later).is_some(), "the answer renewed it");
+    }
+
     #[test]
     fn unanswered_next_hop_is_asked_at_most_once_a_second_and_its_frames_expire() {
         let mut g = gateway();
@@ -851,7 +997,7 @@ mod tests {
             }
         });
         assert_eq!(sent.len(), 1);
-        g.expire(10 * NS);
+        g.expire(10 * NS, &mut |_, _| {});
         assert_eq!(g.counters.unresolved, 5);
     }
 

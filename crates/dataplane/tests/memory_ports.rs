@@ -58,6 +58,8 @@ struct Net {
     dp: Dataplane,
     inside: MemoryPeer,
     outside: MemoryPeer,
+    /// The engine's configuration it started with.
+    engine: EngineConfig,
 }
 
 impl Net {
@@ -81,7 +83,7 @@ impl Net {
         let mut engine = engine;
         edit(&mut engine);
         let settings = Settings {
-            engine,
+            engine: engine.clone(),
             inside: LinkSettings { interface: "memory-in".into(), addr: u32::from_be_bytes(INSIDE), prefix_len: 10 },
             outside: LinkSettings { interface: "memory-out".into(), addr: u32::from_be_bytes(OUTSIDE), prefix_len: 24 },
             gateway: Some(u32::from_be_bytes(GATEWAY)),
@@ -96,7 +98,7 @@ impl Net {
         let ports = [SuppliedPort { port: Box::new(inside_port), mac: NAT_IN, mtu: 1500 }, SuppliedPort { port: Box::new(outside_port), mac: NAT_OUT, mtu: 1500 }];
         let dp = Dataplane::start_with(settings, StartOptions { gateway6: Some(GATEWAY6.parse().unwrap()), ports: Some(ports) }).unwrap();
         assert_eq!((dp.backend(), dp.workers()), ("memory", usize::from(workers)));
-        Net { dp, inside, outside }
+        Net { dp, inside, outside, engine }
     }
 
     /// Waits until `done` holds for the workers' snapshots.
@@ -360,6 +362,39 @@ fn answers_neighbor_solicitations_for_address6_as_scapy_expects() {
     let dad_na = net.inside.wait_for(WAIT, |f| f == hex(SCAPY_DAD_NA).as_slice());
     assert!(dad_na.is_some(), "duplicate address detection answered to all nodes");
     assert_eq!(net.dp.io_snapshot().unwrap().gateway.nd_adverts_sent, 2);
+}
+
+/// A Neighbor Solicitation from `from` (MAC and address) for `target`, to
+/// its solicited-node multicast group (RFC 4291 section 2.7.1).
+fn solicit(from: ([u8; 6], Ipv6Addr), target: Ipv6Addr) -> Vec<u8> {
+    let t = target.octets();
+    let group = Ipv6Addr::from([0xff02, 0, 0, 0, 0, 1, 0xff00 | u16::from(t[13]), u16::from_be_bytes([t[14], t[15]])]);
+    nd([0x33, 0x33, 0xff, t[13], t[14], t[15]], from.0, from.1, group, 135, 0, target, 1)
+}
+
+/// Whether `f` is a Neighbor Advertisement for `target`.
+fn advertises(f: &[u8], target: Ipv6Addr) -> bool {
+    f.len() >= 78 && f[12..14] == [0x86, 0xdd] && f[20] == 58 && f[54] == 136 && f[62..78] == target.octets()
+}
+
+/// `[dslite] aftr` applies on reload: B4s on the inside link find the new
+/// AFTR address by Neighbor Discovery, and the old one is no longer natrix's.
+#[test]
+fn a_reloaded_aftr_address_is_answered_for_and_the_old_one_no_longer() {
+    let aftr = |a: &str| natrix_engine::dslite::DsliteConfig { aftr: a.parse().unwrap(), b4_prefixes: Vec::new(), mtu: 1500, mss_clamp: None };
+    let (old, new): (Ipv6Addr, Ipv6Addr) = ("2001:db8:1::a".parse().unwrap(), "2001:db8:1::c".parse().unwrap());
+    let net = Net::start_with(1, |e| e.dslite = Some(aftr("2001:db8:1::a")));
+    let b4 = (SERVER_MAC, "2001:db8:1::b4".parse::<Ipv6Addr>().unwrap());
+    net.inside.inject(&solicit(b4, old));
+    assert!(net.inside.wait_for(WAIT, |f| advertises(f, old)).is_some(), "the AFTR address at start is answered for");
+
+    let mut moved = net.engine.clone();
+    moved.dslite = Some(aftr("2001:db8:1::c"));
+    net.dp.reload(&moved).expect("a new AFTR address applies live");
+    net.inside.inject(&solicit(b4, new));
+    assert!(net.inside.wait_for(WAIT, |f| advertises(f, new)).is_some(), "the reloaded AFTR address is answered for");
+    net.inside.inject(&solicit(b4, old));
+    assert!(net.inside.wait_for(QUIET, |f| advertises(f, old)).is_none(), "the old AFTR address is no longer natrix's");
 }
 
 /// IPv6 for natrix's MAC reaches the engine, which routes it (CONTRACTS,

@@ -7,6 +7,7 @@ use std::net::Ipv4Addr;
 
 use crate::error::EngineError;
 use crate::nat44::Nat44;
+use crate::state::events::Event;
 use crate::state::sessions::mapping_flags;
 use crate::trackers::TimeoutClass;
 use crate::Proto;
@@ -158,31 +159,58 @@ impl Nat44 {
     /// Removes every session of a subscriber, and with them its dynamic
     /// mappings (logged, and their ports held down as usual); static
     /// mappings stay, being configuration.
-    pub fn clear_subscriber(&mut self, addr: u32) -> Cleared {
+    pub fn clear_subscriber(&mut self, addr: u32, sink: &mut dyn FnMut(Event)) -> Cleared {
         let before = self.tables.mapping_count();
         let mut ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).int_addr == addr).collect();
-        self.delete_sessions(&mut ids);
-        let assocs = self.end_associations_where(|a| a.int_addr == addr);
+        self.delete_sessions_logged(&mut ids, sink);
+        let assocs = self.end_associations_where(|a| a.int_addr == addr, sink);
         Cleared { sessions: ids.len() as u64 + assocs, mappings: (before - self.tables.mapping_count()) as u64 + assocs }
     }
 
-    /// Ends (and logs) the SCTP associations `which` picks; returns how many.
-    fn end_associations_where(&mut self, which: impl Fn(&crate::state::associations::Association) -> bool) -> u64 {
+    /// Deletes `ids`, handing `sink` the events queued before and those
+    /// the deletions make, a chunk at a time: an operator's bulk deletion
+    /// (a whole table at a stop) makes more events than the queue holds
+    /// between drains, and each is a log record `whois` needs.
+    fn delete_sessions_logged(&mut self, ids: &mut [u32], sink: &mut dyn FnMut(Event)) {
+        self.drain_events_resolved(&mut *sink);
+        // In the order `delete_sessions` keeps: extras before own sessions.
+        ids.sort_unstable_by(|a, b| b.cmp(a));
+        for chunk in ids.chunks_mut(self.bulk_chunk()) {
+            self.delete_sessions(chunk);
+            self.drain_events_resolved(&mut *sink);
+        }
+    }
+
+    /// Sessions (or associations) one chunk of a bulk deletion ends: each
+    /// makes at most three events (its session, its mapping, a port
+    /// block), and the chunk's must fit the queue's bound.
+    fn bulk_chunk(&self) -> usize {
+        (self.event_capacity() / 3).max(1)
+    }
+
+    /// Ends (and logs, through `sink`) the SCTP associations `which` picks;
+    /// returns how many.
+    fn end_associations_where(&mut self, which: impl Fn(&crate::state::associations::Association) -> bool, sink: &mut dyn FnMut(Event)) -> u64 {
         let ids: Vec<u32> = self.assocs.live_ids().filter(|&id| which(&self.assocs.get(id))).collect();
-        for &id in &ids {
-            self.end_association(id);
+        self.drain_events_resolved(&mut *sink);
+        for chunk in ids.chunks(self.bulk_chunk()) {
+            for &id in chunk {
+                self.end_association(id);
+            }
+            self.drain_events_resolved(&mut *sink);
         }
         ids.len() as u64
     }
 
-    /// Ends every dynamic mapping, logging each deletion, as natrix stops: a
-    /// log that ends with open mappings would make `whois` name their
-    /// subscribers for ports that someone else may hold after a restart.
-    pub fn release_all(&mut self) -> Cleared {
+    /// Ends every dynamic mapping, logging each deletion through `sink`, as
+    /// natrix stops: a log that ends with open mappings would make `whois`
+    /// name their subscribers for ports that someone else may hold after a
+    /// restart.
+    pub fn release_all(&mut self, sink: &mut dyn FnMut(Event)) -> Cleared {
         let before = self.tables.mapping_count();
         let mut ids: Vec<u32> = self.tables.live_sessions().collect();
-        self.delete_sessions(&mut ids);
-        let assocs = self.end_associations_where(|_| true);
+        self.delete_sessions_logged(&mut ids, sink);
+        let assocs = self.end_associations_where(|_| true, sink);
         Cleared { sessions: ids.len() as u64 + assocs, mappings: (before - self.tables.mapping_count()) as u64 + assocs }
     }
 
@@ -190,8 +218,8 @@ impl Nat44 {
     /// filtering, logging, ICMP answers) at once; pool addresses added are
     /// used from now on, and those removed lose their mappings (logged).
     /// Keys that size or partition state need a restart and are refused,
-    /// leaving the engine as it was.
-    pub fn reconfigure(&mut self, mut new: EngineConfig) -> Result<(), EngineError> {
+    /// leaving the engine as it was. The deletions' events go to `sink`.
+    pub fn reconfigure(&mut self, mut new: EngineConfig, sink: &mut dyn FnMut(Event)) -> Result<(), EngineError> {
         new.shard = self.cfg.shard;
         new.seed = self.cfg.seed;
         if let Some(key) = crate::config::restart_key_changed(&self.cfg, &new) {
@@ -199,7 +227,7 @@ impl Nat44 {
         }
         let removed: Vec<u32> = self.cfg.pool.iter().copied().filter(|a| !new.pool.contains(a)).collect();
         for &addr in &removed {
-            self.delete_mappings_on(addr);
+            self.delete_mappings_on(addr, sink);
             self.pool.retire_address(addr);
         }
         for &addr in new.pool.iter().filter(|a| !self.cfg.pool.contains(a)) {
@@ -213,13 +241,13 @@ impl Nat44 {
         Ok(())
     }
 
-    fn delete_mappings_on(&mut self, ext_addr: u32) {
+    fn delete_mappings_on(&mut self, ext_addr: u32, sink: &mut dyn FnMut(Event)) {
         if let Some(st) = self.cfg.statics.iter().find(|st| st.ext_addr == ext_addr) {
             // Validation keeps statics on pool addresses; this is a safety net.
             debug_assert!(false, "static mapping on removed pool address {}", Ipv4Addr::from(st.ext_addr));
         }
         let mut ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).ext_addr == ext_addr).collect();
-        self.delete_sessions(&mut ids);
-        self.end_associations_where(|a| a.ext_addr == ext_addr);
+        self.delete_sessions_logged(&mut ids, sink);
+        self.end_associations_where(|a| a.ext_addr == ext_addr, sink);
     }
 }

@@ -41,7 +41,7 @@ fn a_reload_that_leaves_a_b4_out_refuses_its_next_packet_on_every_path() {
     assert_eq!(frame_by_frame.stats().forwarded[Side::Outside as usize], 2);
     let elsewhere = vec![B4Prefix { network: "2001:db8:2::".parse().unwrap(), len: 48 }];
     for e in [&mut frame_by_frame, &mut batched] {
-        e.reconfigure(config_with(elsewhere.clone())).expect("a reload of b4_prefixes");
+        e.reconfigure(config_with(elsewhere.clone()), |_| {}).expect("a reload of b4_prefixes");
         outputs(e);
     }
     assert_eq!(run(&mut frame_by_frame, &mut softwire_udp(5000), Side::Inside, 2 * SEC), Verdict::Drop(DropReason::DsliteB4Refused));

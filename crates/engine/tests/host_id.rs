@@ -178,11 +178,11 @@ fn a_reload_changes_the_rules_from_the_next_segment_and_refuses_turning_host_id_
     };
     assert_eq!(run(&mut e, &mut marked_syn(5000), Side::Outside, T0), Verdict::Forward(Side::Inside));
     let dropping = EngineConfig { host_id: Some(host_id(Mode::Off, vec![wing_10(Action::Drop)])), ..router.clone() };
-    e.reconfigure(dropping.clone()).expect("HOST_ID's rules apply live");
+    e.reconfigure(dropping.clone(), |_| {}).expect("HOST_ID's rules apply live");
     assert_eq!(run(&mut e, &mut marked_syn(5001), Side::Outside, T0 + SEC), Verdict::Drop(DropReason::HostIdPolicy));
     assert_eq!(e.stats().host_id.unwrap().rule_matches, [2], "rule 0's count goes on");
     let off = EngineConfig { host_id: None, ..dropping };
-    let err = e.reconfigure(off).unwrap_err().to_string();
+    let err = e.reconfigure(off, |_| {}).unwrap_err().to_string();
     assert!(err.contains("host_id") && err.contains("restart"), "turning HOST_ID off needs a restart: {err}");
     assert_eq!(run(&mut e, &mut marked_syn(5002), Side::Outside, T0 + 2 * SEC), Verdict::Drop(DropReason::HostIdPolicy), "the refused reload changed nothing");
 }
@@ -196,7 +196,7 @@ fn a_reload_into_syn_mode_writes_host_id_into_the_next_syn() {
     assert_eq!(options_of(&before), [2, 4, 5, 180], "no HOST_ID_WING while HOST_ID only logs");
     let mut syn_mode = config();
     syn_mode.host_id = Some(host_id(Mode::Syn, logging));
-    e.reconfigure(syn_mode).expect("HOST_ID's mode applies live");
+    e.reconfigure(syn_mode, |_| {}).expect("HOST_ID's mode applies live");
     // Grown, it leaves through the output queue (as above).
     assert_eq!(run(&mut e, &mut syn(6001), Side::Inside, T0 + SEC), Verdict::Held);
     let out = outputs(&mut e);

@@ -148,12 +148,12 @@ fn icmpv6_errors_map_the_quoted_packet_the_other_way() {
 fn a_reload_replaces_the_table_and_a_refused_one_keeps_it() {
     let mut e = engine(vec![rfc_binding()], false);
     let other = Binding { inside: a("fd01:203:405::"), outside: a("2001:db8:9::"), prefix_len: 48 };
-    e.reconfigure(EngineConfig { translate: false, nptv6: vec![other], ..EngineConfig::default() }).unwrap();
+    e.reconfigure(EngineConfig { translate: false, nptv6: vec![other], ..EngineConfig::default() }, |_| {}).unwrap();
     let mut f = udp6(a("fd01:203:405:1::1234"), SERVER, 64, b"x");
     e.process(&mut f, Side::Inside, NS);
     assert_eq!(prefix48(addrs(&f).0), prefix48(a("2001:db8:9::")));
     let bad = Binding { inside: a("fd01::"), outside: a("2001:db8::"), prefix_len: 80 };
-    assert!(e.reconfigure(EngineConfig { translate: false, nptv6: vec![bad], ..EngineConfig::default() }).is_err());
+    assert!(e.reconfigure(EngineConfig { translate: false, nptv6: vec![bad], ..EngineConfig::default() }, |_| {}).is_err());
     let mut f = udp6(a("fd01:203:405:1::1234"), SERVER, 64, b"x");
     e.process(&mut f, Side::Inside, NS);
     assert_eq!(prefix48(addrs(&f).0), prefix48(a("2001:db8:9::")), "the refused reload left the table");

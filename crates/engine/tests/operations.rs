@@ -121,10 +121,9 @@ fn clearing_a_subscriber_removes_its_state_logs_it_and_leaves_others() {
     send_out(&mut e, b, 4000, REMOTE, 53, SEC);
     assert_eq!(e.session_views(Some(u32_of(a))).len(), 5);
     e.drain_events(|_| {});
-    let c = e.clear_subscriber(u32_of(a));
-    assert_eq!((c.sessions, c.mappings), (5, 5));
     let mut deleted = 0;
-    e.drain_events(|ev| deleted += u32::from(ev.kind == EventKind::MappingDeleted && ev.int_addr == u32_of(a)));
+    let c = e.clear_subscriber(u32_of(a), |ev| deleted += u32::from(ev.kind == EventKind::MappingDeleted && ev.int_addr == u32_of(a)));
+    assert_eq!((c.sessions, c.mappings), (5, 5));
     assert_eq!(deleted, 5);
     assert!(e.session_views(Some(u32_of(a))).is_empty());
     assert_eq!(e.mapping_views(None).len(), 1);
@@ -146,9 +145,8 @@ fn reload_applies_policy_removes_a_pool_address_with_its_mappings_and_refuses_re
     let mut fewer = cfg.clone();
     fewer.pool.retain(|&a| a != u32_of(used));
     fewer.max_ports_per_subscriber = 1;
-    e.reconfigure(fewer.clone()).expect("policy and pool removal apply live");
     let mut deleted = 0;
-    e.drain_events(|ev| deleted += u32::from(ev.kind == EventKind::MappingDeleted && ev.ext_addr == u32_of(used)));
+    e.reconfigure(fewer.clone(), |ev| deleted += u32::from(ev.kind == EventKind::MappingDeleted && ev.ext_addr == u32_of(used))).expect("policy and pool removal apply live");
     assert_eq!(deleted, 1, "the removed address's mapping is deleted and logged");
     let (v, d2) = send_out(&mut e, sub, 4001, REMOTE, 53, 2 * SEC);
     assert_eq!(v, Verdict::Forward(Side::Outside));
@@ -158,12 +156,12 @@ fn reload_applies_policy_removes_a_pool_address_with_its_mappings_and_refuses_re
 
     let mut grown = fewer.clone();
     grown.ports = (2000, 3000);
-    let err = e.reconfigure(grown).unwrap_err().to_string();
+    let err = e.reconfigure(grown, |_| {}).unwrap_err().to_string();
     assert!(err.contains("ports") && err.contains("restart"), "{err}");
     let mut added = fewer;
     added.pool.push(u32_of([203, 0, 113, 9]));
     added.pool.sort_unstable();
-    e.reconfigure(added).expect("pool additions apply live");
+    e.reconfigure(added, |_| {}).expect("pool additions apply live");
     assert!(e.pool().contains(u32_of([203, 0, 113, 9])));
 }
 
@@ -186,11 +184,11 @@ fn a_reload_applies_the_fragment_limits_to_what_arrives_next() {
     assert_eq!(e.process(&mut later(1), Side::Inside, SEC), Verdict::Held);
     let mut one_held = config();
     one_held.max_held_fragments = 1;
-    e.reconfigure(one_held.clone()).expect("fragment limits apply live");
+    e.reconfigure(one_held.clone(), |_| {}).expect("fragment limits apply live");
     assert_eq!(e.process(&mut later(2), Side::Inside, SEC), Verdict::Drop(DropReason::FragmentBufferFull), "the new limit holds");
     let mut shorter = one_held;
     shorter.timeouts.fragment_ns = SEC / 2;
-    e.reconfigure(shorter).expect("the fragment timeout applies live");
+    e.reconfigure(shorter, |_| {}).expect("the fragment timeout applies live");
     assert_eq!(e.process(&mut later(3), Side::Inside, 2 * SEC), Verdict::Held, "the first held fragment timed out under the new timeout");
 }
 
@@ -205,8 +203,45 @@ fn a_shorter_fragment_timeout_on_reload_ends_the_records_of_first_fragments_soon
     assert_eq!(e.process(&mut first, Side::Inside, SEC), Verdict::Forward(Side::Outside));
     let mut shorter = config();
     shorter.timeouts.fragment_ns = SEC / 2;
-    e.reconfigure(shorter).expect("the fragment timeout applies live");
+    e.reconfigure(shorter, |_| {}).expect("the fragment timeout applies live");
     // Under the old timeout the first fragment's record would still stand.
     let mut later = ipv4_fragment(&eth, sub, REMOTE, 9, 16, &[9u8; 24], false);
     assert_eq!(e.process(&mut later, Side::Inside, 2 * SEC), Verdict::Held, "the record ended half a second after the reload");
+}
+
+/// A stop (or a clear, or a removed pool address) ends more mappings at once
+/// than the event queue holds between drains: each deletion still reaches
+/// the log, none is counted lost.
+#[test]
+fn a_bulk_deletion_larger_than_the_event_queue_logs_every_deletion() {
+    let cfg = EngineConfig { event_capacity: 16, log_sessions: true, port_block_size: 64, ..config() };
+    let mut e = engine(cfg.clone());
+    let subscribers = 40u8;
+    for i in 0..subscribers {
+        send_out(&mut e, [100, 64, 1, i], 4000, REMOTE, 53, SEC);
+        e.drain_events(|_| {});
+    }
+    let (mut sessions, mut mappings, mut blocks) = (0, 0, 0);
+    let c = e.release_all(|ev| match ev.kind {
+        EventKind::SessionDeleted => sessions += 1,
+        EventKind::MappingDeleted => mappings += 1,
+        EventKind::BlockReleased => blocks += 1,
+        _ => {}
+    });
+    assert_eq!(c.mappings, u64::from(subscribers));
+    assert_eq!((sessions, mappings, blocks), (40, 40, 40), "three events a deletion, every one handed over");
+    assert_eq!(e.events_lost(), 0);
+
+    // The same through a reload that removes the pool address in use.
+    let mut e = engine(EngineConfig { pool: vec![u32_of([203, 0, 113, 1])], ..cfg.clone() });
+    for i in 0..subscribers {
+        send_out(&mut e, [100, 64, 1, i], 4000, REMOTE, 53, SEC);
+        e.drain_events(|_| {});
+    }
+    let mut moved = cfg;
+    moved.pool = vec![u32_of([203, 0, 113, 2])];
+    let mut deleted = 0;
+    e.reconfigure(moved, |ev| deleted += u32::from(ev.kind == EventKind::MappingDeleted)).expect("a pool address removed applies live");
+    assert_eq!(deleted, 40);
+    assert_eq!(e.events_lost(), 0);
 }

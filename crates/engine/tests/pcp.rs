@@ -453,7 +453,7 @@ fn disabled_server_is_silent() {
 fn clear_removes_pcp_mappings_and_a_new_request_starts_afresh() {
     let mut e = engine(pcp_config());
     answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 5000, (0, [0; 4]), &[]), SEC);
-    let c = e.clear_subscriber(u32_of(SUB));
+    let c = e.clear_subscriber(u32_of(SUB), |_| {});
     assert_eq!(c.mappings, 1);
     assert!(e.pcp_holds().is_empty());
     // Another nonce is fine now: the old hold is gone.
@@ -565,7 +565,7 @@ proptest::proptest! {
                     inbound(&mut e, PEER, 53, (POOL1, port), now);
                 }
                 Op::Clear => {
-                    e.clear_subscriber(u32_of(SUB));
+                    e.clear_subscriber(u32_of(SUB), |_| {});
                 }
                 Op::Wait { secs } => now += secs * SEC,
             }

@@ -216,7 +216,7 @@ fn a_reload_sets_the_interval_and_destinations_for_the_next_attempt_and_refuses_
     a.interval = Interval::Fixed { ns: 200 * MS };
     a.destinations[0].ports = (5062, 5062);
     cfg.syn_accel = Some(a);
-    e.reconfigure(cfg.clone()).expect("the SYN accelerator's settings apply live");
+    e.reconfigure(cfg.clone(), |_| {}).expect("the SYN accelerator's settings apply live");
     // 5060 is no longer accelerated; 5062 is, at the new interval.
     let mut old_port = syn(5060, ISN);
     assert_eq!(run(&mut e, &mut old_port, Side::Inside, T0), Verdict::Forward(Side::Outside));
@@ -227,7 +227,7 @@ fn a_reload_sets_the_interval_and_destinations_for_the_next_attempt_and_refuses_
     let copies: Vec<u64> = tick(&mut e, t1, t1 + 700 * MS).iter().filter(|o| o.0 == Side::Outside).map(|o| o.1).collect();
     assert_eq!(copies, [t1 + 200 * MS, t1 + 400 * MS, t1 + 600 * MS]);
     cfg.syn_accel = None;
-    let err = e.reconfigure(cfg).unwrap_err().to_string();
+    let err = e.reconfigure(cfg, |_| {}).unwrap_err().to_string();
     assert!(err.contains("syn_accel") && err.contains("restart"), "{err}");
 }
 
@@ -240,7 +240,7 @@ fn an_attempt_under_way_keeps_its_count_of_syns_across_a_reload() {
     let mut a = e.config().syn_accel.clone().unwrap();
     a.attempts = 2;
     cfg.syn_accel = Some(a);
-    e.reconfigure(cfg).expect("applies live");
+    e.reconfigure(cfg, |_| {}).expect("applies live");
     let mut second = tcp_frame(Side::Inside, SUB, 40001, SERVER, 5061, 64, TcpKind::Syn, ISN, 0, b"");
     assert_eq!(run(&mut e, &mut second, Side::Inside, T0 + 100 * MS), Verdict::Forward(Side::Outside));
     let copies = tick(&mut e, T0, T0 + 1_900 * MS);

@@ -119,7 +119,8 @@ pub struct PortCounters {
     pub checksums_completed: u64,
     /// Frames the kernel dropped because natrix fell behind.
     pub kernel_dropped: u64,
-    /// Frames lost because the device's transmit queue was full.
+    /// Frames lost after the port took them (`transmit` or `send` said
+    /// true): the kernel refused them, or the device's queue was full.
     pub tx_dropped: u64,
     /// System calls that made the kernel transmit (sendto, sendmmsg).
     pub transmit_calls: u64,

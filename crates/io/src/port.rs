@@ -114,7 +114,8 @@ pub trait PacketPort: Send {
         0
     }
 
-    /// Frames lost because the device's transmit queue was full.
+    /// Frames lost after the port took them (`send_from`, a flush the
+    /// kernel refused): those `send` refused are the caller's to count.
     fn dropped_on_transmit(&self) -> u64 {
         0
     }

@@ -32,9 +32,10 @@ pub trait Dut {
     fn work_ns(&self) -> Option<u64> {
         self.cpu_ns()
     }
-    /// Whether that time is whole CPUs', other tenants' included.
-    fn shares_cpus(&self) -> bool {
-        false
+    /// The part of that time that is whole CPUs' busy time, other
+    /// tenants' included (a quiet spell's rate of it is background).
+    fn shared_ns(&self) -> Option<u64> {
+        None
     }
 }
 
@@ -207,6 +208,17 @@ impl Dut for Natrix {
         let busy = in_netns(NAT_NS, busy_ns).ok()??;
         Some(busy + self.receive_work_ns(|| self.process_ns())?)
     }
+
+    /// Where natrix's links have no NAPI threads, their receive work is
+    /// its CPUs' busy time outside its process: other tenants' time there
+    /// is in it, as in the kernel's figure.
+    fn shared_ns(&self) -> Option<u64> {
+        if self.no_napi_threads {
+            self.receive_work_ns(|| self.process_ns())
+        } else {
+            None
+        }
+    }
 }
 
 /// The busy time of natrix's CPUs that its process did not spend: its
@@ -349,8 +361,8 @@ impl Dut for Kernel {
         cpu_busy_ns(&self.cpus)
     }
 
-    fn shares_cpus(&self) -> bool {
-        true
+    fn shared_ns(&self) -> Option<u64> {
+        self.cpu_ns()
     }
 }
 

@@ -93,12 +93,22 @@ pub fn write_plots(dir: &Path, data: &PlotData) -> Result<Vec<PathBuf>, Failure>
 /// One row of the side-by-side table: what, natrix's figure, the kernel's.
 struct Row {
     what: String,
-    natrix: Option<f64>,
-    kernel: Option<f64>,
+    natrix: Option<Cell>,
+    kernel: Option<Cell>,
     unit: &'static str,
     /// Lower is better (latency, CPU): the ratio is inverted so that above
     /// 1 always means natrix does better.
     lower_better: bool,
+}
+
+/// One device's figure in a row: the value, whether it was the tester's
+/// limit, and for latency and PDV the rate it was measured at (each
+/// device's own throughput, RFC 8219).
+#[derive(Clone, Copy)]
+struct Cell {
+    value: f64,
+    limited: bool,
+    at_pps: Option<f64>,
 }
 
 /// The side-by-side table (markdown) of natrix and the kernel from the
@@ -108,8 +118,12 @@ pub fn side_by_side(lines: &[Line]) -> Option<String> {
     if !has("natrix") || !has("kernel") {
         return None;
     }
-    let pick = |dut: &str, test: &str, size: Option<usize>, field: &str| -> Option<f64> {
-        lines.iter().filter(|l| l.dut == dut && l.test == test && size.is_none_or(|s| l.frame_size == s)).find_map(|l| l.result.get(field).and_then(Value::as_f64))
+    let pick = |dut: &str, test: &str, size: Option<usize>, field: &str| -> Option<Cell> {
+        lines.iter().filter(|l| l.dut == dut && l.test == test && size.is_none_or(|s| l.frame_size == s)).find_map(|l| {
+            let value = l.result.get(field).and_then(Value::as_f64)?;
+            let at_pps = matches!(test, "latency" | "pdv").then(|| l.result.get("rate_pps").and_then(Value::as_f64)).flatten();
+            Some(Cell { value, limited: l.generator_limited, at_pps })
+        })
     };
     let mut rows = Vec::new();
     let mut add = |what: String, test: &str, size: Option<usize>, field: &str, unit: &'static str, lower_better: bool| {
@@ -138,14 +152,28 @@ pub fn side_by_side(lines: &[Line]) -> Option<String> {
     add("CPU per forwarded frame, working: natrix's rounds with frames and receive work, the kernel's CPUs".into(), "cpu", None, "dut_work_ns_per_frame", "ns", true);
     let mut md = String::from("| metric | natrix | kernel | natrix/kernel |\n|---|---:|---:|---:|\n");
     for r in rows.iter().filter(|r| r.natrix.is_some() || r.kernel.is_some()) {
-        let ratio = match (r.natrix, r.kernel) {
+        let ratio = match (r.natrix.map(|c| c.value), r.kernel.map(|c| c.value)) {
             (Some(n), Some(k)) if n > 0.0 && k > 0.0 => format!("{:.2}", if r.lower_better { k / n } else { n / k }),
             _ => "-".into(),
         };
-        md.push_str(&format!("| {} | {} | {} | {ratio} |\n", r.what, figure(r.natrix, r.unit), figure(r.kernel, r.unit)));
+        md.push_str(&format!("| {} | {} | {} | {ratio} |\n", r.what, cell(r.natrix, r.unit), cell(r.kernel, r.unit)));
     }
-    md.push_str("\nRatios above 1 favour natrix (for latency, PDV and CPU the kernel's figure over natrix's).\n");
+    md.push_str("\nRatios above 1 favour natrix (for latency, PDV and CPU the kernel's figure over natrix's). ");
+    md.push_str("G: the tester's limit, not the device's (`generator_limited`): the device may do more. ");
+    md.push_str("Latency and PDV are each device's at the rate shown, its own throughput (RFC 8219).\n");
     Some(md)
+}
+
+fn cell(c: Option<Cell>, unit: &str) -> String {
+    let Some(c) = c else { return "-".into() };
+    let mut s = figure(Some(c.value), unit);
+    if let Some(at) = c.at_pps {
+        s.push_str(&format!(" at {}", figure(Some(at), "fps")));
+    }
+    if c.limited {
+        s.push_str(" (G)");
+    }
+    s
 }
 
 fn figure(v: Option<f64>, unit: &str) -> String {
@@ -175,6 +203,18 @@ mod tests {
         let md = side_by_side(&both).unwrap();
         assert!(md.contains("| throughput, 64 B, zero loss (RFC 2544) | 300.0 k fps | 200.0 k fps | 1.50 |"), "{md}");
         assert!(md.contains("| latency, 64 B, median (RFC 8219) | 20.0 us | 40.0 us | 2.00 |"), "{md}");
+    }
+
+    #[test]
+    fn side_by_side_marks_the_testers_limit_and_the_rate_of_each_latency() {
+        let mut natrix = line("natrix", "connection_rate", "rate_pps", 41_800.0);
+        natrix.generator_limited = true;
+        let mut kernel_latency = line("kernel", "latency", "median_us", 40.0);
+        kernel_latency.result.insert("rate_pps".into(), json!(51_400.0));
+        let both = [natrix, line("kernel", "connection_rate", "rate_pps", 60_800.0), line("kernel", "throughput", "rate_pps", 51_400.0), kernel_latency];
+        let md = side_by_side(&both).unwrap();
+        assert!(md.contains("| 41.8 k conn/s (G) | 60.8 k conn/s |"), "{md}");
+        assert!(md.contains("| - | 40.0 us at 51.4 k fps | - |"), "{md}");
     }
 
     #[test]

@@ -72,7 +72,7 @@ impl Testbed for LabBed {
     }
 
     fn cpu(&mut self) -> Option<CpuTimes> {
-        Some(CpuTimes { machine_busy_ns: machine_busy_ns()?, dut_ns: self.dut.cpu_ns(), dut_work_ns: self.dut.work_ns(), dut_shares_cpus: self.dut.shares_cpus() })
+        Some(CpuTimes { machine_busy_ns: machine_busy_ns()?, dut_ns: self.dut.cpu_ns(), dut_work_ns: self.dut.work_ns(), dut_shared_ns: self.dut.shared_ns() })
     }
 
     fn note(&mut self, msg: &str) {
@@ -106,7 +106,7 @@ impl Testbed for SwitchBed {
     }
 
     fn cpu(&mut self) -> Option<CpuTimes> {
-        Some(CpuTimes { machine_busy_ns: machine_busy_ns()?, dut_ns: None, dut_work_ns: None, dut_shares_cpus: false })
+        Some(CpuTimes { machine_busy_ns: machine_busy_ns()?, dut_ns: None, dut_work_ns: None, dut_shared_ns: None })
     }
 
     fn note(&mut self, msg: &str) {

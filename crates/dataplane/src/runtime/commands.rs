@@ -12,6 +12,19 @@ use natrix_engine::{EngineConfig, Event};
 use super::{IoSnapshot, WorkerSnapshot};
 use crate::ring::Doorbell;
 
+/// What a reloaded configuration changes on the links: the addresses
+/// natrix answers for, and the pool the hairpin check reads.
+#[derive(Clone)]
+pub(super) struct LinkReload {
+    /// Outside: the pool's addresses natrix answers ARP for.
+    pub answers: Vec<u32>,
+    /// Inside: the DS-Lite AFTR addresses natrix answers Neighbor
+    /// Solicitations for.
+    pub answers6: Vec<std::net::Ipv6Addr>,
+    /// The pool, sorted.
+    pub pool: Vec<u32>,
+}
+
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) enum Command {
@@ -21,8 +34,8 @@ pub(super) enum Command {
     Mappings(Option<u32>, Sender<Vec<MappingView>>),
     Clear(u32, Sender<Cleared>),
     Reload(Box<EngineConfig>, Sender<Result<(), natrix_engine::EngineError>>),
-    /// The outside addresses natrix answers ARP for, and the sorted pool.
-    ReloadLinks(Vec<u32>, Vec<u32>, Sender<()>),
+    /// What a reload changes on the links.
+    ReloadLinks(LinkReload, Sender<()>),
     /// Session sync: the active node's events for this worker's subscribers.
     InstallSynced(Vec<Event>, Sender<SyncTally>),
     /// Cluster role: standby (synced sessions wait for deletions) or active.

@@ -254,8 +254,8 @@ impl IoThread {
     }
 
     fn command(&mut self, cmd: Command) {
-        if let Command::ReloadLinks(_, pool, _) = &cmd {
-            self.pool = pool.clone();
+        if let Command::ReloadLinks(reload, _) = &cmd {
+            self.pool = reload.pool.clone();
         }
         self.worker.command(cmd, Some(&mut self.links));
     }

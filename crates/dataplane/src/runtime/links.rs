@@ -119,7 +119,7 @@ impl Links {
             let ready = gateway.address(*side, frame, now, &mut |out, f| requests.push_addressed(out, f));
             *next = if ready { Next::Send } else { Next::Nothing };
         }
-        gateway.expire(now);
+        gateway.expire(now, &mut |out, f| requests.push_addressed(out, f));
         self.expired_at = now;
     }
 
@@ -141,6 +141,8 @@ impl Links {
             s.rx_kernel_dropped[i] = c.kernel_dropped;
             s.rx_refused[i] = c.refused;
             s.rx_checksums_completed[i] = c.checksums_completed;
+            // Counted as sent when the port took them: lost after all.
+            s.tx_frames[i] = s.tx_frames[i].saturating_sub(c.tx_dropped);
             s.tx_dropped[i] += c.tx_dropped;
             s.transmit_calls += c.transmit_calls;
             s.receive_calls += c.receive_calls;

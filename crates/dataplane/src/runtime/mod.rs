@@ -56,7 +56,7 @@ use crate::gateway::{Gateway, GatewayCounters, Link};
 use crate::ring::{self, Consumer, Doorbell, Producer};
 use crate::steer::Steering;
 use clock::Clock;
-use commands::{Command, Control};
+use commands::{Command, Control, LinkReload};
 pub use commands::{ControlError, SyncTally};
 use io_thread::{IoThread, Lanes};
 use links::Links;
@@ -367,7 +367,7 @@ impl Dataplane {
                 prefix_len: settings.inside.prefix_len,
                 answers_for: vec![settings.inside.addr],
                 addr6: engine_cfg.inside_addr6,
-                answers_for6: engine_cfg.dslite.iter().map(|d| d.aftr).collect(),
+                answers_for6: aftr_addresses(&engine_cfg),
             },
             Link {
                 mac: outside.mac,
@@ -605,9 +605,8 @@ impl Dataplane {
             w.ask(|tx| Command::Reload(Box::new(cfg.clone()), tx))?.map_err(ControlError::Refused)?;
         }
         let outside = LinkSettings { interface: String::new(), addr: self.outside_prefix.0, prefix_len: self.outside_prefix.1 };
-        let pool = sorted(&cfg.pool);
-        let answers = outside_answers(&outside, &cfg.pool);
-        self.workers[..self.io_workers].iter().try_for_each(|w| w.ask(|tx| Command::ReloadLinks(answers.clone(), pool.clone(), tx)))
+        let reload = LinkReload { answers: outside_answers(&outside, &cfg.pool), answers6: aftr_addresses(cfg), pool: sorted(&cfg.pool) };
+        self.workers[..self.io_workers].iter().try_for_each(|w| w.ask(|tx| Command::ReloadLinks(reload.clone(), tx)))
     }
 
     /// Installs the cluster's active node's events (session sync), each on
@@ -660,6 +659,12 @@ fn outside_answers(outside: &LinkSettings, pool: &[u32]) -> Vec<u32> {
     let mut v = vec![outside.addr];
     v.extend(pool.iter().copied().filter(|&a| prefix_contains(outside.addr, outside.prefix_len, a)));
     v
+}
+
+/// The addresses natrix answers Neighbor Solicitations for on the inside
+/// besides its own: the DS-Lite AFTR's, where B4s are on the link.
+fn aftr_addresses(cfg: &EngineConfig) -> Vec<std::net::Ipv6Addr> {
+    cfg.dslite.iter().map(|d| d.aftr).collect()
 }
 
 /// Steering for `workers` workers, and the pool sorted to recognise

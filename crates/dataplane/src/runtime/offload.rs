@@ -226,7 +226,8 @@ impl Offloader {
     /// on `side`: `verdict`, leaving `after`. A flow is not learnt from a
     /// frame that came with a partial checksum, as the program hands such
     /// frames back: one learnt would sit in the table unused; and one in
-    /// the table is forgotten, as for any frame not learnt from (a FIN).
+    /// the table is forgotten, as for any frame not learnt from (a FIN),
+    /// with the other direction of its flow: a FIN or RST ends both.
     fn observe(&mut self, engine: &Engine, side: Side, (before, partial): (&Head, bool), verdict: Verdict, after: &[u8], now: u64) {
         let ifindex = self.plan.table.ifindex[side as usize];
         let Some(key) = offload::flow_key(before, ifindex) else { return };
@@ -246,7 +247,7 @@ impl Offloader {
         };
         match learnt {
             Some((action, to)) => self.keep(key, action, to, (side, before), now),
-            None if known => self.forget(&key),
+            None if known => self.forget_flow(&key),
             None => {}
         }
     }
@@ -291,6 +292,14 @@ impl Offloader {
     fn forget(&mut self, key: &FlowKey) {
         if self.known.remove(key).is_some() {
             self.plan.table.map.remove(key);
+        }
+    }
+
+    /// Forgets the flow direction `key` and the other direction of its flow.
+    fn forget_flow(&mut self, key: &FlowKey) {
+        if let Some(k) = self.known.remove(key) {
+            self.plan.table.map.remove(key);
+            self.forget(&key.reverse(&k.action));
         }
     }
 

@@ -138,13 +138,13 @@ impl EngineWorker {
             }
             Command::Clear(addr, tx) => {
                 self.forget_offloaded();
-                let _ = tx.send(self.engine.clear_subscriber(addr));
+                let _ = tx.send(self.engine.clear_subscriber(addr, logged_in_full(&self.events)));
             }
             Command::Reload(cfg, tx) => {
                 let mut cfg = *cfg;
                 cfg.egress_mtu = self.engine.config().egress_mtu;
                 self.forget_offloaded();
-                let _ = tx.send(self.engine.reconfigure(cfg));
+                let _ = tx.send(self.engine.reconfigure(cfg, logged_in_full(&self.events)));
             }
             Command::InstallSynced(events, tx) => {
                 let mut tally = super::SyncTally::default();
@@ -164,9 +164,11 @@ impl EngineWorker {
             Command::Io(tx) => {
                 let _ = tx.send(io.map(|p| p.snapshot()).unwrap_or_default());
             }
-            Command::ReloadLinks(answers, _, tx) => {
+            Command::ReloadLinks(reload, tx) => {
                 if let Some(p) = io {
-                    p.gateway().set_answers_for(Side::Outside, answers);
+                    let mut gateway = p.gateway();
+                    gateway.set_answers_for(Side::Outside, reload.answers);
+                    gateway.set_answers_for6(Side::Inside, reload.answers6);
                 }
                 let _ = tx.send(());
             }
@@ -184,11 +186,8 @@ impl EngineWorker {
     /// At a clean stop: end every mapping and hand the logger every deletion,
     /// waiting for it this once (the packet path has stopped).
     pub(super) fn finish(&mut self) {
-        self.engine.release_all();
+        self.engine.release_all(logged_in_full(&self.events));
         let events = &self.events;
-        self.engine.drain_events(|e| {
-            let _ = events.send(Logged::Nat(e));
-        });
         self.engine.drain_function_records(|r| {
             let _ = events.send(Logged::Function(r));
         });
@@ -322,4 +321,14 @@ pub(super) fn run_worker(
         }
     }
     worker.finish();
+}
+
+/// Hands the logger each event of an operator's bulk deletion (a clear, a
+/// pool address removed, the stop), waiting for room: every one is a
+/// record `whois` needs, and the packet path waits meanwhile. Without a
+/// log configured the channel is closed and nothing waits.
+fn logged_in_full(events: &SyncSender<Logged>) -> impl FnMut(natrix_engine::Event) + '_ {
+    move |e| {
+        let _ = events.send(Logged::Nat(e));
+    }
 }

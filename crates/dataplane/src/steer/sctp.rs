@@ -82,10 +82,13 @@ impl SctpOwners {
     }
 
     /// The worker of an SCTP packet to external address `dst`; an INIT-ACK
-    /// teaches the remote's tag to the same worker.
+    /// to an INIT a worker sent teaches the remote's tag to the same
+    /// worker. One that answers no INIT natrix knows teaches nothing: a
+    /// flood of made-up ones would otherwise push live associations' keys
+    /// out of the table.
     pub(super) fn steer_inbound(&mut self, dst: u32, l4: &[u8]) -> u16 {
         let Some(h) = header(l4) else { return 0 };
-        let w = self.owner(Self::key(dst, h.dst_port, h.src_port, h.tag)).unwrap_or(0);
+        let Some(w) = self.owner(Self::key(dst, h.dst_port, h.src_port, h.tag)) else { return 0 };
         if let Some(rem_tag) = self.first_init_tag(l4, chunk::INIT_ACK) {
             self.learn(Self::key(dst, h.dst_port, h.src_port, rem_tag), w);
         }
@@ -155,6 +158,13 @@ mod tests {
         assert_eq!(o.steer_inbound(EXT, &packet(0x2222, 38412, 5000, chunk::ABORT, 0)), 3, "the T bit's tag, learned from the INIT-ACK");
         assert_eq!(o.steer_inbound(EXT, &packet(0x1111, 38412, 5001, chunk::DATA, 0)), 0, "another port: unknown");
         assert_eq!(o.steer_inbound(EXT, &[0; 8]), 0);
+    }
+
+    #[test]
+    fn an_init_ack_to_no_init_natrix_sent_teaches_nothing() {
+        let mut o = SctpOwners::new(&SctpConfig::default(), 4);
+        assert_eq!(o.steer_inbound(EXT, &packet(0x1111, 38412, 5000, chunk::INIT_ACK, 0x2222)), 0);
+        assert_eq!(o.owner(SctpOwners::key(EXT, 5000, 38412, 0x2222)), None);
     }
 
     #[test]

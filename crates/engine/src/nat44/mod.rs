@@ -245,6 +245,11 @@ impl Nat44 {
         self.events.lost()
     }
 
+    /// Events the queue holds between drains.
+    pub(crate) fn event_capacity(&self) -> usize {
+        self.events.capacity()
+    }
+
     /// Moves the clock to `now_ns`; true when a new second began, for
     /// `second_passed` to run (after PCP has touched what it holds).
     pub(crate) fn set_time(&mut self, now_ns: u64) -> bool {

@@ -1033,11 +1033,13 @@ impl Engine {
         self.pcp.announcement(src_mac, self.now_s, &mut self.router)
     }
 
-    /// Applies a reloaded configuration (see `Nat44::reconfigure`).
-    pub fn reconfigure(&mut self, new: EngineConfig) -> Result<(), EngineError> {
+    /// Applies a reloaded configuration (see `Nat44::reconfigure`); the
+    /// events of what it deletes (a removed pool address's mappings), and
+    /// those queued before, go to `sink`.
+    pub fn reconfigure(&mut self, new: EngineConfig, mut sink: impl FnMut(Event)) -> Result<(), EngineError> {
         // Built before anything changes, so a refused reload leaves all as it was.
         let bindings = Nptv6::new(&new.nptv6)?;
-        self.nat.reconfigure(new)?;
+        self.nat.reconfigure(new, &mut sink)?;
         self.nptv6.replace_table(bindings);
         self.router.reconfigure(self.nat.config());
         self.hooks.reconfigure(self.nat.config());
@@ -1060,12 +1062,16 @@ impl Engine {
         self.nat.mapping_views(subscriber)
     }
 
-    pub fn clear_subscriber(&mut self, addr: u32) -> crate::admin::Cleared {
-        self.nat.clear_subscriber(addr)
+    /// Ends a subscriber's sessions and dynamic mappings; their events,
+    /// and those queued before, go to `sink`.
+    pub fn clear_subscriber(&mut self, addr: u32, mut sink: impl FnMut(Event)) -> crate::admin::Cleared {
+        self.nat.clear_subscriber(addr, &mut sink)
     }
 
-    pub fn release_all(&mut self) -> crate::admin::Cleared {
-        self.nat.release_all()
+    /// Ends every dynamic mapping (natrix stops); their events, and those
+    /// queued before, go to `sink`.
+    pub fn release_all(&mut self, mut sink: impl FnMut(Event)) -> crate::admin::Cleared {
+        self.nat.release_all(&mut sink)
     }
 }
 

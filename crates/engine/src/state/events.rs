@@ -78,6 +78,11 @@ impl EventQueue {
         self.buf.drain(..)
     }
 
+    /// Events it holds between drains; more are lost (counted).
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
     /// Events queued now; a mark for `since_mut` and `retain_since`.
     pub fn len(&self) -> usize {
         self.buf.len()

@@ -58,6 +58,16 @@ pub struct FlowKey {
     ifindex: u32,
 }
 
+impl FlowKey {
+    /// The key the other direction of the flow arrives with, once a frame
+    /// of `self` left as `action` translated it: the new addresses and
+    /// ports the other way round, on the interface it left by.
+    pub fn reverse(&self, action: &FlowAction) -> FlowKey {
+        let p = action.ports;
+        FlowKey { src: action.dst, dst: action.src, ports: [p[2], p[3], p[0], p[1]], proto: self.proto, ifindex: action.egress }
+    }
+}
+
 /// What the program does to a flow's frame.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

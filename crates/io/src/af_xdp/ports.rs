@@ -188,6 +188,10 @@ pub struct XdpPorts {
     ifindexes: Vec<u32>,
     mode: XdpMode,
     busy_poll: bool,
+    /// Per interface, the socket its next `receive` reads first: each
+    /// round starts one further, so that a busy queue does not take every
+    /// round's budget from the ones after it.
+    first_read: Vec<usize>,
 }
 
 impl XdpPorts {
@@ -261,10 +265,11 @@ impl XdpPorts {
             programs.push(XdpProgram::attach(&fds, ifindex, name, offload, attach)?);
             first.push(sockets.len());
         }
-        let interfaces = interfaces.iter().map(|&(name, _)| name.to_owned()).collect();
+        let interfaces: Vec<String> = interfaces.iter().map(|&(name, _)| name.to_owned()).collect();
         let frames = SharedFrames::new(Arc::new(umem));
         let ifindexes = looked_up.iter().map(|&(index, _)| index).collect();
-        Ok(XdpPorts { programs: programs.into(), sockets, first, frames, free, depot: None, interfaces, ifindexes, mode, busy_poll })
+        let first_read = vec![0; interfaces.len()];
+        Ok(XdpPorts { programs: programs.into(), sockets, first, frames, free, depot: None, interfaces, ifindexes, mode, busy_poll, first_read })
     }
 
     /// Deals the sockets out in `sets` sets, receive queue q of each
@@ -284,6 +289,7 @@ impl XdpPorts {
                 ifindexes: self.ifindexes.clone(),
                 mode: self.mode,
                 busy_poll: self.busy_poll,
+                first_read: vec![0; self.interfaces.len()],
             })
             .collect();
         // What is left of self, without sockets, detaches nothing on drop.
@@ -429,8 +435,13 @@ fn open_socket(
 impl FramePorts for XdpPorts {
     fn receive(&mut self, side: usize, max: usize, f: &mut dyn FnMut(FrameId, &mut [u8]) -> bool) -> usize {
         let mut got = 0;
-        let XdpPorts { sockets, first, frames, free, busy_poll, .. } = self;
-        for (queue, s) in sockets[first[side]..first[side + 1]].iter_mut().enumerate() {
+        let XdpPorts { sockets, first, frames, free, busy_poll, first_read, .. } = self;
+        let served = &mut sockets[first[side]..first[side + 1]];
+        let count = served.len();
+        let start = first_read[side] % count.max(1);
+        first_read[side] = (start + 1) % count.max(1);
+        for queue in (start..count).chain(0..start) {
+            let s = &mut served[queue];
             let available = s.rx.available();
             let n = available.min((max - got) as u32);
             for i in 0..n {

@@ -330,6 +330,35 @@ fn every_receive_queue_has_a_socket_and_is_served() {
     });
 }
 
+/// A round's budget goes round the queues: with frames waiting on both,
+/// one frame a round comes from each queue in turn, not always from the
+/// first (whose backlog would starve the other's ring into the kernel's
+/// drops).
+#[test]
+fn rounds_take_turns_at_the_receive_queues() {
+    let Some(ns) = Netns::with_veth_pair("queues-turns") else {
+        return;
+    };
+    ns.add_veth_pair(PORT2_IF, PEER2_IF, 2);
+    ns.run(|| {
+        let mut ports = open_one(&[PORT2_IF, PORT_IF]).expect("AF_XDP opens on every queue");
+        let peer = RawSocket::open_all(PEER2_IF);
+        let (port_mac, peer_mac) = (Interface::lookup(PORT2_IF).unwrap().mac, Interface::lookup(PEER2_IF).unwrap().mac);
+        for flow in 0..256 {
+            peer.send(&udp_frame(port_mac, peer_mac, flow, flow));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let mut queues = Vec::new();
+        for _ in 0..4 {
+            ports.receive(0, 1, &mut |id, _| {
+                queues.push(id.queue);
+                false
+            });
+        }
+        assert_eq!(queues, [0, 1, 0, 1], "one frame a round, from each queue in turn");
+    });
+}
+
 const PORT3_IF: &str = "xsk2";
 const PEER3_IF: &str = "peer2";
 

@@ -335,6 +335,20 @@ fn fragments_have_no_flow() {
     assert!(learn(&before, 1, &Packet::udp().translated().frame(), Egress { ifindex: 2, counter: 0, max_len: 1500 }).is_none());
 }
 
+/// The answer to a translated frame, as it arrives on the egress, has the
+/// key `FlowKey::reverse` names (so a FIN or RST hands both directions back).
+#[test]
+fn the_reverse_key_is_that_of_the_answer_to_the_translated_frame() {
+    for p in [Packet::tcp(ACK), Packet::udp()] {
+        let before = head(&p.frame()).unwrap();
+        let out = p.translated();
+        let (key, action) = learn(&before, 3, &out.frame(), Egress { ifindex: EGRESS, counter: 1, max_len: 1500 }).expect("learnt");
+        let answer = Packet { src: out.dst, dst: out.src, sport: out.dport, dport: out.sport, ..out.clone() };
+        assert_eq!(Some(key.reverse(&action)), flow_key(&answer.frame(), EGRESS));
+        assert_ne!(key.reverse(&action), key);
+    }
+}
+
 #[test]
 fn only_the_plain_rewrite_is_learnt() {
     const E: Egress = Egress { ifindex: 2, counter: 0, max_len: 1500 };
