@@ -153,10 +153,14 @@ pub struct Offload {
 impl Offload {
     /// A table of up to `capacity` flow directions.
     pub fn new(capacity: u32) -> io::Result<Offload> {
-        // Not preallocated: an entry deleted and reused at once could
-        // otherwise be read by a program that found it just before, with
-        // another flow's action in it; allocated ones are freed after an
-        // RCU grace period.
+        // Not preallocated, so the table's memory follows the flows in it.
+        // Either way the kernel may reuse a deleted entry at once (Linux
+        // 6.1's BPF memory allocator does for these too): a program that
+        // found a flow just before a worker deleted it and installed
+        // another could read the other's action. Its window is the
+        // ~100 ns from its lookup to its last read, against the
+        // microseconds of the two system calls, for a flow that went idle
+        // or ended.
         let flows = bpf::map_create(bpf::BPF_MAP_TYPE_HASH, size_of::<FlowKey>(), size_of::<FlowAction>(), capacity, bpf::BPF_F_NO_PREALLOC)?;
         let forwarded = bpf::map_create(bpf::BPF_MAP_TYPE_PERCPU_ARRAY, size_of::<u32>(), size_of::<Forwarded>(), COUNTERS, 0)?;
         Ok(Offload { flows, forwarded })
