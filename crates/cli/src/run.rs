@@ -19,7 +19,7 @@ use natrix_control::cluster::bgp::Announcement;
 use natrix_control::cluster::node::{ClusterNode, EventTee, NodeSettings};
 use natrix_control::config::cluster::ClusterConfig;
 use natrix_control::{api, Config, IoBackend, LoggingConfig, Offload, PreferBusyPoll, XdpProgramMode};
-use natrix_dataplane::{Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Offloading, Settings, StartOptions, XdpAttach};
+use natrix_dataplane::{ControlError, Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Offloading, Settings, StartOptions, XdpAttach};
 use natrix_io::iface::Interface;
 use natrix_io::{InterfaceLock, LOCK_DIR};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
@@ -258,8 +258,13 @@ fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Opt
     if let Some(key) = running.restart_key_changed(&new) {
         return refuse(format!("{key} changed: that needs a restart"));
     }
-    if let Err(e) = dp.reload(&engine_to_run(&new)) {
-        return refuse(e.to_string());
+    match dp.reload(&engine_to_run(&new)) {
+        Ok(()) => {}
+        Err(e @ ControlError::PartlyApplied { .. }) => {
+            error!("reload stopped part way: {e}");
+            return None;
+        }
+        Err(e) => return refuse(e.to_string()),
     }
     logger.reconfigure(&new.logging);
     for w in &new.warnings {

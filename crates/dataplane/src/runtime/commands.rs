@@ -79,6 +79,10 @@ pub enum ControlError {
     NoAnswer,
     /// It refused a reloaded configuration.
     Refused(natrix_engine::EngineError),
+    /// A reload that `applied` of `of` workers had taken when the next did
+    /// not answer (it may still take it): they may now run different
+    /// configurations.
+    PartlyApplied { applied: usize, of: usize },
 }
 
 impl std::fmt::Display for ControlError {
@@ -87,6 +91,11 @@ impl std::fmt::Display for ControlError {
             ControlError::Stopped => f.write_str("a dataplane thread has stopped"),
             ControlError::NoAnswer => f.write_str("a dataplane thread did not answer"),
             ControlError::Refused(e) => write!(f, "{e}"),
+            ControlError::PartlyApplied { applied, of } => write!(
+                f,
+                "worker {applied} did not answer within {} s, when {applied} of {of} workers had taken the new configuration (it may still take it): restart natrix to run one configuration on every worker",
+                COMMAND_TIMEOUT.as_secs()
+            ),
         }
     }
 }

@@ -599,10 +599,16 @@ impl Dataplane {
 
     /// Applies a reloaded engine configuration to every worker. Every worker
     /// holds the same configuration, so they all accept or all refuse; the
-    /// first refusal is returned and nothing changes.
+    /// first refusal is returned and nothing changes. A worker that does
+    /// not answer leaves them on different configurations, which the
+    /// error says.
     pub fn reload(&self, cfg: &EngineConfig) -> Result<(), ControlError> {
-        for w in &self.workers {
-            w.ask(|tx| Command::Reload(Box::new(cfg.clone()), tx))?.map_err(ControlError::Refused)?;
+        for (i, w) in self.workers.iter().enumerate() {
+            match w.ask(|tx| Command::Reload(Box::new(cfg.clone()), tx)) {
+                Ok(answer) => answer.map_err(ControlError::Refused)?,
+                Err(ControlError::NoAnswer) => return Err(ControlError::PartlyApplied { applied: i, of: self.workers.len() }),
+                Err(e) => return Err(e),
+            }
         }
         let outside = LinkSettings { interface: String::new(), addr: self.outside_prefix.0, prefix_len: self.outside_prefix.1 };
         let reload = LinkReload { answers: outside_answers(&outside, &cfg.pool), answers6: aftr_addresses(cfg), pool: sorted(&cfg.pool) };
@@ -635,6 +641,9 @@ impl Dataplane {
     /// Stops every thread and waits for them, then puts back the devices'
     /// settings natrix changed; later calls do nothing.
     pub fn stop(&self) {
+        // Events nobody took (no logger) must not hold up the workers'
+        // last deletions, which wait for room in the channel.
+        drop(self.take_events());
         self.stop.store(true, Ordering::SeqCst);
         for w in &self.workers {
             w.doorbell.ring_always();

@@ -115,14 +115,8 @@ impl EngineWorker {
         }
         self.engine.drain_output(|o| out(o.side, &o.data));
         let (events, lost) = (&self.events, &mut self.events_lost);
-        // Disconnected means no log is configured: nothing is lost.
-        let mut send = |item| {
-            if let Err(TrySendError::Full(_)) = events.try_send(item) {
-                *lost += 1;
-            }
-        };
-        self.engine.drain_events(|e| send(Logged::Nat(e)));
-        self.engine.drain_function_records(|r| send(Logged::Function(r)));
+        self.engine.drain_events(|e| offer(events, lost, Logged::Nat(e)));
+        self.engine.drain_function_records(|r| offer(events, lost, Logged::Function(r)));
     }
 
     pub(super) fn command(&mut self, cmd: Command, io: Option<&mut Links>) {
@@ -138,13 +132,15 @@ impl EngineWorker {
             }
             Command::Clear(addr, tx) => {
                 self.forget_offloaded();
-                let _ = tx.send(self.engine.clear_subscriber(addr, logged_in_full(&self.events)));
+                let (events, lost) = (&self.events, &mut self.events_lost);
+                let _ = tx.send(self.engine.clear_subscriber(addr, |e| offer(events, lost, Logged::Nat(e))));
             }
             Command::Reload(cfg, tx) => {
                 let mut cfg = *cfg;
                 cfg.egress_mtu = self.engine.config().egress_mtu;
                 self.forget_offloaded();
-                let _ = tx.send(self.engine.reconfigure(cfg, logged_in_full(&self.events)));
+                let (events, lost) = (&self.events, &mut self.events_lost);
+                let _ = tx.send(self.engine.reconfigure(cfg, |e| offer(events, lost, Logged::Nat(e))));
             }
             Command::InstallSynced(events, tx) => {
                 let mut tally = super::SyncTally::default();
@@ -184,10 +180,13 @@ impl EngineWorker {
     }
 
     /// At a clean stop: end every mapping and hand the logger every deletion,
-    /// waiting for it this once (the packet path has stopped).
+    /// waiting for room this once (the packet path has stopped): each is a
+    /// record `whois` needs.
     pub(super) fn finish(&mut self) {
-        self.engine.release_all(logged_in_full(&self.events));
         let events = &self.events;
+        self.engine.release_all(|e| {
+            let _ = events.send(Logged::Nat(e));
+        });
         self.engine.drain_function_records(|r| {
             let _ = events.send(Logged::Function(r));
         });
@@ -323,12 +322,11 @@ pub(super) fn run_worker(
     worker.finish();
 }
 
-/// Hands the logger each event of an operator's bulk deletion (a clear, a
-/// pool address removed, the stop), waiting for room: every one is a
-/// record `whois` needs, and the packet path waits meanwhile. Without a
-/// log configured the channel is closed and nothing waits.
-fn logged_in_full(events: &SyncSender<Logged>) -> impl FnMut(natrix_engine::Event) + '_ {
-    move |e| {
-        let _ = events.send(Logged::Nat(e));
+/// Hands the logger an item without waiting (the packet path never waits
+/// for the log, CONTRACTS): one the full channel cannot take is counted
+/// lost.
+fn offer(events: &SyncSender<Logged>, lost: &mut u64, item: Logged) {
+    if let Err(TrySendError::Full(_)) = events.try_send(item) {
+        *lost += 1;
     }
 }
