@@ -355,6 +355,19 @@ def test_sync_keeps_up_with_a_burst_of_new_flows_or_counts_exactly_what_it_lost(
         assert standby["records_lost"] <= active["records_given_up"]
 
 
+def test_a_bird_killed_under_natrix_is_started_again_and_announces_again(cluster):
+    """BIRD killed under natrix (SIGKILL: its session and routes go with
+    it) is started again within seconds, and the router learns b1's routes
+    again."""
+    def bird_pids():
+        return sh("pgrep", "-f", "bird -f -c .*run-b1", check=False).stdout.split()
+    before = bird_pids()
+    assert len(before) == 1, f"b1's BIRD: {before}"
+    os.kill(int(before[0]), signal.SIGKILL)
+    wait_until("natrix starts b1's BIRD again", lambda: len(bird_pids()) == 1 and bird_pids() != before, 10)
+    wait_until("b1's routes come back", lambda: "via 100.64.250.3" in router_route("0.0.0.0/0", "t_p2"), 30)
+
+
 def test_bfd_withdraws_a_silent_node_before_the_hold_time(cluster):
     """A node that stops answering without closing its BGP session (power
     lost, here its BIRD frozen with SIGSTOP: no TCP reset, no Cease) is

@@ -81,6 +81,10 @@ pub fn fields(e: &Event) -> Vec<(&'static str, String)> {
         ("proto", e.proto.name().to_owned()),
         ("subscriber", Ipv4Addr::from(e.int_addr).to_string()),
     ];
+    // A DS-Lite host's address is its B4's to tell apart (RFC 6333).
+    if let Some(b4) = e.b4 {
+        f.push(("b4", b4.to_string()));
+    }
     if !is_block {
         f.push(("subscriber_port", e.int_port.to_string()));
     }
@@ -262,6 +266,8 @@ mod tests {
              subscriber=\"100.64.0.10\" subscriber_port=\"40000\" external=\"203.0.113.1\" external_port=\"40000\"] \
              event=mapping_create nat_event=8 proto=udp subscriber=100.64.0.10 subscriber_port=40000 external=203.0.113.1 external_port=40000"
         );
+        let softwire = format(&Event { int_addr: 0xc000_0002, b4: Some("2001:db8:b4::1".parse().unwrap()), ..create() }, "-", 1);
+        assert!(softwire.contains("subscriber=\"192.0.0.2\" b4=\"2001:db8:b4::1\" subscriber_port=\"40000\""), "{softwire}");
         let q = format(&Event { kind: EventKind::QuotaExceeded, ext_addr: 0, ..create() }, "-", 1);
         assert!(q.starts_with("<132>1 "), "{q}");
         assert!(!q.contains("external"), "{q}");

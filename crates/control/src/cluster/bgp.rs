@@ -60,7 +60,12 @@ fn aggregate(addrs: &[u32]) -> Vec<Prefix4> {
 /// BIRD's configuration: the BGP session and a static protocol that takes
 /// its routes from `routes`.
 pub fn bird_config(cfg: &BgpConfig, routes: &Path) -> String {
-    let keepalive = (cfg.hold_time / 3).max(1);
+    // Hold time 0 (RFC 4271: no keepalives): BIRD then takes no keepalive
+    // time, which must lie between 1 and the hold time.
+    let keepalive = match cfg.hold_time {
+        0 => String::new(),
+        hold => format!("  keepalive time {};\n", (hold / 3).max(1)),
+    };
     let mut c = String::new();
     let _ = writeln!(c, "# Written by natrix: its announcements (docs/SCALE-OUT.md). Do not edit.");
     let _ = writeln!(c, "router id {};", cfg.router_id);
@@ -72,7 +77,7 @@ pub fn bird_config(cfg: &BgpConfig, routes: &Path) -> String {
     let bfd = if cfg.bfd { "  bfd on;\n" } else { "" };
     let _ = writeln!(
         c,
-        "protocol bgp upstream {{\n  local as {};\n  neighbor {} as {};\n  hold time {};\n  keepalive time {keepalive};\n  connect retry time 1;\n  error wait time 1, 5;\n{bfd}  ipv4 {{ import none; export all; next hop keep; }};\n}}",
+        "protocol bgp upstream {{\n  local as {};\n  neighbor {} as {};\n  hold time {};\n{keepalive}  connect retry time 1;\n  error wait time 1, 5;\n{bfd}  ipv4 {{ import none; export all; next hop keep; }};\n}}",
         cfg.local_as, cfg.peer, cfg.peer_as, cfg.hold_time
     );
     c
@@ -177,6 +182,14 @@ impl Speaker {
         self.announced.as_ref()
     }
 
+    /// How BIRD ended, once it has: its announcements and session went
+    /// with it, so nothing counts as announced any more.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.try_wait().ok().flatten()?;
+        self.announced = None;
+        Some(status)
+    }
+
     /// Withdraws and stops BIRD (its session ends with a Cease).
     pub fn stop(mut self) {
         let _ = self.announce(None);
@@ -230,13 +243,13 @@ mod tests {
         }
         let dir = std::env::temp_dir().join(format!("natrix-bird-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for bfd in [false, true] {
+        for (bfd, hold_time) in [(false, 3), (true, 3), (false, 0), (false, 90)] {
             let cfg = BgpConfig {
                 local_as: 65001,
                 peer: Ipv4Addr::new(192, 0, 2, 254),
                 peer_as: 65000,
                 router_id: Ipv4Addr::new(192, 0, 2, 1),
-                hold_time: 3,
+                hold_time,
                 standby_prepend: 3,
                 bird: PathBuf::from("bird"),
                 bfd,
@@ -248,7 +261,7 @@ mod tests {
             assert_eq!(conf.contains("bfd on;") && conf.contains("protocol bfd"), bfd, "{conf}");
             std::fs::write(dir.join("bird.conf"), conf).unwrap();
             let out = Command::new("bird").arg("-p").arg("-c").arg(dir.join("bird.conf")).output().unwrap();
-            assert!(out.status.success(), "bfd = {bfd}: {}", String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "bfd = {bfd}, hold time {hold_time}: {}", String::from_utf8_lossy(&out.stderr));
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -49,6 +49,8 @@ use crate::config::cluster::{ClusterConfig, Prefix4, Role};
 const TICK: Duration = Duration::from_millis(2);
 /// How often interfaces are checked and announcements brought up to date.
 const HEALTH_EVERY: Duration = Duration::from_millis(100);
+/// How often a BIRD that keeps exiting is started again.
+const BIRD_RESTART_EVERY: Duration = Duration::from_secs(2);
 /// Events waiting between the logger and this thread; past it they are
 /// counted as lost to sync rather than wait.
 const TEE_CAPACITY: usize = 1 << 16;
@@ -210,6 +212,8 @@ struct Node {
     datagrams_refused: u64,
     interfaces_up: bool,
     bgp_error: Option<String>,
+    /// When BIRD, should it have exited, may be started again.
+    bird_start_due: Instant,
 }
 
 impl Node {
@@ -251,6 +255,7 @@ impl Node {
             datagrams_refused: 0,
             interfaces_up: false,
             bgp_error: None,
+            bird_start_due: now,
         }
     }
 
@@ -292,7 +297,7 @@ impl Node {
                     return;
                 }
             };
-            if from.ip() != sync.peer.ip() {
+            if !from_partner(from, sync.peer) {
                 self.datagrams_refused += 1;
                 continue;
             }
@@ -493,6 +498,7 @@ impl Node {
             warn!("cluster: an interface is down: handing the active role to the partner");
             self.set_role(Role::Standby);
         }
+        self.restart_exited_speaker();
         let Some(speaker) = &mut self.speaker else { return };
         let bgp = self.s.cluster.bgp.as_ref().expect("a speaker has its config");
         let prepend = prepends(self.role, self.s.cluster.role, bgp.standby_prepend);
@@ -514,6 +520,31 @@ impl Node {
                     error!("cluster: {e}");
                 }
                 self.bgp_error = Some(e.to_string());
+            }
+        }
+    }
+
+    /// A BIRD that exited (killed, crashed) took the announcements with
+    /// it: started again (at most every `BIRD_RESTART_EVERY`), it
+    /// announces anew.
+    fn restart_exited_speaker(&mut self) {
+        let Some(status) = self.speaker.as_mut().and_then(Speaker::exited) else { return };
+        if Instant::now() < self.bird_start_due {
+            return;
+        }
+        self.bird_start_due = Instant::now() + BIRD_RESTART_EVERY;
+        let bgp = self.s.cluster.bgp.as_ref().expect("a speaker has its config");
+        match Speaker::start(bgp, &self.s.run_dir) {
+            Ok(s) => {
+                warn!("cluster: BIRD exited ({status}), its announcements with it: started again");
+                self.speaker = Some(s);
+            }
+            Err(e) => {
+                let why = format!("BIRD exited ({status}) and could not be started again: {e}");
+                if self.bgp_error.as_deref() != Some(&why) {
+                    error!("cluster: {why}");
+                }
+                self.bgp_error = Some(why);
             }
         }
     }
@@ -585,9 +616,25 @@ fn interface_up(name: &str) -> bool {
     }
 }
 
+/// Whether a datagram from `from` is the partner's at `peer`: on a
+/// dual-stack socket (`sync_listen = "[::]:7400"`) an IPv4 partner's
+/// datagrams come from its IPv4-mapped address.
+fn from_partner(from: std::net::SocketAddr, peer: std::net::SocketAddr) -> bool {
+    from.ip().to_canonical() == peer.ip().to_canonical()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ipv4_partner_is_recognised_on_a_dual_stack_socket() {
+        let peer = "192.0.2.2:7400".parse().unwrap();
+        assert!(from_partner("[::ffff:192.0.2.2]:7400".parse().unwrap(), peer));
+        assert!(from_partner("192.0.2.2:40000".parse().unwrap(), peer));
+        assert!(!from_partner("[::ffff:192.0.2.3]:7400".parse().unwrap(), peer));
+        assert!(from_partner("[2001:db8::2]:7400".parse().unwrap(), "[2001:db8::2]:7400".parse().unwrap()));
+    }
 
     #[test]
     fn a_configured_active_node_is_preferred_even_over_a_standby_that_took_over() {

@@ -282,6 +282,19 @@ mod tests {
         assert_eq!(refusal("[nat]\nmode = \"off\"\n[cluster]\nnode = \"a\"\n").0, "cluster");
     }
 
+    /// The pool a node's BGP announces is the one at start: a reload that
+    /// changes it would leave the routes stale, so it needs a restart.
+    #[test]
+    fn a_pool_announced_by_bgp_changes_only_with_a_restart() {
+        let bgp = "[cluster.bgp]\nlocal_as = 65001\npeer_as = 65000\npeer = \"192.0.2.254\"\nrouter_id = \"192.0.2.1\"\n";
+        let other_pool = |text: &str| text.replace("203.0.113.0/29", "203.0.113.8/29");
+        let with_bgp = format!("{DYNAMIC}{bgp}");
+        let running = Config::parse(&with_bgp).unwrap();
+        assert_eq!(running.restart_key_changed(&Config::parse(&other_pool(&with_bgp)).unwrap()), Some("nat.pool (announced by [cluster.bgp])"));
+        let running = Config::parse(DYNAMIC).unwrap();
+        assert_eq!(running.restart_key_changed(&Config::parse(&other_pool(DYNAMIC)).unwrap()), None, "without BGP the pool changes live");
+    }
+
     #[test]
     fn sync_and_bgp_parse_with_defaults_and_refusals_name_the_key() {
         let text = format!("{DYNAMIC}sync_listen = \"192.0.2.1:7400\"\nsync_peer = \"192.0.2.2:7400\"\npeer_timeout = \"500ms\"\n[cluster.bgp]\nlocal_as = 65001\npeer_as = 65000\npeer = \"192.0.2.254\"\nrouter_id = \"192.0.2.1\"\n");
