@@ -128,6 +128,30 @@ def test_sighup_reload(natrix, agent, servers):
     assert sub1.echo(s0, echo, "after-iface-reload") == e0
 
 
+def test_a_rotated_json_log_is_let_go_at_sighup_even_when_the_reload_is_refused(natrix, agent, servers, tmp_path):
+    """logrotate moves the JSON log away and sends SIGHUP: natrix opens the
+    file again, so the next mapping is logged there, not in the moved file,
+    even when the configuration it reads is refused (an interface changed)."""
+    log = tmp_path / "events.jsonl"
+    n = natrix({"logging": {"json": str(log)}})
+    sub1 = agent(NS_SUB1)
+    echo = (SRV1, h.UDP_ECHO)
+    sub1.echo(sub1.udp_open(), echo, "before-rotation")
+    time.sleep(1.5)  # the logger flushes every second
+    rotated = tmp_path / "events.jsonl.1"
+    log.rename(rotated)
+    err = _reload(n, {"inside": {"interface": "nx-no-such-if"}})
+    assert any("restart" in line.lower() for line in err), f"the reload should be refused: {err}"
+    port = sub1.echo(sub1.udp_open(), echo, "after-rotation")[1]
+    time.sleep(1.5)
+    assert log.exists(), "natrix did not open the log again at SIGHUP"
+    created = [json.loads(line) for line in log.read_text().splitlines()]
+    assert any(r["event"] == "mapping_create" and r.get("external_port") == port for r in created), (
+        f"the mapping made after the rotation is not in the new file: {created}")
+    moved = [json.loads(line) for line in rotated.read_text().splitlines()]
+    assert moved and not any(r.get("external_port") == port for r in moved), f"the moved file took a record after the rotation: {moved}"
+
+
 def test_a_clean_stop_logs_the_deletion_of_every_session_and_mapping(natrix, tmp_path):
     """A stop ends more sessions at once than the engine queues between two
     drains (65,536 a worker): the JSON log (unit "session") still gets a

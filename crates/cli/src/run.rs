@@ -90,11 +90,12 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let mut running = cfg;
     for signal in signals.forever() {
         match signal {
-            SIGHUP => {
-                if let Some(new) = reload(&args.config, &running, &dp, &logger) {
-                    running = new;
-                }
-            }
+            SIGHUP => match reload(&args.config, &running, &dp, &logger) {
+                Some(new) => running = new,
+                // A refused reload still lets go of a log file rotated away
+                // (logrotate's SIGHUP): the JSON log is opened again.
+                None => logger.reconfigure(&running.logging),
+            },
             SIGTERM | SIGINT => break,
             _ => {}
         }
@@ -381,7 +382,7 @@ impl Logger {
                             sinks.flush();
                             let (new, errors) = LogSinks::open(&cfg, JsonTarget::Append, Clock::Wall, &lost_by_sinks, Some(sinks));
                             for e in errors {
-                                error!("{e}; its records are counted as lost until a reload fixes it");
+                                error!("{e}; its records are counted as lost until a reload fixes it (the JSON log is also tried again every 10 s)");
                             }
                             sinks = new;
                         }
@@ -428,10 +429,14 @@ fn write(sinks: &mut LogSinks, item: &Logged) -> bool {
     }
 }
 
-/// A JSON log that stopped taking writes: said once; its records count as lost.
+/// A JSON log that stopped taking writes, and once it takes them again:
+/// each said once; its records meanwhile count as lost.
 fn report_json_error(sinks: &mut LogSinks) {
     if let Some(err) = sinks.take_json_error() {
-        error!("writing the event log: {err}; its records are counted as lost until a reload reopens it");
+        error!("writing the event log: {err}; its records are counted as lost until it can be written again (tried every 10 s, and at a reload)");
+    }
+    if sinks.take_json_recovered() {
+        info!("the event log is written again");
     }
 }
 

@@ -7,7 +7,9 @@
 use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use natrix_engine::pipeline::hooks::FunctionRecord;
 use natrix_engine::Event;
@@ -39,7 +41,19 @@ pub struct LogSinks {
     json_error: Option<io::Error>,
     /// Whether `[logging] json` is configured, open or not.
     json_wanted: bool,
+    /// The file a live JSON log appends to, opened again after it failed
+    /// (`retry_json`).
+    json_path: Option<PathBuf>,
+    /// When the JSON log that failed is next tried, and how often.
+    json_retry_at: Instant,
+    json_retry: Duration,
+    /// The JSON log works again after failing, not yet reported.
+    json_recovered: bool,
 }
+
+/// How often a live JSON log that failed (a full disk, a directory gone)
+/// is opened again.
+const JSON_RETRY: Duration = Duration::from_secs(10);
 
 /// What the sinks handed over: the JSON log (for the caller to finish) and
 /// what the IPFIX and syslog exporters sent and dropped.
@@ -60,6 +74,7 @@ impl LogSinks {
             Some(o) if o.unit == cfg.unit => (o.ipfix, o.syslog),
             _ => (None, None),
         };
+        let json_path = matches!(json, JsonTarget::Append).then(|| cfg.json.clone()).flatten();
         let json = match (json, &cfg.json) {
             (JsonTarget::File(f), Some(_)) => Some(EventLog::to_file(f, cfg.unit)),
             (JsonTarget::Append, Some(p)) => EventLog::append(p, cfg.unit).map_err(|e| errors.push(format!("logging.json {}: {e}", p.display()))).ok(),
@@ -74,12 +89,27 @@ impl LogSinks {
             _ => SyslogSender::open(target, cfg.unit, lost.clone()).map(|s| (target.clone(), s)).map_err(|e| errors.push(format!("logging.syslog {target}: {e}"))).ok(),
         });
         let failed = errors.len() as u64;
-        (LogSinks { unit: cfg.unit, json, ipfix, syslog, failed, lost: lost.clone(), json_error: None, json_wanted: cfg.json.is_some() }, errors)
+        let sinks = LogSinks {
+            unit: cfg.unit,
+            json,
+            ipfix,
+            syslog,
+            failed,
+            lost: lost.clone(),
+            json_error: None,
+            json_wanted: cfg.json.is_some(),
+            json_path,
+            json_retry_at: Instant::now() + JSON_RETRY,
+            json_retry: JSON_RETRY,
+            json_recovered: false,
+        };
+        (sinks, errors)
     }
 
     /// Hands the event to every sink; whether it is a record the configured
     /// sinks keep (for the count of records logged).
     pub fn write(&mut self, e: &Event) -> bool {
+        self.retry_json();
         if let Some(Err(err)) = self.json.as_mut().map(|l| l.write(e)) {
             self.json_failed(err);
         }
@@ -99,6 +129,7 @@ impl LogSinks {
     /// Writes a middlebox function's record (HOST_ID's `log` events) to
     /// the JSON log, the one sink with a place for it; whether it was taken.
     pub fn write_record(&mut self, r: &FunctionRecord) -> bool {
+        self.retry_json();
         let written = self.json.as_mut().map(|l| match r {
             FunctionRecord::HostId(e) => l.write_host_id(e),
         });
@@ -134,6 +165,27 @@ impl LogSinks {
         self.json_error.take()
     }
 
+    /// Whether the JSON log works again after it failed, once.
+    pub fn take_json_recovered(&mut self) -> bool {
+        std::mem::take(&mut self.json_recovered)
+    }
+
+    /// A live JSON log that failed, or could not be opened, is opened
+    /// again every `json_retry`: once the disk has room again, or the
+    /// directory is back, records are written again without a reload.
+    fn retry_json(&mut self) {
+        let Some(path) = &self.json_path else { return };
+        if self.json.is_some() || Instant::now() < self.json_retry_at {
+            return;
+        }
+        self.json_retry_at = Instant::now() + self.json_retry;
+        if let Ok(log) = EventLog::append(path, self.unit) {
+            self.json = Some(log);
+            self.failed -= 1;
+            self.json_recovered = true;
+        }
+    }
+
     /// Flushes the exporters and hands the JSON log back.
     pub fn finish(mut self) -> Finished {
         let ipfix = self.ipfix.as_mut().map(|(_, x)| {
@@ -151,6 +203,7 @@ impl LogSinks {
         }
         self.failed += 1;
         self.json_error.get_or_insert(err);
+        self.json_retry_at = Instant::now() + self.json_retry;
     }
 }
 
@@ -219,6 +272,32 @@ mod tests {
         assert_eq!(lost.load(Ordering::Relaxed), 3);
         sinks.flush();
         assert_eq!(lost.load(Ordering::Relaxed), 3, "each counted once");
+    }
+
+    /// A JSON log that cannot be written (here its directory is gone) is
+    /// tried again, and takes records again once it can, without a reload;
+    /// what it missed meanwhile is counted lost.
+    #[test]
+    fn a_json_log_that_failed_is_written_again_once_it_can_be() {
+        let dir = std::env::temp_dir().join(format!("natrix-sinks-retry-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("events.jsonl");
+        let cfg = LoggingConfig { unit: LogUnit::Mapping, json: Some(path.clone()), ipfix: None, syslog: None };
+        let lost = LossCounter::default();
+        let (mut sinks, errors) = LogSinks::open(&cfg, JsonTarget::Append, Clock::Wall, &lost, None);
+        assert_eq!(errors.len(), 1, "no directory: {errors:?}");
+        (sinks.json_retry, sinks.json_retry_at) = (Duration::ZERO, Instant::now());
+        assert!(!sinks.write(&mapping(1024)));
+        assert_eq!(lost.load(Ordering::Relaxed), 1);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(sinks.write(&mapping(1025)), "opened again and written");
+        assert!(sinks.take_json_recovered() && !sinks.take_json_recovered(), "said once");
+        sinks.flush();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 1, "{text}");
+        assert!(text.contains("1025"), "{text}");
+        assert_eq!(lost.load(Ordering::Relaxed), 1, "only the record it missed");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
