@@ -65,6 +65,37 @@ fn a_hairpin_to_another_workers_mapping_leaves_outside_for_the_dataplane_to_turn
     assert_eq!(back.src(), d.src());
 }
 
+/// RFC 5508 REQ-7 across workers: b (worker 1) answers a's hairpinned
+/// datagram with an ICMP error; worker 1 sends it on outside for the
+/// dataplane to turn around, and worker 0 delivers it to a.
+#[test]
+fn a_hairpinned_icmp_error_to_another_workers_subscriber_reaches_it() {
+    let count = 2;
+    let (a, b) = (subscriber_of_worker(0, count), subscriber_of_worker(1, count));
+    let (mut w0, mut w1) = (engine(sharded(0, count)), engine(sharded(1, count)));
+    let (_, db) = send_out(&mut w1, b, 5000, REMOTE, 53, SEC);
+    let (b_ext, b_port) = (db.src(), db.udp().source_port);
+    let (_, d) = send_out(&mut w0, a, 6000, b_ext, b_port, SEC);
+    let (a_ext, a_port) = (d.src(), d.udp().source_port);
+    let mut f = udp_frame(Side::Outside, a_ext, a_port, b_ext, b_port, 63, b"x", false);
+    assert_eq!(run(&mut w1, &mut f, Side::Outside, SEC), Verdict::Forward(Side::Inside));
+    // b's host: port unreachable, quoting what it got, to a's external address.
+    let mut err = icmp_frame(Side::Inside, b, a_ext, 64, port_unreachable(), &quote_of(&f));
+    assert_eq!(run(&mut w1, &mut err, Side::Inside, 2 * SEC), Verdict::Forward(Side::Outside), "to worker 0 by way of the dataplane");
+    let out = must_decode(&err);
+    assert_eq!((out.src(), out.dst()), (b_ext, a_ext));
+    let owners = Owners::new((1024, 65535), 0, count, &[]);
+    let q = must_quoted(&out);
+    assert_eq!(owners.of_external(natrix_engine::Proto::Udp, u32_of(q.ip.source), q.sport()), 0, "the quoted source is worker 0's");
+    let mut turned = err.clone();
+    turned[0..12].copy_from_slice(&[macs(Side::Outside).1, macs(Side::Outside).0].concat());
+    assert_eq!(run(&mut w0, &mut turned, Side::Outside, 2 * SEC), Verdict::Forward(Side::Inside));
+    let d = must_decode(&turned);
+    assert_eq!((d.src(), d.dst()), (b_ext, a), "delivered to a from b's external address");
+    let q = must_quoted(&d);
+    assert_eq!((q.ip.source, q.sport(), q.ip.destination, q.dport()), (a, 6000, b_ext, b_port));
+}
+
 fn set_dont_fragment(f: &mut [u8], on: bool) {
     let ip = ETH_LEN;
     if on {

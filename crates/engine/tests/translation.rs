@@ -17,10 +17,6 @@ const REMOTE: [u8; 4] = [198, 51, 100, 7];
 const ROUTER: [u8; 4] = [192, 0, 2, 254];
 const POOL1: [u8; 4] = [203, 0, 113, 5];
 
-fn port_unreachable() -> Icmpv4Type {
-    Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::Port)
-}
-
 /// Sends a UDP datagram out and returns (original frame, translated frame).
 fn udp_out(e: &mut natrix_engine::Engine, sub: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, payload: &[u8], zero: bool, now: u64) -> (Vec<u8>, Vec<u8>) {
     let orig = udp_frame(Side::Inside, sub, sport, dst, dport, 64, payload, zero);

@@ -67,7 +67,10 @@ impl Nat44 {
         let s = self.tables.session(sid);
         rewrite::rewrite(frame, q.l3, q.l4, Which::Dst, s.ext_addr, s.ext_port);
         rewrite::rewrite(frame, ip.l3, L4::None, Which::Src, s.ext_addr, 0);
-        if !self.pool.contains(ip.dst) {
+        // An error to another worker's subscriber (a hairpin whose sender's
+        // mapping lies there) leaves as if outbound: the dataplane turns it
+        // around to that worker, which takes it as an error from outside.
+        if !self.pool.contains(ip.dst) || !self.owns_external(q.proto, q.src, q.sport) {
             refill_icmp_checksum(frame, ip);
             return Ok(Side::Outside);
         }

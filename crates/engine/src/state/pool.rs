@@ -291,14 +291,22 @@ impl Pool {
         self.selection == PortSelection::Preserve
     }
 
-    /// Allocates a port for one-at-a-time mode.
+    /// Allocates a port for one-at-a-time mode: the wanted one when
+    /// preserving and free, else one of its parity, else any free port
+    /// (parity is a recommendation, RFC 4787 REQ-4; a pool used in full is
+    /// RFC 6888 REQ-13's).
     #[inline(always)]
     pub fn alloc_port(&mut self, addr_idx: u32, proto: Proto, want: u16, rng: &mut Rng) -> Result<u16, AllocError> {
         let (lo, hi) = (self.lo, self.hi);
         let parity = self.parity_of(proto, want);
         let preserve = self.preserves();
         let s = self.space(addr_idx, proto);
-        let port = if preserve && (lo..=hi).contains(&want) && s.is_free(want) { Some(want) } else { s.find(rng.range(u32::from(lo), u32::from(hi)) as u16, lo, hi, parity) };
+        let port = if preserve && (lo..=hi).contains(&want) && s.is_free(want) {
+            Some(want)
+        } else {
+            let start = rng.range(u32::from(lo), u32::from(hi)) as u16;
+            s.find(start, lo, hi, parity).or_else(|| s.find(start, lo, hi, None))
+        };
         let port = port.ok_or(AllocError::Exhausted)?;
         s.take(port);
         self.ports_in_use += 1;
@@ -334,8 +342,10 @@ impl Pool {
         (first as u16, (first + u32::from(self.block_size) - 1) as u16)
     }
 
-    /// Allocates a port inside the subscriber's blocks, taking a new block when
-    /// those are full. `blocks` lists the subscriber's blocks as (space, block).
+    /// Allocates a port inside the subscriber's blocks: one of the wanted
+    /// port's parity there, else in a new block, else (at its quota, or with
+    /// no block free) any free port of its blocks. `blocks` lists the
+    /// subscriber's blocks as (space, block).
     #[allow(clippy::too_many_arguments)]
     pub fn alloc_in_blocks(
         &mut self,
@@ -350,22 +360,18 @@ impl Pool {
         let space_idx = addr_idx * Proto::WITH_PORTS as u32 + proto as u32;
         let parity = self.parity_of(proto, want);
         let preserve = self.preserves();
-        for &(sp, b) in blocks.iter().filter(|(sp, _)| *sp == space_idx) {
-            let (first, last) = self.block_range(b);
-            let s = &mut self.spaces[sp as usize];
-            let start = if preserve && (first..=last).contains(&want) { want } else { first };
-            if let Some(p) = s.find(start, first, last, parity) {
-                s.take(p);
-                s.block_used[b as usize] += 1;
-                return Ok((p, None));
-            }
-        }
-        if blocks.iter().filter(|(sp, _)| *sp == space_idx).count() >= max_blocks {
-            return Err(AllocError::BlockQuota);
+        if let Some(p) = self.take_in_blocks(space_idx, blocks, want, parity) {
+            return Ok((p, None));
         }
         let nblocks = self.spaces[space_idx as usize].block_owner.len() as u32;
-        if nblocks == 0 || self.spaces[space_idx as usize].free_blocks == 0 {
-            return Err(AllocError::Exhausted);
+        let at_quota = blocks.iter().filter(|(sp, _)| *sp == space_idx).count() >= max_blocks;
+        if at_quota || nblocks == 0 || self.spaces[space_idx as usize].free_blocks == 0 {
+            let other_parity = parity.and_then(|_| self.take_in_blocks(space_idx, blocks, want, None));
+            return match other_parity {
+                Some(p) => Ok((p, None)),
+                None if at_quota => Err(AllocError::BlockQuota),
+                None => Err(AllocError::Exhausted),
+            };
         }
         let start = rng.range(0, nblocks - 1);
         let s = &self.spaces[space_idx as usize];
@@ -382,6 +388,24 @@ impl Pool {
         blocks.push((space_idx, b));
         self.ports_in_use += block_size;
         Ok((p, Some(BlockChange { addr: self.addrs[addr_idx as usize], proto, first, last })))
+    }
+
+    /// Takes a free port of `parity` (any with None) in the subscriber's
+    /// blocks of `space_idx`, the wanted one first where it lies in one and
+    /// natrix preserves ports.
+    fn take_in_blocks(&mut self, space_idx: u32, blocks: &[(u32, u32)], want: u16, parity: Option<u16>) -> Option<u16> {
+        let preserve = self.preserves();
+        for &(sp, b) in blocks.iter().filter(|(sp, _)| *sp == space_idx) {
+            let (first, last) = self.block_range(b);
+            let s = &mut self.spaces[sp as usize];
+            let start = if preserve && (first..=last).contains(&want) { want } else { first };
+            if let Some(p) = s.find(start, first, last, parity) {
+                s.take(p);
+                s.block_used[b as usize] += 1;
+                return Some(p);
+            }
+        }
+        None
     }
 
     /// Gives a port back. `immediate` skips the hold-down (TCP closed by FIN or
@@ -589,6 +613,38 @@ mod tests {
         }
         assert_eq!(p.alloc_port(0, Proto::Udp, 7, &mut rng), Ok(5003));
         assert_eq!(p.alloc_port(0, Proto::Udp, 7, &mut rng), Err(AllocError::Exhausted));
+    }
+
+    /// Parity is kept while ports of it are free, never at the price of a
+    /// refusal while others are (Linux picks even ports for connect()).
+    #[test]
+    fn a_parity_used_up_gives_a_port_of_the_other() {
+        let mut p = pool(5000, 5003, 0);
+        let mut rng = Rng::new(3);
+        for port in [5000, 5002] {
+            assert_eq!(p.alloc_port(0, Proto::Tcp, port, &mut rng), Ok(port));
+        }
+        let odd = p.alloc_port(0, Proto::Tcp, 6000, &mut rng).unwrap();
+        assert_eq!(odd & 1, 1, "{odd}");
+    }
+
+    #[test]
+    fn in_blocks_a_parity_used_up_takes_a_new_block_then_the_other_parity() {
+        let mut p = pool(1024, 65535, 64);
+        let mut rng = Rng::new(1);
+        for max_blocks in [1, 2] {
+            let mut blocks = Vec::new();
+            let owner = max_blocks as u32;
+            for i in 0..32u16 {
+                p.alloc_in_blocks(0, Proto::Tcp, 40000 + 2 * i, owner, &mut blocks, max_blocks, &mut rng).unwrap();
+            }
+            let (port, change) = p.alloc_in_blocks(0, Proto::Tcp, 50000, owner, &mut blocks, max_blocks, &mut rng).unwrap();
+            if max_blocks == 1 {
+                assert!(change.is_none() && port & 1 == 1, "at its quota: an odd port of its block, {port}");
+            } else {
+                assert!(change.is_some() && port & 1 == 0, "below it: a new block, parity kept, {port}");
+            }
+        }
     }
 
     #[test]

@@ -110,6 +110,11 @@ pub fn icmp_frame(side: Side, src: [u8; 4], dst: [u8; 4], ttl: u8, t: Icmpv4Type
     v
 }
 
+/// ICMP destination unreachable, port unreachable (RFC 792 code 3).
+pub fn port_unreachable() -> Icmpv4Type {
+    Icmpv4Type::DestinationUnreachable(etherparse::icmpv4::DestUnreachableHeader::Port)
+}
+
 /// What an ICMP error quotes: the IP header of `frame` plus 8 bytes of what follows it.
 pub fn quote_of(frame: &[u8]) -> Vec<u8> {
     let (h, _) = Ipv4Header::from_slice(&frame[ETH_LEN..]).expect("quotable ipv4");
