@@ -5,6 +5,7 @@ import concurrent.futures
 import json
 import secrets
 import shutil
+import sys
 
 import pytest
 
@@ -148,3 +149,34 @@ def test_af_xdp_forwards_with_batched_system_calls(natrix, agent, servers, busy_
         assert calls["wait"] == 0, f"a busy-polling thread slept: {calls}"
     else:
         assert calls["wait"] > 0, f"the thread never slept between echoes: {calls}"
+
+
+# Sends one UDP datagram of argv[3] bytes with DF clear (IP_PMTUDISC_DONT).
+SEND_WITHOUT_DF = ("import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                   "s.setsockopt(socket.IPPROTO_IP, 10, 0); "
+                   "s.sendto(bytes(i % 251 for i in range(int(sys.argv[3]))), (sys.argv[1], int(sys.argv[2])))")
+
+
+def test_a_datagram_without_df_larger_than_the_outside_mtu_leaves_as_fragments(natrix, agent):
+    """RFC 4787 REQ-13: natrix's outside link takes 1400 bytes; a 1450-byte
+    UDP datagram from sub1 with DF clear reaches srv1 whole and translated:
+    natrix sent it as fragments that fit, which srv1's kernel put together."""
+    h.sh("ip", "link", "set", "outside", "mtu", "1400", ns=h.NS_NAT)
+    try:
+        n = natrix()
+        srv = agent(NS_SRV1)
+        sid = srv.udp_open(bind_port=7301)
+        got = None
+        for _ in range(3):  # the first may wait for natrix's ARP
+            h.sh(sys.executable, "-c", SEND_WITHOUT_DF, SRV1, "7301", "1450", ns=NS_SUB1)
+            try:
+                got = srv.udp_recv(sid, timeout=1.0)
+                break
+            except AgentError:
+                continue
+        assert got, "the 1450-byte datagram never reached srv1"
+        data, peer = got
+        assert data.encode("latin-1") == bytes(i % 251 for i in range(1450)), "the datagram arrived altered"
+        assert h.in_pool(peer[0], n.pool), f"not translated: from {peer}"
+    finally:
+        h.sh("ip", "link", "set", "outside", "mtu", "1500", ns=h.NS_NAT)

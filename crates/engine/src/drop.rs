@@ -47,7 +47,7 @@ drop_reasons! {
     SctpCollision => "sctp_collision", "SCTP INIT or ASCONF whose tag and ports collide with another subscriber's association; answered with ABORT-M or ERROR-M (seed 001 section 5.2.1)";
     TtlExpired => "ttl_expired", "TTL reached zero; ICMP time exceeded sent";
     FragmentationNeeded => "fragmentation_needed", "larger than the egress MTU with DF set; ICMP fragmentation needed sent (RFC 1191)";
-    TooBig => "too_big", "larger than the egress MTU without DF (natrix does not fragment)";
+    TooBig => "too_big", "larger than the egress MTU without DF, which leaves no room to fragment it";
     LocalDestination => "local_destination", "addressed to natrix itself";
     NotForPool => "not_for_pool", "arrived outside for an address outside the pool";
     NoMapping => "no_mapping", "inbound packet matching no mapping";

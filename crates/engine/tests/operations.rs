@@ -134,10 +134,29 @@ fn a_datagram_too_big_for_the_egress_link_with_df_gets_fragmentation_needed() {
     let bytes = d.icmp().to_bytes();
     assert_eq!((bytes[0], bytes[1]), (3, 4));
     assert_eq!(u16::from_be_bytes([bytes[6], bytes[7]]), 1400, "RFC 1191 next-hop MTU");
-    // Without DF natrix does not fragment: dropped, counted.
-    let mut g = udp_frame(Side::Inside, sub, 4000, REMOTE, 53, 64, &[0u8; 1450], false);
+    // Without DF it leaves translated, as fragments that fit (RFC 4787
+    // REQ-13): etherparse reads each, and their data put together is the
+    // translated datagram's.
+    let payload: Vec<u8> = (0..1450u32).map(|i| i as u8).collect();
+    let mut g = udp_frame(Side::Inside, sub, 4000, REMOTE, 53, 64, &payload, false);
     set_dont_fragment(&mut g, false);
-    assert_eq!(run(&mut e, &mut g, Side::Inside, SEC), Verdict::Drop(DropReason::TooBig));
+    assert_eq!(run(&mut e, &mut g, Side::Inside, SEC), Verdict::Consumed);
+    let pieces = outputs(&mut e);
+    assert_eq!(pieces.len(), 2);
+    let mut data = Vec::new();
+    for (i, (side, _, f)) in pieces.iter().enumerate() {
+        assert_eq!(*side, Side::Outside);
+        assert!(f.len() - ETH_LEN <= 1400, "fragment {i}: {} bytes", f.len() - ETH_LEN);
+        let s = etherparse::SlicedPacket::from_ethernet(f).unwrap();
+        let Some(etherparse::NetSlice::Ipv4(ip)) = s.net else { panic!("fragment {i} is not IPv4") };
+        let h = ip.header().to_header();
+        assert_eq!(h.header_checksum, h.calc_header_checksum());
+        assert_eq!((h.more_fragments, usize::from(h.fragment_offset.value()) * 8), (i == 0, data.len()));
+        assert!(in_pool(e.config(), addr_of(u32::from_be_bytes(h.source))) && h.destination == REMOTE && h.time_to_live == 63);
+        data.extend_from_slice(ip.payload().payload);
+    }
+    let udp = etherparse::UdpSlice::from_slice(&data).unwrap();
+    assert_eq!((udp.destination_port(), udp.payload()), (53, &payload[..]), "the whole datagram");
     let mut small = udp_frame(Side::Inside, sub, 4000, REMOTE, 53, 64, &[0u8; 1300], false);
     assert_eq!(run(&mut e, &mut small, Side::Inside, SEC), Verdict::Forward(Side::Outside));
 }

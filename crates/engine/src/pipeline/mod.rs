@@ -22,6 +22,7 @@
 //! and a batch prefetches its table lines ahead of time (`nat44::batch`).
 
 pub mod emit;
+mod fragment;
 pub(crate) mod frame;
 pub mod frame_buf;
 pub mod hooks;
@@ -644,7 +645,30 @@ impl Engine {
         if result == Ok(Some(Side::Inside)) && self.dslite.is_some() && to_softwire(frame, l3) {
             return self.send_into_softwire(frame, l3, side);
         }
-        self.settle(frame, l3, side, result)
+        match result {
+            Ok(Some(out)) if self.too_big_for(frame, l3, out) => self.send_fragmented(frame, l3, out),
+            _ => self.settle(frame, l3, side, result),
+        }
+    }
+
+    /// Whether the IPv4 datagram at `l3` is larger than the link on `out`
+    /// takes: one without DF, which the router let through to be
+    /// fragmented (one with DF it refused).
+    fn too_big_for(&self, frame: &[u8], l3: usize, out: Side) -> bool {
+        let mtu = self.router.egress_mtu(out);
+        let total = frame.get(l3 + 2..l3 + 4).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
+        mtu != 0 && total > mtu
+    }
+
+    /// The translated datagram at `l3` leaves on `out` as fragments that
+    /// fit its link (RFC 4787 REQ-13), through the output queue, in order.
+    fn send_fragmented(&mut self, frame: &[u8], l3: usize, out: Side) -> Verdict {
+        let Some(pieces) = fragment::split(frame, l3, self.router.egress_mtu(out)) else { return self.verdict_of(Err(DropReason::TooBig)) };
+        for piece in pieces {
+            self.router.queue_final(out, self.now_ns, piece);
+        }
+        self.counters.forwarded[out as usize] += 1;
+        Verdict::Consumed
     }
 
     /// An IPv6 frame on the inside with DS-Lite on: a softwire packet, a
@@ -767,6 +791,14 @@ impl Engine {
             // The stages counted it forwarded; an encapsulation refused here only drops it.
             let mut buf = buf;
             let _ = self.encapsulate(&mut buf, l3, self.now_ns, Origin::Hairpin);
+            self.router.recycle(buf);
+        } else if self.too_big_for(&buf, l3, out) {
+            // The stages counted it forwarded: as fragments, or dropped
+            // where the link leaves no room to fragment it.
+            match fragment::split(&buf, l3, self.router.egress_mtu(out)) {
+                Some(pieces) => pieces.into_iter().for_each(|p| self.router.queue_final(out, self.now_ns, p)),
+                None => self.counters.drops.count(DropReason::TooBig),
+            }
             self.router.recycle(buf);
         } else {
             self.router.queue_final(out, self.now_ns, buf);

@@ -99,18 +99,20 @@ impl Router {
 
     /// A datagram of `total` bytes larger than the link it leaves on: with
     /// DF, tell the sender the MTU (RFC 1191 path MTU discovery); without,
-    /// drop it, since natrix does not fragment.
+    /// it goes on, to be fragmented once translated (`fragment`).
     pub fn check_mtu(&mut self, frame: &[u8], l3: usize, total: usize, dont_fragment: bool, arrived: Side) -> Result<(), DropReason> {
         let mtu = self.links.egress_mtu[arrived.other() as usize];
-        if mtu == 0 || total <= usize::from(mtu) {
+        if mtu == 0 || total <= usize::from(mtu) || !dont_fragment {
             return Ok(());
-        }
-        if !dont_fragment {
-            return Err(DropReason::TooBig);
         }
         let src = self.source(arrived);
         self.send_icmp_error(frame, l3, src, arrived, (icmp::kind::DEST_UNREACHABLE, icmp::unreachable::FRAG_NEEDED), mtu);
         Err(DropReason::FragmentationNeeded)
+    }
+
+    /// The largest IPv4 datagram the link on `side` takes; 0: no limit known.
+    pub fn egress_mtu(&self, side: Side) -> u16 {
+        self.links.egress_mtu[side as usize]
     }
 
     pub fn decrement_ttl(&self, frame: &mut [u8], l3: usize) {
