@@ -154,7 +154,7 @@ def test_quota_holds_per_b4_and_the_refusal_goes_back_through_the_softwire(repla
     assert len(errors) == 1, show(outs)
     i = inner_of(errors[0])
     assert (i.src, i.dst) == (AFTR_V4, HOST), i.summary()
-    assert (i[ICMP].type, i[ICMP].code) == (3, 1), "RFC 6888 REQ-8 default: host unreachable"
+    assert (i[ICMP].type, i[ICMP].code) == (3, 1), "RFC 6888 REQ-11 default: host unreachable"
     quoted = IP(bytes(i[ICMP].payload))
     assert (quoted.src, quoted.dst, quoted[UDP].sport) == (HOST, SERVER, 5002), "the error quotes the packet as the host sent it"
     assert not to_b4(outs, B4_2), "the other B4 is not refused"

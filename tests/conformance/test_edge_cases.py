@@ -233,7 +233,7 @@ def test_hairpin_respects_filtering(replay):
 
 
 def test_paired_pooling_exhaustion_does_not_switch_address(replay):
-    """RFC 4787 REQ-2 (paired) + RFC 6888 REQ-8: when the subscriber's address
+    """RFC 4787 REQ-2 (paired) + RFC 6888 REQ-11: when the subscriber's address
     has no free port, the packet is dropped (pool_exhausted) and answered with
     ICMP host unreachable from the inside address, rather than giving the
     subscriber a second external address; another subscriber still gets a port

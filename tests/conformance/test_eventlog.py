@@ -1,4 +1,4 @@
-"""NAT event log (RFC 6888 REQ-12, RFC 8158 natEvent values) written by replay
+"""NAT event log (RFC 6888 section 4, RFC 8158 natEvent values) written by replay
 with [logging] json: one JSON object per line, capture timestamps, and in port
 block mode one record per block instead of one per mapping."""
 

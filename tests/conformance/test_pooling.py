@@ -34,7 +34,7 @@ def test_paired_pooling_all_protocols(replay):
 
 
 def test_non_contiguous_pool(replay):
-    """RFC 6888 REQ-1: the pool may be made of non-contiguous ranges; both
+    """RFC 6888 REQ-3: the pool may be made of non-contiguous ranges; both
     ranges are used (2 ports per address force it) and return traffic to each
     is translated back."""
     pool = [POOL1 + "/32", "192.0.2.200/32"]
@@ -117,7 +117,7 @@ def test_port_block_allocation(replay):
 
 
 def test_port_block_quota(replay):
-    """RFC 6888 REQ-3 with bulk allocation: the per-subscriber port limit is
+    """RFC 6888 REQ-4 with bulk allocation: the per-subscriber port limit is
     enforced in whole blocks: with port_block_size = 8 and
     max_ports_per_subscriber = 16 a subscriber gets at most two blocks: 16 UDP
     mappings are translated (within two runs of 8 consecutive ports), the 17th

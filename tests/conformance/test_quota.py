@@ -11,8 +11,8 @@ from natrix_harness import (
 
 @pytest.mark.parametrize("mode,code", [(None, 1), ("host-unreachable", 1), ("admin-prohibited", 13), ("none", None)])
 def test_per_subscriber_port_limit(replay, mode, code):
-    """RFC 6888 REQ-3: a CGN MUST support limiting the number of external ports
-    per subscriber; REQ-8 (RFC 6888 sec 3) when it cannot create a mapping it MUST
+    """RFC 6888 REQ-4: a CGN MUST support limiting the number of external ports
+    per subscriber; REQ-11 (RFC 6888 sec 3) when it cannot create a mapping it MUST
     drop the packet, SHOULD send ICMP Destination Unreachable code 1 (Host
     Unreachable) to the sender (contract: from the inside address; code 13 with
     "admin-prohibited", nothing with "none"), and MUST NOT delete existing
@@ -58,7 +58,7 @@ def test_per_subscriber_port_limit(replay, mode, code):
 
 
 def test_per_protocol_port_limit(replay):
-    """RFC 6888 REQ-3: per-subscriber limits MAY be configurable per transport
+    """RFC 6888 REQ-4 b: per-subscriber limits MAY be configurable per transport
     protocol (contract max_ports_per_protocol): with udp = 1, a second UDP port
     is refused while TCP still works."""
     s = h.Scenario(replay, h.make_config(nat={"max_ports_per_protocol": {"tcp": 10, "udp": 1, "icmp": 10}}))
@@ -73,7 +73,7 @@ def test_per_protocol_port_limit(replay):
 
 
 def test_session_limit_per_subscriber(replay):
-    """RFC 6888 REQ-4: a CGN SHOULD support limiting state per subscriber
+    """RFC 6888 REQ-5: a CGN SHOULD support limiting state per subscriber
     (contract max_sessions_per_subscriber): with a limit of 2 sessions, a third
     destination through the same mapping is dropped (session_quota)."""
     s = h.Scenario(replay, h.make_config(nat={"max_sessions_per_subscriber": 2, "exhaustion_icmp": "none"}))
@@ -90,7 +90,7 @@ def test_session_limit_per_subscriber(replay):
 
 
 def test_new_mappings_rate_limit(replay):
-    """RFC 6888 REQ-4 ("rate-limit the subscriber's creation of new
+    """RFC 6888 REQ-5 b ("rate-limit the subscriber's creation of new
     mappings"; contract max_new_mappings_per_second, drop reason
     rate_limited): with a limit of 2 per second, a burst of 6 new mappings in
     50 ms gets at most 2 through (at least 1), the rest are dropped as
@@ -114,7 +114,7 @@ def test_new_mappings_rate_limit(replay):
 
 
 def test_exhaustion_icmp_is_rate_limited(replay):
-    """Contract icmp_errors_per_second (RFC 6888 REQ-8 / RFC 5508: generated
+    """Contract icmp_errors_per_second (RFC 6888 REQ-11 / RFC 5508: generated
     ICMP is rate limited): with 2 per second and a port quota of 1, twenty
     refused datagrams within 0.2 s produce at most 2 ICMP errors (at least 1);
     all twenty are dropped as port_quota."""

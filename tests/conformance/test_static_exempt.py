@@ -1,5 +1,5 @@
-"""Static mappings and administrative exemption (RFC 6888 REQ-5 (static
-assignment) and REQ-6 ("It must be possible to administratively turn off
+"""Static mappings and administrative exemption (contract [nat] static, and RFC 6888
+REQ-6 ("It must be possible to administratively turn off
 translation for specific destination addresses and/or ports"); contract keys
 [nat] static and [nat] exempt)."""
 
@@ -29,7 +29,7 @@ def test_static_mappings(replay):
     - a new outbound connection from the static internal endpoint uses the
       static external port (endpoint-independent mapping, RFC 5382 REQ-1);
     - UDP static mapping likewise, both directions, and it does not expire
-      (RFC 6888 REQ-5: static assignments persist; here 2 h after the last use);
+      (the contract: static assignments persist; here 2 h after the last use);
     - static mappings are per protocol: UDP to the TCP static port is dropped;
     - dynamic allocation never hands out a static external port (no port
       overloading, RFC 4787 REQ-3): another subscriber using source port 2222

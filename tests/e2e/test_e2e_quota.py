@@ -12,7 +12,7 @@ LIMIT = 8
 def test_per_subscriber_port_limit(natrix, agent, servers):
     """With max_ports_per_subscriber = 8, sub1's first 8 UDP mappings work
     and the next 8 are dropped (srv1 sees exactly 8 distinct external ports
-    from sub1); existing mappings keep working (RFC 6888 REQ-8: no eviction)
+    from sub1); existing mappings keep working (RFC 6888 REQ-11: no eviction)
     and sub2 is not affected. The refused ones get ICMP host unreachable,
     natrix's documented default (exhaustion_icmp = "host-unreachable")."""
     n = natrix({"nat": {"max_ports_per_subscriber": LIMIT}})

@@ -1,5 +1,5 @@
 //! `natrix whois ADDRESS:PORT`: which subscriber held an external address
-//! and port at a given time (RFC 6888 REQ-12's abuse-response question).
+//! and port at a given time (RFC 6888 section 4's abuse-response question).
 //! From natrix's JSON-lines event log (`--log`): the mapping or port block
 //! records that cover the port, from their create record to their delete
 //! record. From a configuration (`--config`): deterministic mode's formula

@@ -119,7 +119,7 @@ pub enum LogUnit {
     Mapping,
     /// Mapping records plus one per session, with the remote endpoint.
     Session,
-    /// One record per port block allocated or released (RFC 6888 REQ-12's log reduction).
+    /// One record per port block allocated or released (RFC 6888 REQ-14: less log volume).
     Block,
 }
 

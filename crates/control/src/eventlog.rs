@@ -1,4 +1,4 @@
-//! NAT event log as JSON lines (RFC 6888 REQ-12: who held which external
+//! NAT event log as JSON lines (RFC 6888 section 4: who held which external
 //! address and port, when). One object per line; `time` is RFC 3339 UTC and
 //! `nat_event` the RFC 8158 natEvent value, so IPFIX and JSON say the same.
 

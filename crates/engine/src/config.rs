@@ -39,7 +39,7 @@ pub enum UnsolicitedSyn {
     Drop,
 }
 
-/// A destination that passes untranslated (RFC 6888 REQ-4).
+/// A destination that passes untranslated (RFC 6888 REQ-6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Exemption {
     pub network: u32,

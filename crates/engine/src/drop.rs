@@ -72,7 +72,7 @@ drop_reasons! {
 }
 
 impl DropReason {
-    /// Refusals for lack of resources or quota: answered with ICMP (RFC 6888 REQ-8).
+    /// Refusals for lack of resources or quota: answered with ICMP (RFC 6888 REQ-11).
     pub fn is_resource(self) -> bool {
         matches!(
             self,

@@ -135,7 +135,7 @@ fn dport_of(i: usize) -> u16 {
 
 /// 0: the defaults; 1: an MSS clamp (softwire SYNs take the full path);
 /// 2: two ports per subscriber, so that some new flows are refused, with
-/// ICMP errors encapsulated into their softwires (RFC 6888 REQ-8); 3: a
+/// ICMP errors encapsulated into their softwires (RFC 6888 REQ-11); 3: a
 /// softwire MTU of 100, so that replies of over 60 bytes are fragmented
 /// (through the queue) among smaller ones (encapsulated where they lie).
 const MODES: u8 = 4;

@@ -132,10 +132,10 @@ fn in_flow_order(left: Vec<(Side, Vec<u8>)>) -> std::collections::BTreeMap<(u8, 
 
 /// The allocation modes both paths must agree in: 0 the defaults (ports
 /// kept when free); 1 two ports per subscriber, so that some new flows are
-/// refused (with ICMP, RFC 6888 REQ-8); 2 port blocks of four, at most two
+/// refused (with ICMP, RFC 6888 REQ-11); 2 port blocks of four, at most two
 /// per subscriber; 3 random ports (RFC 6056); 4 deterministic NAT (RFC
 /// 7422), each subscriber its formula's 16 ports; 5 the remote's ports below
-/// 512 exempt from translation (RFC 6888 REQ-4), the rest translated.
+/// 512 exempt from translation (RFC 6888 REQ-6), the rest translated.
 /// With middlebox functions, whose frames take the fast path's translation
 /// between the functions' runs: 6 HOST_ID in SYN mode inserting WING and
 /// BOUCADAIR (every SYN grows); 7 HOST_ID in ACK mode (every TCP segment

@@ -82,7 +82,9 @@ pub trait PacketPort: Send {
 
     /// Transmits what `send` queued, then `frames` in order, now: a port
     /// that can hands the kernel the frames where they lie, without a copy.
-    /// Frames the port cannot take are counted as `dropped_on_transmit`.
+    /// Frames the port cannot take are lost: the ports natrix forwards
+    /// with (AF_PACKET's, the tests' memory port) count them in
+    /// `dropped_on_transmit`; this default, which only `send`s, cannot.
     fn send_from(&mut self, frames: &[&[u8]]) -> Result<(), IoError> {
         for frame in frames {
             self.send(frame);

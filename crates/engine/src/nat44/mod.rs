@@ -374,7 +374,7 @@ impl Nat44 {
         }
     }
 
-    /// RFC 6888 REQ-4: destinations that pass untranslated.
+    /// RFC 6888 REQ-6: destinations that pass untranslated.
     fn is_exempt_out(&self, frame: &[u8], ip: &Ip) -> bool {
         let (_, dport) = self.ports_of(frame, ip);
         self.is_exempt_destination(ip.dst, dport)

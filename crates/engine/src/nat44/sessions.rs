@@ -223,7 +223,7 @@ impl Nat44 {
     }
 
     /// Removes a mapping with no sessions left. `skip_hold_down` for TCP
-    /// closed by FIN or RST (RFC 6888 REQ-5) or a mapping that never carried traffic.
+    /// closed by FIN or RST (RFC 6888 REQ-8's exception) or a mapping that never carried traffic.
     pub(super) fn delete_mapping(&mut self, mid: u32, skip_hold_down: bool) {
         let m = self.tables.mapping(mid);
         self.tables.remove_mapping(mid);

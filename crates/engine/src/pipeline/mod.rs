@@ -1012,7 +1012,7 @@ impl Engine {
     }
 
     /// Counts a handled IPv4 frame's outcome and says what became of it; a
-    /// subscriber refused for lack of resources is told (RFC 6888 REQ-8).
+    /// subscriber refused for lack of resources is told (RFC 6888 REQ-11).
     fn settle(&mut self, frame: &[u8], l3: usize, side: Side, result: Result<Option<Side>, DropReason>) -> Verdict {
         if let Err(r) = result {
             if side == Side::Inside && r.is_resource() {

@@ -119,7 +119,7 @@ impl Router {
         rewrite::decrement_ttl(frame, l3);
     }
 
-    /// RFC 6888 REQ-8: tell the subscriber why its packet went nowhere.
+    /// RFC 6888 REQ-11: tell the subscriber why its packet went nowhere.
     pub fn refuse(&mut self, frame: &[u8], l3: usize) {
         if let Some(code) = self.links.refusal_code {
             self.send_icmp_error(frame, l3, self.links.inside_addr, Side::Inside, (icmp::kind::DEST_UNREACHABLE, code), 0);

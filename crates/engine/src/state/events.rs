@@ -1,4 +1,4 @@
-//! NAT events for logging (RFC 6888 REQ-12, RFC 8158 natEvent values).
+//! NAT events for logging (RFC 6888 section 4, RFC 8158 natEvent values).
 //! The engine only queues them in a bounded buffer; exporters drain it off
 //! the packet path, and a full buffer counts the loss instead of blocking.
 

@@ -409,7 +409,7 @@ impl Pool {
     }
 
     /// Gives a port back. `immediate` skips the hold-down (TCP closed by FIN or
-    /// RST, RFC 6888 REQ-5). In block mode the port is free again at once
+    /// RST, RFC 6888 REQ-8's exception). In block mode the port is free again at once
     /// inside its block, and an emptied block is released instead.
     pub fn release(&mut self, addr_idx: u32, proto: Proto, port: u16, now_s: u32, immediate: bool, blocks: &mut Vec<(u32, u32)>) -> Option<BlockChange> {
         let space_idx = addr_idx * Proto::WITH_PORTS as u32 + proto as u32;
