@@ -3,6 +3,7 @@ management API, and configuration reload on SIGHUP (CONTRACTS.md, #4/#6)."""
 
 import json
 import signal
+import subprocess
 import time
 
 import e2e_harness as h
@@ -150,6 +151,33 @@ def test_a_rotated_json_log_is_let_go_at_sighup_even_when_the_reload_is_refused(
         f"the mapping made after the rotation is not in the new file: {created}")
     moved = [json.loads(line) for line in rotated.read_text().splitlines()]
     assert moved and not any(r.get("external_port") == port for r in moved), f"the moved file took a record after the rotation: {moved}"
+
+
+def test_whois_does_not_name_a_crashed_runs_subscriber_after_the_restart(natrix, agent, servers, tmp_path):
+    """natrix killed (SIGKILL) logs no deletion of the mapping it held; the
+    next `natrix run` marks its start in the log, and `natrix whois` names
+    the subscriber up to that start and nobody after it (exit 1)."""
+    log = tmp_path / "events.jsonl"
+    n = natrix({"logging": {"json": str(log)}})
+    sub1 = agent(NS_SUB1)
+    ext = sub1.echo(sub1.udp_open(), (SRV1, h.UDP_ECHO), "before-the-crash")
+    time.sleep(1.5)  # the logger flushes every second
+    n.proc.kill()
+    n.proc.wait(timeout=10)
+    n.reported = True  # killed on purpose
+    time.sleep(1.1)
+    between = time.time()
+    time.sleep(1.1)
+    natrix({"logging": {"json": str(log)}})
+    after = time.time() + 1
+
+    def whois(at):
+        return subprocess.run([str(h.natrix_bin()), "whois", f"{ext[0]}:{ext[1]}", "--proto", "udp", "--log", str(log), "--at", f"{at:.3f}", "--json"],
+                              capture_output=True, text=True, timeout=20)
+    held = whois(between)
+    assert held.returncode == 0 and SUB1 in held.stdout, f"whois before the restart:\n{held.stdout}{held.stderr}"
+    nobody = whois(after)
+    assert nobody.returncode == 1, f"whois after the restart still names someone:\n{nobody.stdout}{nobody.stderr}"
 
 
 def test_a_clean_stop_logs_the_deletion_of_every_session_and_mapping(natrix, tmp_path):

@@ -41,6 +41,9 @@ const EVENT_BUFFER: usize = 1 << 16;
 
 pub fn run(args: &Args) -> Result<(), Failure> {
     init_tracing();
+    // Before the dataplane makes any mapping: the log's start mark comes
+    // no later than this run's first record.
+    let started_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
     // Handlers first, so a signal during start-up is held for the loop below
     // instead of killing the process; then masked while the other threads
     // start, so they inherit the mask and only this thread ever takes them.
@@ -70,7 +73,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
         Some(c) => Some(ClusterNode::start(node_settings(&cfg, c), dp.clone()).map_err(|e| Failure::Other(format!("cluster: {e}")))?),
         None => None,
     };
-    let logger = Logger::start(dp.take_events(), &cfg.logging, cluster.as_ref().map(ClusterNode::tee)).map_err(Failure::Other)?;
+    let logger = Logger::start(dp.take_events(), &cfg.logging, cluster.as_ref().map(ClusterNode::tee), started_ns).map_err(Failure::Other)?;
     if let Some(listen) = &cfg.live.management_listen {
         let addr = api::serve(listen, dp.clone(), logger.counters(), cluster.as_ref().map(ClusterNode::status_handle))
             .map_err(|e| Failure::Other(format!("management.listen {listen}: {e}")))?;
@@ -343,7 +346,8 @@ enum LoggerCommand {
 
 impl Logger {
     /// `tee`: the cluster node, handed every NAT event for session sync.
-    fn start(events: Option<Receiver<Logged>>, cfg: &LoggingConfig, tee: Option<EventTee>) -> Result<Logger, String> {
+    /// `started_ns`: when `natrix run` began, marked in the JSON log.
+    fn start(events: Option<Receiver<Logged>>, cfg: &LoggingConfig, tee: Option<EventTee>, started_ns: u64) -> Result<Logger, String> {
         let events = events.ok_or("the event stream was already taken")?;
         let lost = LossCounter::default();
         let recorded = LossCounter::default();
@@ -353,6 +357,7 @@ impl Logger {
         if let Some(e) = errors.into_iter().next() {
             return Err(e);
         }
+        sinks.write_start(started_ns);
         let (control, commands) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("natrix-log".into())

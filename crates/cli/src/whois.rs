@@ -277,6 +277,14 @@ struct Record {
     time_ns: i64,
 }
 
+/// The time of a line `natrix run` wrote as it started.
+fn restart_of(v: &Value) -> Option<i64> {
+    if v.get("event")?.as_str()? != natrix_control::eventlog::START_EVENT {
+        return None;
+    }
+    parse_time(v.get("time")?.as_str()?).ok()
+}
+
 fn record_of(v: &Value, addr: Ipv4Addr, port: u16) -> Option<Record> {
     let (create, block) = match v.get("event")?.as_str()? {
         "mapping_create" => (true, false),
@@ -330,7 +338,13 @@ fn holdings(path: &std::path::Path, addr: Ipv4Addr, port: u16) -> Result<Vec<Hel
             skipped.note(n);
             continue;
         };
-        if let Some(r) = record_of(&v, addr, port) {
+        if let Some(at) = restart_of(&v) {
+            // natrix holds nothing as it starts: what stayed open ended by then.
+            for mut h in open.drain(..) {
+                h.until_ns = Some(at);
+                done.push(h);
+            }
+        } else if let Some(r) = record_of(&v, addr, port) {
             follow(&mut open, &mut done, r);
         }
     }
@@ -541,6 +555,28 @@ mod tests {
         assert!(from_log(&log, 0xcb00_7101, 40000, Some(Proto::Tcp), at("2026-01-01T03:00:00Z")).unwrap().is_empty());
         let a = from_log(&log, 0xcb00_7101, 39990, Some(Proto::Tcp), at("2026-01-01T03:00:00Z")).unwrap();
         assert_eq!((a[0].subscriber, a[0].port_range, a[0].source), (Some(Ipv4Addr::new(100, 64, 0, 12)), Some([39936, 39999]), "block"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A natrix that stopped uncleanly logged no deletion; its next start
+    /// ends what stayed open: after it, nobody held the port.
+    #[test]
+    fn a_restart_ends_the_holdings_a_crash_left_open() {
+        let dir = std::env::temp_dir().join(format!("natrix-whois-restart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("events.jsonl");
+        let text = [
+            r#"{"time":"2026-01-01T00:00:00.000Z","event":"natrix_start"}"#,
+            r#"{"time":"2026-01-01T00:01:00.000Z","event":"mapping_create","nat_event":8,"proto":"udp","subscriber":"100.64.0.10","subscriber_port":5000,"external":"203.0.113.1","external_port":40000}"#,
+            r#"{"time":"2026-01-01T03:00:00.000Z","event":"natrix_start"}"#,
+        ]
+        .join("\n");
+        std::fs::write(&log, text).unwrap();
+        let at = |t: &str| parse_time(t).unwrap();
+        let a = from_log(&log, 0xcb00_7101, 40000, None, at("2026-01-01T02:00:00Z")).unwrap();
+        assert_eq!((a.len(), a[0].subscriber, a[0].still_held), (1, Some(Ipv4Addr::new(100, 64, 0, 10)), false));
+        assert_eq!(a[0].until.as_deref(), Some("2026-01-01T03:00:00.000Z"), "held until the restart at the latest");
+        assert!(from_log(&log, 0xcb00_7101, 40000, None, at("2026-01-01T04:00:00Z")).unwrap().is_empty(), "nobody after the restart");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

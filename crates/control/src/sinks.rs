@@ -126,6 +126,14 @@ impl LogSinks {
         is_record && (self.json.is_some() || self.ipfix.is_some() || self.syslog.is_some())
     }
 
+    /// Marks in the JSON log that `natrix run` starts at `time_ns`, holding
+    /// no mapping (`EventLog::write_start`).
+    pub fn write_start(&mut self, time_ns: u64) {
+        if let Some(Err(err)) = self.json.as_mut().map(|l| l.write_start(time_ns)) {
+            self.json_failed(err);
+        }
+    }
+
     /// Writes a middlebox function's record (HOST_ID's `log` events) to
     /// the JSON log, the one sink with a place for it; whether it was taken.
     pub fn write_record(&mut self, r: &FunctionRecord) -> bool {
