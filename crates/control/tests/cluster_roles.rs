@@ -150,3 +150,46 @@ fn a_standby_that_starts_late_is_given_the_state_made_before() {
     b.stop();
     a.stop();
 }
+
+/// A standby's RESYNC is a datagram, which may be lost: it asks again, and
+/// the active node answers once. Here everything the standby sends in the
+/// first 300 ms after its first datagram is lost on the way.
+#[test]
+fn a_standby_whose_first_resync_is_lost_asks_again_and_gets_the_state() {
+    let (a_addr, b_addr) = (free_port(), free_port());
+    let relay = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relaying = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            relay.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let (mut buf, mut first) = ([0u8; 2048], None::<Instant>);
+            let mut lost = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let Ok(n) = relay.recv(&mut buf) else { continue };
+                if first.get_or_insert_with(Instant::now).elapsed() < Duration::from_millis(300) {
+                    lost += 1;
+                    continue;
+                }
+                let _ = relay.send_to(&buf[..n], a_addr);
+            }
+            lost
+        })
+    };
+    let (a_dp, subscribers) = dataplane_with_inside();
+    let a = node("a", Role::Active, a_addr, b_addr, a_dp.clone());
+    wait("a takes the active role alone", || a.status().role == "active");
+    let mut frame = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 1, 5], [2, 0, 0, 0, 0, 1]).ipv4([100, 64, 0, 5], [192, 0, 2, 53], 64).udp(4000, 53).write(&mut frame, b"q").unwrap();
+    subscribers.inject(&frame);
+    wait("a holds the mapping", || a_dp.mappings(None).unwrap().len() == 1);
+
+    let b_dp = dataplane();
+    let b = node("b", Role::Standby, b_addr, relay_addr, b_dp.clone());
+    wait("b installs a's mapping and session all the same", || b_dp.mappings(None).unwrap().len() == 1 && b_dp.sessions(None).unwrap().len() == 1);
+    b.stop();
+    a.stop();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(relaying.join().unwrap() >= 1, "the first RESYNC was lost");
+}

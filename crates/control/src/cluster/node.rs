@@ -49,6 +49,12 @@ use crate::config::cluster::{ClusterConfig, Prefix4, Role};
 const TICK: Duration = Duration::from_millis(2);
 /// How often interfaces are checked and announcements brought up to date.
 const HEALTH_EVERY: Duration = Duration::from_millis(100);
+/// RESYNC requests a standby sends for one active session, this far apart;
+/// the active partner takes those within `RESYNC_REPEATED_WITHIN` of the
+/// first as that one.
+const RESYNC_ASKS: u32 = 3;
+const RESYNC_ASK_EVERY: Duration = Duration::from_millis(500);
+const RESYNC_REPEATED_WITHIN: Duration = Duration::from_secs(5);
 /// How often a BIRD that keeps exiting is started again.
 const BIRD_RESTART_EVERY: Duration = Duration::from_secs(2);
 /// Events waiting between the logger and this thread; past it they are
@@ -205,8 +211,16 @@ struct Node {
     heard: Option<Instant>,
     sender: SyncSender_,
     receiver: SyncReceiver,
-    /// Records of a resync the standby asked for, not yet in the window.
+    /// Records of a resync the standby asked for, not yet in the window,
+    /// and the live records made since it began, behind them.
     resync: std::collections::VecDeque<Record>,
+    /// The session a resync was last started for, and when: a RESYNC the
+    /// standby sends again for it soon after is one it sent in case the
+    /// first was lost, not a new request.
+    resync_started: Option<(u32, Instant)>,
+    /// A standby's RESYNC for the active session it heard: that session,
+    /// how many more times to send it, and when next.
+    resync_asking: Option<(u32, u32, Instant)>,
     installed: u64,
     refused: u64,
     datagrams_refused: u64,
@@ -256,6 +270,8 @@ impl Node {
             interfaces_up: false,
             bgp_error: None,
             bird_start_due: now,
+            resync_started: None,
+            resync_asking: None,
         }
     }
 
@@ -332,7 +348,9 @@ impl Node {
                     }
                 }
                 Message::Resync { session } => {
-                    if self.role == Role::Active && session == self.sender.session() {
+                    let repeated = self.resync_started.is_some_and(|(s, at)| s == session && at.elapsed() < RESYNC_REPEATED_WITHIN);
+                    if self.role == Role::Active && session == self.sender.session() && !repeated {
+                        self.resync_started = Some((session, Instant::now()));
                         self.start_resync();
                     }
                 }
@@ -373,12 +391,20 @@ impl Node {
     }
 
     /// A standby that hears an active session for the first time missed
-    /// what it made before: it asks for all of it.
+    /// what it made before: it asks for all of it, and asks again a few
+    /// times (the datagram may be lost), which the active partner takes as
+    /// one request.
     fn ask_resync(&mut self) {
         if let Some(session) = self.receiver.take_new_session() {
             info!("cluster: asking the active partner for its state (resync)");
-            self.send(&Message::Resync { session }.encode());
+            self.resync_asking = Some((session, RESYNC_ASKS, Instant::now()));
         }
+        let Some((session, left, due)) = self.resync_asking else { return };
+        if Instant::now() < due {
+            return;
+        }
+        self.send(&Message::Resync { session }.encode());
+        self.resync_asking = (left > 1).then(|| (session, left - 1, Instant::now() + RESYNC_ASK_EVERY));
     }
 
     /// The standby asked for everything: every mapping, then every session,
@@ -418,7 +444,13 @@ impl Node {
         while let Ok(e) = self.events.try_recv() {
             if self.role == Role::Active && self.socket.is_some() {
                 if let Some(r) = Record::of_event(&e) {
-                    self.sender.push(r, now);
+                    // During a resync, behind its records: a session that
+                    // ends meanwhile reaches the standby created, then deleted.
+                    if self.resync.is_empty() {
+                        self.sender.push(r, now);
+                    } else {
+                        self.resync.push_back(r);
+                    }
                 }
             }
         }

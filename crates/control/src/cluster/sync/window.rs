@@ -223,8 +223,16 @@ pub struct Receiver {
     records_seen: u32,
     /// A session first heard, whose state before this node heard it is to be asked for.
     new_session: Option<u32>,
+    /// The sender's sessions this node followed before its current one,
+    /// latest last: a late message of one of those is stale. Session ids
+    /// are milliseconds on the sender's clock, which a comparison would
+    /// take for earlier once a session ran 24.8 days.
+    retired: std::collections::VecDeque<u32>,
     stats: ReceiverStats,
 }
+
+/// How many of the sender's earlier sessions `Receiver::retired` keeps.
+const RETIRED_SESSIONS: usize = 4;
 
 impl Receiver {
     pub fn new() -> Receiver {
@@ -271,13 +279,19 @@ impl Receiver {
     /// is `base`; None for a message of an earlier session (counted stale).
     fn expected(&mut self, session: u32, base: u32) -> Option<u32> {
         let expected = match self.peer {
-            Some((s, _)) if before(session, s) => {
+            Some((s, e)) if s == session => e,
+            _ if self.retired.contains(&session) => {
                 self.stats.stale += 1;
                 return None;
             }
-            Some((s, e)) if s == session => e,
             // A sender's new life: everything before this message of it is unknown here.
-            _ => {
+            current => {
+                if let Some((s, _)) = current {
+                    if self.retired.len() == RETIRED_SESSIONS {
+                        self.retired.pop_front();
+                    }
+                    self.retired.push_back(s);
+                }
                 self.records_seen = 0;
                 self.new_session = Some(session);
                 base
@@ -378,6 +392,22 @@ mod tests {
         assert_eq!((t.len(), ack), (1, Some(Message::Ack { session: 200, ack: 0 })));
         let (t, ack) = r.on_data(100, 1, 0, 1, &recs);
         assert_eq!((t.len(), ack, r.stats().stale), (0, None, 1));
+    }
+
+    /// Session ids are the sender's milliseconds: one that ran 25 days
+    /// (past 2^31 ms) and restarted has an id a wrapping comparison takes
+    /// for earlier. Its new life is followed all the same.
+    #[test]
+    fn a_sender_restarted_after_25_days_is_followed() {
+        let mut r = Receiver::new();
+        let recs = [rec(1)];
+        let first = 1_000u32;
+        assert_eq!(r.on_data(first, 0, 0, 0, &recs).0.len(), 1);
+        let later = first.wrapping_add(25 * 86_400_000);
+        assert!(before(later, first), "the comparison that misled");
+        let (t, ack) = r.on_data(later, 0, 0, 0, &recs);
+        assert_eq!((t.len(), ack, r.stats().stale), (1, Some(Message::Ack { session: later, ack: 0 }), 0));
+        assert_eq!(r.on_data(first, 1, 0, 1, &recs).0.len(), 0, "the old life's late message is stale");
     }
 
     #[test]
