@@ -266,6 +266,10 @@ impl Receiver {
     /// every record before `next` was either taken here or is lost.
     pub fn on_alive(&mut self, session: u32, next: u32, base: u32, records_before: u32) {
         let Some(expected) = self.expected(session, base) else { return };
+        if before(records_before, self.records_seen) {
+            // An ALIVE that a later DATA overtook on the way: old news.
+            return;
+        }
         if base == next {
             self.stats.records_lost += u64::from(records_before.wrapping_sub(self.records_seen));
             self.records_seen = records_before;
@@ -392,6 +396,19 @@ mod tests {
         assert_eq!((t.len(), ack), (1, Some(Message::Ack { session: 200, ack: 0 })));
         let (t, ack) = r.on_data(100, 1, 0, 1, &recs);
         assert_eq!((t.len(), ack, r.stats().stale), (0, None, 1));
+    }
+
+    /// An ALIVE overtaken on the way by a later DATA tells nothing new:
+    /// no record counts as lost for it.
+    #[test]
+    fn an_alive_that_arrives_late_counts_nothing_lost() {
+        let mut r = Receiver::new();
+        let recs = [rec(1), rec(2)];
+        assert_eq!(r.on_data(7, 0, 0, 0, &recs).0.len(), 2);
+        r.on_alive(7, 0, 0, 0);
+        assert_eq!(r.stats().records_lost, 0);
+        r.on_alive(7, 1, 1, 2);
+        assert_eq!(r.stats().records_lost, 0, "all taken");
     }
 
     /// Session ids are the sender's milliseconds: one that ran 25 days
