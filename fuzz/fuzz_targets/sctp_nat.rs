@@ -77,7 +77,10 @@ fuzz_target!(|data: &[u8]| {
         let held: u32 = engine.subscribers().iter().map(|(_, s)| s.ports[Proto::Sctp as usize]).sum();
         assert_eq!(held as usize, assocs, "every association is one port use of its subscriber");
     }
-    engine.release_all();
+    let open = engine.associations().len();
+    let mut ended = 0;
+    engine.release_all(|e| ended += usize::from(e.kind == natrix_engine::EventKind::MappingDeleted));
+    assert_eq!(ended, open, "every association's end is logged");
     assert_eq!(engine.associations().len(), 0);
     assert!(engine.subscribers().is_empty(), "ending every association frees every subscriber");
 });
