@@ -123,23 +123,28 @@ fn roles_settle_state_flows_the_standby_takes_over_and_nobody_preempts() {
     b.stop();
 }
 
+/// Node a, active alone, holding a mapping and a session a subscriber's
+/// datagram made (translated, then dropped for want of a route: no
+/// gateway here). No logger feeds a's events to its tee, so nothing of
+/// this is streamed: only a resync can bring it to a standby.
+fn active_with_a_mapping(a_addr: SocketAddr, b_addr: SocketAddr) -> (ClusterNode, Arc<Dataplane>) {
+    let (a_dp, subscribers) = dataplane_with_inside();
+    let a = node("a", Role::Active, a_addr, b_addr, a_dp.clone());
+    wait("a takes the active role alone", || a.status().role == "active");
+    let mut frame = Vec::new();
+    etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 1, 5], [2, 0, 0, 0, 0, 1]).ipv4([100, 64, 0, 5], [192, 0, 2, 53], 64).udp(4000, 53).write(&mut frame, b"q").unwrap();
+    subscribers.inject(&frame);
+    wait("a holds the mapping", || a_dp.mappings(None).unwrap().len() == 1);
+    (a, a_dp)
+}
+
 /// A standby that starts after its partner asks for a resync and gets the
 /// state the active node made before it was there.
 #[test]
 fn a_standby_that_starts_late_is_given_the_state_made_before() {
     let (a_addr, b_addr) = (free_port(), free_port());
-    let (a_dp, subscribers) = dataplane_with_inside();
-    let a = node("a", Role::Active, a_addr, b_addr, a_dp.clone());
-    wait("a takes the active role alone", || a.status().role == "active");
-    // A subscriber's datagram makes a mapping and a session on a (it is
-    // translated, then dropped for want of a route: no gateway here).
-    let mut frame = Vec::new();
-    etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 1, 5], [2, 0, 0, 0, 0, 1]).ipv4([100, 64, 0, 5], [192, 0, 2, 53], 64).udp(4000, 53).write(&mut frame, b"q").unwrap();
-    subscribers.inject(&frame);
-    wait("a holds the mapping", || a_dp.mappings(None).unwrap().len() == 1);
+    let (a, a_dp) = active_with_a_mapping(a_addr, b_addr);
     let made = a_dp.mappings(None).unwrap()[0];
-    // No logger here feeds a's events to its tee, so nothing of this was
-    // streamed: only a resync can bring it to b.
 
     let b_dp = dataplane();
     let b = node("b", Role::Standby, b_addr, a_addr, b_dp.clone());
@@ -177,13 +182,7 @@ fn a_standby_whose_first_resync_is_lost_asks_again_and_gets_the_state() {
             lost
         })
     };
-    let (a_dp, subscribers) = dataplane_with_inside();
-    let a = node("a", Role::Active, a_addr, b_addr, a_dp.clone());
-    wait("a takes the active role alone", || a.status().role == "active");
-    let mut frame = Vec::new();
-    etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 1, 5], [2, 0, 0, 0, 0, 1]).ipv4([100, 64, 0, 5], [192, 0, 2, 53], 64).udp(4000, 53).write(&mut frame, b"q").unwrap();
-    subscribers.inject(&frame);
-    wait("a holds the mapping", || a_dp.mappings(None).unwrap().len() == 1);
+    let (a, a_dp) = active_with_a_mapping(a_addr, b_addr);
 
     let b_dp = dataplane();
     let b = node("b", Role::Standby, b_addr, relay_addr, b_dp.clone());
