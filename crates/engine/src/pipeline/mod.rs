@@ -651,13 +651,14 @@ impl Engine {
         }
     }
 
-    /// Whether the IPv4 datagram at `l3` is larger than the link on `out`
-    /// takes: one without DF, which the router let through to be
-    /// fragmented (one with DF it refused).
+    /// Whether the IPv4 datagram at `l3`, without DF, is larger than the
+    /// link on `out` takes: the router let it through to be fragmented
+    /// (one with DF it refused as it arrived).
     fn too_big_for(&self, frame: &[u8], l3: usize, out: Side) -> bool {
+        const DONT_FRAGMENT: u8 = 0x40;
         let mtu = self.router.egress_mtu(out);
-        let total = frame.get(l3 + 2..l3 + 4).map_or(0, |b| u16::from_be_bytes([b[0], b[1]]));
-        mtu != 0 && total > mtu
+        let Some(h) = frame.get(l3..l3 + 8) else { return false };
+        mtu != 0 && h[6] & DONT_FRAGMENT == 0 && u16::from_be_bytes([h[2], h[3]]) > mtu
     }
 
     /// The translated datagram at `l3` leaves on `out` as fragments that
