@@ -182,7 +182,7 @@ fn a_standby_whose_first_resync_is_lost_asks_again_and_gets_the_state() {
             lost
         })
     };
-    let (a, a_dp) = active_with_a_mapping(a_addr, b_addr);
+    let (a, _) = active_with_a_mapping(a_addr, b_addr);
 
     let b_dp = dataplane();
     let b = node("b", Role::Standby, b_addr, relay_addr, b_dp.clone());
