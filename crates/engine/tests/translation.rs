@@ -177,6 +177,26 @@ fn two_subscribers_with_udp_mappings() -> (natrix_engine::Engine, Endpoint, Endp
     (e, (ea, pa), (eb, pb))
 }
 
+/// RFC 6888 REQ-11 on the hairpin path: a datagram to another
+/// subscriber's mapping that cannot take a session more (its quota) is
+/// refused with an ICMP error that quotes it as its sender sent it.
+#[test]
+fn a_hairpin_refused_for_the_peers_quota_is_answered_about_the_datagram_as_sent() {
+    let mut e = engine(natrix_engine::EngineConfig { max_sessions_per_subscriber: 1, ..config() });
+    let (_, xb) = udp_out(&mut e, SUB2, 6000, REMOTE, 9000, b"b", false, SEC);
+    let xb = must_decode(&xb);
+    let (eb, pb) = (xb.src(), xb.udp().source_port);
+    let mut f = udp_frame(Side::Inside, SUB, 5000, eb, pb, 64, b"to b", false);
+    assert_eq!(e.process(&mut f, Side::Inside, 2 * SEC), Verdict::Drop(natrix_engine::DropReason::SessionQuota));
+    let out = outputs(&mut e);
+    assert_eq!(out.len(), 1, "one refusal");
+    let (side, _, icmp) = &out[0];
+    let d = must_decode(icmp);
+    assert_eq!((*side, d.dst()), (Side::Inside, SUB), "to the sender");
+    let q = must_quoted(&d);
+    assert_eq!((q.ip.source, q.sport(), q.ip.destination, q.dport()), (SUB, 5000, eb, pb), "the datagram as sent");
+}
+
 #[test]
 fn hairpin_udp() {
     let (mut e, (ea, pa), (eb, pb)) = two_subscribers_with_udp_mappings();

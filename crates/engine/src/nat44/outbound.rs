@@ -35,14 +35,17 @@ impl Nat44 {
         let looked = Looked { hash_in, found, sub_hint: NONE };
         let sid = self.outbound_session(ip.src, ip.dst, flow, may_create, looked)?;
         let s = self.tables.endpoints(sid);
-        rewrite::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
         if !hairpin || !self.owns_external(flow.proto, ip.dst, flow.dport) {
+            rewrite::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
             // A hairpin to another worker's mapping leaves as if outbound; the
             // dataplane turns it around to that worker as an inbound packet.
             return Ok(Side::Outside);
         }
+        // The peer first: a refusal (its session quota) answers the sender
+        // about its datagram as it sent it.
         let peer = self.inbound_session(frame, ip.l3, flow.proto, ip.dst, flow.dport, s.ext_addr, s.ext_port, flow.tcp_flags, true)?;
         let p = self.tables.endpoints(peer);
+        rewrite::rewrite(frame, ip.l3, flow.l4, Which::Src, s.ext_addr, s.ext_port);
         rewrite::rewrite(frame, ip.l3, flow.l4, Which::Dst, p.int_addr, p.int_port);
         Ok(Side::Inside)
     }
