@@ -145,12 +145,14 @@ impl Steering {
     }
 
     /// An ICMP error quotes the packet natrix sent: its source is the
-    /// external address and port.
+    /// external address and port; an SCTP packet's association is found
+    /// by its tag, as the remote's packets are.
     fn owner_of_quoted(&self, quoted: &[u8]) -> u16 {
         let Ok(q) = ipv4::Packet::new_lax(quoted) else { return 0 };
         let l4 = &quoted[q.header_len()..];
         match Proto::from_ip(q.protocol()) {
             Some(Proto::Icmp) => icmp::Packet::new_checked(l4).map_or(0, |m| self.owners.of_external(Proto::Icmp, q.src_addr(), m.ident())),
+            Some(Proto::Sctp) if self.owners.count() > 1 => self.learned().sctp.owner_of_sent(q.src_addr(), l4).unwrap_or(0),
             Some(p) => udp::Packet::new_lax(l4).map_or(0, |ports| self.owners.of_external(p, q.src_addr(), ports.src_port())),
             None => 0,
         }

@@ -95,6 +95,14 @@ impl SctpOwners {
         w
     }
 
+    /// The worker of an SCTP packet natrix sent from external address
+    /// `src` (quoted in an ICMP error): its tag is the remote's, whose
+    /// packets the same worker takes.
+    pub(super) fn owner_of_sent(&self, src: u32, l4: &[u8]) -> Option<u16> {
+        let h = header_lax(l4)?;
+        self.owner(Self::key(src, h.src_port, h.dst_port, h.tag))
+    }
+
     /// Learns from an SCTP packet worker `w` sends out from external
     /// address `src`: its INIT's tag, or its ASCONF's VTags.
     pub(super) fn learn_sent(&mut self, w: u16, src: u32, l4: &[u8]) {
@@ -133,6 +141,13 @@ fn header(l4: &[u8]) -> Option<Header> {
     Some(Header { src_port: p.src_port(), dst_port: p.dst_port(), tag: p.verification_tag() })
 }
 
+/// The ports and tag of a packet an ICMP error quotes: its first 8 bytes,
+/// all RFC 792 promises, hold them.
+fn header_lax(l4: &[u8]) -> Option<Header> {
+    let b = l4.first_chunk::<8>()?;
+    Some(Header { src_port: u16::from_be_bytes([b[0], b[1]]), dst_port: u16::from_be_bytes([b[2], b[3]]), tag: u32::from_be_bytes([b[4], b[5], b[6], b[7]]) })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,6 +173,18 @@ mod tests {
         assert_eq!(o.steer_inbound(EXT, &packet(0x2222, 38412, 5000, chunk::ABORT, 0)), 3, "the T bit's tag, learned from the INIT-ACK");
         assert_eq!(o.steer_inbound(EXT, &packet(0x1111, 38412, 5001, chunk::DATA, 0)), 0, "another port: unknown");
         assert_eq!(o.steer_inbound(EXT, &[0; 8]), 0);
+    }
+
+    /// An ICMP error about a packet natrix sent out (the remote's tag, the
+    /// first 8 bytes quoted) goes to the association's worker.
+    #[test]
+    fn a_quoted_packet_natrix_sent_names_its_associations_worker() {
+        let mut o = SctpOwners::new(&SctpConfig::default(), 4);
+        o.learn_sent(3, EXT, &packet(0, 5000, 38412, chunk::INIT, 0x1111));
+        o.steer_inbound(EXT, &packet(0x1111, 38412, 5000, chunk::INIT_ACK, 0x2222));
+        let sent = packet(0x2222, 5000, 38412, chunk::DATA, 0);
+        assert_eq!(o.owner_of_sent(EXT, &sent[..8]), Some(3));
+        assert_eq!(o.owner_of_sent(EXT, &packet(0x3333, 5000, 38412, chunk::DATA, 0)[..8]), None);
     }
 
     #[test]

@@ -84,7 +84,10 @@ impl Reassembly {
             self.forget(key);
             return Err(DropReason::DsliteBadFragment);
         }
-        if self.held_fragments >= self.max_fragments || self.held_bytes + p.data.len() > self.max_bytes {
+        // What the packet's buffer grows by, up to the fragment's end: a
+        // lone fragment at offset 65,520 holds 64 KiB, not its 8 bytes.
+        let grows = end.saturating_sub(self.partials.get(&key).map_or(0, |part| part.data.len()));
+        if self.held_fragments >= self.max_fragments || self.held_bytes + grows > self.max_bytes {
             return Err(DropReason::FragmentBufferFull);
         }
         let part = self.partials.entry(key).or_insert_with(|| Partial { started_ns: now_ns, data: Vec::new(), have: Vec::new(), total: None, fragments: 0 });
@@ -105,7 +108,7 @@ impl Reassembly {
             part.total = Some(end);
         }
         self.held_fragments += 1;
-        self.held_bytes += p.data.len();
+        self.held_bytes += grows;
         if !part.complete() {
             return Ok(None);
         }
@@ -129,7 +132,7 @@ impl Reassembly {
     fn forget(&mut self, key: (Ipv6Addr, u32)) -> Option<Vec<u8>> {
         let p = self.partials.remove(&key)?;
         self.held_fragments -= p.fragments;
-        self.held_bytes -= p.have.iter().map(|(s, e)| e - s).sum::<usize>();
+        self.held_bytes -= p.data.len();
         Some(p.data)
     }
 
@@ -144,6 +147,19 @@ mod tests {
 
     fn piece(ident: u32, offset: usize, more: bool, data: &[u8]) -> Piece<'_> {
         Piece { b4: "2001:db8:100::2".parse().unwrap(), ident, offset, more, data }
+    }
+
+    /// The byte limit counts what a packet's buffer holds: a lone last
+    /// fragment far into the packet holds everything before it.
+    #[test]
+    fn a_fragment_far_into_its_packet_counts_the_buffer_it_needs() {
+        let mut r = Reassembly::new(16, 4096, 5_000_000_000);
+        assert_eq!(r.add(piece(1, 65_520, false, &[1; 8]), 0), Err(DropReason::FragmentBufferFull));
+        assert_eq!(r.add(piece(2, 2048, true, &[1; 8]), 0), Ok(None));
+        assert_eq!(r.add(piece(3, 2048, true, &[1; 8]), 0), Err(DropReason::FragmentBufferFull), "2056 held, 2056 more wanted");
+        assert_eq!(r.add(piece(2, 0, true, &[2; 2048]), 0), Ok(None), "filling in below costs nothing more");
+        assert_eq!(r.expire(5_000_000_000), 1);
+        assert_eq!(r.add(piece(3, 2048, true, &[1; 8]), 5_000_000_000), Ok(None), "expiry gives the room back");
     }
 
     #[test]

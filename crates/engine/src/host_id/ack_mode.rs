@@ -37,11 +37,14 @@ pub struct Waiting {
 pub struct Echoed {
     seen: HashMap<Connection, Waiting>,
     capacity: usize,
+    /// When a full table may next look for connections that waited too
+    /// long: one pass over it a second at most, not one per SYN-ACK.
+    next_sweep_ns: u64,
 }
 
 impl Echoed {
     pub fn new(capacity: usize) -> Echoed {
-        Echoed { seen: HashMap::new(), capacity: capacity.max(1) }
+        Echoed { seen: HashMap::new(), capacity: capacity.max(1), next_sweep_ns: 0 }
     }
 
     /// Remembers that `c`'s SYN-ACK passed at `now_ns`, its server having
@@ -49,7 +52,10 @@ impl Echoed {
     /// before); false when the table is full even of connections still waiting.
     pub fn remember(&mut self, c: Connection, now_ns: u64, echoed: bool) -> bool {
         if self.seen.len() >= self.capacity && !self.seen.contains_key(&c) {
-            self.seen.retain(|_, w| now_ns.saturating_sub(w.at_ns) < WAIT_NS);
+            if now_ns >= self.next_sweep_ns {
+                self.next_sweep_ns = now_ns + NS;
+                self.seen.retain(|_, w| now_ns.saturating_sub(w.at_ns) < WAIT_NS);
+            }
             if self.seen.len() >= self.capacity {
                 return false;
             }
@@ -111,5 +117,16 @@ mod tests {
         assert!(!e.remember(conn(3), 1, true), "full of fresh entries");
         assert!(e.remember(conn(3), WAIT_NS + 1, true), "stale ones make room");
         assert_eq!(echoed(e.take(&conn(3), WAIT_NS + 2)), Some(true));
+    }
+
+    /// A full table looks for stale entries once a second at most: a flood
+    /// of SYN-ACKs that finds it full costs a lookup each, not a pass.
+    #[test]
+    fn a_full_table_is_swept_at_most_once_a_second() {
+        let mut e = Echoed::new(2);
+        assert!(e.remember(conn(1), 0, true) && e.remember(conn(2), 0, false));
+        assert!(!e.remember(conn(3), WAIT_NS - 1, true), "swept, nothing stale yet");
+        assert!(!e.remember(conn(3), WAIT_NS + 1, true), "stale now, but swept under a second ago");
+        assert!(e.remember(conn(3), WAIT_NS - 1 + NS, true), "the next sweep makes room");
     }
 }

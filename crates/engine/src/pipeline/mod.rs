@@ -679,7 +679,7 @@ impl Engine {
         let result = match ds.claim(frame, ip) {
             Claim::Softwire => return self.softwire_in(frame, ip),
             Claim::ToAftr => {
-                if let Some(b4) = ds.mtus.on_icmpv6(frame, ip, ds.cfg.aftr, ds.cfg.mtu) {
+                if let Some(b4) = ds.mtus.on_icmpv6(frame, ip, &ds.cfg, (self.now_ns / 1_000_000_000) as u32) {
                     ds.stats.mtu_lowered += 1;
                     if let Some(c) = self.nat.subs.identities_mut().counters_of_b4_mut(b4) {
                         c.mtu_lowered += 1;
@@ -873,7 +873,7 @@ impl Engine {
         if let Some(c) = ds.cfg.mss_clamp {
             mss::clamp(buf, ip, c);
         }
-        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(&b4, ds.cfg.mtu) };
+        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(&b4, ds.cfg.mtu, (self.now_ns / 1_000_000_000) as u32) };
         let total = ip.total_len();
         if !softwire.fits(total) && ip.dont_fragment && origin == Origin::Outside && !ds.original.is_empty() {
             let from = self.router.source(Side::Outside);

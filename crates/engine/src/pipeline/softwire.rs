@@ -112,6 +112,10 @@ impl Engine {
             return None;
         }
         let host = get_u32_at(frame, INNER + ipv4::SRC_OFFSET);
+        // A martian host address the full path refuses, before it takes a stand-in.
+        if super::frame::is_martian(host) {
+            return None;
+        }
         // The endpoint last found was admitted then, under the configuration
         // still in force (a reload forgets it): a run of one softwire's
         // packets is admitted once.
@@ -248,7 +252,7 @@ impl Engine {
         }
         let ds = self.dslite.as_mut()?;
         let total = c.datagram_len();
-        if !encap::fits(ds.mtus.of(b4, ds.cfg.mtu), total) {
+        if !encap::fits(ds.mtus.of(b4, ds.cfg.mtu, (self.now_ns / 1_000_000_000) as u32), total) {
             return None;
         }
         // Only a SYN has an MSS to clamp. Clamping twice (here, then in the
