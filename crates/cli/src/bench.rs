@@ -428,7 +428,7 @@ fn build(f: &mut [u8; FRAME_LEN], tcp: bool, src: u32, sport: u16, dst: u32, dpo
         set_u16_at(f, L4 + 4, l4_len as u16);
         L4 + 6
     };
-    let sum = checksum::pseudo_header_sum(src, dst, protocol, l4_len as u16) + checksum::sum(&f[L4..L4 + l4_len]);
+    let sum = checksum::add(checksum::pseudo_header_sum(src, dst, protocol, l4_len as u16), checksum::sum(&f[L4..L4 + l4_len]));
     let c = !checksum::fold(sum);
     // RFC 768: a computed UDP checksum of zero is sent as all ones.
     set_u16_at(f, ck_at, if !tcp && c == 0 { 0xffff } else { c });

@@ -655,3 +655,23 @@ fn partial_checksums_are_finished_both_ways_and_counted_by_interface() {
     let io = net.dp.io_snapshot().unwrap();
     assert_eq!(io.checksums_completed(&w), [1, 1], "one finished on each interface");
 }
+
+/// RFC 6887 section 8.5: the epoch natrix's start ANNOUNCE carries and
+/// the one its answers carry later count from the same start, so a client
+/// sees time pass, not a jump of fifty years.
+#[test]
+fn the_pcp_epoch_counts_from_the_start_in_the_announcement_and_after() {
+    let net = Net::start_with(1, |e| e.pcp = Some(natrix_engine::pcp::PcpConfig { max_lifetime_s: 3600 }));
+    let is_pcp_answer = |f: &[u8]| is_udp(f) && f.len() >= 54 && f[34..36] == 5351u16.to_be_bytes() && f[43] & 0x80 != 0;
+    let announce = net.inside.wait_for(WAIT, |f| is_pcp_answer(f)).expect("the start's ANNOUNCE");
+    let epoch = |f: &[u8]| u32::from_be_bytes([f[50], f[51], f[52], f[53]]);
+    assert!(epoch(&announce) < 5, "announced epoch {}", epoch(&announce));
+    greet(&net, 2);
+    let (sub, sub_mac) = subscriber(2);
+    let mut request = vec![2, 0, 0, 0, 0, 0, 0, 0];
+    request.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]);
+    request.extend_from_slice(&sub);
+    net.inside.inject(&udp(sub_mac, NAT_IN, (sub, 40000), (INSIDE, 5351), &request));
+    let answer = net.inside.wait_for(WAIT, |f| is_pcp_answer(f) && f[0..6] == sub_mac).expect("the answer to an ANNOUNCE request");
+    assert!(epoch(&answer) < 5, "answered epoch {}", epoch(&answer));
+}

@@ -286,6 +286,17 @@ fn suggested_external_port_is_honoured_when_free() {
     }
 }
 
+/// RFC 6887 section 11.3: a suggested external port that is free is
+/// given, the internal port included, whatever the port selection policy.
+#[test]
+fn a_suggested_port_equal_to_the_internal_port_is_given_under_random_selection() {
+    let mut e = engine(EngineConfig { port_selection: natrix_engine::config::PortSelection::Random, ..pcp_config() });
+    for port in [5000u16, 5002, 5004] {
+        let a = answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, port, (port, [0; 4]), &[]), SEC);
+        assert_eq!((a.result, a.ext().1), (SUCCESS, port));
+    }
+}
+
 #[test]
 fn prefer_failure_refuses_a_taken_port_and_leaves_no_trace() {
     let mut e = engine(pcp_config());

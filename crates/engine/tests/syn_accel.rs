@@ -247,3 +247,17 @@ fn an_attempt_under_way_keeps_its_count_of_syns_across_a_reload() {
     let of = |port: u16| copies.iter().filter(|o| o.0 == Side::Outside && must_decode(&o.2).tcp().destination_port == port).count();
     assert_eq!((of(5060), of(5061)), (3, 1), "4 SYNs in all for the attempt begun before the reload, 2 for the one after");
 }
+
+/// The reset's checksum with a sum that carries out of 32 bits (this
+/// caller and ISN): etherparse verifies it, and a debug build does not
+/// panic on the addition.
+#[test]
+fn a_reset_whose_checksum_sum_carries_is_right() {
+    let isn = 0x9C26_FFFF;
+    let mut e = defaults(config());
+    assert_eq!(run(&mut e, &mut syn(5060, isn), Side::Inside, T0), Verdict::Forward(Side::Outside));
+    let out = tick(&mut e, T0, T0 + 3 * SEC);
+    let resets: Vec<_> = out.iter().filter(|o| o.0 == Side::Inside).collect();
+    assert_eq!(resets.len(), 1);
+    assert_eq!(must_decode(&resets[0].2).tcp().acknowledgment_number, isn.wrapping_add(1), "decoded with its checksum verified");
+}

@@ -45,6 +45,13 @@ pub(crate) fn fold64(acc: u64) -> u32 {
     sum + u32::from(carry)
 }
 
+/// The one's-complement sum of two accumulators (`sum`, a pseudo-header's):
+/// a plain `+` of two 32-bit sums can overflow and lose its carry.
+#[inline]
+pub fn add(a: u32, b: u32) -> u32 {
+    fold64(u64::from(a) + u64::from(b))
+}
+
 /// Folds a 32-bit one's-complement accumulator to 16 bits.
 #[inline]
 pub fn fold(mut acc: u32) -> u16 {
@@ -224,6 +231,14 @@ mod tests {
     use super::*;
 
     // RFC 1071 section 3 example: words 0001 f203 f4f5 f6f7 sum to ddf2.
+    #[test]
+    fn adding_two_sums_keeps_the_carry() {
+        assert_eq!(add(0xffff_ffff, 1), 1, "the end-around carry");
+        // Two runs summed apart and added, as if summed in one.
+        let (first, second) = ([0xffu8; 8], [0x9c, 0x26, 0xff, 0xff, 0x50, 0x14, 0x00, 0x00]);
+        assert_eq!(fold(add(sum(&first), sum(&second))), fold(sum(&[first, second].concat())));
+    }
+
     #[test]
     fn rfc1071_example_sum() {
         let data = [0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7];

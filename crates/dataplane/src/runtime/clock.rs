@@ -12,6 +12,14 @@ const SPIN_NS: u64 = 50_000;
 /// A sleeping thread still wakes this often to run the engine's timers.
 pub(super) const SLEEP_MS: i32 = 100;
 
+/// How long an idle thread may sleep at `now_ns`: `SLEEP_MS`, or less where
+/// its engine's next timer (`wake_ns`) falls due sooner, rounded up to the
+/// millisecond poll() counts in.
+pub(super) fn sleep_ms(now_ns: u64, wake_ns: u64) -> i32 {
+    let until = wake_ns.saturating_sub(now_ns).div_ceil(1_000_000);
+    i32::try_from(until).map_or(SLEEP_MS, |ms| ms.min(SLEEP_MS))
+}
+
 /// Engine time: Unix nanoseconds that never go backwards, so events carry
 /// wall-clock times while timers follow the monotonic clock.
 #[derive(Clone, Copy)]
@@ -133,6 +141,17 @@ impl Idle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An idle thread wakes for its engine's next timer (a SYN
+    /// accelerator's copy 15 ms away), not a whole sleep interval late.
+    #[test]
+    fn a_sleep_ends_by_the_next_timer() {
+        assert_eq!(sleep_ms(0, u64::MAX), SLEEP_MS, "no timer");
+        assert_eq!(sleep_ms(1_000, 1_000 + 15_000_000), 15);
+        assert_eq!(sleep_ms(0, 1_500_000), 2, "rounded up: never wakes early only to sleep again");
+        assert_eq!(sleep_ms(10, 5), 0, "due already");
+        assert_eq!(sleep_ms(0, 10 * 1_000_000_000), SLEEP_MS);
+    }
 
     #[test]
     fn a_thread_keeps_polling_for_a_while_after_its_last_frame_then_sleeps() {

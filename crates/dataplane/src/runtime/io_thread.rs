@@ -18,7 +18,7 @@ use std::time::Instant;
 use natrix_engine::Side;
 use natrix_wire::{ethernet, ipv4};
 
-use super::clock::{Clock, Idle};
+use super::clock::{sleep_ms, Clock, Idle};
 use super::commands::Command;
 use super::links::Links;
 use super::stage::{Next, Stage, Staged};
@@ -84,7 +84,7 @@ impl IoThread {
             if idle.should_sleep(n > 0, now) {
                 bell.going_to_sleep();
                 if self.lanes.from_workers.iter().chain(&self.inputs).all(Consumer::is_empty) {
-                    self.links.wait(bell.fd());
+                    self.links.wait(bell.fd(), sleep_ms(now, self.worker.next_wake_ns()));
                 }
                 bell.woke();
             }

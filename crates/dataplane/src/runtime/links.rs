@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use natrix_engine::Side;
 use natrix_io::{FrameId, FramePorts};
 
-use super::clock::SLEEP_MS;
 use super::stage::{Next, Stage, Staged};
 use super::{IoSnapshot, BATCH};
 use crate::gateway::{plainly_for_the_engine, Gateway, Ingress};
@@ -151,13 +150,13 @@ impl Links {
         s
     }
 
-    /// Sleeps until a frame or the doorbell `bell` is waiting, or the timer
-    /// interval has passed.
-    pub(super) fn wait(&mut self, bell: i32) {
+    /// Sleeps until a frame or the doorbell `bell` is waiting, or
+    /// `timeout_ms` (`clock::sleep_ms`) has passed.
+    pub(super) fn wait(&mut self, bell: i32, timeout_ms: i32) {
         let mut fds = self.ports.fds();
         fds.push(bell);
         self.snapshot.wait_calls += 1;
-        wait_readable(&fds, SLEEP_MS);
+        wait_readable(&fds, timeout_ms);
     }
 }
 

@@ -388,11 +388,14 @@ impl Dataplane {
             .map(|index| Engine::new(EngineConfig { shard: Shard { index, count }, ..engine_cfg.clone() }))
             .collect::<Result<Vec<_>, _>>()
             .map_err(DataplaneError::Engine)?;
+        let clock = Clock::new();
+        // The engine's clock set first: the epoch the announcement carries
+        // starts now, as every later answer's counts from it.
+        engines[0].advance(clock.at(std::time::Instant::now()));
         if let Some(announce) = engines[0].pcp_announcement(inside.mac) {
             // RFC 6887 section 14.1.3: tell clients natrix (re)started, so they renew.
             links[0].stage.push_addressed(Side::Inside, &announce);
         }
-        let clock = Clock::new();
         let mut dp = Dataplane {
             stop: Arc::new(AtomicBool::new(false)),
             threads: Default::default(),

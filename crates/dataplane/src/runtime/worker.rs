@@ -10,7 +10,7 @@ use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::FrameId;
 use natrix_wire::partial_checksum::{self, Found};
 
-use super::clock::{Clock, Idle, Work, SLEEP_MS};
+use super::clock::{sleep_ms, Clock, Idle, Work};
 use super::commands::Command;
 use super::links::Links;
 use super::offload::{OffloadPlan, Offloader};
@@ -105,6 +105,11 @@ impl EngineWorker {
                 each(frame, v, id);
             }
         })
+    }
+
+    /// When the engine's next timer falls due (`Engine::next_wake_ns`).
+    pub(super) fn next_wake_ns(&self) -> u64 {
+        self.engine.next_wake_ns()
     }
 
     /// Work done between batches: timers, generated frames, events.
@@ -249,7 +254,7 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
         worker.work.round(n > 0);
         if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
-            links.wait(bell.fd());
+            links.wait(bell.fd(), sleep_ms(now, worker.engine.next_wake_ns()));
             bell.woke();
         }
     }
@@ -314,7 +319,7 @@ pub(super) fn run_worker(
         if idle.should_sleep(n > 0, now) {
             bell.going_to_sleep();
             if input.is_empty() {
-                wait_readable(&[bell.fd()], SLEEP_MS);
+                wait_readable(&[bell.fd()], sleep_ms(now, worker.engine.next_wake_ns()));
             }
             bell.woke();
         }

@@ -578,7 +578,9 @@ impl PcpServer {
             // Paired pooling: a subscriber holding nothing yet may start on the suggested address.
             nat.suggest_address(int, a);
         }
-        let hint = Some(m.ext_port).filter(|&p| p != 0 && p != m.int_port);
+        // A suggestion is honoured when free, the internal port too: with
+        // `port_selection = "random"` the policy would not keep it.
+        let hint = Some(m.ext_port).filter(|&p| p != 0);
         let mid = match hint {
             None => nat.create_mapping(proto, int, m.int_port),
             Some(want) => nat.create_mapping_at(proto, int, m.int_port, want),

@@ -251,6 +251,11 @@ impl Default for Hooks {
 }
 
 impl Hooks {
+    /// When the earliest function's timer falls due (ns); `u64::MAX`: none.
+    pub(crate) fn wake_ns(&self) -> u64 {
+        self.wake_ns
+    }
+
     pub fn add(&mut self, m: Box<dyn Middlebox>) {
         self.interest = self.interest.union(m.interest());
         if m.prefetches() {

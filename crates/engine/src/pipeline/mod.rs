@@ -297,6 +297,13 @@ impl Engine {
         self.hooks.tick(self.now_ns, &mut self.router);
     }
 
+    /// When a middlebox function's timer (the SYN accelerator's copies and
+    /// resets) next falls due, for `advance`: a thread that sleeps wakes by
+    /// then. `u64::MAX`: none.
+    pub fn next_wake_ns(&self) -> u64 {
+        self.hooks.wake_ns()
+    }
+
     /// Ends a run (the end of a capture): resolves every held SYN as if its
     /// hold had passed, drops every fragment still waiting, and plays out
     /// the middlebox functions' timers (the SYN accelerator's copies and

@@ -26,6 +26,6 @@ pub(super) fn refusal(out: &mut Vec<u8>, a: &Attempt, ident: u16) {
     let h = tcp::Header { src_port: k.server_port, dst_port: k.caller_port, seq: 0, ack: a.isn.wrapping_add(1), flags: tcp::flags::RST | tcp::flags::ACK, window: 0 };
     let segment = &mut out[ip_at + ipv4::MIN_HEADER_LEN..];
     tcp::emit_header(segment, &h, 0);
-    let sum = checksum::pseudo_header_sum(k.server, k.caller, proto::TCP, TCP_LEN as u16) + checksum::sum(segment);
+    let sum = checksum::add(checksum::pseudo_header_sum(k.server, k.caller, proto::TCP, TCP_LEN as u16), checksum::sum(segment));
     tcp::emit_header(segment, &h, !checksum::fold(sum));
 }
