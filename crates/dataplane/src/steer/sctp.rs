@@ -17,7 +17,10 @@
 //! `[sctp] max_associations`, per worker); a key it lost or never learned
 //! sends the frame to worker 0, which drops it as out of the blue if the
 //! association is another's. Entries are overwritten, never removed: a
-//! stale one only steers packets that match no association anyway.
+//! stale one only steers packets that match no association anyway. A key
+//! a packet was steered by since its set was last full is spared when a
+//! new key needs its place (second chance, as a CLOCK cache), so the keys
+//! of long-lived associations stay while ended ones' go.
 
 use natrix_engine::nat44::sctp::SctpConfig;
 use natrix_wire::sctp::{chunk, Asconf, Init, Packet};
@@ -29,11 +32,13 @@ struct Entry {
     /// 0: free (a key is never 0).
     key: u64,
     worker: u16,
+    /// A packet was steered by it since a new key last looked for room.
+    used: bool,
 }
 
 pub(super) struct SctpOwners {
     sets: Box<[[Entry; WAYS]]>,
-    /// Which way of a full set the next key replaces, round robin.
+    /// Where a full set's search for a way to replace starts, round robin.
     victim: usize,
     max_chunks: usize,
     max_params: usize,
@@ -68,17 +73,37 @@ impl SctpOwners {
         self.sets[self.set(key)].iter().find(|e| e.key == key).map(|e| e.worker)
     }
 
+    /// `owner`, marking the key used: a packet was steered by it.
+    fn owner_used(&mut self, key: u64) -> Option<u16> {
+        let s = self.set(key);
+        let e = self.sets[s].iter_mut().find(|e| e.key == key)?;
+        e.used = true;
+        Some(e.worker)
+    }
+
     fn learn(&mut self, key: u64, worker: u16) {
         let s = self.set(key);
-        let set = &mut self.sets[s];
-        let way = match set.iter().position(|e| e.key == key || e.key == 0) {
+        let way = match self.sets[s].iter().position(|e| e.key == key || e.key == 0) {
             Some(w) => w,
-            None => {
-                self.victim = (self.victim + 1) % WAYS;
-                self.victim
-            }
+            None => self.way_to_replace(s),
         };
-        set[way] = Entry { key, worker };
+        self.sets[s][way] = Entry { key, worker, used: false };
+    }
+
+    /// The way of full set `s` a new key takes: the first unused one from
+    /// the round-robin start, clearing the used marks it passes (each
+    /// used key is spared once).
+    fn way_to_replace(&mut self, s: usize) -> usize {
+        self.victim = (self.victim + 1) % WAYS;
+        for i in 0..2 * WAYS {
+            let way = (self.victim + i) % WAYS;
+            let e = &mut self.sets[s][way];
+            if !e.used {
+                return way;
+            }
+            e.used = false;
+        }
+        self.victim
     }
 
     /// The worker of an SCTP packet to external address `dst`; an INIT-ACK
@@ -88,7 +113,7 @@ impl SctpOwners {
     /// out of the table.
     pub(super) fn steer_inbound(&mut self, dst: u32, l4: &[u8]) -> u16 {
         let Some(h) = header(l4) else { return 0 };
-        let Some(w) = self.owner(Self::key(dst, h.dst_port, h.src_port, h.tag)) else { return 0 };
+        let Some(w) = self.owner_used(Self::key(dst, h.dst_port, h.src_port, h.tag)) else { return 0 };
         if let Some(rem_tag) = self.first_init_tag(l4, chunk::INIT_ACK) {
             self.learn(Self::key(dst, h.dst_port, h.src_port, rem_tag), w);
         }
@@ -192,6 +217,23 @@ mod tests {
         let mut o = SctpOwners::new(&SctpConfig::default(), 4);
         assert_eq!(o.steer_inbound(EXT, &packet(0x1111, 38412, 5000, chunk::INIT_ACK, 0x2222)), 0);
         assert_eq!(o.owner(SctpOwners::key(EXT, 5000, 38412, 0x2222)), None);
+    }
+
+    /// A long-lived association's key, steered by between new keys, stays
+    /// while new associations churn through its set; a key nothing steers
+    /// by goes.
+    #[test]
+    fn a_key_in_use_outlives_the_churn_of_new_ones() {
+        let cfg = SctpConfig { max_associations: 1, ..SctpConfig::default() };
+        let mut o = SctpOwners::new(&cfg, 1);
+        assert_eq!(o.sets.len(), 1, "one set: every key competes");
+        o.learn_sent(7, EXT, &packet(0, 5000, 36412, chunk::INIT, 0x1111));
+        o.learn_sent(6, EXT, &packet(0, 5001, 36412, chunk::INIT, 0x2222));
+        for churn in 0..20u32 {
+            assert_eq!(o.steer_inbound(EXT, &packet(0x1111, 36412, 5000, chunk::DATA, 0)), 7, "round {churn}");
+            o.learn_sent(1, EXT, &packet(0, 6000 + churn as u16, 36412, chunk::INIT, 0x9000 + churn));
+        }
+        assert_eq!(o.owner(SctpOwners::key(EXT, 5001, 36412, 0x2222)), None, "the idle association's key went");
     }
 
     #[test]
