@@ -163,6 +163,21 @@ fn inbound(e: &mut Engine, from: [u8; 4], sport: u16, ext: ([u8; 4], u16), now: 
     (v, f)
 }
 
+/// RFC 6887 section 18.1: one client flooding the server takes at most its
+/// share of the answers in a second; the others are still answered.
+#[test]
+fn one_clients_flood_leaves_the_others_their_answers() {
+    let mut e = engine(pcp_config());
+    let mut answered = 0;
+    for i in 0..150u64 {
+        let (_, a) = ask(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 5000, (0, [0; 4]), &[]), SEC + i * 1_000_000);
+        answered += u32::from(a.is_some());
+    }
+    assert_eq!(answered, 100, "one client's share of a second");
+    assert_eq!(answer(&mut e, SUB2, &map_req(SUB2, 3600, NONCE, 17, 6000, (0, [0; 4]), &[]), SEC + 200_000_000).result, SUCCESS, "another client is answered");
+    assert_eq!(answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 5000, (0, [0; 4]), &[]), 2 * SEC).result, SUCCESS, "the next second, the first again");
+}
+
 #[test]
 fn map_round_trip_then_an_outside_host_reaches_the_subscriber() {
     let mut e = engine(pcp_config());

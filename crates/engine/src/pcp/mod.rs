@@ -24,7 +24,7 @@
 //! (`natrix clear`, a pool address removed on reload) only leaves a stale
 //! hold that is dropped when next seen.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use natrix_wire::pcp::{self as wire, opcode, option, result};
 use natrix_wire::{checksum, ethernet, ipv4, proto, set_u16_at, udp};
@@ -59,6 +59,9 @@ const SHORT_ERROR_LIFETIME_S: u32 = 30;
 /// Requests answered per second by one engine; the rest are silently
 /// dropped, which clients treat as loss and retry (section 8.3).
 const REQUESTS_PER_SECOND: u32 = 1000;
+/// Of those, what one client may take, so that one host's flood leaves
+/// the others their answers (section 18.1: a server limits each client).
+const REQUESTS_PER_CLIENT_PER_SECOND: u32 = 100;
 /// FILTER options one mapping may carry; more is EXCESSIVE_REMOTE_PEERS.
 const MAX_FILTERS: usize = 16;
 /// Holds are touched at least this often, so a shortened idle timeout
@@ -144,6 +147,9 @@ pub(crate) struct PcpServer {
     started_s: Option<u32>,
     window_s: u32,
     in_window: u32,
+    /// Requests of each client in the current second (at most
+    /// `REQUESTS_PER_SECOND` clients, since each took one).
+    by_client: HashMap<u32, u32>,
     /// The request being answered undid a mapping it had made.
     undone: bool,
     stats: PcpStats,
@@ -183,6 +189,7 @@ impl PcpServer {
             started_s: None,
             window_s: 0,
             in_window: 0,
+            by_client: HashMap::new(),
             undone: false,
             stats: PcpStats::default(),
         }
@@ -238,6 +245,26 @@ impl PcpServer {
         f.extend_from_slice(&ethernet::ETHERTYPE_IPV4.to_be_bytes());
         append_udp(&mut f, self.inside_addr, ALL_HOSTS, wire::CLIENT_PORT, &msg, 1, router.next_ident());
         Some(f)
+    }
+
+    /// Whether a request of `client` at second `now` is answered: within
+    /// the engine's budget for the second and within the client's share.
+    fn within_budget(&mut self, client: u32, now: u32) -> bool {
+        if self.window_s != now {
+            self.window_s = now;
+            self.in_window = 0;
+            self.by_client.clear();
+        }
+        if self.in_window >= REQUESTS_PER_SECOND {
+            return false;
+        }
+        let used = self.by_client.entry(client).or_insert(0);
+        if *used >= REQUESTS_PER_CLIENT_PER_SECOND {
+            return false;
+        }
+        *used += 1;
+        self.in_window += 1;
+        true
     }
 
     fn epoch(&mut self, now: u32) -> u32 {
@@ -323,16 +350,10 @@ impl PcpServer {
             self.stats.ignored += 1;
             return;
         }
-        let now = nat.now_s();
-        if self.window_s != now {
-            self.window_s = now;
-            self.in_window = 0;
-        }
-        if self.in_window >= REQUESTS_PER_SECOND {
+        if !self.within_budget(client, nat.now_s()) {
             self.stats.ignored += 1;
             return;
         }
-        self.in_window += 1;
         let Some(answer) = self.answer(ip, client, &dgram[udp::HEADER_LEN..], nat) else {
             self.stats.ignored += 1;
             return;
