@@ -671,12 +671,21 @@ impl Engine {
     /// The translated datagram at `l3` leaves on `out` as fragments that
     /// fit its link (RFC 4787 REQ-13), through the output queue, in order.
     fn send_fragmented(&mut self, frame: &[u8], l3: usize, out: Side) -> Verdict {
-        let Some(pieces) = fragment::split(frame, l3, self.router.egress_mtu(out)) else { return self.verdict_of(Err(DropReason::TooBig)) };
-        for piece in pieces {
-            self.router.queue_final(out, self.now_ns, piece);
+        if !self.queue_fragments(frame, l3, out) {
+            return self.verdict_of(Err(DropReason::TooBig));
         }
         self.counters.forwarded[out as usize] += 1;
         Verdict::Consumed
+    }
+
+    /// Queues the fragments of the datagram at `l3` that fit the link on
+    /// `out`; false, nothing queued, where its MTU leaves no room for them.
+    fn queue_fragments(&mut self, frame: &[u8], l3: usize, out: Side) -> bool {
+        let Some(pieces) = fragment::split(frame, l3, self.router.egress_mtu(out)) else { return false };
+        for piece in pieces {
+            self.router.queue_final(out, self.now_ns, piece);
+        }
+        true
     }
 
     /// An IPv6 frame on the inside with DS-Lite on: a softwire packet, a
@@ -686,7 +695,7 @@ impl Engine {
         let result = match ds.claim(frame, ip) {
             Claim::Softwire => return self.softwire_in(frame, ip),
             Claim::ToAftr => {
-                if let Some(b4) = ds.mtus.on_icmpv6(frame, ip, &ds.cfg, (self.now_ns / 1_000_000_000) as u32) {
+                if let Some(b4) = ds.mtus.on_icmpv6(frame, ip, &ds.cfg, self.now_s) {
                     ds.stats.mtu_lowered += 1;
                     if let Some(c) = self.nat.subs.identities_mut().counters_of_b4_mut(b4) {
                         c.mtu_lowered += 1;
@@ -780,7 +789,7 @@ impl Engine {
             return Err(DropReason::NotSubscriber);
         }
         let ids = self.nat.subs.identities_mut();
-        let stand_in = ids.intern_softwire(b4, ip.src, (self.now_ns / 1_000_000_000) as u32).ok_or(DropReason::SubscriberTableFull)?;
+        let stand_in = ids.intern_softwire(b4, ip.src, self.now_s).ok_or(DropReason::SubscriberTableFull)?;
         if let Some(c) = ids.counters_mut(stand_in) {
             c.decapsulated += 1;
         }
@@ -803,9 +812,8 @@ impl Engine {
         } else if self.too_big_for(&buf, l3, out) {
             // The stages counted it forwarded: as fragments, or dropped
             // where the link leaves no room to fragment it.
-            match fragment::split(&buf, l3, self.router.egress_mtu(out)) {
-                Some(pieces) => pieces.into_iter().for_each(|p| self.router.queue_final(out, self.now_ns, p)),
-                None => self.counters.drops.count(DropReason::TooBig),
+            if !self.queue_fragments(&buf, l3, out) {
+                self.counters.drops.count(DropReason::TooBig);
             }
             self.router.recycle(buf);
         } else {
@@ -880,7 +888,7 @@ impl Engine {
         if let Some(c) = ds.cfg.mss_clamp {
             mss::clamp(buf, ip, c);
         }
-        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(&b4, ds.cfg.mtu, (self.now_ns / 1_000_000_000) as u32) };
+        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(&b4, ds.cfg.mtu, self.now_s) };
         let total = ip.total_len();
         if !softwire.fits(total) && ip.dont_fragment && origin == Origin::Outside && !ds.original.is_empty() {
             let from = self.router.source(Side::Outside);

@@ -252,7 +252,7 @@ impl Engine {
         }
         let ds = self.dslite.as_mut()?;
         let total = c.datagram_len();
-        if !encap::fits(ds.mtus.of(b4, ds.cfg.mtu, (self.now_ns / 1_000_000_000) as u32), total) {
+        if !encap::fits(ds.mtus.of(b4, ds.cfg.mtu, self.now_s), total) {
             return None;
         }
         // Only a SYN has an MSS to clamp. Clamping twice (here, then in the
