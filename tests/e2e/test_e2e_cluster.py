@@ -174,7 +174,7 @@ def node_config(name):
 
 class Node:
     def __init__(self, name, path):
-        self.name, self.ns = name, f"nxc-{name}"
+        self.name, self.ns, self.path = name, f"nxc-{name}", path
         self.lines = []
         env = dict(h.clean_env(), RUNTIME_DIRECTORY=str(path.parent / f"run-{name}"))
         self.proc = subprocess.Popen(h.netns_cmd(self.ns, h.natrix_bin(), "run", "--config", path),
@@ -443,3 +443,23 @@ def test_a_node_that_loses_an_interface_withdraws_and_announces_again_when_it_re
         sh("ip", "link", "set", "r-b1i", "up", ns=ROUTER)
     wait_until("b1's pool announced again", lambda: "via 198.51.100.3" in router_route("203.0.113.9"), 5)
     wait_until("b1's default announced again", lambda: "via 100.64.250.3" in router_route("0.0.0.0/0", "t_p2"), 5)
+
+
+def test_a_reload_that_changes_the_pool_announces_the_new_pool(cluster):
+    """CONTRACTS: pool changes apply on SIGHUP. b1's pool shrinks from
+    203.0.113.8/29 to /30: the router learns the /30 from b1 and loses
+    203.0.113.12-15; put back, the /29 returns. Judged by the router's BIRD."""
+    b1 = cluster["b1"]
+    config = b1.path.read_text()
+    assert '"203.0.113.8/29"' in config
+    try:
+        b1.path.write_text(config.replace('"203.0.113.8/29"', '"203.0.113.8/30"'))
+        b1.proc.send_signal(signal.SIGHUP)
+        wait_until("the router learns b1's /30", lambda: "203.0.113.8/30" in router_route("203.0.113.9"), 10)
+        wait_until("the router forgets 203.0.113.13", lambda: "via 198.51.100.3" not in router_route("203.0.113.13"), 10)
+        assert "203.0.113.8/29" not in router_route("203.0.113.9")
+    finally:
+        b1.path.write_text(config)
+        b1.proc.send_signal(signal.SIGHUP)
+    wait_until("b1's /29 announced again", lambda: "203.0.113.8/29" in router_route("203.0.113.13"), 10)
+    assert not any("reload refused" in line for line in b1.lines), "".join(b1.lines)[-2000:]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use natrix_control::api::LogCounters;
 use natrix_control::cluster::bgp::Announcement;
 use natrix_control::cluster::node::{ClusterNode, EventTee, NodeSettings};
-use natrix_control::config::cluster::ClusterConfig;
+use natrix_control::config::cluster::{ClusterConfig, Prefix4};
 use natrix_control::{api, Config, IoBackend, LoggingConfig, Offload, PreferBusyPoll, XdpProgramMode};
 use natrix_dataplane::{ControlError, Dataplane, DeviceDeferral, IoChoice, LinkSettings, Logged, Offloading, Settings, StartOptions, XdpAttach};
 use natrix_io::iface::Interface;
@@ -93,7 +93,7 @@ pub fn run(args: &Args) -> Result<(), Failure> {
     let mut running = cfg;
     for signal in signals.forever() {
         match signal {
-            SIGHUP => match reload(&args.config, &running, &dp, &logger) {
+            SIGHUP => match reload(&args.config, &running, &dp, &logger, cluster.as_ref()) {
                 Some(new) => running = new,
                 // A refused reload still lets go of a log file rotated away
                 // (logrotate's SIGHUP): the JSON log is opened again.
@@ -183,15 +183,20 @@ where
 /// announcements, the routes (the pool via the outside address, a default
 /// via the inside address) and where BIRD's files go.
 fn node_settings(cfg: &Config, c: &ClusterConfig) -> NodeSettings {
-    let outside = Ipv4Addr::from(cfg.engine.outside_addr.unwrap_or_default());
-    let inside = Ipv4Addr::from(cfg.engine.inside_addr);
     let run = std::env::var_os("RUNTIME_DIRECTORY").map_or_else(|| PathBuf::from("/run/natrix"), PathBuf::from);
     NodeSettings {
         cluster: c.clone(),
         interfaces: [cfg.live.inside_interface.clone().unwrap_or_default(), cfg.live.outside_interface.clone().unwrap_or_default()],
-        routes: Announcement::of_node(&cfg.engine.pool, outside, inside),
+        routes: node_routes(cfg),
         run_dir: run.join(format!("cluster-{}", c.node)),
     }
+}
+
+/// The pool via the outside address and a default via the inside address.
+fn node_routes(cfg: &Config) -> Vec<(Prefix4, Ipv4Addr)> {
+    let outside = Ipv4Addr::from(cfg.engine.outside_addr.unwrap_or_default());
+    let inside = Ipv4Addr::from(cfg.engine.inside_addr);
+    Announcement::of_node(&cfg.engine.pool, outside, inside)
 }
 
 fn load(path: &Path) -> Result<Config, Failure> {
@@ -250,7 +255,7 @@ fn settings(cfg: &Config, path: &Path) -> Result<Settings, Failure> {
 
 /// Reads the file again and applies it; on any refusal, says why and keeps
 /// the running configuration.
-fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Option<Config> {
+fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger, cluster: Option<&ClusterNode>) -> Option<Config> {
     let refuse = |why: String| {
         error!("reload refused: {why}; still running the previous configuration");
         None
@@ -269,6 +274,9 @@ fn reload(path: &Path, running: &Config, dp: &Dataplane, logger: &Logger) -> Opt
             return None;
         }
         Err(e) => return refuse(e.to_string()),
+    }
+    if let Some(c) = cluster.filter(|_| new.engine.pool != running.engine.pool) {
+        c.set_routes(node_routes(&new));
     }
     logger.reconfigure(&new.logging);
     for w in &new.warnings {

@@ -291,8 +291,6 @@ impl Config {
             (a.xdp_mode != b.xdp_mode, "xdp_mode"),
             (a.management_listen != b.management_listen, "management.listen"),
             (self.cluster != new.cluster, "cluster"),
-            // A cluster node's BGP announces the pool as it was at start.
-            (self.cluster.as_ref().is_some_and(|c| c.bgp.is_some()) && old_e.pool != new_e.pool, "nat.pool (announced by [cluster.bgp])"),
         ]
         .into_iter()
         .find_map(|(changed, key)| changed.then_some(key))

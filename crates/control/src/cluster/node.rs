@@ -70,7 +70,7 @@ pub struct NodeSettings {
     pub cluster: ClusterConfig,
     /// The inside and outside interfaces whose state decides announcements.
     pub interfaces: [String; 2],
-    /// What to announce (pool via outside, default via inside).
+    /// What to announce at start (pool via outside, default via inside).
     pub routes: Vec<(Prefix4, std::net::Ipv4Addr)>,
     /// Where BIRD's files go.
     pub run_dir: PathBuf,
@@ -114,9 +114,14 @@ pub struct ClusterStatus {
 pub struct ClusterNode {
     tee: EventTee,
     status: Arc<Mutex<ClusterStatus>>,
+    /// The routes a reload hands the node (its pool changed), taken at its
+    /// next announcement.
+    new_routes: Arc<Mutex<Option<Routes>>>,
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
 }
+
+type Routes = Vec<(Prefix4, std::net::Ipv4Addr)>;
 
 /// Where the logger hands every event; never blocks.
 #[derive(Clone)]
@@ -143,9 +148,10 @@ impl ClusterNode {
         let dropped = Arc::new(AtomicU64::new(0));
         let status = Arc::new(Mutex::new(ClusterStatus::default()));
         let stop = Arc::new(AtomicBool::new(false));
+        let new_routes = Arc::new(Mutex::new(None));
         let (ready_tx, ready_rx) = mpsc::channel();
         let thread = {
-            let (status, stop, dropped) = (status.clone(), stop.clone(), dropped.clone());
+            let (status, stop, dropped, new_routes) = (status.clone(), stop.clone(), dropped.clone(), new_routes.clone());
             std::thread::Builder::new()
                 .name("natrix-cluster".into())
                 .spawn(move || {
@@ -161,12 +167,20 @@ impl ClusterNode {
                         None => None,
                     };
                     let _ = ready_tx.send(Ok(()));
-                    Node::new(settings, dp, socket, rx, dropped, status, speaker).run(&stop);
+                    Node::new(settings, dp, socket, rx, dropped, status, speaker).run(&stop, &new_routes);
                 })
                 .map_err(|e| format!("starting the cluster thread: {e}"))?
         };
         ready_rx.recv().map_err(|_| "the cluster thread ended at start".to_owned())??;
-        Ok(ClusterNode { tee: EventTee { tx, dropped }, status, stop, thread })
+        Ok(ClusterNode { tee: EventTee { tx, dropped }, status, new_routes, stop, thread })
+    }
+
+    /// Announces `routes` from now on (a reload changed the pool): within
+    /// `HEALTH_EVERY`, as the node's other announcement changes.
+    pub fn set_routes(&self, routes: Routes) {
+        if let Ok(mut r) = self.new_routes.lock() {
+            *r = Some(routes);
+        }
     }
 
     pub fn tee(&self) -> EventTee {
@@ -275,7 +289,7 @@ impl Node {
         }
     }
 
-    fn run(mut self, stop: &AtomicBool) {
+    fn run(mut self, stop: &AtomicBool, new_routes: &Mutex<Option<Routes>>) {
         let mut health_at = Instant::now() - HEALTH_EVERY;
         while !stop.load(Ordering::Relaxed) {
             self.receive();
@@ -283,6 +297,9 @@ impl Node {
             self.transmit();
             self.check_role();
             if health_at.elapsed() >= HEALTH_EVERY {
+                if let Some(routes) = new_routes.lock().ok().and_then(|mut r| r.take()) {
+                    self.s.routes = routes;
+                }
                 self.announce();
                 self.publish();
                 health_at = Instant::now();
