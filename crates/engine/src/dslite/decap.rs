@@ -8,7 +8,7 @@ use std::net::Ipv6Addr;
 use natrix_wire::{ethernet, ipv6};
 
 use super::reassembly::Piece;
-use super::{ipv6_src, Dslite};
+use super::{ecn, ipv6_src, Dslite};
 use crate::drop::DropReason;
 use crate::pipeline::frame::Ip6;
 
@@ -28,21 +28,44 @@ pub(crate) fn decapsulate(ds: &mut Dslite, frame: &[u8], ip: &Ip6, now_ns: u64, 
         out.extend_from_slice(&frame[..ip.l3]);
         out[ip.l3 - 2..ip.l3].copy_from_slice(&ethernet::ETHERTYPE_IPV4.to_be_bytes());
     };
-    match upper.fragment.filter(|f| !f.is_atomic()) {
+    let outer_ecn = ecn::of_ipv6(&frame[ip.l3..]);
+    let outer_ecn = match upper.fragment.filter(|f| !f.is_atomic()) {
         None => {
             start_frame(out);
             out.extend_from_slice(&frame[ip.l4..end]);
+            Some(outer_ecn)
         }
         Some(f) if frame[ip.l3 + f.header_at] != ipv6::next_header::IPV4 => return Err(DropReason::DsliteBadFragment),
         Some(f) => {
             let data_at = ip.l3 + f.header_at + ipv6::FRAGMENT_HEADER_LEN;
-            let piece = Piece { b4, ident: f.ident, offset: usize::from(f.offset), more: f.more, data: &frame[data_at..end] };
-            let Some(inner) = ds.reassembly.add(piece, now_ns)? else { return Ok(None) };
+            let piece = Piece { b4, ident: f.ident, offset: usize::from(f.offset), more: f.more, ecn: outer_ecn, data: &frame[data_at..end] };
+            let Some(whole) = ds.reassembly.add(piece, now_ns)? else { return Ok(None) };
             ds.stats.reassembled += 1;
             start_frame(out);
-            out.extend_from_slice(&inner);
+            out.extend_from_slice(&whole.packet);
+            whole.marks.combined()
         }
-    }
+    };
+    carry_congestion(&mut out[ip.l3..], outer_ecn)?;
     ds.stats.decapsulated += 1;
     Ok(Some(b4))
+}
+
+/// Gives the inner IPv4 packet `inner` the ECN field RFC 6040 makes of its
+/// own and the outer one (None: fragments that disagreed, RFC 3168 section
+/// 5.3); Err when it is dropped for it. An inner packet too short for its
+/// header is left to NAPT44's checks.
+fn carry_congestion(inner: &mut [u8], outer: Option<u8>) -> Result<(), DropReason> {
+    if inner.len() < natrix_wire::ipv4::MIN_HEADER_LEN || inner[0] >> 4 != 4 {
+        return Ok(());
+    }
+    let own = ecn::of_ipv4(inner);
+    match outer.and_then(|outer| ecn::decapsulated(own, outer)) {
+        Some(e) if e == own => Ok(()),
+        Some(e) => {
+            ecn::set_ipv4(inner, e);
+            Ok(())
+        }
+        None => Err(DropReason::DsliteEcnNotEctCe),
+    }
 }

@@ -24,10 +24,13 @@ pub(crate) fn fits(mtu: u16, inner: usize) -> bool {
     inner + ipv6::HEADER_LEN <= usize::from(mtu)
 }
 
-/// The outer IPv6 header from `aftr` to `b4`, built whole to be written in one go.
-pub(crate) fn outer_header(aftr: &Ipv6Addr, b4: &Ipv6Addr, next_header: u8, payload_len: usize) -> [u8; ipv6::HEADER_LEN] {
+/// The outer IPv6 header from `aftr` to `b4`, built whole to be written in
+/// one go; its ECN field `ecn`, the inner packet's (RFC 6040 section 4.1's
+/// normal mode), its DSCP 0.
+pub(crate) fn outer_header(aftr: &Ipv6Addr, b4: &Ipv6Addr, next_header: u8, payload_len: usize, ecn: u8) -> [u8; ipv6::HEADER_LEN] {
     let mut h = [0u8; ipv6::HEADER_LEN];
     h[0] = 0x60;
+    h[1] = ecn << 4;
     h[4..6].copy_from_slice(&(payload_len as u16).to_be_bytes());
     h[6] = next_header;
     h[7] = HOP_LIMIT;
@@ -45,8 +48,9 @@ impl Softwire<'_> {
     /// Hands `emit` each frame that carries `inner`: one when it fits, else
     /// fragments of the outer packet, all with identification `ident`.
     pub fn encapsulate(&self, inner: &[u8], ident: u32, mut emit: impl FnMut(&mut dyn FnMut(&mut Vec<u8>))) {
+        let ecn = inner.get(..2).map_or(0, super::ecn::of_ipv4);
         if self.fits(inner.len()) {
-            emit(&mut |buf| self.write(buf, ipv6::next_header::IPV4, inner.len(), |b| b.extend_from_slice(inner)));
+            emit(&mut |buf| self.write(buf, ipv6::next_header::IPV4, inner.len(), ecn, |b| b.extend_from_slice(inner)));
             return;
         }
         let per_fragment = (usize::from(self.mtu) - ipv6::HEADER_LEN - ipv6::FRAGMENT_HEADER_LEN) & !7;
@@ -54,7 +58,7 @@ impl Softwire<'_> {
             let offset = i * per_fragment;
             let more = offset + chunk.len() < inner.len();
             emit(&mut |buf| {
-                self.write(buf, ipv6::next_header::FRAGMENT, ipv6::FRAGMENT_HEADER_LEN + chunk.len(), |b| {
+                self.write(buf, ipv6::next_header::FRAGMENT, ipv6::FRAGMENT_HEADER_LEN + chunk.len(), ecn, |b| {
                     b.extend_from_slice(&[ipv6::next_header::IPV4, 0]);
                     b.extend_from_slice(&((offset as u16) | u16::from(more)).to_be_bytes());
                     b.extend_from_slice(&ident.to_be_bytes());
@@ -65,12 +69,12 @@ impl Softwire<'_> {
     }
 
     /// Ethernet, the outer IPv6 header, then `payload` writes the rest.
-    fn write(&self, buf: &mut Vec<u8>, next_header: u8, payload_len: usize, payload: impl FnOnce(&mut Vec<u8>)) {
+    fn write(&self, buf: &mut Vec<u8>, next_header: u8, payload_len: usize, ecn: u8, payload: impl FnOnce(&mut Vec<u8>)) {
         buf.clear();
         buf.extend_from_slice(self.eth);
         let l3 = buf.len();
         buf[l3 - 2..l3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
-        buf.extend_from_slice(&outer_header(&self.aftr, &self.b4, next_header, payload_len));
+        buf.extend_from_slice(&outer_header(&self.aftr, &self.b4, next_header, payload_len, ecn));
         payload(buf);
     }
 }
@@ -105,6 +109,22 @@ mod tests {
         assert_eq!(ip.header().hop_limit(), 64);
         assert_eq!(ip.header().payload_length(), 100);
         assert_eq!(&f[0][54..], &inner[..]);
+    }
+
+    /// RFC 6040 section 4.1, normal mode: the outer ECN field is the
+    /// inner one, in every fragment; the outer DSCP is 0.
+    #[test]
+    fn the_outer_header_carries_the_inner_ecn_field() {
+        for ecn in 0..4u8 {
+            for size in [100, 3000] {
+                let mut inner = vec![0x45u8; size];
+                inner[1] = 0xb8 | ecn;
+                for f in frames(&softwire(1280), &inner) {
+                    let h = etherparse::Ipv6Header::from_slice(&f[14..]).unwrap().0;
+                    assert_eq!(h.traffic_class, ecn, "inner ECN {ecn:02b}, {size} bytes");
+                }
+            }
+        }
     }
 
     #[test]

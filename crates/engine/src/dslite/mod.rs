@@ -11,12 +11,13 @@
 //! fixed offsets; the pipeline then decapsulates them straight into
 //! NAPT44's fast path.
 //!
-//! Around that: MSS clamping (`mss`), the softwire MTU per B4 that ICMPv6
+//! Around that: ECN carried across the softwire (`ecn`, RFC 6040), MSS clamping (`mss`), the softwire MTU per B4 that ICMPv6
 //! packet too big lowers (`mtu`, RFC 2473 section 7), and reassembly of
 //! fragmented softwire packets within bounded memory (`reassembly`, RFC
 //! 6333 section 6.3).
 
 pub(crate) mod decap;
+pub(crate) mod ecn;
 pub(crate) mod encap;
 pub(crate) mod mss;
 pub(crate) mod mtu;

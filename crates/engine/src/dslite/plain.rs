@@ -1,13 +1,17 @@
 //! The shape most softwire packets have, recognised from fixed offsets so
 //! they skip the generic parse: Ethernet (untagged), an IPv6 header with no
 //! extension header whose next header is IPv4 (4), to the AFTR, carrying
-//! exactly one IPv4 packet without options. Anything else (extension
-//! headers, fragments, bytes past the inner packet, options) is left to
-//! the full decapsulation (`decap`), which checks and counts it.
+//! exactly one IPv4 packet without options, whose ECN field the outer
+//! one leaves as it is (RFC 6040). Anything else (extension headers,
+//! fragments, bytes past the inner packet, options, a congestion mark to
+//! carry in) is left to the full decapsulation (`decap`), which checks and
+//! counts it.
 
 use std::net::Ipv6Addr;
 
 use natrix_wire::{ethernet, get_u16_at, ipv6};
+
+use super::ecn;
 
 /// Where the IPv6 header of an untagged frame starts.
 const L3: usize = ethernet::HEADER_LEN;
@@ -27,12 +31,20 @@ pub(crate) fn plain_softwire(frame: &[u8], aftr: &Ipv6Addr) -> Option<(Ipv6Addr,
         && h[L3 + 24..INNER] == aftr.octets()
         && h[INNER] == 0x45
         && usize::from(get_u16_at(h, INNER + 2)) == payload
-        && INNER + payload <= frame.len();
+        && INNER + payload <= frame.len()
+        && ecn_kept(ecn::of_ipv4(&h[INNER..]), ecn::of_ipv6(&h[L3..]));
     if !plain {
         return None;
     }
     let src: [u8; 16] = h[L3 + 8..L3 + 24].try_into().ok()?;
     Some((Ipv6Addr::from(src), payload))
+}
+
+/// Whether decapsulation leaves the inner ECN field `inner` as it is under
+/// the outer `outer`.
+#[inline]
+fn ecn_kept(inner: u8, outer: u8) -> bool {
+    ecn::decapsulated(inner, outer) == Some(inner)
 }
 
 /// Whether the full parse takes `b4` as a softwire packet's source: what
@@ -76,5 +88,10 @@ mod tests {
         ext[L3 + 6] = ipv6::next_header::FRAGMENT;
         assert_eq!(plain_softwire(&ext, &AFTR), None);
         assert_eq!(plain_softwire(&softwire(AFTR, 0)[..60], &AFTR), None, "truncated");
+        let mut congested = softwire(AFTR, 0);
+        congested[L3 + 1] |= ecn::CE << 4;
+        assert_eq!(plain_softwire(&congested, &AFTR), None, "CE to carry into the inner packet");
+        congested[INNER + 1] |= ecn::CE;
+        assert_eq!(plain_softwire(&congested, &AFTR), Some((b4, 40)), "CE both inside and out: nothing to change");
     }
 }

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::Ipv6Addr;
 
+use super::ecn::FragmentMarks;
 use crate::drop::DropReason;
 
 /// Largest IPv4 packet a softwire can carry.
@@ -22,6 +23,8 @@ struct Partial {
     /// Known once the last fragment (M clear) arrives.
     total: Option<usize>,
     fragments: u32,
+    /// The outer ECN fields of its fragments.
+    marks: FragmentMarks,
 }
 
 impl Partial {
@@ -48,7 +51,16 @@ pub(crate) struct Piece<'a> {
     /// Byte offset in the inner packet.
     pub offset: usize,
     pub more: bool,
+    /// The outer header's ECN field.
+    pub ecn: u8,
     pub data: &'a [u8],
+}
+
+/// A packet its fragments made whole, and the outer ECN they carried.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Reassembled {
+    pub packet: Vec<u8>,
+    pub marks: FragmentMarks,
 }
 
 pub(crate) struct Reassembly {
@@ -77,7 +89,7 @@ impl Reassembly {
     /// Adds a fragment: Ok(Some(packet)) when it completes one, Ok(None)
     /// while it waits, Err when it cannot be kept (its packet is then
     /// forgotten, so a retransmission starts afresh).
-    pub fn add(&mut self, p: Piece, now_ns: u64) -> Result<Option<Vec<u8>>, DropReason> {
+    pub fn add(&mut self, p: Piece, now_ns: u64) -> Result<Option<Reassembled>, DropReason> {
         let end = p.offset + p.data.len();
         let key = (p.b4, p.ident);
         if end > MAX_PACKET || (p.more && !p.data.len().is_multiple_of(8)) || p.data.is_empty() {
@@ -90,7 +102,14 @@ impl Reassembly {
         if self.held_fragments >= self.max_fragments || self.held_bytes + grows > self.max_bytes {
             return Err(DropReason::FragmentBufferFull);
         }
-        let part = self.partials.entry(key).or_insert_with(|| Partial { started_ns: now_ns, data: Vec::new(), have: Vec::new(), total: None, fragments: 0 });
+        let part = self.partials.entry(key).or_insert_with(|| Partial {
+            started_ns: now_ns,
+            data: Vec::new(),
+            have: Vec::new(),
+            total: None,
+            fragments: 0,
+            marks: FragmentMarks::default(),
+        });
         let overlaps = part.have.iter().any(|&(s, e)| p.offset < e && s < end);
         let beyond_total = part.total.is_some_and(|t| end > t || (!p.more && end != t));
         let before_last = !p.more && part.have.iter().any(|&(_, e)| e > end);
@@ -104,6 +123,7 @@ impl Reassembly {
         part.data[p.offset..end].copy_from_slice(p.data);
         part.have.push((p.offset, end));
         part.fragments += 1;
+        part.marks.add(p.ecn, p.offset);
         if !p.more {
             part.total = Some(end);
         }
@@ -112,7 +132,7 @@ impl Reassembly {
         if !part.complete() {
             return Ok(None);
         }
-        Ok(self.forget(key))
+        Ok(self.forget(key).map(|p| Reassembled { packet: p.data, marks: p.marks }))
     }
 
     /// Drops packets that waited longer than the timeout; returns how many.
@@ -129,11 +149,11 @@ impl Reassembly {
         n
     }
 
-    fn forget(&mut self, key: (Ipv6Addr, u32)) -> Option<Vec<u8>> {
+    fn forget(&mut self, key: (Ipv6Addr, u32)) -> Option<Partial> {
         let p = self.partials.remove(&key)?;
         self.held_fragments -= p.fragments;
         self.held_bytes -= p.data.len();
-        Some(p.data)
+        Some(p)
     }
 
     pub fn memory_bytes(&self) -> usize {
@@ -146,7 +166,7 @@ mod tests {
     use super::*;
 
     fn piece(ident: u32, offset: usize, more: bool, data: &[u8]) -> Piece<'_> {
-        Piece { b4: "2001:db8:100::2".parse().unwrap(), ident, offset, more, data }
+        Piece { b4: "2001:db8:100::2".parse().unwrap(), ident, offset, more, ecn: 0, data }
     }
 
     /// The byte limit counts what a packet's buffer holds: a lone last
@@ -168,7 +188,7 @@ mod tests {
         let packet: Vec<u8> = (0..100u8).collect();
         assert_eq!(r.add(piece(1, 48, false, &packet[48..]), 0), Ok(None));
         assert_eq!(r.add(piece(1, 0, true, &packet[..24]), 1), Ok(None));
-        assert_eq!(r.add(piece(1, 24, true, &packet[24..48]), 2), Ok(Some(packet)));
+        assert_eq!(r.add(piece(1, 24, true, &packet[24..48]), 2).map(|r| r.map(|r| r.packet)), Ok(Some(packet)));
         assert!(r.is_empty());
         assert_eq!((r.held_fragments, r.held_bytes), (0, 0));
     }

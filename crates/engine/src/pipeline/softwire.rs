@@ -261,12 +261,13 @@ impl Engine {
             let frame = f.frame();
             mss::clamp(frame, &translated_ip(frame, c, stand_in), clamp);
         }
+        let ecn = crate::dslite::ecn::of_ipv4(f.frame().get(L3..)?);
         // The headers' bytes, bounds checked once: the frame held the inner
         // packet behind an Ethernet header, so it is longer than them.
         let head = f.widen_front(ipv6::HEADER_LEN)?.first_chunk_mut::<{ L3 + ipv6::HEADER_LEN }>()?;
         head.copy_within(ipv6::HEADER_LEN..ipv6::HEADER_LEN + 12, 0);
         head[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
-        head[L3..].copy_from_slice(&encap::outer_header(&ds.cfg.aftr, b4, ipv6::next_header::IPV4, total));
+        head[L3..].copy_from_slice(&encap::outer_header(&ds.cfg.aftr, b4, ipv6::next_header::IPV4, total, ecn));
         // Ethernet padding after the inner packet is not the softwire's:
         // cut where it lies (the frame is longer), no bounds to check.
         f.narrow(0, L3 + ipv6::HEADER_LEN + total);
