@@ -291,6 +291,34 @@ def test_a_retransmitted_init_keeps_its_association(replay):
     assert report["mappings_created"] == 1
 
 
+def test_an_init_ack_lost_on_its_way_in_is_replaced_by_the_answer_to_the_init_sent_again(replay):
+    """RFC 9260 section 5.1: a remote without state answers each INIT with
+    an INIT-ACK of a new Initiate Tag. The first one is lost between the
+    NAT and the host (it passed the NAT); the host sends its INIT again and
+    takes the second, so its COOKIE-ECHO and DATA carry the second tag, and
+    the association must go on with it. A later INIT-ACK (a duplicate the
+    remote sent) no longer changes the tag once the host has used it."""
+    frames = [
+        (T0, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
+        (T0 + 0.01, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x2222))),
+        (T0 + 1, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
+        (T0 + 1.01, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x3333))),
+        (T0 + 1.02, "inside", out_pkt(SUB_A, SRV1, 0x3333, SCTPChunkCookieEcho(cookie=b"cookie" * 4))),
+        (T0 + 1.03, "outside", in_pkt(SRV1, POOL1, 0x1111, SCTPChunkCookieAck())),
+        (T0 + 1.04, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x4444))),
+        (T0 + 1.05, "inside", out_pkt(SUB_A, SRV1, 0x3333, data(b"uplink"))),
+        (T0 + 1.06, "outside", in_pkt(SRV1, POOL1, 0x3333, SCTPChunkAbort(TCB=1))),
+    ]
+    outs, report = run(replay, config(), frames)
+    h.one(outs, "outside", lambda p: SCTPChunkCookieEcho in p)
+    up = h.one(outs, "outside", lambda p: SCTPChunkData in p)
+    assert (up.pkt[IP].src, up.pkt[SCTP].tag) == (POOL1, 0x3333)
+    abort = h.one(outs, "inside", lambda p: SCTPChunkAbort in p)
+    assert abort.pkt[IP].dst == SUB_A, "the remote's own tag (T bit) is still 0x3333"
+    assert report["drops"] == {}, report["drops"]
+    assert report["mappings_created"] == 1
+
+
 def test_nothing_is_opened_from_outside(replay):
     frames = [(T0, "outside", in_pkt(SRV1, POOL1, 0, init(0x1111), sport=SPORT, dport=CPORT))]
     outs, report = run(replay, config(), frames)

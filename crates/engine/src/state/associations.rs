@@ -36,6 +36,8 @@ const SCTP: u8 = natrix_wire::proto::SCTP;
 const LIVE: u8 = 0x01;
 /// `rem_vtag` is known (the INIT-ACK passed) and indexed.
 const REM_KNOWN: u8 = 0x02;
+/// The internal host has used `rem_vtag`: it took that INIT-ACK.
+const REM_CONFIRMED: u8 = 0x04;
 
 /// Which tag of which side a lookup goes by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,7 +238,8 @@ impl Associations {
             armed: 0,
             state: a.state,
             class: a.class,
-            flags: LIVE | if a.rem_vtag != 0 { REM_KNOWN } else { 0 },
+            // Both tags given (an ASCONF's VTags): the host named the remote's.
+            flags: LIVE | if a.rem_vtag != 0 { REM_KNOWN | REM_CONFIRMED } else { 0 },
             global_count: 0,
         };
         let id = self.take_record(rec);
@@ -271,17 +274,43 @@ impl Associations {
     }
 
     /// The INIT-ACK names the remote's tag: the association is found by it
-    /// from now on. A second INIT-ACK (retransmitted) changes nothing.
+    /// from now on. Until the internal host has used it (`confirm_rem_vtag`),
+    /// a later INIT-ACK with another tag replaces it: the first was lost on
+    /// its way in, the host sent its INIT again, and the remote, holding no
+    /// state (RFC 9260 section 5.1), answered with a new tag, the only one
+    /// the host knows. A retransmitted INIT-ACK with the same tag changes
+    /// nothing, nor does any once the host has answered.
     pub fn learn_rem_vtag(&mut self, id: u32, tag: u32) {
-        let r = &mut self.records[id as usize];
-        if r.flags & REM_KNOWN != 0 {
+        let r = self.records[id as usize];
+        if r.flags & REM_KNOWN != 0 && (r.rem_vtag == tag || r.flags & REM_CONFIRMED != 0) {
             return;
         }
+        if r.flags & REM_KNOWN != 0 {
+            self.index_rem_vtag(id, false);
+        }
+        let r = &mut self.records[id as usize];
         r.rem_vtag = tag;
         r.flags |= REM_KNOWN;
+        self.index_rem_vtag(id, true);
+    }
+
+    /// The internal host sent a packet with the remote's tag: an INIT-ACK
+    /// with another tag no longer replaces it.
+    #[inline]
+    pub fn confirm_rem_vtag(&mut self, id: u32) {
+        let r = &mut self.records[id as usize];
+        if r.flags & REM_CONFIRMED == 0 {
+            r.flags |= REM_CONFIRMED;
+        }
+    }
+
+    /// Adds (or removes) the keys by the remote's tag to (from) the index.
+    fn index_rem_vtag(&mut self, id: u32, add: bool) {
         for key in [Key::InsideByRemTag, Key::OutsideByRemTag] {
             let h = self.hash_of(key, &self.records[id as usize]);
-            if self.index.insert(h, id).is_err() {
+            if !add {
+                self.index.remove(h, id);
+            } else if self.index.insert(h, id).is_err() {
                 debug_assert!(false, "sctp index full below capacity");
             }
         }
@@ -512,6 +541,29 @@ mod tests {
             assert_eq!(found(&t, key, addr, 0x1111).or(found(&t, key, addr, 0x2222)), None);
         }
         assert!(t.is_empty());
+    }
+
+    /// A first INIT-ACK lost on its way to the host: the INIT sent again
+    /// gets a new tag, which replaces the first until the host uses one.
+    #[test]
+    fn a_later_init_ack_replaces_the_remote_tag_until_the_host_uses_it() {
+        let mut t = Associations::new(16, 7, TIMEOUTS).unwrap();
+        let id = t.insert(&assoc(INT, 0x1111)).unwrap();
+        let found = |t: &Associations, key, addr, tag| t.find(key, addr, 5000, 38412, tag, REM).map(|f| f.id);
+        t.learn_rem_vtag(id, 0x2222);
+        t.learn_rem_vtag(id, 0x3333);
+        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x3333), Some(id));
+        assert_eq!(found(&t, Key::OutsideByRemTag, EXT, 0x3333), Some(id));
+        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x2222), None, "the first tag is forgotten");
+        assert_eq!(found(&t, Key::OutsideByRemTag, EXT, 0x2222), None);
+        t.confirm_rem_vtag(id);
+        t.learn_rem_vtag(id, 0x4444);
+        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x3333), Some(id), "the host answered with 0x3333: it stays");
+        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x4444), None);
+        assert_eq!(t.get(id).rem_vtag, 0x3333);
+        t.remove(id);
+        assert!(t.is_empty());
+        assert_eq!(t.index.len(), 0, "no key left behind");
     }
 
     #[test]

@@ -63,10 +63,15 @@ impl Nat44 {
 
     /// The association of an outbound packet other than an INIT. With
     /// tracking on, the destination must be one of its remote's addresses.
-    fn find_outbound(&self, ip: &Ip, scan: &Scan, h: Header) -> Option<u32> {
+    /// One carrying the remote's tag confirms it (`learn_rem_vtag`).
+    fn find_outbound(&mut self, ip: &Ip, scan: &Scan, h: Header) -> Option<u32> {
         let key = if scan.reflected { Key::InsideByIntTag } else { Key::InsideByRemTag };
         let f = self.assocs.find(key, ip.src, h.src_port, h.dst_port, h.verification_tag, ip.dst)?;
-        (f.remote_known || !self.cfg.sctp.tracks_addresses()).then_some(f.id)
+        let id = (f.remote_known || !self.cfg.sctp.tracks_addresses()).then_some(f.id)?;
+        if key == Key::InsideByRemTag {
+            self.assocs.confirm_rem_vtag(id);
+        }
+        Some(id)
     }
 
     /// An INIT: the association it opened already (a retransmission), a new
