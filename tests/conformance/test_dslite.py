@@ -160,6 +160,23 @@ def test_quota_holds_per_b4_and_the_refusal_goes_back_through_the_softwire(repla
     assert not to_b4(outs, B4_2), "the other B4 is not refused"
 
 
+def test_one_b4_making_up_inner_addresses_leaves_stand_ins_for_the_others(replay_files):
+    """A B4 has no more hosts with a stand-in than it may hold ports: one
+    that sends from made-up inner addresses is refused past its quota, and
+    the stand-in table (`max_sessions` pairs) keeps room for other B4s'
+    hosts. Without the per-B4 bound, the refused hosts' stand-ins would fill
+    the table until their grace period ends, refusing everyone."""
+    cfg = config(extra_nat="max_ports_per_subscriber = 2\nmax_sessions = 8\n")
+    frames = [(T0 + k * 0.01, "inside", udp_from_host(B4_1, host=f"10.0.0.{k + 1}")) for k in range(12)]
+    frames.append((T0 + 0.5, "inside", udp_from_host(B4_2)))
+    outs, rep = replay(replay_files, cfg, frames)
+    sent = outside(outs)
+    assert len(sent) == 3, show(outs)
+    assert rep["drops"] == {"port_quota": 10}, rep["drops"]
+    assert sent[-1][UDP].sport != sent[0][UDP].sport or sent[-1][IP].src != sent[0][IP].src
+    assert not to_b4(outs, B4_2), "the other B4's host is translated, not refused"
+
+
 def test_ttl_expiry_is_answered_through_the_softwire_from_192_0_0_1(replay_files):
     outs, rep = replay(replay_files, config(), [(T0, "inside", udp_from_host(B4_1, ttl=1))])
     assert not outside(outs)

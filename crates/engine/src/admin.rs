@@ -237,6 +237,7 @@ impl Nat44 {
         self.tables.set_timeouts(new.timeouts.by_class());
         self.assocs.set_timeouts(new.timeouts.by_class());
         self.frags.set_limits(new.max_held_fragments as usize, new.max_held_fragment_bytes as usize, new.timeouts.fragment_ns, self.now_ns);
+        self.subs.identities_mut().limit_endpoints_per_b4(new.max_ports_per_subscriber);
         self.cfg = new;
         Ok(())
     }

@@ -169,6 +169,7 @@ impl Nat44 {
         };
         // A softwire host needs a session to matter: no more of them than sessions.
         nat.subs.identities_mut().limit_endpoints(sessions);
+        nat.subs.identities_mut().limit_endpoints_per_b4(nat.cfg.max_ports_per_subscriber);
         nat.install_statics()?;
         Ok(nat)
     }

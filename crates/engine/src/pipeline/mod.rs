@@ -789,7 +789,7 @@ impl Engine {
             return Err(DropReason::NotSubscriber);
         }
         let ids = self.nat.subs.identities_mut();
-        let stand_in = ids.intern_softwire(b4, ip.src, self.now_s).ok_or(DropReason::SubscriberTableFull)?;
+        let stand_in = ids.intern_softwire(b4, ip.src, self.now_s)?;
         if let Some(c) = ids.counters_mut(stand_in) {
             c.decapsulated += 1;
         }

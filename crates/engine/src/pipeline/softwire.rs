@@ -153,7 +153,7 @@ impl Engine {
             (None, StandIn::Interned) => {
                 // A packet the full path drops unparsed (a bad checksum, lengths that disagree) makes no stand-in.
                 self.nat.carried_candidate(frame, INNER, 0)?;
-                self.nat.subs.identities_mut().intern_softwire(b4, host, self.now_s)
+                self.nat.subs.identities_mut().intern_softwire(b4, host, self.now_s).ok()
             }
         }
     }

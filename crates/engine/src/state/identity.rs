@@ -24,6 +24,7 @@
 use std::collections::VecDeque;
 use std::net::Ipv6Addr;
 
+use crate::drop::DropReason;
 use crate::dslite::SoftwireCounters;
 use crate::state::hash;
 use crate::state::index::FlowIndex;
@@ -72,6 +73,9 @@ pub struct Identities {
     /// The most endpoints interned at once: what hosts behind B4s (or B4s
     /// lying about them) can make natrix keep.
     max_endpoints: u32,
+    /// The most endpoints one B4 may have: no more hosts than it may hold
+    /// ports, so one B4 making up inner addresses cannot take the others'.
+    max_endpoints_per_b4: u32,
     /// The endpoint last found or interned: the packets of one softwire
     /// come in runs, and each of a run names the same (B4, inner address),
     /// whose two hash lookups this spares. Forgotten whenever `reclaim`
@@ -177,6 +181,7 @@ impl Identities {
             endpoint_index: FlowIndex::with_capacity(FIRST_INDEX),
             endpoint_use: Uses::default(),
             max_endpoints: RANGE,
+            max_endpoints_per_b4: RANGE,
             last: None,
             seed,
         }
@@ -190,6 +195,11 @@ impl Identities {
     /// Interns at most `n` endpoints (at most the 2^27 of their range).
     pub fn limit_endpoints(&mut self, n: u32) {
         self.max_endpoints = n.min(RANGE);
+    }
+
+    /// Interns at most `n` endpoints behind one B4; those it has already stay.
+    pub fn limit_endpoints_per_b4(&mut self, n: u32) {
+        self.max_endpoints_per_b4 = n.min(RANGE);
     }
 
     /// The subscriber an internal address belongs to: itself, or for a
@@ -237,14 +247,16 @@ impl Identities {
     }
 
     /// The stand-in of host `inner` behind `b4`, made on first use (at
-    /// second `now_s`); None when every stand-in is taken.
-    pub fn intern_softwire(&mut self, b4: Ipv6Addr, inner: u32, now_s: u32) -> Option<u32> {
+    /// second `now_s`). Refused when every stand-in is taken
+    /// (`SubscriberTableFull`) or the B4 has as many hosts as it may hold
+    /// ports (`PortQuota`).
+    pub fn intern_softwire(&mut self, b4: Ipv6Addr, inner: u32, now_s: u32) -> Result<u32, DropReason> {
         if let Some(stand_in) = LastEndpoint::of(self.last, b4, inner) {
-            return Some(stand_in);
+            return Ok(stand_in);
         }
         let stand_in = self.intern_indexed(b4, inner, now_s)?;
         self.remember(b4, inner, stand_in);
-        Some(stand_in)
+        Ok(stand_in)
     }
 
     /// Makes (`b4`, `inner`) and its stand-in the endpoint last found.
@@ -262,16 +274,19 @@ impl Identities {
     }
 
     /// `intern_softwire` through the indexes alone.
-    fn intern_indexed(&mut self, b4: Ipv6Addr, inner: u32, now_s: u32) -> Option<u32> {
-        let b4_key = self.intern_b4(b4, now_s)?;
+    fn intern_indexed(&mut self, b4: Ipv6Addr, inner: u32, now_s: u32) -> Result<u32, DropReason> {
+        let b4_key = self.intern_b4(b4, now_s).ok_or(DropReason::SubscriberTableFull)?;
         let h = endpoint_hash(self.seed, &(b4_key, inner));
         let endpoints = &self.endpoints;
         let uses = &self.endpoint_use;
         if let Some(id) = self.endpoint_index.find(h, |i| !uses.is_free(i) && endpoints[i as usize] == (b4_key, inner)) {
-            return Some(ENDPOINTS + id);
+            return Ok(ENDPOINTS + id);
         }
         if self.endpoint_use.live() >= self.max_endpoints as usize {
-            return None;
+            return Err(DropReason::SubscriberTableFull);
+        }
+        if self.b4_use.count[(b4_key - B4S) as usize] >= self.max_endpoints_per_b4 {
+            return Err(DropReason::PortQuota);
         }
         let seed = self.seed;
         let (endpoints, uses) = (&self.endpoints, &self.endpoint_use);
@@ -280,7 +295,7 @@ impl Identities {
         let id = reused.unwrap_or(self.endpoints.len() as u32);
         if self.endpoint_index.insert(h, id).is_err() {
             self.endpoint_use.free.extend(reused);
-            return None;
+            return Err(DropReason::SubscriberTableFull);
         }
         debug_assert!(id < RANGE, "endpoint ids stay below RANGE: endpoint_of relies on it");
         if id as usize == self.endpoints.len() {
@@ -290,7 +305,7 @@ impl Identities {
         }
         self.endpoint_use.take(id, now_s);
         self.b4_use.hold(b4_key - B4S);
-        Some(ENDPOINTS + id)
+        Ok(ENDPOINTS + id)
     }
 
     fn intern_b4(&mut self, b4: Ipv6Addr, now_s: u32) -> Option<u32> {
@@ -486,7 +501,7 @@ mod tests {
         let a = ids.intern_softwire(b4(1), 0xc000_0002, 0).unwrap();
         let b = ids.intern_softwire(b4(2), 0xc000_0002, 0).unwrap();
         assert_ne!(a, b);
-        assert_eq!(ids.intern_softwire(b4(1), 0xc000_0002, 0), Some(a), "interning is stable");
+        assert_eq!(ids.intern_softwire(b4(1), 0xc000_0002, 0), Ok(a), "interning is stable");
         let c = ids.intern_softwire(b4(1), 0x0a00_0005, 0).unwrap();
         assert_eq!(ids.subscriber_key(a), ids.subscriber_key(c), "one B4, one subscriber");
         assert_ne!(ids.subscriber_key(a), ids.subscriber_key(b));
@@ -502,8 +517,27 @@ mod tests {
         ids.limit_endpoints(2);
         let a = ids.intern_softwire(b4(1), 1, 0).unwrap();
         ids.intern_softwire(b4(2), 1, 0).unwrap();
-        assert_eq!(ids.intern_softwire(b4(3), 1, 0), None);
-        assert_eq!(ids.intern_softwire(b4(1), 1, 0), Some(a));
+        assert_eq!(ids.intern_softwire(b4(3), 1, 0), Err(DropReason::SubscriberTableFull));
+        assert_eq!(ids.intern_softwire(b4(1), 1, 0), Ok(a));
+    }
+
+    /// One B4 making up inner addresses stops at its own limit; another B4
+    /// still gets stand-ins, and the first gets its room back as its
+    /// unused ones are reclaimed.
+    #[test]
+    fn one_b4_gets_no_more_endpoints_than_its_limit() {
+        let mut ids = Identities::new(7);
+        ids.limit_endpoints(100);
+        ids.limit_endpoints_per_b4(3);
+        let mine: Vec<u32> = (1..=3).map(|inner| ids.intern_softwire(b4(1), inner, 0).unwrap()).collect();
+        assert_eq!(ids.intern_softwire(b4(1), 4, 0), Err(DropReason::PortQuota));
+        assert_eq!(ids.intern_softwire(b4(1), 2, 0), Ok(mine[1]), "a host it has keeps its stand-in");
+        assert!(ids.intern_softwire(b4(2), 4, 0).is_ok(), "another B4 is not held back");
+        ids.hold(mine[0]);
+        ids.reclaim(10, 5, |_| false);
+        assert!(ids.intern_softwire(b4(1), 4, 10).is_ok(), "unused ones reclaimed: room again");
+        assert!(ids.intern_softwire(b4(1), 5, 10).is_ok());
+        assert_eq!(ids.intern_softwire(b4(1), 6, 10), Err(DropReason::PortQuota));
     }
 
     #[test]
@@ -522,7 +556,7 @@ mod tests {
         let made: Vec<u32> = (0..5000u32).map(|i| ids.intern_softwire(b4((i % 700) as u16), 0x0a00_0000 + i, 0).unwrap()).collect();
         for (i, &id) in made.iter().enumerate() {
             let i = i as u32;
-            assert_eq!(ids.intern_softwire(b4((i % 700) as u16), 0x0a00_0000 + i, 0), Some(id));
+            assert_eq!(ids.intern_softwire(b4((i % 700) as u16), 0x0a00_0000 + i, 0), Ok(id));
             assert_eq!(ids.resolve(id), Identity::Softwire { b4: b4((i % 700) as u16), inner: 0x0a00_0000 + i });
         }
     }
@@ -547,12 +581,12 @@ mod tests {
         let c = ids.intern_softwire(b4(3), 9, 20).unwrap();
         assert_eq!(c, b, "recycled");
         assert_eq!(ids.resolve(c), Identity::Softwire { b4: b4(3), inner: 9 });
-        assert_eq!(ids.intern_softwire(b4(2), 1, 20), None, "the limit counts live stand-ins");
+        assert_eq!(ids.intern_softwire(b4(2), 1, 20), Err(DropReason::SubscriberTableFull), "the limit counts live stand-ins");
         // Released, then held again within the grace period: kept.
         ids.release(a, 16);
         ids.hold(a);
         ids.reclaim(30, 5, |_| false);
-        assert_eq!(ids.intern_softwire(b4(1), 1, 30), Some(a));
+        assert_eq!(ids.intern_softwire(b4(1), 1, 30), Ok(a));
         // A B4 with a subscriber record (port blocks) outlives its endpoints.
         ids.release(a, 30);
         ids.reclaim(40, 5, |key| key == ids_key_of_b4_1());
@@ -612,7 +646,7 @@ mod tests {
                 match op {
                     Op::Intern(b, inner) => {
                         let got = ids.intern_softwire(b4(b), inner, now);
-                        if let Some(s) = got {
+                        if let Ok(s) = got {
                             prop_assert_eq!(ids.resolve(s), Identity::Softwire { b4: b4(b), inner });
                             prop_assert_eq!(ids.find_indexed(b4(b), inner), Some(s));
                             made.push(s);
