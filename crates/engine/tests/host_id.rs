@@ -203,3 +203,40 @@ fn a_reload_into_syn_mode_writes_host_id_into_the_next_syn() {
     assert_eq!(out.len(), 1);
     assert_eq!(options_of(&out[0].2), [2, 4, 5, 180, 200, 4, 0, 10], "WING = the subscriber's low 16 bits");
 }
+
+/// A SYN with data (TCP Fast Open) as long as the outside link takes: its
+/// HOST_ID option would make it too long for the link, where DF would have
+/// it lost, so it leaves without one (counted `no_room`); a shorter one
+/// gets it.
+#[test]
+fn a_syn_the_option_would_make_too_long_for_the_link_leaves_without_it() {
+    let mut cfg = config();
+    cfg.egress_mtu = [1500, 1400];
+    let mut e = with_host_id(cfg, host_id(Mode::Syn, vec![]));
+    let syn_with = |sport: u16, data: usize| {
+        let (ms, md) = macs(Side::Inside);
+        let b = PacketBuilder::ethernet2(ms, md).ipv4(SUB, SERVER, 64).tcp(sport, 80, ISN, 64240).syn().options(&[TcpOptionElement::MaximumSegmentSize(1460)]).unwrap();
+        let mut v = Vec::new();
+        b.write(&mut v, &vec![7u8; data]).unwrap();
+        v[14 + 6] |= 0x40; // DF, as Linux sends it
+        v[14 + 10..14 + 12].fill(0);
+        let sum = etherparse::Ipv4HeaderSlice::from_slice(&v[14..]).unwrap().to_header().calc_header_checksum();
+        v[14 + 10..14 + 12].copy_from_slice(&sum.to_be_bytes());
+        v
+    };
+    // 20 + 24 + 1356 = 1400: the link's MTU exactly.
+    let mut full = syn_with(42000, 1356);
+    let v = run(&mut e, &mut full, Side::Inside, T0);
+    let out = outputs(&mut e);
+    let frame = if v == Verdict::Forward(Side::Outside) { full.clone() } else { out.into_iter().next().expect("the SYN leaves").2 };
+    let d = must_decode(&frame);
+    assert_eq!(usize::from(d.ip.total_len), 1400, "not grown past the link");
+    assert_eq!(options_of(&frame), [2, 4, 5, 180], "no HOST_ID");
+    assert_eq!(e.stats().host_id.unwrap().no_room, 1);
+    let mut short = syn_with(42001, 1300);
+    assert_eq!(run(&mut e, &mut short, Side::Inside, T0), Verdict::Held);
+    let out = outputs(&mut e);
+    let d = must_decode(&out[0].2);
+    assert_eq!(usize::from(d.ip.total_len), 1300 + 20 + 28, "grown by the option");
+    assert_eq!(e.stats().host_id.unwrap().injected, 1);
+}

@@ -20,8 +20,8 @@
 //! (`[nat] mode = "off"`) they are the same. Corrections, removals and
 //! strips overwrite bytes in place (NOPs, seed 000 section 8.3), so lengths
 //! never shrink; insertion that needs more room asks the pipeline for a
-//! longer frame (`HookVerdict::Grow`), in its buffer or in a copy. Options never exceed 40 bytes: what
-//! does not fit is not inserted, and counted (`no_room`).
+//! longer frame (`HookVerdict::Grow`), in its buffer or in a copy. Options never exceed 40 bytes,
+//! nor a segment the link's MTU: what does not fit is not inserted, and counted (`no_room`).
 //!
 //! Speed: in SYN mode only SYNs are looked at, so established traffic keeps
 //! NAPT44's fast path; ACK mode must see each client's first ACK, so every
@@ -464,7 +464,7 @@ impl HostId {
         // The scan's end: corrections and NOPs in place never move it.
         let Some(end) = scan.options_end() else { return HookVerdict::Continue };
         let padded = (end + pending_len).next_multiple_of(4);
-        if padded > tcp::MIN_HEADER_LEN + tcp_options::MAX_LEN {
+        if padded > tcp::MIN_HEADER_LEN + tcp_options::MAX_LEN || !fits_the_link(frame, info, padded.saturating_sub(hl)) {
             self.stats.no_room += 1;
             return HookVerdict::Continue;
         }
@@ -524,6 +524,14 @@ fn nop_out(frame: &mut [u8], tcp_at: usize, hl: usize, spans: impl Iterator<Item
     }
     apply_tcp_checksum(frame, tcp_at, delta);
     n
+}
+
+/// Whether the datagram in `frame`, `added` bytes longer, still fits the
+/// link it leaves by: a SYN carrying data (TCP Fast Open) may be close to
+/// the MTU, and one with DF grown past it would be lost on the way.
+fn fits_the_link(frame: &[u8], info: &FrameInfo, added: usize) -> bool {
+    let total = natrix_wire::get_u16_at(frame, info.l3 + 2);
+    info.egress_mtu == 0 || usize::from(total) + added <= usize::from(info.egress_mtu)
 }
 
 fn apply_tcp_checksum(frame: &mut [u8], tcp_at: usize, delta: Delta) {

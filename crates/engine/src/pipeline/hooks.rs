@@ -96,6 +96,10 @@ pub struct FrameInfo {
     /// The softwire host that sent the frame, when it came out of a DS-Lite
     /// softwire (its source, as the frame arrived, is the host's stand-in).
     pub softwire: Option<SoftwireHost>,
+    /// After translation, the largest IPv4 datagram the link the frame
+    /// leaves by takes (0: none known): a function that lengthens a frame
+    /// keeps within it, since a datagram with DF past it would be lost.
+    pub egress_mtu: u16,
 }
 
 /// What the pipeline knows of a frame beyond its bytes and their parse.
@@ -106,6 +110,9 @@ pub(crate) struct Context {
     pub now_ns: u64,
     /// Its sender, when it came out of a DS-Lite softwire.
     pub softwire: Option<SoftwireHost>,
+    /// The largest IPv4 datagram the link it leaves by takes (after
+    /// translation; 0: none known).
+    pub egress_mtu: u16,
 }
 
 /// A host behind a DS-Lite B4: who a decapsulated frame's sender is.
@@ -362,6 +369,7 @@ impl Hooks {
             point: at,
             now_ns: ctx.now_ns,
             softwire: ctx.softwire,
+            egress_mtu: ctx.egress_mtu,
         };
         self.run_from(0, buf, len, &mut info, false)
     }

@@ -1008,7 +1008,8 @@ impl Engine {
         if self.hooks.is_empty() {
             return Ok(());
         }
-        let ctx = hooks::Context { side, now_ns: self.now_ns, softwire: self.softwire_host(ip.src) };
+        let egress_mtu = if at == hooks::Point::AfterTranslation { self.router.egress_mtu(side) } else { 0 };
+        let ctx = hooks::Context { side, now_ns: self.now_ns, softwire: self.softwire_host(ip.src), egress_mtu };
         match self.hooks.run(at, buf, len, ip, ctx) {
             HookVerdict::Drop(r) => Err(r),
             HookVerdict::Continue | HookVerdict::Grow(_) => Ok(()),
