@@ -294,3 +294,21 @@ def test_check_config_names_bad_syn_accel_keys(natrix, tmp_path):
         assert proc.returncode != 0 and key in h.proc_text(proc), h.proc_text(proc)
     p.write_text('[nat]\nmode = "off"\n[syn_accel]\ndestinations = ["198.51.100.0/24:5060-5061"]\ninterval = "rtt"\n')
     assert natrix("check-config", str(p)).returncode == 0
+
+
+def test_check_config_says_how_much_the_attempts_may_take_under_load(natrix, tmp_path):
+    """Each attempt is a record of about 200 bytes, and one answered or
+    reset keeps it until its timer fires, so a SYN flood can have records
+    for twice `max_sessions` attempts: check-config says how much that is
+    beside what is reserved up front."""
+    p = tmp_path / "c.toml"
+    for sessions in (65536, 262144):
+        p.write_text(h.make_config(nat={"max_sessions": sessions}) + '[syn_accel]\ndestinations = ["198.51.100.0/24:5060"]\n')
+        proc = natrix("check-config", str(p))
+        assert proc.returncode == 0, h.proc_text(proc)
+        line = next((l for l in proc.stdout.splitlines() if "more under load" in l), None)
+        assert line, proc.stdout
+        grown = int(line.split("(")[1].split(" bytes")[0])
+        assert 2 * sessions * 192 <= grown <= 2 * sessions * 256, line
+    p.write_text(h.make_config(nat={"max_sessions": 65536}))
+    assert "more under load" not in natrix("check-config", str(p)).stdout, "nothing grows without the accelerator"

@@ -74,6 +74,7 @@ fn check_file(path: &Path, live: bool) -> Result<Config, Failure> {
     let in_file = |problem: String| Failure::Config(format!("{}: {problem}", path.display()));
     let workers = cfg.live.workers;
     let reserved = Engine::reserved_bytes(&cfg.engine) * u64::from(workers);
+    let under_load = Engine::bytes_under_load(&cfg.engine) * u64::from(workers);
     if live {
         // A CGN without a way off its outside link is not a live setup.
         if let Some(missing) = cfg.missing_for_run().into_iter().next() {
@@ -111,6 +112,9 @@ fn check_file(path: &Path, live: bool) -> Result<Config, Failure> {
         e.max_sessions,
         if workers > 1 { format!(" in each of {workers} workers") } else { String::new() }
     );
+    if under_load > 0 {
+        println!("  and up to {} more under load (the SYN accelerator's records of pending attempts)", human_bytes(under_load));
+    }
     if let Some(d) = &e.dslite {
         let clamp = d.mss_clamp.map_or("off".to_owned(), |m| m.to_string());
         let b4s = match d.b4_prefixes.len() {
@@ -121,8 +125,14 @@ fn check_file(path: &Path, live: bool) -> Result<Config, Failure> {
         println!("  DS-Lite AFTR {} ({b4s}, softwire MTU {}, MSS clamp {clamp})", d.aftr, d.mtu);
     }
     if let Some(total) = physical_memory() {
-        if reserved > total {
-            eprintln!("natrix: warning: {}: the configuration reserves {} but this host has {}: lower nat.max_sessions", path.display(), human_bytes(reserved), human_bytes(total));
+        if reserved + under_load > total {
+            eprintln!(
+                "natrix: warning: {}: the configuration reserves {} (and up to {} more under load) but this host has {}: lower nat.max_sessions",
+                path.display(),
+                human_bytes(reserved),
+                human_bytes(under_load),
+                human_bytes(total)
+            );
         }
     }
     if let Some(c) = &cfg.cluster {

@@ -162,6 +162,13 @@ impl Engine {
         Nat44::reserved_bytes(cfg) + crate::syn_accel::reserved_bytes(cfg)
     }
 
+    /// Bytes beyond `reserved_bytes` an engine for `cfg` may allocate as
+    /// its tables fill, for those that grow with load: the SYN
+    /// accelerator's records of attempts.
+    pub fn bytes_under_load(cfg: &EngineConfig) -> u64 {
+        crate::syn_accel::bytes_under_load(cfg)
+    }
+
     /// Adds a middlebox function, run on the frames it declares an interest in.
     pub fn add_middlebox(&mut self, m: Box<dyn Middlebox>) {
         self.hooks.add(m);

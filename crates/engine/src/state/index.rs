@@ -148,6 +148,11 @@ impl FlowIndex {
         (capacity.max(1) * LOAD_NUM).div_ceil(LOAD_DEN).max(1)
     }
 
+    /// The `capacity` an index made for `capacity` entries reports.
+    pub fn capacity_for(capacity: usize) -> usize {
+        Self::capacity_for_buckets(Self::buckets_for(capacity))
+    }
+
     /// Bytes an index for `capacity` entries takes.
     pub fn bytes_for(capacity: usize) -> usize {
         Self::buckets_for(capacity) * core::mem::size_of::<Bucket>()
@@ -159,7 +164,11 @@ impl FlowIndex {
 
     /// Entries the index was sized for (its load stays under 85% up to there).
     pub fn capacity(&self) -> usize {
-        self.buckets.len() * LOAD_DEN / LOAD_NUM
+        Self::capacity_for_buckets(self.buckets.len())
+    }
+
+    fn capacity_for_buckets(buckets: usize) -> usize {
+        buckets * LOAD_DEN / LOAD_NUM
     }
 
     pub fn is_empty(&self) -> bool {

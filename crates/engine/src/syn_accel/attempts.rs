@@ -185,6 +185,20 @@ impl Attempts {
         FlowIndex::bytes_for(capacity)
     }
 
+    /// Records the slab may hold for an index of `index_capacity`: twice
+    /// that, since ended attempts keep theirs until their timer fires, and
+    /// never more than the timers take.
+    fn max_records(index_capacity: usize) -> usize {
+        (2 * index_capacity).min(super::timers::MAX_IDS)
+    }
+
+    /// Bytes the table may grow by under load beyond `reserved_bytes`:
+    /// every record the slab may hold, in whole chunks, and their free list.
+    pub fn bytes_under_load(capacity: usize) -> usize {
+        let records = Self::max_records(FlowIndex::capacity_for(capacity)).next_multiple_of(CHUNK);
+        records * (core::mem::size_of::<Attempt>() + 4)
+    }
+
     fn hash(&self, k: &Key) -> u64 {
         hash::five_tuple(self.seed, natrix_wire::proto::TCP, k.caller, k.caller_port, k.server, k.server_port)
     }
@@ -210,7 +224,7 @@ impl Attempts {
     /// ids the timers take, with ended records waiting for their timers).
     pub fn insert(&mut self, a: Attempt) -> Option<u32> {
         let capacity = self.index.capacity();
-        let full_slab = self.slab.len >= (2 * capacity).min(super::timers::MAX_IDS);
+        let full_slab = self.slab.len >= Self::max_records(capacity);
         if self.index.len() >= capacity || (self.free.is_empty() && full_slab) {
             return None;
         }
@@ -345,5 +359,22 @@ mod tests {
         t.release(again);
         assert_eq!(t.find(&key), None);
         assert_eq!((t.used, t.live), (0, 0));
+    }
+
+    /// Attempts ended before their timers fire keep their records: the
+    /// slab grows to twice the capacity, and `bytes_under_load` covers it.
+    #[test]
+    fn the_records_grow_no_further_than_bytes_under_load() {
+        let capacity = 3000;
+        let mut t = Attempts::new(capacity, 1).unwrap();
+        let mut n = 0u32;
+        while let Some(id) = t.insert(Attempt::new(Key { caller: n, server: 20, caller_port: 30, server_port: 40 }, 1, 4, 0, 5, 20)) {
+            t.retire(id);
+            n += 1;
+        }
+        assert!(n as usize >= 2 * capacity, "{n} records");
+        let grown = t.memory_bytes() - Attempts::reserved_bytes(capacity);
+        assert!(grown <= Attempts::bytes_under_load(capacity), "{grown} > {}", Attempts::bytes_under_load(capacity));
+        assert!(grown * 10 >= Attempts::bytes_under_load(capacity) * 9, "the bound is close: {grown}");
     }
 }

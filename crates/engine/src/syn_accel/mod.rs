@@ -36,7 +36,9 @@
 //! reserved up front at about 9 bytes per attempt of capacity
 //! (`nat.max_sessions` attempts per worker); an attempt answered or reset
 //! keeps its record until its timer next fires (at most one interval, or
-//! the time to the deadline), then the record is reused.
+//! the time to the deadline), then the record is reused. Records are
+//! allocated as they are needed, up to twice the capacity
+//! (`bytes_under_load`, which `natrix check-config` reports).
 //!
 //! Timers: the shared seconds wheel (`state::timers::Wheel`) holds attempts
 //! due in a later second; the current second is split into 1000 one-millisecond
@@ -195,6 +197,11 @@ pub(crate) fn install(cfg: &EngineConfig, mut hooks: Hooks) -> Result<Hooks, Eng
 /// Bytes the accelerator `cfg` configures reserves up front (its index).
 pub fn reserved_bytes(cfg: &EngineConfig) -> u64 {
     cfg.syn_accel.as_ref().map_or(0, |_| Attempts::reserved_bytes(capacity(cfg)) as u64)
+}
+
+/// Bytes the attempts' records may take as they fill, beyond `reserved_bytes`.
+pub fn bytes_under_load(cfg: &EngineConfig) -> u64 {
+    cfg.syn_accel.as_ref().map_or(0, |_| Attempts::bytes_under_load(capacity(cfg)) as u64)
 }
 
 /// Pending attempts per worker: a NAT cannot have more connection attempts
