@@ -1085,6 +1085,7 @@ mod tests {
         assert_eq!(c.engine.pool.len(), 17);
         assert_eq!(c.live.inside_interface.as_deref(), Some("eth1"));
         assert_eq!(c.live.gateway, Some(Ipv4Addr::new(198, 51, 100, 254)));
+        assert_eq!(c.live.management_listen.as_deref(), Some("127.0.0.1:9300"), "natrix show works out of the box");
     }
 
     #[test]
