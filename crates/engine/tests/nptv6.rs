@@ -113,6 +113,56 @@ fn the_rfc_example_both_ways_with_the_checksum_untouched() {
     assert_eq!(e.stats().nptv6_translated, [1, 1]);
 }
 
+/// B4s in a prefix NPTv6 maps: their softwire packets to the AFTR are
+/// DS-Lite's, decapsulated and translated by NAPT44 on every path (the
+/// full path asks DS-Lite first; NPTv6's fast path must leave them), and
+/// other IPv6 to the AFTR is natrix's own, never forwarded.
+#[test]
+fn softwires_from_a_prefix_nptv6_maps_are_the_aftrs() {
+    let aftr = a("2001:db8:0:1::1");
+    let cfg = EngineConfig {
+        pool: vec![u32::from_be_bytes([203, 0, 113, 1])],
+        nptv6: vec![rfc_binding()],
+        dslite: Some(natrix_engine::dslite::DsliteConfig { aftr, b4_prefixes: vec![], mtu: 1500, mss_clamp: None }),
+        ..EngineConfig::default()
+    };
+    let b4 = a("fd01:203:405:1::7");
+    let softwire = || {
+        let mut inner = Vec::new();
+        PacketBuilder::ipv4([192, 0, 0, 2], [198, 51, 100, 7], 64).udp(5000, 53).write(&mut inner, &[7; 64]).unwrap();
+        let mut f = Vec::new();
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]).ipv6(b4.octets(), aftr.octets(), 64).write(&mut f, etherparse::IpNumber(4), &inner).unwrap();
+        f
+    };
+    for batched in [false, true] {
+        let mut e = Engine::new(cfg.clone()).unwrap();
+        for n in 0..3 {
+            let mut f = softwire();
+            let v = if batched {
+                let mut frames = [f];
+                let mut verdicts = [Verdict::Held];
+                e.process_batch(&mut frames, Side::Inside, NS + n, &mut verdicts);
+                f = frames.into_iter().next().unwrap();
+                verdicts[0]
+            } else {
+                e.process(&mut f, Side::Inside, NS + n)
+            };
+            let mut left = Vec::new();
+            e.drain_output(|o| left.push(o.data.clone()));
+            if v == Verdict::Forward(Side::Outside) {
+                left.push(f);
+            }
+            assert_eq!(left.len(), 1, "packet {n} (batched: {batched}): {v:?}");
+            let p = SlicedPacket::from_ethernet(&left[0]).unwrap();
+            let Some(etherparse::NetSlice::Ipv4(ip)) = p.net else { panic!("packet {n} left as IPv6, not decapsulated") };
+            assert_eq!(ip.header().source(), [203, 0, 113, 1], "translated by NAPT44");
+        }
+        assert_eq!(e.stats().nptv6_translated, [0, 0]);
+        let mut to_aftr = udp6(b4, aftr, 64, b"to the aftr");
+        assert_eq!(e.process(&mut to_aftr, Side::Inside, 2 * NS), Verdict::Drop(DropReason::LocalDestination));
+    }
+}
+
 #[test]
 fn unmappable_addresses_are_dropped_and_counted_both_ways() {
     let mut e = engine(vec![rfc_binding()], true);

@@ -37,6 +37,10 @@ const DST_AT: usize = 24;
 #[derive(Debug, Default)]
 pub(crate) struct Nptv6 {
     mappings: Vec<Mapping>,
+    /// DS-Lite's AFTR address, when it is on: what is sent to it, and any
+    /// IPv4 in IPv6, is the AFTR's to claim, so the fast path leaves it to
+    /// the full path, which asks DS-Lite first.
+    aftr: Option<u128>,
     /// Frames whose addresses were translated, by the side they arrived on.
     pub translated: [u64; 2],
 }
@@ -45,7 +49,17 @@ impl Nptv6 {
     /// Builds the table; refuses bindings that `check_bindings` refuses.
     pub fn new(bindings: &[Binding]) -> Result<Nptv6, EngineError> {
         check_bindings(bindings).map_err(|p| EngineError::Config { key: format!("nptv6[{}].{}", p.index, p.prefix), problem: p.problem })?;
-        Ok(Nptv6 { mappings: bindings.iter().map(Mapping::new).collect(), translated: [0; 2] })
+        Ok(Nptv6 { mappings: bindings.iter().map(Mapping::new).collect(), aftr: None, translated: [0; 2] })
+    }
+
+    /// DS-Lite's AFTR address (None: DS-Lite off), at start and after a reload.
+    pub fn set_aftr(&mut self, aftr: Option<std::net::Ipv6Addr>) {
+        self.aftr = aftr.map(u128::from);
+    }
+
+    pub fn with_aftr(mut self, aftr: Option<std::net::Ipv6Addr>) -> Nptv6 {
+        self.set_aftr(aftr);
+        self
     }
 
     /// A reload: `fresh`'s table replaces this one; the counters go on.

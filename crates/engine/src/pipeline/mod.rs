@@ -146,7 +146,7 @@ impl Engine {
             // HOST_ID first: its policy drops a SYN before the accelerator
             // tracks it, and the accelerator's copy is the SYN with HOST_ID.
             hooks: crate::syn_accel::install(&cfg, crate::host_id::install(&cfg, Hooks::default()))?,
-            nptv6: Nptv6::new(&cfg.nptv6)?,
+            nptv6: Nptv6::new(&cfg.nptv6)?.with_aftr(cfg.dslite.as_ref().map(|d| d.aftr)),
             dslite: cfg.dslite.clone().map(|d| Dslite::new(d, cfg.max_held_fragments, cfg.max_held_fragment_bytes, cfg.timeouts.fragment_ns)),
             frame_can_grow: false,
             to_lengthen: None,
@@ -1097,6 +1097,7 @@ impl Engine {
         let bindings = Nptv6::new(&new.nptv6)?;
         self.nat.reconfigure(new, &mut sink)?;
         self.nptv6.replace_table(bindings);
+        self.nptv6.set_aftr(self.nat.config().dslite.as_ref().map(|d| d.aftr));
         self.router.reconfigure(self.nat.config());
         self.hooks.reconfigure(self.nat.config());
         let c = self.nat.config();
