@@ -34,10 +34,16 @@ pub struct ShowArgs {
     /// Print the API's JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// At most this many sessions or mappings.
+    #[arg(long, default_value_t = DEFAULT_LIMIT)]
+    limit: usize,
     /// The management API of the running natrix.
     #[arg(long, default_value = DEFAULT_API)]
     api: String,
 }
+
+/// As the API's own default: a bounded answer from a table of millions.
+const DEFAULT_LIMIT: usize = 100_000;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Clearable {
@@ -55,24 +61,32 @@ pub struct ClearArgs {
 }
 
 pub fn show(args: &ShowArgs) -> Result<(), Failure> {
-    let query = match &args.subscriber {
-        Some(s) => format!("?subscriber={}", parse_subscriber(s)?),
-        None => String::new(),
+    let (path, listing) = match args.what {
+        What::Sessions => ("/api/sessions", true),
+        What::Mappings => ("/api/mappings", true),
+        What::Stats => ("/api/stats", false),
+        What::Cluster => ("/api/cluster", false),
     };
-    let path = match args.what {
-        What::Sessions => "/api/sessions",
-        What::Mappings => "/api/mappings",
-        What::Stats => "/api/stats",
-        What::Cluster => "/api/cluster",
-    };
-    let mut v = request(&args.api, "GET", &format!("{path}{query}"))?;
-    if let (Some(b4), Value::Array(rows)) = (args.b4, &mut v) {
-        let b4 = b4.to_string();
-        rows.retain(|r| r["b4"].as_str() == Some(b4.as_str()));
+    let mut params = Vec::new();
+    if let Some(s) = &args.subscriber {
+        params.push(format!("subscriber={}", parse_subscriber(s)?));
     }
+    if let Some(b4) = args.b4 {
+        params.push(format!("b4={b4}"));
+    }
+    if listing && args.limit != DEFAULT_LIMIT {
+        params.push(format!("limit={}", args.limit));
+    }
+    let query = if params.is_empty() { String::new() } else { format!("?{}", params.join("&")) };
+    let v = request(&args.api, "GET", &format!("{path}{query}"))?;
     if args.json {
         println!("{v}");
         return Ok(());
+    }
+    if let (true, Value::Array(rows)) = (listing, &v) {
+        if rows.len() >= args.limit {
+            eprintln!("natrix: the first {} shown: --limit N for more, --subscriber or --b4 for fewer", rows.len());
+        }
     }
     if let Some(b4) = args.b4 {
         println!("{}", softwire_line(b4, &v));

@@ -6,7 +6,10 @@
 //!
 //! - `GET /metrics`
 //! - `GET /api/stats`
-//! - `GET /api/sessions[?subscriber=ADDR]`, `GET /api/mappings[?subscriber=ADDR]` (rows of DS-Lite hosts carry their B4 and its counters)
+//! - `GET /api/sessions`, `GET /api/mappings`, with `?subscriber=ADDR` or
+//!   `?b4=IPV6` (the DS-Lite hosts behind it) and `&limit=N` (at most N
+//!   rows, [`DEFAULT_LIMIT`] unless asked); rows of DS-Lite hosts carry
+//!   their B4 and its counters
 //! - `POST /api/clear?subscriber=ADDR`
 //! - `GET /api/cluster` (a cluster node: its role, partner and session sync)
 //!
@@ -35,7 +38,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use natrix_dataplane::{ControlError, Dataplane};
+use natrix_dataplane::{ControlError, Dataplane, Only};
 use natrix_engine::admin::{MappingView, SessionView, SoftwireView};
 use natrix_engine::DropReason;
 use serde_json::{json, Value};
@@ -200,8 +203,8 @@ impl Response {
 
 /// `log`: records the logger recorded and its sinks lost.
 fn route(method: &str, path: &str, query: &str, dp: &Dataplane, log: (u64, u64), cluster: Option<&ClusterStatus>, format: Format) -> Response {
-    let subscriber = match subscriber_param(query) {
-        Ok(s) => s,
+    let Query { only, limit } = match query_params(query) {
+        Ok(q) => q,
         Err(e) => return Response::error(400, &e),
     };
     let result = match (method, path) {
@@ -211,9 +214,9 @@ fn route(method: &str, path: &str, query: &str, dp: &Dataplane, log: (u64, u64),
             None => return Response::error(404, "not a cluster node: the configuration has no [cluster] section"),
         },
         ("GET", "/api/stats") => stats(dp, log),
-        ("GET", "/api/sessions") => dp.sessions(subscriber).map(|v| json!(v.iter().map(session_json).collect::<Vec<_>>())),
-        ("GET", "/api/mappings") => dp.mappings(subscriber).map(|v| json!(v.iter().map(mapping_json).collect::<Vec<_>>())),
-        ("POST", "/api/clear") => match subscriber {
+        ("GET", "/api/sessions") => dp.sessions(only, limit).map(|v| json!(v.iter().map(session_json).collect::<Vec<_>>())),
+        ("GET", "/api/mappings") => dp.mappings(only, limit).map(|v| json!(v.iter().map(mapping_json).collect::<Vec<_>>())),
+        ("POST", "/api/clear") => match only.subscriber {
             Some(a) => dp.clear_subscriber(a).map(|c| json!({ "subscriber": Ipv4Addr::from(a).to_string(), "sessions": c.sessions, "mappings": c.mappings })),
             None => return Response::error(400, "clear needs ?subscriber=ADDRESS"),
         },
@@ -226,15 +229,29 @@ fn route(method: &str, path: &str, query: &str, dp: &Dataplane, log: (u64, u64),
     }
 }
 
-fn subscriber_param(query: &str) -> Result<Option<u32>, String> {
-    let mut subscriber = None;
+/// Rows a listing (`/api/sessions`, `/api/mappings`) returns unless the
+/// request asks for another number: enough for any one subscriber, and a
+/// bounded answer (tens of megabytes of JSON) for a whole table of millions.
+pub const DEFAULT_LIMIT: usize = 100_000;
+
+/// What a request's query string asks for.
+#[derive(Debug, PartialEq, Eq)]
+struct Query {
+    only: Only,
+    limit: usize,
+}
+
+fn query_params(query: &str) -> Result<Query, String> {
+    let mut q = Query { only: Only::default(), limit: DEFAULT_LIMIT };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
-            Some(("subscriber", v)) => subscriber = Some(v.parse::<Ipv4Addr>().map(u32::from).map_err(|_| format!("subscriber \"{v}\" is not an IPv4 address"))?),
+            Some(("b4", v)) => q.only.b4 = Some(v.parse::<std::net::Ipv6Addr>().map_err(|_| format!("b4 \"{v}\" is not an IPv6 address"))?),
+            Some(("subscriber", v)) => q.only.subscriber = Some(v.parse::<Ipv4Addr>().map(u32::from).map_err(|_| format!("subscriber \"{v}\" is not an IPv4 address"))?),
+            Some(("limit", v)) => q.limit = v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("limit \"{v}\" is not a number of rows above 0"))?,
             _ => return Err(format!("unknown parameter \"{pair}\"")),
         }
     }
-    Ok(subscriber)
+    Ok(q)
 }
 
 fn metrics_response(dp: &Dataplane, log: (u64, u64), cluster: Option<&ClusterStatus>, format: Format) -> Response {
@@ -319,11 +336,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn subscriber_parameter_is_parsed_or_refused_by_name() {
-        assert_eq!(subscriber_param(""), Ok(None));
-        assert_eq!(subscriber_param("subscriber=100.64.0.2"), Ok(Some(0x6440_0002)));
-        assert!(subscriber_param("subscriber=banana").unwrap_err().contains("banana"));
-        assert!(subscriber_param("colour=red").unwrap_err().contains("colour"));
+    fn parameters_are_parsed_or_refused_by_name() {
+        let only = |subscriber, b4| Only { subscriber, b4 };
+        assert_eq!(query_params(""), Ok(Query { only: only(None, None), limit: DEFAULT_LIMIT }));
+        assert_eq!(query_params("subscriber=100.64.0.2"), Ok(Query { only: only(Some(0x6440_0002), None), limit: DEFAULT_LIMIT }));
+        assert_eq!(query_params("subscriber=100.64.0.2&limit=5"), Ok(Query { only: only(Some(0x6440_0002), None), limit: 5 }));
+        assert_eq!(query_params("b4=2001:db8::7"), Ok(Query { only: only(None, "2001:db8::7".parse().ok()), limit: DEFAULT_LIMIT }));
+        assert!(query_params("b4=192.0.2.1").unwrap_err().contains("192.0.2.1"));
+        assert!(query_params("subscriber=banana").unwrap_err().contains("banana"));
+        assert!(query_params("limit=0").unwrap_err().contains("limit"));
+        assert!(query_params("limit=many").unwrap_err().contains("many"));
+        assert!(query_params("colour=red").unwrap_err().contains("colour"));
     }
 
     #[test]

@@ -98,8 +98,8 @@ fn roles_settle_state_flows_the_standby_takes_over_and_nobody_preempts() {
         b4: None,
     };
     a.tee().send(&mapping);
-    wait("the standby installs the mapping", || b_dp.mappings(None).unwrap().len() == 1);
-    let m = b_dp.mappings(None).unwrap()[0];
+    wait("the standby installs the mapping", || b_dp.mappings(Default::default(), usize::MAX).unwrap().len() == 1);
+    let m = b_dp.mappings(Default::default(), usize::MAX).unwrap()[0];
     assert_eq!((m.int_addr, m.int_port, m.ext_addr, m.ext_port), (0x6440_0005, 4000, POOL, 31000));
     wait("acknowledged", || a.status().records_acked == 1 && a.status().lag_records == 0);
     // The status is published every 100 ms.
@@ -134,7 +134,7 @@ fn active_with_a_mapping(a_addr: SocketAddr, b_addr: SocketAddr) -> (ClusterNode
     let mut frame = Vec::new();
     etherparse::PacketBuilder::ethernet2([2, 0, 0, 0, 1, 5], [2, 0, 0, 0, 0, 1]).ipv4([100, 64, 0, 5], [192, 0, 2, 53], 64).udp(4000, 53).write(&mut frame, b"q").unwrap();
     subscribers.inject(&frame);
-    wait("a holds the mapping", || a_dp.mappings(None).unwrap().len() == 1);
+    wait("a holds the mapping", || a_dp.mappings(Default::default(), usize::MAX).unwrap().len() == 1);
     (a, a_dp)
 }
 
@@ -144,12 +144,14 @@ fn active_with_a_mapping(a_addr: SocketAddr, b_addr: SocketAddr) -> (ClusterNode
 fn a_standby_that_starts_late_is_given_the_state_made_before() {
     let (a_addr, b_addr) = (free_port(), free_port());
     let (a, a_dp) = active_with_a_mapping(a_addr, b_addr);
-    let made = a_dp.mappings(None).unwrap()[0];
+    let made = a_dp.mappings(Default::default(), usize::MAX).unwrap()[0];
 
     let b_dp = dataplane();
     let b = node("b", Role::Standby, b_addr, a_addr, b_dp.clone());
-    wait("b installs a's earlier mapping and session", || b_dp.mappings(None).unwrap().len() == 1 && b_dp.sessions(None).unwrap().len() == 1);
-    let got = b_dp.mappings(None).unwrap()[0];
+    wait("b installs a's earlier mapping and session", || {
+        b_dp.mappings(Default::default(), usize::MAX).unwrap().len() == 1 && b_dp.sessions(Default::default(), usize::MAX).unwrap().len() == 1
+    });
+    let got = b_dp.mappings(Default::default(), usize::MAX).unwrap()[0];
     assert_eq!((got.int_addr, got.int_port, got.ext_addr, got.ext_port), (made.int_addr, made.int_port, made.ext_addr, made.ext_port));
     assert_eq!(b.status().role, "standby");
     b.stop();
@@ -186,7 +188,9 @@ fn a_standby_whose_first_resync_is_lost_asks_again_and_gets_the_state() {
 
     let b_dp = dataplane();
     let b = node("b", Role::Standby, b_addr, relay_addr, b_dp.clone());
-    wait("b installs a's mapping and session all the same", || b_dp.mappings(None).unwrap().len() == 1 && b_dp.sessions(None).unwrap().len() == 1);
+    wait("b installs a's mapping and session all the same", || {
+        b_dp.mappings(Default::default(), usize::MAX).unwrap().len() == 1 && b_dp.sessions(Default::default(), usize::MAX).unwrap().len() == 1
+    });
     b.stop();
     a.stop();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

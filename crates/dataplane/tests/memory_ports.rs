@@ -609,7 +609,7 @@ fn synced_mappings_are_installed_on_each_subscribers_worker_and_translate_answer
     }
     let tally = net.dp.install_synced(&events).unwrap();
     assert_eq!((tally.installed, tally.refused), (events.len() as u64, 0));
-    assert_eq!(net.dp.mappings(None).unwrap().len(), events.len());
+    assert_eq!(net.dp.mappings(Default::default(), usize::MAX).unwrap().len(), events.len());
     for &(n, ext_port) in &endpoints {
         net.outside.inject(&udp(GW_MAC, NAT_OUT, (REMOTE, 53), (POOL, ext_port), &[n]));
         let back = net.inside.wait_for(WAIT, is_udp).unwrap_or_else(|| panic!("the answer to subscriber {n}"));
@@ -619,7 +619,12 @@ fn synced_mappings_are_installed_on_each_subscribers_worker_and_translate_answer
     }
     // Installing again changes nothing.
     assert_eq!(net.dp.install_synced(&events).unwrap().installed, events.len() as u64);
-    assert_eq!(net.dp.mappings(None).unwrap().len(), events.len());
+    assert_eq!(net.dp.mappings(Default::default(), usize::MAX).unwrap().len(), events.len());
+    // Listings across the workers: at most the limit, or one subscriber's.
+    assert_eq!(net.dp.mappings(Default::default(), 3).unwrap().len(), 3);
+    let one = u32::from_be_bytes(subscriber(endpoints[0].0).0);
+    let rows = net.dp.mappings(natrix_dataplane::Only { subscriber: Some(one), b4: None }, usize::MAX).unwrap();
+    assert_eq!(rows.iter().map(|m| m.int_addr).collect::<Vec<_>>(), [one]);
 }
 
 /// `udp` with its checksum as a sender's offload leaves it: the

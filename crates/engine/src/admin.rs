@@ -59,6 +59,64 @@ pub struct SoftwireView {
     pub sessions: u32,
 }
 
+/// A listing of sessions or mappings (`walk_sessions`, `walk_mappings`)
+/// made a part at a time, so that a worker making it for `natrix show`
+/// forwards between parts: a table of millions read in one go held a
+/// worker far longer than its receive rings last. Not a snapshot: what
+/// is made or ended while it walks may or may not be in it. At most
+/// `limit` rows.
+#[derive(Debug)]
+pub struct Walk<T> {
+    subscriber: Option<u32>,
+    /// Only the rows of DS-Lite hosts behind this B4.
+    b4: Option<std::net::Ipv6Addr>,
+    /// The next mapping record to look at.
+    next: u32,
+    limit: usize,
+    pub rows: Vec<T>,
+}
+
+/// A row a walk may keep: it names its B4.
+pub trait Row {
+    fn b4(&self) -> Option<std::net::Ipv6Addr>;
+}
+
+impl Row for SessionView {
+    fn b4(&self) -> Option<std::net::Ipv6Addr> {
+        self.b4
+    }
+}
+
+impl Row for MappingView {
+    fn b4(&self) -> Option<std::net::Ipv6Addr> {
+        self.b4
+    }
+}
+
+impl<T: Row> Walk<T> {
+    pub fn new(subscriber: Option<u32>, limit: usize) -> Walk<T> {
+        Walk { subscriber, b4: None, next: 0, limit, rows: Vec::new() }
+    }
+
+    /// Only the rows of the hosts behind `b4`.
+    pub fn behind(mut self, b4: Option<std::net::Ipv6Addr>) -> Walk<T> {
+        self.b4 = b4;
+        self
+    }
+
+    /// Adds a row it is asked for; false when the walk has its limit.
+    fn take(&mut self, row: T) -> bool {
+        if self.b4.is_some() && row.b4() != self.b4 {
+            return true;
+        }
+        if self.rows.len() >= self.limit {
+            return false;
+        }
+        self.rows.push(row);
+        true
+    }
+}
+
 /// What `clear_subscriber` removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Cleared {
@@ -84,28 +142,51 @@ impl Nat44 {
 
     /// Live sessions, optionally of one subscriber.
     pub fn session_views(&self, subscriber: Option<u32>) -> Vec<SessionView> {
-        let now = self.now_s;
-        self.tables
-            .live_sessions()
-            .map(|id| self.tables.session(id))
-            .filter(|s| subscriber.is_none_or(|a| a == s.int_addr))
-            .map(|s| (s, self.shown(s.int_addr)))
-            .map(|(s, (int_addr, b4, softwire))| SessionView {
-                proto: s.proto,
-                int_addr,
-                b4,
-                softwire,
-                int_port: s.int_port,
-                ext_addr: s.ext_addr,
-                ext_port: s.ext_port,
-                rem_addr: s.rem_addr,
-                rem_port: s.rem_port,
-                established: s.class == TimeoutClass::TcpEstablished,
-                idle_s: now.saturating_sub(s.last_used),
-                timeout_s: self.timeout_of(s.class),
-            })
-            .chain(self.association_views(subscriber).map(|(a, _)| a))
-            .collect()
+        let mut w = Walk::new(subscriber, usize::MAX);
+        while !self.walk_sessions(&mut w, u32::MAX) {}
+        w.rows
+    }
+
+    /// Adds to `w` the sessions of up to `step` more mapping records, then,
+    /// at the table's end, the SCTP associations; true once it is done
+    /// (or has its `limit` of rows).
+    pub fn walk_sessions(&self, w: &mut Walk<SessionView>, step: u32) -> bool {
+        let to = w.next.saturating_add(step);
+        let sessions = self.tables.live_mappings_in(w.next, to).flat_map(|m| self.tables.sessions_of(m)).map(|id| self.tables.session(id));
+        let subscriber = w.subscriber;
+        for s in sessions.filter(|s| subscriber.is_none_or(|a| a == s.int_addr)) {
+            if !w.take(self.session_view(s)) {
+                return true;
+            }
+        }
+        w.next = to;
+        if to < self.tables.record_slots() {
+            return false;
+        }
+        for (a, _) in self.association_views(w.subscriber) {
+            if !w.take(a) {
+                break;
+            }
+        }
+        true
+    }
+
+    fn session_view(&self, s: crate::state::sessions::Session) -> SessionView {
+        let (int_addr, b4, softwire) = self.shown(s.int_addr);
+        SessionView {
+            proto: s.proto,
+            int_addr,
+            b4,
+            softwire,
+            int_port: s.int_port,
+            ext_addr: s.ext_addr,
+            ext_port: s.ext_port,
+            rem_addr: s.rem_addr,
+            rem_port: s.rem_port,
+            established: s.class == TimeoutClass::TcpEstablished,
+            idle_s: self.now_s.saturating_sub(s.last_used),
+            timeout_s: self.timeout_of(s.class),
+        }
     }
 
     /// SCTP associations, optionally of one subscriber, as sessions and as
@@ -136,12 +217,21 @@ impl Nat44 {
 
     /// Live mappings, optionally of one subscriber.
     pub fn mapping_views(&self, subscriber: Option<u32>) -> Vec<MappingView> {
-        self.tables
-            .live_mappings()
-            .map(|id| (self.tables.mapping(id), self.tables.sessions_of(id).count() as u32))
-            .filter(|(m, _)| subscriber.is_none_or(|a| a == m.int_addr))
-            .map(|(m, sessions)| (m, sessions, self.shown(m.int_addr)))
-            .map(|(m, sessions, (int_addr, b4, softwire))| MappingView {
+        let mut w = Walk::new(subscriber, usize::MAX);
+        while !self.walk_mappings(&mut w, u32::MAX) {}
+        w.rows
+    }
+
+    /// `walk_sessions` for mappings.
+    pub fn walk_mappings(&self, w: &mut Walk<MappingView>, step: u32) -> bool {
+        let to = w.next.saturating_add(step);
+        for id in self.tables.live_mappings_in(w.next, to) {
+            let m = self.tables.mapping(id);
+            if w.subscriber.is_some_and(|a| a != m.int_addr) {
+                continue;
+            }
+            let (int_addr, b4, softwire) = self.shown(m.int_addr);
+            let view = MappingView {
                 proto: m.proto,
                 int_addr,
                 b4,
@@ -149,11 +239,23 @@ impl Nat44 {
                 int_port: m.int_port,
                 ext_addr: m.ext_addr,
                 ext_port: m.ext_port,
-                sessions,
+                sessions: self.tables.sessions_of(id).count() as u32,
                 is_static: m.flags & mapping_flags::STATIC != 0,
-            })
-            .chain(self.association_views(subscriber).map(|(_, m)| m))
-            .collect()
+            };
+            if !w.take(view) {
+                return true;
+            }
+        }
+        w.next = to;
+        if to < self.tables.record_slots() {
+            return false;
+        }
+        for (_, m) in self.association_views(w.subscriber) {
+            if !w.take(m) {
+                break;
+            }
+        }
+        true
     }
 
     /// Removes every session of a subscriber, and with them its dynamic

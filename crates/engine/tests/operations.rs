@@ -182,6 +182,48 @@ fn clearing_a_subscriber_removes_its_state_logs_it_and_leaves_others() {
     assert!(matches!(run(&mut e, &mut r, Side::Outside, 2 * SEC), Verdict::Drop(_) | Verdict::Forward(Side::Inside)));
 }
 
+/// `natrix show` lists a table a part at a time (`admin::Walk`): walked
+/// one mapping record per step, with sessions made and ended between the
+/// steps, the listing holds every session that lived throughout, none
+/// twice, no more than asked for.
+#[test]
+fn a_listing_walked_a_part_at_a_time_holds_what_lived_throughout() {
+    use natrix_engine::admin::Walk;
+    let mut e = engine(config());
+    let subs: Vec<[u8; 4]> = (2..12).map(|i| [100, 64, 0, i]).collect();
+    for (i, &sub) in subs.iter().enumerate() {
+        for p in 0..3 {
+            send_out(&mut e, sub, 4000 + p, REMOTE, 53 + i as u16, SEC);
+        }
+    }
+    let all = e.session_views(None);
+    assert_eq!(all.len(), 30);
+    let key = |v: &natrix_engine::admin::SessionView| (v.int_addr, v.int_port, v.ext_port);
+    let mut w = Walk::new(None, usize::MAX);
+    let mut steps = 0;
+    while !e.walk_sessions(&mut w, 1) {
+        steps += 1;
+        // Made between steps: it may or may not be listed.
+        send_out(&mut e, [100, 64, 1, steps as u8], 5000, REMOTE, 53, SEC);
+    }
+    assert!(steps >= 30, "one mapping record a step: {steps} steps");
+    let mut listed: Vec<_> = w.rows.iter().map(key).collect();
+    listed.sort_unstable();
+    let before = listed.len();
+    listed.dedup();
+    assert_eq!(listed.len(), before, "no session twice");
+    for v in &all {
+        assert!(listed.contains(&key(v)), "{v:?} lived throughout and is missing");
+    }
+    let mut three = Walk::new(None, 3);
+    while !e.walk_sessions(&mut three, 1) {}
+    assert_eq!(three.rows.len(), 3, "the limit");
+    let mut one_sub = Walk::new(Some(u32_of(subs[4])), usize::MAX);
+    while !e.walk_mappings(&mut one_sub, 2) {}
+    assert_eq!(one_sub.rows.len(), 3);
+    assert!(one_sub.rows.iter().all(|m| m.int_addr == u32_of(subs[4])));
+}
+
 #[test]
 fn reload_applies_policy_removes_a_pool_address_with_its_mappings_and_refuses_restart_keys() {
     let mut cfg = config_single([203, 0, 113, 1]);

@@ -427,7 +427,7 @@ impl Node {
     /// The standby asked for everything: every mapping, then every session,
     /// queued behind new events and fed to the window as it drains.
     fn start_resync(&mut self) {
-        let (Ok(mappings), Ok(sessions)) = (self.dp.mappings(None), self.dp.sessions(None)) else {
+        let (Ok(mappings), Ok(sessions)) = (self.dp.mappings(Default::default(), usize::MAX), self.dp.sessions(Default::default(), usize::MAX)) else {
             warn!("cluster: resync: the dataplane did not answer");
             return;
         };

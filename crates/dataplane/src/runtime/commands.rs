@@ -6,7 +6,7 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
-use natrix_engine::admin::{Cleared, MappingView, SessionView};
+use natrix_engine::admin::{Cleared, MappingView, SessionView, Walk};
 use natrix_engine::{EngineConfig, Event};
 
 use super::{IoSnapshot, WorkerSnapshot};
@@ -30,8 +30,9 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) enum Command {
     Worker(Sender<WorkerSnapshot>),
     Io(Sender<IoSnapshot>),
-    Sessions(Option<u32>, Sender<Vec<SessionView>>),
-    Mappings(Option<u32>, Sender<Vec<MappingView>>),
+    /// Sessions as the walk asks (a subscriber's, a B4's, at most so many).
+    Sessions(Walk<SessionView>, Sender<Vec<SessionView>>),
+    Mappings(Walk<MappingView>, Sender<Vec<MappingView>>),
     Clear(u32, Sender<Cleared>),
     Reload(Box<EngineConfig>, Sender<Result<(), natrix_engine::EngineError>>),
     /// What a reload changes on the links.
@@ -68,6 +69,15 @@ impl Control {
         self.doorbell.ring_always();
         rx.recv_timeout(COMMAND_TIMEOUT).map_err(|_| ControlError::NoAnswer)
     }
+}
+
+/// Which rows a listing asks for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Only {
+    /// One subscriber's (its inside address, or a DS-Lite host's stand-in).
+    pub subscriber: Option<u32>,
+    /// Those of the DS-Lite hosts behind one B4.
+    pub b4: Option<std::net::Ipv6Addr>,
 }
 
 /// Why an operator's request to a running dataplane failed.

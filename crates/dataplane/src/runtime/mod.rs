@@ -39,7 +39,7 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use natrix_engine::admin::{Cleared, MappingView, SessionView};
+use natrix_engine::admin::{Cleared, MappingView, SessionView, Walk};
 use natrix_engine::config::prefix_contains;
 use natrix_engine::pipeline::hooks::FunctionRecord;
 use natrix_engine::shard::{Owners, Shard};
@@ -57,7 +57,7 @@ use crate::ring::{self, Consumer, Doorbell, Producer};
 use crate::steer::Steering;
 use clock::Clock;
 use commands::{Command, Control, LinkReload};
-pub use commands::{ControlError, SyncTally};
+pub use commands::{ControlError, Only, SyncTally};
 use io_thread::{IoThread, Lanes};
 use links::Links;
 use offload::{OffloadPlan, OffloadTable, Redirects};
@@ -582,12 +582,28 @@ impl Dataplane {
         Ok(total)
     }
 
-    pub fn sessions(&self, subscriber: Option<u32>) -> Result<Vec<SessionView>, ControlError> {
-        Ok(self.workers.iter().map(|w| w.ask(|tx| Command::Sessions(subscriber, tx))).collect::<Result<Vec<_>, _>>()?.concat())
+    /// The sessions `only` asks for: a subscriber's (None: everyone's), a
+    /// B4's, at most `limit`. Each worker walks its table a part at a time
+    /// between batches.
+    pub fn sessions(&self, only: Only, limit: usize) -> Result<Vec<SessionView>, ControlError> {
+        self.listing(limit, |tx| Command::Sessions(Walk::new(only.subscriber, limit).behind(only.b4), tx))
     }
 
-    pub fn mappings(&self, subscriber: Option<u32>) -> Result<Vec<MappingView>, ControlError> {
-        Ok(self.workers.iter().map(|w| w.ask(|tx| Command::Mappings(subscriber, tx))).collect::<Result<Vec<_>, _>>()?.concat())
+    pub fn mappings(&self, only: Only, limit: usize) -> Result<Vec<MappingView>, ControlError> {
+        self.listing(limit, |tx| Command::Mappings(Walk::new(only.subscriber, limit).behind(only.b4), tx))
+    }
+
+    /// Every worker's rows of a listing, the first `limit` of them.
+    fn listing<T>(&self, limit: usize, ask: impl Fn(std::sync::mpsc::Sender<Vec<T>>) -> Command) -> Result<Vec<T>, ControlError> {
+        let mut rows = Vec::new();
+        for w in &self.workers {
+            if rows.len() >= limit {
+                break;
+            }
+            rows.extend(w.ask(&ask)?);
+        }
+        rows.truncate(limit);
+        Ok(rows)
     }
 
     pub fn clear_subscriber(&self, addr: u32) -> Result<Cleared, ControlError> {

@@ -2,10 +2,12 @@
 //! owns the interfaces (`run_single`), with several it takes frames from
 //! the first worker's ring and hands them back (`run_worker`).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::time::Instant;
 
+use natrix_engine::admin::{MappingView, SessionView, Walk};
 use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::FrameId;
 use natrix_wire::partial_checksum::{self, Found};
@@ -34,6 +36,19 @@ pub(super) struct EngineWorker {
     checksums_completed: [u64; 2],
     /// Which frames of the batch in hand looked left partial.
     looked_partial: Vec<bool>,
+    /// Listings asked for (`natrix show`, a cluster's resync), made a part
+    /// per round, the first first.
+    listings: VecDeque<Listing>,
+}
+
+/// Mapping records a listing looks at per round: about 0.1 ms of a
+/// worker's time, so the rings it serves wait no longer than for a batch.
+const LISTING_STEP: u32 = 4096;
+
+/// A listing being made, and where it goes when done.
+enum Listing {
+    Sessions(Walk<SessionView>, Sender<Vec<SessionView>>),
+    Mappings(Walk<MappingView>, Sender<Vec<MappingView>>),
 }
 
 impl EngineWorker {
@@ -50,7 +65,26 @@ impl EngineWorker {
             offload,
             checksums_completed: [0; 2],
             looked_partial: Vec::new(),
+            listings: VecDeque::new(),
         }
+    }
+
+    /// Makes a part of the first listing asked for, and sends it once done;
+    /// returns whether one is still being made (the thread then does not sleep).
+    pub(super) fn make_listings(&mut self) -> bool {
+        let done = match self.listings.front_mut() {
+            None => return false,
+            Some(Listing::Sessions(w, _)) => self.engine.walk_sessions(w, LISTING_STEP),
+            Some(Listing::Mappings(w, _)) => self.engine.walk_mappings(w, LISTING_STEP),
+        };
+        if done {
+            match self.listings.pop_front() {
+                Some(Listing::Sessions(w, tx)) => drop(tx.send(w.rows)),
+                Some(Listing::Mappings(w, tx)) => drop(tx.send(w.rows)),
+                None => {}
+            }
+        }
+        !self.listings.is_empty()
     }
 
     /// Translates a batch of frames, `sides[i]` the side `frames[i]` arrived
@@ -129,12 +163,8 @@ impl EngineWorker {
             Command::Worker(tx) => {
                 let _ = tx.send(self.snapshot());
             }
-            Command::Sessions(sub, tx) => {
-                let _ = tx.send(self.engine.session_views(sub));
-            }
-            Command::Mappings(sub, tx) => {
-                let _ = tx.send(self.engine.mapping_views(sub));
-            }
+            Command::Sessions(walk, tx) => self.listings.push_back(Listing::Sessions(walk, tx)),
+            Command::Mappings(walk, tx) => self.listings.push_back(Listing::Mappings(walk, tx)),
             Command::Clear(addr, tx) => {
                 self.forget_offloaded();
                 let (events, lost) = (&self.events, &mut self.events_lost);
@@ -250,9 +280,10 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
         while let Ok(cmd) = worker.commands.try_recv() {
             worker.command(cmd, Some(links));
         }
+        let listing = worker.make_listings();
         links.flush(now);
         worker.work.round(n > 0);
-        if idle.should_sleep(n > 0, now) {
+        if idle.should_sleep(n > 0 || listing, now) {
             bell.going_to_sleep();
             links.wait(bell.fd(), sleep_ms(now, worker.engine.next_wake_ns()));
             bell.woke();
@@ -311,12 +342,13 @@ pub(super) fn run_worker(
         while let Ok(cmd) = worker.commands.try_recv() {
             worker.command(cmd, None);
         }
+        let listing = worker.make_listings();
         if pushed {
             // Frames from timers (held SYN answers) count too.
             io_bell.ring();
         }
         worker.work.round(n > 0);
-        if idle.should_sleep(n > 0, now) {
+        if idle.should_sleep(n > 0 || listing, now) {
             bell.going_to_sleep();
             if input.is_empty() {
                 wait_readable(&[bell.fd()], sleep_ms(now, worker.engine.next_wake_ns()));

@@ -1119,6 +1119,16 @@ impl Engine {
         self.nat.mapping_views(subscriber)
     }
 
+    /// `session_views` a part at a time (`admin::Walk`): true once done.
+    pub fn walk_sessions(&self, w: &mut crate::admin::Walk<crate::admin::SessionView>, step: u32) -> bool {
+        self.nat.walk_sessions(w, step)
+    }
+
+    /// `mapping_views` a part at a time (`admin::Walk`): true once done.
+    pub fn walk_mappings(&self, w: &mut crate::admin::Walk<crate::admin::MappingView>, step: u32) -> bool {
+        self.nat.walk_mappings(w, step)
+    }
+
     /// Ends a subscriber's sessions and dynamic mappings; their events,
     /// and those queued before, go to `sink`.
     pub fn clear_subscriber(&mut self, addr: u32, mut sink: impl FnMut(Event)) -> crate::admin::Cleared {

@@ -793,7 +793,18 @@ impl Tables {
 
     /// Every live mapping.
     pub fn live_mappings(&self) -> impl Iterator<Item = u32> + '_ {
-        (0..self.records.len() as u32).filter(|&m| self.records[m as usize].flags & LIVE != 0)
+        self.live_mappings_in(0, u32::MAX)
+    }
+
+    /// The live mappings among the records `from..to` (clipped to those
+    /// there are), for a walk over the table a part at a time.
+    pub fn live_mappings_in(&self, from: u32, to: u32) -> impl Iterator<Item = u32> + '_ {
+        (from..to.min(self.record_slots())).filter(|&m| self.records[m as usize].flags & LIVE != 0)
+    }
+
+    /// Record slots, live or not: where a walk over the table ends.
+    pub fn record_slots(&self) -> u32 {
+        self.records.len() as u32
     }
 
     /// Sessions of a mapping.
