@@ -40,6 +40,7 @@ fn config() -> EngineConfig {
             b4_prefixes: vec![natrix_engine::dslite::B4Prefix { network: "2001:db8:100::".parse().expect("address"), len: 40 }],
             mtu: 1280,
             mss_clamp: Some(1200),
+            ecn_compatibility: false,
         }),
         ..EngineConfig::default()
     }

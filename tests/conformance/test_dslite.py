@@ -172,8 +172,9 @@ def test_one_b4_making_up_inner_addresses_leaves_stand_ins_for_the_others(replay
     outs, rep = replay(replay_files, cfg, frames)
     sent = outside(outs)
     assert len(sent) == 3, show(outs)
-    assert rep["drops"] == {"port_quota": 10}, rep["drops"]
-    assert sent[-1][UDP].sport != sent[0][UDP].sport or sent[-1][IP].src != sent[0][IP].src
+    # Hosts 1 and 2 hold a port each; hosts 3-12 are past the B4's two hosts.
+    assert rep["drops"] == {"dslite_b4_hosts": 10}, rep["drops"]
+    assert not to_b4(outs, B4_1), "refused without an answer: the refused host has no stand-in to answer through"
     assert not to_b4(outs, B4_2), "the other B4's host is translated, not refused"
 
 

@@ -410,3 +410,34 @@ def test_uniform_outer_fragments_combine_like_an_unfragmented_packet(replay_file
     assert p is not None, show(outs)
     assert p[IP].tos == want, f"inner {ECN_NAME[inner]} in fragments all {ECN_NAME[tc]}: left with {describe(p[IP].tos)}"
     assert rep["drops"] == {}, rep["drops"]
+
+
+@pytest.mark.parametrize("ecn", ECN_VALUES, ids=ecn_id)
+def test_compatibility_mode_writes_not_ect_outside_and_still_carries_marks_in(replay_files, ecn):
+    """RFC 6040 4.1's compatibility mode (`[dslite] ecn = "compatibility"`),
+    for B4s that would not carry an outer mark in: the outer header is
+    Not-ECT whatever the inner packet's ECN field, which the inner packet
+    keeps; decapsulation still follows figure 4 (CE outside marks ECT
+    inside)."""
+    cfg = config(dslite='ecn = "compatibility"\n')
+    frames, port = opened_flow(replay_files)
+    frames += [(T0 + 1, "outside", server_udp(port, b"c0", BIG, tos=ecn)), (T0 + 1.1, "outside", server_udp(port, b"c1", SMALL, tos=AF11 | ecn))]
+    frames += [(T0 + 2, "inside", host_udp(b"u0", tos=ECT0, tc=CE))]
+    outs, rep = replay(replay_files, cfg, frames)
+    back = to_b4(outs, B4_1)
+    assert len(back) == 2, show(outs)
+    for p in back:
+        check_outer_tc(p, NOT_ECT, "compatibility mode")
+        assert ecn_of_tos(inner_of(p).tos) == ecn, "the inner packet keeps its own ECN field"
+    marked = [p for p in outside(outs) if bytes(p[Raw].load[:2]) == b"u0"]
+    assert len(marked) == 1 and ecn_of_tos(marked[0][IP].tos) == CE, show(outs)
+    assert rep["drops"] == {}, rep["drops"]
+
+
+def test_check_config_names_a_bad_ecn_mode(natrix, tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text(config(dslite='ecn = "lossy"\n'))
+    proc = natrix("check-config", str(p))
+    assert proc.returncode == 2 and "dslite.ecn" in h.proc_text(proc), h.proc_text(proc)
+    p.write_text(config(dslite='ecn = "compatibility"\n'))
+    assert natrix("check-config", str(p)).returncode == 0

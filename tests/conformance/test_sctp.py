@@ -319,6 +319,23 @@ def test_an_init_ack_lost_on_its_way_in_is_replaced_by_the_answer_to_the_init_se
     assert report["mappings_created"] == 1
 
 
+def test_a_duplicate_init_ack_without_an_init_sent_again_changes_nothing(replay):
+    """RFC 9260 section 5.2.3: a host past COOKIE-WAIT discards an INIT-ACK.
+    Two INIT-ACKs for one INIT (the remote answered a duplicated INIT) both
+    pass natrix before the host's COOKIE-ECHO: the host took the first, and
+    its COOKIE-ECHO with the first tag must pass."""
+    frames = [
+        (T0, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
+        (T0 + 0.01, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x2222))),
+        (T0 + 0.011, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x3333))),
+        (T0 + 0.02, "inside", out_pkt(SUB_A, SRV1, 0x2222, SCTPChunkCookieEcho(cookie=b"cookie" * 4))),
+    ]
+    outs, report = run(replay, config(), frames)
+    echo = h.one(outs, "outside", lambda p: SCTPChunkCookieEcho in p)
+    assert echo.pkt[SCTP].tag == 0x2222
+    assert report["drops"] == {}, report["drops"]
+
+
 def test_nothing_is_opened_from_outside(replay):
     frames = [(T0, "outside", in_pkt(SRV1, POOL1, 0, init(0x1111), sport=SPORT, dport=CPORT))]
     outs, report = run(replay, config(), frames)

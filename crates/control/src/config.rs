@@ -1011,7 +1011,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
     ("nptv6", &["inside", "outside"]),
     ("cluster", &["node", "partition", "role", "subscribers", "subscriber_space", "pool_space", "sync_listen", "sync_peer", "peer_timeout", "bgp"]),
     ("cluster.bgp", &["local_as", "peer", "peer_as", "router_id", "hold_time", "standby_prepend", "bird", "bfd"]),
-    ("dslite", &["aftr", "b4_prefixes", "mtu", "mss_clamp"]),
+    ("dslite", &["aftr", "b4_prefixes", "mtu", "mss_clamp", "ecn"]),
     ("sctp", &["max_chunks", "max_params", "track_global_addresses", "reply_ootb", "max_associations"]),
 ];
 

@@ -381,7 +381,7 @@ fn advertises(f: &[u8], target: Ipv6Addr) -> bool {
 /// AFTR address by Neighbor Discovery, and the old one is no longer natrix's.
 #[test]
 fn a_reloaded_aftr_address_is_answered_for_and_the_old_one_no_longer() {
-    let aftr = |a: &str| natrix_engine::dslite::DsliteConfig { aftr: a.parse().unwrap(), b4_prefixes: Vec::new(), mtu: 1500, mss_clamp: None };
+    let aftr = |a: &str| natrix_engine::dslite::DsliteConfig { aftr: a.parse().unwrap(), b4_prefixes: Vec::new(), mtu: 1500, mss_clamp: None, ecn_compatibility: false };
     let (old, new): (Ipv6Addr, Ipv6Addr) = ("2001:db8:1::a".parse().unwrap(), "2001:db8:1::c".parse().unwrap());
     let net = Net::start_with(1, |e| e.dslite = Some(aftr("2001:db8:1::a")));
     let b4 = (SERVER_MAC, "2001:db8:1::b4".parse::<Ipv6Addr>().unwrap());

@@ -67,7 +67,8 @@ drop_reasons! {
     HostIdPolicy => "host_id_policy", "a SYN (or, in ACK mode, a first ACK) whose HOST_ID option matched a [[host_id.rule]] with action = \"drop\" (seed 000 section 8.5)";
     DsliteWrongAftr => "dslite_wrong_aftr", "IPv4-in-IPv6 on the inside addressed to another address than dslite.aftr";
     DsliteB4Refused => "dslite_b4_refused", "softwire packet from a B4 outside dslite.b4_prefixes";
-    DsliteEcnNotEctCe => "dslite_ecn_not_ect_ce", "softwire packet marked CE (congestion) outside around an inner packet that is not ECN-capable, or fragments mixing ECN-capable and not (RFC 6040 section 4.2, RFC 3168 section 5.3)";
+    DsliteB4Hosts => "dslite_b4_hosts", "softwire packet from a new host behind a B4 that has max_ports_per_subscriber hosts already (each needs a port to matter)";
+    DsliteEcnNotEctCe => "dslite_ecn_not_ect_ce", "softwire packet marked CE (congestion) outside around an inner packet that is not ECN-capable (RFC 6040 section 4.2), or outer fragments mixing ECN-capable and not";
     DsliteBadFragment => "dslite_bad_fragment", "softwire fragment that overlaps another (RFC 5722), runs past 65535 bytes, or is not a multiple of 8 bytes before the last";
     Nptv6Unmappable => "nptv6_unmappable", "IPv6 address in an NPTv6 prefix that RFC 6296 cannot map (subnet word, or every interface identifier word, 0xFFFF)";
 }

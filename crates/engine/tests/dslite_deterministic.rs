@@ -29,7 +29,7 @@ fn engine_det() -> Engine {
     let cfg = EngineConfig {
         pool: POOL.to_vec(),
         deterministic: Some(Deterministic::new(&formula, &POOL, (1024, 65535)).unwrap()),
-        dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None }),
+        dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None, ecn_compatibility: false }),
         max_sessions: 1024,
         max_ports_per_subscriber: 3 * u32::from(N),
         ..config()

@@ -142,7 +142,13 @@ const MODES: u8 = 4;
 
 fn config_for(mode: u8) -> EngineConfig {
     let mut cfg = EngineConfig {
-        dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: if mode == 3 { 100 } else { 1500 }, mss_clamp: (mode == 1).then_some(1400) }),
+        dslite: Some(DsliteConfig {
+            aftr: AFTR.into(),
+            b4_prefixes: vec![],
+            mtu: if mode == 3 { 100 } else { 1500 },
+            mss_clamp: (mode == 1).then_some(1400),
+            ecn_compatibility: false,
+        }),
         ..config()
     };
     if mode == 2 {

@@ -22,7 +22,11 @@ fn b4(home: u32) -> [u8; 16] {
 }
 
 fn cfg(dslite: bool) -> EngineConfig {
-    EngineConfig { max_sessions: 1 << 16, dslite: dslite.then(|| DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None }), ..config() }
+    EngineConfig {
+        max_sessions: 1 << 16,
+        dslite: dslite.then(|| DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None, ecn_compatibility: false }),
+        ..config()
+    }
 }
 
 fn softwire_udp(home: u32, sport: u16, dport: u16) -> Vec<u8> {

@@ -46,7 +46,7 @@ fn packet_too_big(to: [u8; 16], mtu: u32) -> Vec<u8> {
 }
 
 fn engine_ds() -> Engine {
-    engine(EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None }), ..config() })
+    engine(EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None, ecn_compatibility: false }), ..config() })
 }
 
 #[test]
@@ -103,7 +103,8 @@ fn a_martian_host_behind_a_b4_is_refused_on_every_path() {
 #[test]
 fn a_lowered_softwire_mtu_holds_ten_minutes_and_only_for_accepted_b4s() {
     let only_b4_1 = natrix_engine::dslite::B4Prefix { network: b4(1).into(), len: 128 };
-    let mut e = engine(EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![only_b4_1], mtu: 1500, mss_clamp: None }), ..config() });
+    let mut e =
+        engine(EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![only_b4_1], mtu: 1500, mss_clamp: None, ecn_compatibility: false }), ..config() });
     assert_eq!(run(&mut e, &mut softwire_udp(b4(1), 5000, b"q"), Side::Inside, SEC), Verdict::Consumed);
     let d = must_decode(&outputs(&mut e).into_iter().find(|o| o.0 == Side::Outside).unwrap().2);
     let (ext, port) = (d.src(), d.udp().source_port);

@@ -22,8 +22,12 @@ fn b4(n: u32) -> [u8; 16] {
 }
 
 fn engine_small() -> Engine {
-    let mut cfg =
-        EngineConfig { max_sessions: TABLE, max_subscribers: TABLE, dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None }), ..config() };
+    let mut cfg = EngineConfig {
+        max_sessions: TABLE,
+        max_subscribers: TABLE,
+        dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None, ecn_compatibility: false }),
+        ..config()
+    };
     cfg.timeouts.udp_s = 30;
     engine(cfg)
 }

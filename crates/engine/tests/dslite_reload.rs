@@ -22,7 +22,7 @@ fn softwire_udp(sport: u16) -> Vec<u8> {
 }
 
 fn config_with(b4_prefixes: Vec<B4Prefix>) -> EngineConfig {
-    EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes, mtu: 1500, mss_clamp: None }), ..config() }
+    EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes, mtu: 1500, mss_clamp: None, ecn_compatibility: false }), ..config() }
 }
 
 #[test]

@@ -18,7 +18,7 @@ const REMOTE: [u8; 4] = [198, 51, 100, 7];
 const INNER: usize = 14 + 40;
 
 fn engine_ds() -> Engine {
-    engine(EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None }), ..config() })
+    engine(EngineConfig { dslite: Some(DsliteConfig { aftr: AFTR.into(), b4_prefixes: vec![], mtu: 1500, mss_clamp: None, ecn_compatibility: false }), ..config() })
 }
 
 /// Opens a flow from the host behind `B4`; its external address and port.

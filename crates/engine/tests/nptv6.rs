@@ -123,7 +123,7 @@ fn softwires_from_a_prefix_nptv6_maps_are_the_aftrs() {
     let cfg = EngineConfig {
         pool: vec![u32::from_be_bytes([203, 0, 113, 1])],
         nptv6: vec![rfc_binding()],
-        dslite: Some(natrix_engine::dslite::DsliteConfig { aftr, b4_prefixes: vec![], mtu: 1500, mss_clamp: None }),
+        dslite: Some(natrix_engine::dslite::DsliteConfig { aftr, b4_prefixes: vec![], mtu: 1500, mss_clamp: None, ecn_compatibility: false }),
         ..EngineConfig::default()
     };
     let b4 = a("fd01:203:405:1::7");

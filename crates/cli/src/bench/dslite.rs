@@ -109,7 +109,10 @@ pub fn run(flows: Option<u64>, json: bool) -> Result<(), Failure> {
 }
 
 fn config(flows: u64, setup: Setup) -> EngineConfig {
-    EngineConfig { dslite: (setup == Setup::Softwire).then_some(DsliteConfig { aftr: AFTR, b4_prefixes: Vec::new(), mtu: 1500, mss_clamp: None }), ..table_config(flows) }
+    EngineConfig {
+        dslite: (setup == Setup::Softwire).then_some(DsliteConfig { aftr: AFTR, b4_prefixes: Vec::new(), mtu: 1500, mss_clamp: None, ecn_compatibility: false }),
+        ..table_config(flows)
+    }
 }
 
 struct Round {

@@ -21,7 +21,8 @@ pub(super) fn parse(root: &mut Section, e: &EngineConfig, warnings: &mut Vec<Str
     let b4_prefixes = parse_b4_prefixes(&mut s)?;
     let mtu = s.integer("mtu", MIN_MTU, u32::from(u16::MAX))?.unwrap_or(1500) as u16;
     let mss_clamp = parse_mss_clamp(&mut s, mtu, warnings)?;
-    let any_key = s.has("b4_prefixes") || s.has("mtu") || s.has("mss_clamp");
+    let ecn_compatibility = parse_ecn(&mut s)?;
+    let any_key = s.has("b4_prefixes") || s.has("mtu") || s.has("mss_clamp") || s.has("ecn");
     s.finish()?;
     let Some(aftr) = aftr else {
         return if any_key { err("dslite.aftr", "missing: the AFTR's softwire address turns DS-Lite on, and the other [dslite] keys need it") } else { Ok(None) };
@@ -36,7 +37,17 @@ pub(super) fn parse(root: &mut Section, e: &EngineConfig, warnings: &mut Vec<Str
         );
     }
     check_apart_from_nptv6(&b4_prefixes, e)?;
-    Ok(Some(DsliteConfig { aftr, b4_prefixes, mtu, mss_clamp }))
+    Ok(Some(DsliteConfig { aftr, b4_prefixes, mtu, mss_clamp, ecn_compatibility }))
+}
+
+/// `ecn`: RFC 6040's encapsulation mode, "normal" (the default: the inner
+/// ECN field copied to the outer header) or "compatibility" (Not-ECT outside).
+fn parse_ecn(s: &mut Section) -> Result<bool, ConfigError> {
+    match s.string("ecn")? {
+        None | Some("normal") => Ok(false),
+        Some("compatibility") => Ok(true),
+        Some(other) => err("dslite.ecn", format!("\"{other}\": \"normal\" (RFC 6040's normal mode, the default) or \"compatibility\"")),
+    }
 }
 
 /// NPTv6 translates what comes from its inside prefixes, so softwires from
@@ -122,7 +133,7 @@ mod tests {
     #[test]
     fn the_contract_defaults() {
         let d = dslite("aftr = \"2001:db8:0:1::1\"\n").unwrap();
-        assert_eq!(d, DsliteConfig { aftr: "2001:db8:0:1::1".parse().unwrap(), b4_prefixes: vec![], mtu: 1500, mss_clamp: Some(1420) });
+        assert_eq!(d, DsliteConfig { aftr: "2001:db8:0:1::1".parse().unwrap(), b4_prefixes: vec![], mtu: 1500, mss_clamp: Some(1420), ecn_compatibility: false });
         assert_eq!(dslite(""), None, "no aftr, no DS-Lite");
         let d = dslite("aftr = \"2001:db8:0:1::1\"\nb4_prefixes = [\"2001:db8:100::/40\"]\nmtu = 1460\nmss_clamp = 0\n").unwrap();
         assert_eq!((d.mtu, d.mss_clamp), (1460, Some(1380)));

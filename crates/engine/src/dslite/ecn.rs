@@ -4,7 +4,9 @@
 //! decapsulation (section 4.2) the outer field's congestion mark is
 //! carried into the inner packet, and a CE mark on a packet whose sender
 //! is not ECN-capable drops it, the only signal such a sender understands.
-//! Outer fragments combine as RFC 3168 section 5.3 asks.
+//! Outer fragments keep a CE mark, as RFC 3168 section 5.3 asks; a mix of
+//! ECN-capable and not is dropped, and ECT(0) with ECT(1) counts as the
+//! first fragment's (natrix's choices, as Linux's).
 
 use natrix_wire::checksum::Delta;
 use natrix_wire::{get_u16_at, ipv4};
@@ -65,9 +67,9 @@ impl FragmentMarks {
         }
     }
 
-    /// The outer ECN of the reassembled packet (RFC 3168 section 5.3): CE
-    /// when any fragment was, else the first fragment's; None when ECN-capable
-    /// fragments came with ones that were not, which is dropped.
+    /// The outer ECN of the reassembled packet: CE when any fragment was
+    /// (RFC 3168 section 5.3), else the first fragment's; None when
+    /// ECN-capable fragments came with ones that were not, which is dropped.
     pub fn combined(&self) -> Option<u8> {
         let not_ect = self.seen & (1 << NOT_ECT) != 0;
         if not_ect && self.seen != 1 << NOT_ECT {
@@ -114,7 +116,7 @@ mod tests {
     }
 
     #[test]
-    fn fragments_combine_as_rfc_3168_section_5_3_asks() {
+    fn fragments_keep_a_ce_mark_and_mixes_with_not_ect_are_dropped() {
         let marks = |list: &[(u8, usize)]| {
             let mut m = FragmentMarks::default();
             list.iter().for_each(|&(e, o)| m.add(e, o));

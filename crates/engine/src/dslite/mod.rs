@@ -69,6 +69,10 @@ pub struct DsliteConfig {
     pub mtu: u16,
     /// The MSS softwire SYNs are lowered to; None: no clamping.
     pub mss_clamp: Option<u16>,
+    /// RFC 6040's compatibility mode: the outer header natrix writes is
+    /// Not-ECT, for B4s that would not carry its congestion marks in;
+    /// false: normal mode, the inner packet's ECN field copied out.
+    pub ecn_compatibility: bool,
 }
 
 impl DsliteConfig {
@@ -208,7 +212,7 @@ mod tests {
         assert!(p.contains("2001:db8:1ff::2".parse().unwrap()));
         assert!(!p.contains("2001:db8:200::2".parse().unwrap()));
         assert!(B4Prefix { network: Ipv6Addr::UNSPECIFIED, len: 0 }.contains("2001:db8::1".parse().unwrap()));
-        let cfg = DsliteConfig { aftr: "2001:db8:0:1::1".parse().unwrap(), b4_prefixes: vec![p], mtu: 1500, mss_clamp: None };
+        let cfg = DsliteConfig { aftr: "2001:db8:0:1::1".parse().unwrap(), b4_prefixes: vec![p], mtu: 1500, mss_clamp: None, ecn_compatibility: false };
         assert!(!cfg.accepts("2001:db8:200::2".parse().unwrap()));
         assert!(DsliteConfig { b4_prefixes: vec![], ..cfg }.accepts("2001:db8:200::2".parse().unwrap()));
     }

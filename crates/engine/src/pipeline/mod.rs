@@ -895,7 +895,7 @@ impl Engine {
         if let Some(c) = ds.cfg.mss_clamp {
             mss::clamp(buf, ip, c);
         }
-        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(&b4, ds.cfg.mtu, self.now_s) };
+        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(&b4, ds.cfg.mtu, self.now_s), copy_ecn: !ds.cfg.ecn_compatibility };
         let total = ip.total_len();
         if !softwire.fits(total) && ip.dont_fragment && origin == Origin::Outside && !ds.original.is_empty() {
             let from = self.router.source(Side::Outside);

@@ -261,7 +261,7 @@ impl Engine {
             let frame = f.frame();
             mss::clamp(frame, &translated_ip(frame, c, stand_in), clamp);
         }
-        let ecn = crate::dslite::ecn::of_ipv4(f.frame().get(L3..)?);
+        let ecn = if ds.cfg.ecn_compatibility { 0 } else { crate::dslite::ecn::of_ipv4(f.frame().get(L3..)?) };
         // The headers' bytes, bounds checked once: the frame held the inner
         // packet behind an Ethernet header, so it is longer than them.
         let head = f.widen_front(ipv6::HEADER_LEN)?.first_chunk_mut::<{ L3 + ipv6::HEADER_LEN }>()?;

@@ -38,6 +38,9 @@ const LIVE: u8 = 0x01;
 const REM_KNOWN: u8 = 0x02;
 /// The internal host has used `rem_vtag`: it took that INIT-ACK.
 const REM_CONFIRMED: u8 = 0x04;
+/// The internal host sent its INIT again after `rem_vtag` was learned,
+/// before using it: that INIT-ACK never reached it.
+const REM_REPLACEABLE: u8 = 0x08;
 
 /// Which tag of which side a lookup goes by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -274,15 +277,16 @@ impl Associations {
     }
 
     /// The INIT-ACK names the remote's tag: the association is found by it
-    /// from now on. Until the internal host has used it (`confirm_rem_vtag`),
-    /// a later INIT-ACK with another tag replaces it: the first was lost on
-    /// its way in, the host sent its INIT again, and the remote, holding no
-    /// state (RFC 9260 section 5.1), answered with a new tag, the only one
-    /// the host knows. A retransmitted INIT-ACK with the same tag changes
-    /// nothing, nor does any once the host has answered.
+    /// from now on. A later INIT-ACK with another tag replaces it only
+    /// where the internal host sent its INIT again meanwhile, before using
+    /// the tag (`init_sent_again`): the first INIT-ACK was lost on its way
+    /// in, and the remote, holding no state (RFC 9260 section 5.1),
+    /// answered the INIT sent again with a new tag, the only one the host
+    /// knows. Otherwise the host keeps the first INIT-ACK it gets and
+    /// discards later ones (RFC 9260 section 5.2.3), and so does natrix.
     pub fn learn_rem_vtag(&mut self, id: u32, tag: u32) {
         let r = self.records[id as usize];
-        if r.flags & REM_KNOWN != 0 && (r.rem_vtag == tag || r.flags & REM_CONFIRMED != 0) {
+        if r.flags & REM_KNOWN != 0 && (r.rem_vtag == tag || r.flags & REM_REPLACEABLE == 0) {
             return;
         }
         if r.flags & REM_KNOWN != 0 {
@@ -290,8 +294,17 @@ impl Associations {
         }
         let r = &mut self.records[id as usize];
         r.rem_vtag = tag;
-        r.flags |= REM_KNOWN;
+        r.flags = (r.flags | REM_KNOWN) & !REM_REPLACEABLE;
         self.index_rem_vtag(id, true);
+    }
+
+    /// The internal host sent its INIT again: where it has not used the
+    /// remote's tag yet, it never got the INIT-ACK that named it.
+    pub fn init_sent_again(&mut self, id: u32) {
+        let r = &mut self.records[id as usize];
+        if r.flags & (REM_KNOWN | REM_CONFIRMED) == REM_KNOWN {
+            r.flags |= REM_REPLACEABLE;
+        }
     }
 
     /// The internal host sent a packet with the remote's tag: an INIT-ACK
@@ -300,7 +313,7 @@ impl Associations {
     pub fn confirm_rem_vtag(&mut self, id: u32) {
         let r = &mut self.records[id as usize];
         if r.flags & REM_CONFIRMED == 0 {
-            r.flags |= REM_CONFIRMED;
+            r.flags = (r.flags | REM_CONFIRMED) & !REM_REPLACEABLE;
         }
     }
 
@@ -544,23 +557,30 @@ mod tests {
     }
 
     /// A first INIT-ACK lost on its way to the host: the INIT sent again
-    /// gets a new tag, which replaces the first until the host uses one.
+    /// gets a new tag, which replaces the first. Without an INIT sent again
+    /// a later INIT-ACK is a duplicate the host discards, and changes nothing.
     #[test]
-    fn a_later_init_ack_replaces_the_remote_tag_until_the_host_uses_it() {
+    fn a_later_init_ack_replaces_the_remote_tag_only_after_the_init_was_sent_again() {
         let mut t = Associations::new(16, 7, TIMEOUTS).unwrap();
         let id = t.insert(&assoc(INT, 0x1111)).unwrap();
         let found = |t: &Associations, key, addr, tag| t.find(key, addr, 5000, 38412, tag, REM).map(|f| f.id);
         t.learn_rem_vtag(id, 0x2222);
+        t.learn_rem_vtag(id, 0x5555);
+        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x2222), Some(id), "a duplicate INIT-ACK: the host keeps the first");
+        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x5555), None);
+        t.init_sent_again(id);
         t.learn_rem_vtag(id, 0x3333);
         assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x3333), Some(id));
         assert_eq!(found(&t, Key::OutsideByRemTag, EXT, 0x3333), Some(id));
         assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x2222), None, "the first tag is forgotten");
         assert_eq!(found(&t, Key::OutsideByRemTag, EXT, 0x2222), None);
+        t.learn_rem_vtag(id, 0x6666);
+        assert_eq!(t.get(id).rem_vtag, 0x3333, "one INIT sent again, one replacement");
         t.confirm_rem_vtag(id);
+        t.init_sent_again(id);
         t.learn_rem_vtag(id, 0x4444);
         assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x3333), Some(id), "the host answered with 0x3333: it stays");
         assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x4444), None);
-        assert_eq!(t.get(id).rem_vtag, 0x3333);
         t.remove(id);
         assert!(t.is_empty());
         assert_eq!(t.index.len(), 0, "no key left behind");

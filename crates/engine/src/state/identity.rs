@@ -249,7 +249,7 @@ impl Identities {
     /// The stand-in of host `inner` behind `b4`, made on first use (at
     /// second `now_s`). Refused when every stand-in is taken
     /// (`SubscriberTableFull`) or the B4 has as many hosts as it may hold
-    /// ports (`PortQuota`).
+    /// ports (`DsliteB4Hosts`).
     pub fn intern_softwire(&mut self, b4: Ipv6Addr, inner: u32, now_s: u32) -> Result<u32, DropReason> {
         if let Some(stand_in) = LastEndpoint::of(self.last, b4, inner) {
             return Ok(stand_in);
@@ -286,7 +286,7 @@ impl Identities {
             return Err(DropReason::SubscriberTableFull);
         }
         if self.b4_use.count[(b4_key - B4S) as usize] >= self.max_endpoints_per_b4 {
-            return Err(DropReason::PortQuota);
+            return Err(DropReason::DsliteB4Hosts);
         }
         let seed = self.seed;
         let (endpoints, uses) = (&self.endpoints, &self.endpoint_use);
@@ -530,14 +530,14 @@ mod tests {
         ids.limit_endpoints(100);
         ids.limit_endpoints_per_b4(3);
         let mine: Vec<u32> = (1..=3).map(|inner| ids.intern_softwire(b4(1), inner, 0).unwrap()).collect();
-        assert_eq!(ids.intern_softwire(b4(1), 4, 0), Err(DropReason::PortQuota));
+        assert_eq!(ids.intern_softwire(b4(1), 4, 0), Err(DropReason::DsliteB4Hosts));
         assert_eq!(ids.intern_softwire(b4(1), 2, 0), Ok(mine[1]), "a host it has keeps its stand-in");
         assert!(ids.intern_softwire(b4(2), 4, 0).is_ok(), "another B4 is not held back");
         ids.hold(mine[0]);
         ids.reclaim(10, 5, |_| false);
         assert!(ids.intern_softwire(b4(1), 4, 10).is_ok(), "unused ones reclaimed: room again");
         assert!(ids.intern_softwire(b4(1), 5, 10).is_ok());
-        assert_eq!(ids.intern_softwire(b4(1), 6, 10), Err(DropReason::PortQuota));
+        assert_eq!(ids.intern_softwire(b4(1), 6, 10), Err(DropReason::DsliteB4Hosts));
     }
 
     #[test]

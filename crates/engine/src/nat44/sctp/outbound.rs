@@ -83,6 +83,7 @@ impl Nat44 {
         }
         let tag = scan.init_tag;
         if let Some(f) = self.assocs.find(Key::InsideByIntTag, ip.src, h.src_port, h.dst_port, tag, ip.dst).filter(|f| f.remote_known) {
+            self.assocs.init_sent_again(f.id);
             return Ok(f.id);
         }
         let (ext_addr, sub) = self.sctp_external_address(ip.src)?;
