@@ -311,5 +311,7 @@ def test_check_config_says_how_much_the_attempts_may_take_under_load(natrix, tmp
         assert line, out
         grown = int(line.split("(")[1].split(" bytes")[0])
         assert 2 * sessions * 192 <= grown <= 2 * sessions * 256, line
+    p.write_text('[nat]\nmode = "off"\n[syn_accel]\ndestinations = ["198.51.100.0/24:5060"]\n')
+    assert "more under load" in h.proc_text(natrix("check-config", str(p))), "router mode, where the accelerator is a bump in the wire, too"
     p.write_text(h.make_config(nat={"max_sessions": 65536}))
     assert "more under load" not in h.proc_text(natrix("check-config", str(p))), "nothing grows without the accelerator"

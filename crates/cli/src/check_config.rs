@@ -93,8 +93,16 @@ fn check_file(path: &Path, live: bool) -> Result<Config, Failure> {
         }
     }
     let e = &cfg.engine;
+    // Router mode keeps no sessions; the SYN accelerator's table is sized alike.
+    let sized_for = match (e.translate, e.syn_accel.is_some()) {
+        (true, _) => format!("{} sessions", e.max_sessions),
+        (false, true) => format!("{} pending SYN attempts", e.max_sessions),
+        (false, false) => "router mode keeps no sessions".to_owned(),
+    };
+    let memory = Memory { reserved, under_load, sized_for, workers };
     if !e.translate {
         println!("{}: valid (router mode: IPv4 and IPv6 routed without translation)", path.display());
+        memory.report(path);
         return Ok(cfg);
     }
     println!(
@@ -106,15 +114,7 @@ fn check_file(path: &Path, live: bool) -> Result<Config, Failure> {
         e.filtering.name(),
         e.max_ports_per_subscriber
     );
-    println!(
-        "  memory reserved up front: {} ({} sessions{})",
-        human_bytes(reserved),
-        e.max_sessions,
-        if workers > 1 { format!(" in each of {workers} workers") } else { String::new() }
-    );
-    if under_load > 0 {
-        println!("  and up to {} more under load (the SYN accelerator's records of pending attempts)", human_bytes(under_load));
-    }
+    memory.report(path);
     if let Some(d) = &e.dslite {
         let clamp = d.mss_clamp.map_or("off".to_owned(), |m| m.to_string());
         let b4s = match d.b4_prefixes.len() {
@@ -124,21 +124,45 @@ fn check_file(path: &Path, live: bool) -> Result<Config, Failure> {
         };
         println!("  DS-Lite AFTR {} ({b4s}, softwire MTU {}, MSS clamp {clamp})", d.aftr, d.mtu);
     }
-    if let Some(total) = physical_memory() {
-        if reserved + under_load > total {
-            eprintln!(
-                "natrix: warning: {}: the configuration reserves {} (and up to {} more under load) but this host has {}: lower nat.max_sessions",
-                path.display(),
-                human_bytes(reserved),
-                human_bytes(under_load),
-                human_bytes(total)
-            );
-        }
-    }
     if let Some(c) = &cfg.cluster {
         println!("  cluster node {} ({}) of partition {}", c.node, c.role.name(), c.partition);
     }
     Ok(cfg)
+}
+
+/// The memory a configuration takes: reserved up front, and what tables
+/// that grow with load may add.
+struct Memory {
+    reserved: u64,
+    under_load: u64,
+    /// What the tables are sized for.
+    sized_for: String,
+    workers: u32,
+}
+
+impl Memory {
+    /// Prints it, and warns when it is more than this host has.
+    fn report(&self, path: &Path) {
+        println!(
+            "  memory reserved up front: {} ({}{})",
+            human_bytes(self.reserved),
+            self.sized_for,
+            if self.workers > 1 { format!(" in each of {} workers", self.workers) } else { String::new() }
+        );
+        if self.under_load > 0 {
+            println!("  and up to {} more under load (the SYN accelerator's records of pending attempts)", human_bytes(self.under_load));
+        }
+        let Some(total) = physical_memory() else { return };
+        if self.reserved + self.under_load > total {
+            eprintln!(
+                "natrix: warning: {}: the configuration reserves {} (and up to {} more under load) but this host has {}: lower nat.max_sessions",
+                path.display(),
+                human_bytes(self.reserved),
+                human_bytes(self.under_load),
+                human_bytes(total)
+            );
+        }
+    }
 }
 
 /// What `run` needs from this host beyond the file: its interfaces, log

@@ -531,7 +531,7 @@ fn nop_out(frame: &mut [u8], tcp_at: usize, hl: usize, spans: impl Iterator<Item
 /// the MTU, and one with DF grown past it would be lost on the way.
 fn fits_the_link(frame: &[u8], info: &FrameInfo, added: usize) -> bool {
     let total = natrix_wire::get_u16_at(frame, info.l3 + 2);
-    info.egress_mtu == 0 || usize::from(total) + added <= usize::from(info.egress_mtu)
+    added == 0 || info.egress_mtu == 0 || usize::from(total) + added <= usize::from(info.egress_mtu)
 }
 
 fn apply_tcp_checksum(frame: &mut [u8], tcp_at: usize, delta: Delta) {

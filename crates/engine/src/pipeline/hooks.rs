@@ -99,6 +99,8 @@ pub struct FrameInfo {
     /// After translation, the largest IPv4 datagram the link the frame
     /// leaves by takes (0: none known): a function that lengthens a frame
     /// keeps within it, since a datagram with DF past it would be lost.
+    /// The link's, not a DS-Lite softwire's (which is 40 bytes less than
+    /// its outer MTU, per B4) for a frame going into one.
     pub egress_mtu: u16,
 }
 
