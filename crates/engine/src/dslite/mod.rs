@@ -169,6 +169,17 @@ impl Dslite {
         }
     }
 
+    /// What of an inner TOS byte the outer header carries: its ECN field
+    /// (RFC 6040's normal mode), or nothing (compatibility mode).
+    #[inline(always)]
+    pub fn ecn_mask(&self) -> u8 {
+        if self.cfg.ecn_compatibility {
+            0
+        } else {
+            0b11
+        }
+    }
+
     pub fn next_frag_ident(&mut self) -> u32 {
         self.frag_ident = self.frag_ident.wrapping_add(1);
         self.frag_ident

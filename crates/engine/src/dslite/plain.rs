@@ -26,13 +26,12 @@ pub(crate) fn plain_softwire(frame: &[u8], aftr: &Ipv6Addr) -> Option<(Ipv6Addr,
     let h = frame.first_chunk::<{ INNER + 20 }>()?;
     let payload = usize::from(get_u16_at(h, L3 + 4));
     let plain = get_u16_at(h, 12) == ethernet::ETHERTYPE_IPV6
-        && h[L3] >> 4 == 6
+        && version_6_keeping_ecn(h)
         && h[L3 + 6] == ipv6::next_header::IPV4
         && h[L3 + 24..INNER] == aftr.octets()
         && h[INNER] == 0x45
         && usize::from(get_u16_at(h, INNER + 2)) == payload
-        && INNER + payload <= frame.len()
-        && ecn_kept(ecn::of_ipv4(&h[INNER..]), ecn::of_ipv6(&h[L3..]));
+        && INNER + payload <= frame.len();
     if !plain {
         return None;
     }
@@ -40,11 +39,14 @@ pub(crate) fn plain_softwire(frame: &[u8], aftr: &Ipv6Addr) -> Option<(Ipv6Addr,
     Some((Ipv6Addr::from(src), payload))
 }
 
-/// Whether decapsulation leaves the inner ECN field `inner` as it is under
-/// the outer `outer`.
-#[inline]
-fn ecn_kept(inner: u8, outer: u8) -> bool {
-    ecn::decapsulated(inner, outer) == Some(inner)
+/// Whether the IPv6 header of `h` says version 6 and carries an ECN field
+/// under which decapsulation leaves the inner one as it is (RFC 6040): an
+/// outer Not-ECT, most softwires' (one test, as the version's alone), or
+/// any the table keeps.
+#[inline(always)]
+fn version_6_keeping_ecn(h: &[u8; INNER + 20]) -> bool {
+    let w = get_u16_at(h, L3);
+    w & 0xf030 == 0x6000 || (w >> 12 == 6 && ecn::kept(h[INNER + 1], (w >> 4) as u8))
 }
 
 /// Whether the full parse takes `b4` as a softwire packet's source: what

@@ -135,7 +135,7 @@ impl Nat44 {
     /// candidate's internal address, so the lookup needs neither the
     /// packet decapsulated nor its source replaced. The bytes before `at`
     /// stand where an Ethernet header would; they are not read.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn carried_candidate(&self, frame: &[u8], at: usize, stand_in: u32) -> Option<Candidate> {
         let view = frame.get(at - L3..)?;
         self.candidate_of(view.first_chunk::<VIEW>()?, view.len(), Side::Inside, |_| Some(stand_in))

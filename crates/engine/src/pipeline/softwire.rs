@@ -261,10 +261,11 @@ impl Engine {
             let frame = f.frame();
             mss::clamp(frame, &translated_ip(frame, c, stand_in), clamp);
         }
-        let ecn = if ds.cfg.ecn_compatibility { 0 } else { crate::dslite::ecn::of_ipv4(f.frame().get(L3..)?) };
-        // The headers' bytes, bounds checked once: the frame held the inner
-        // packet behind an Ethernet header, so it is longer than them.
-        let head = f.widen_front(ipv6::HEADER_LEN)?.first_chunk_mut::<{ L3 + ipv6::HEADER_LEN }>()?;
+        // The headers' bytes and the inner TOS, bounds checked once: the
+        // frame held the inner packet behind an Ethernet header.
+        let frame = f.widen_front(ipv6::HEADER_LEN)?.first_chunk_mut::<{ L3 + ipv6::HEADER_LEN + 2 }>()?;
+        let ecn = frame[L3 + ipv6::HEADER_LEN + 1] & ds.ecn_mask();
+        let head = frame.first_chunk_mut::<{ L3 + ipv6::HEADER_LEN }>()?;
         head.copy_within(ipv6::HEADER_LEN..ipv6::HEADER_LEN + 12, 0);
         head[12..L3].copy_from_slice(&ethernet::ETHERTYPE_IPV6.to_be_bytes());
         head[L3..].copy_from_slice(&encap::outer_header(&ds.cfg.aftr, b4, ipv6::next_header::IPV4, total, ecn));
