@@ -159,12 +159,18 @@ impl Nat44 {
                 return true;
             }
         }
+        self.walked_to(w, to, self.association_views(subscriber).map(|(a, _)| a))
+    }
+
+    /// Moves `w` past the mapping records before `to`; at the table's end
+    /// adds the SCTP associations' `rows` and says the walk is done.
+    fn walked_to<T: Row>(&self, w: &mut Walk<T>, to: u32, rows: impl Iterator<Item = T>) -> bool {
         w.next = to;
         if to < self.tables.record_slots() {
             return false;
         }
-        for (a, _) in self.association_views(w.subscriber) {
-            if !w.take(a) {
+        for row in rows {
+            if !w.take(row) {
                 break;
             }
         }
@@ -246,16 +252,8 @@ impl Nat44 {
                 return true;
             }
         }
-        w.next = to;
-        if to < self.tables.record_slots() {
-            return false;
-        }
-        for (_, m) in self.association_views(w.subscriber) {
-            if !w.take(m) {
-                break;
-            }
-        }
-        true
+        let subscriber = w.subscriber;
+        self.walked_to(w, to, self.association_views(subscriber).map(|(_, m)| m))
     }
 
     /// Removes every session of a subscriber, and with them its dynamic
