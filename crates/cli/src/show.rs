@@ -42,8 +42,7 @@ pub struct ShowArgs {
     api: String,
 }
 
-/// As the API's own default: a bounded answer from a table of millions.
-const DEFAULT_LIMIT: usize = 100_000;
+use natrix_control::api::DEFAULT_LIMIT;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Clearable {
@@ -79,14 +78,14 @@ pub fn show(args: &ShowArgs) -> Result<(), Failure> {
     }
     let query = if params.is_empty() { String::new() } else { format!("?{}", params.join("&")) };
     let v = request(&args.api, "GET", &format!("{path}{query}"))?;
+    if let (true, Value::Array(rows)) = (listing, &v) {
+        if rows.len() >= args.limit {
+            eprintln!("natrix: the first {} shown, there may be more: --limit N for more, --subscriber or --b4 for fewer", rows.len());
+        }
+    }
     if args.json {
         println!("{v}");
         return Ok(());
-    }
-    if let (true, Value::Array(rows)) = (listing, &v) {
-        if rows.len() >= args.limit {
-            eprintln!("natrix: the first {} shown: --limit N for more, --subscriber or --b4 for fewer", rows.len());
-        }
     }
     if let Some(b4) = args.b4 {
         println!("{}", softwire_line(b4, &v));

@@ -203,7 +203,8 @@ impl Response {
 
 /// `log`: records the logger recorded and its sinks lost.
 fn route(method: &str, path: &str, query: &str, dp: &Dataplane, log: (u64, u64), cluster: Option<&ClusterStatus>, format: Format) -> Response {
-    let Query { only, limit } = match query_params(query) {
+    let listing = matches!(path, "/api/sessions" | "/api/mappings");
+    let Query { only, limit } = match query_params(query, listing) {
         Ok(q) => q,
         Err(e) => return Response::error(400, &e),
     };
@@ -241,10 +242,14 @@ struct Query {
     limit: usize,
 }
 
-fn query_params(query: &str) -> Result<Query, String> {
+/// The query's parameters; `b4` and `limit` only for a `listing`
+/// (elsewhere they would be ignored, and a clear that ignored `b4` would
+/// clear more than asked).
+fn query_params(query: &str, listing: bool) -> Result<Query, String> {
     let mut q = Query { only: Only::default(), limit: DEFAULT_LIMIT };
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         match pair.split_once('=') {
+            Some(("b4" | "limit", _)) if !listing => return Err(format!("\"{pair}\": only /api/sessions and /api/mappings take it")),
             Some(("b4", v)) => q.only.b4 = Some(v.parse::<std::net::Ipv6Addr>().map_err(|_| format!("b4 \"{v}\" is not an IPv6 address"))?),
             Some(("subscriber", v)) => q.only.subscriber = Some(v.parse::<Ipv4Addr>().map(u32::from).map_err(|_| format!("subscriber \"{v}\" is not an IPv4 address"))?),
             Some(("limit", v)) => q.limit = v.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| format!("limit \"{v}\" is not a number of rows above 0"))?,
@@ -338,15 +343,18 @@ mod tests {
     #[test]
     fn parameters_are_parsed_or_refused_by_name() {
         let only = |subscriber, b4| Only { subscriber, b4 };
-        assert_eq!(query_params(""), Ok(Query { only: only(None, None), limit: DEFAULT_LIMIT }));
-        assert_eq!(query_params("subscriber=100.64.0.2"), Ok(Query { only: only(Some(0x6440_0002), None), limit: DEFAULT_LIMIT }));
-        assert_eq!(query_params("subscriber=100.64.0.2&limit=5"), Ok(Query { only: only(Some(0x6440_0002), None), limit: 5 }));
-        assert_eq!(query_params("b4=2001:db8::7"), Ok(Query { only: only(None, "2001:db8::7".parse().ok()), limit: DEFAULT_LIMIT }));
-        assert!(query_params("b4=192.0.2.1").unwrap_err().contains("192.0.2.1"));
-        assert!(query_params("subscriber=banana").unwrap_err().contains("banana"));
-        assert!(query_params("limit=0").unwrap_err().contains("limit"));
-        assert!(query_params("limit=many").unwrap_err().contains("many"));
-        assert!(query_params("colour=red").unwrap_err().contains("colour"));
+        assert_eq!(query_params("", true), Ok(Query { only: only(None, None), limit: DEFAULT_LIMIT }));
+        assert_eq!(query_params("subscriber=100.64.0.2", true), Ok(Query { only: only(Some(0x6440_0002), None), limit: DEFAULT_LIMIT }));
+        assert_eq!(query_params("subscriber=100.64.0.2&limit=5", true), Ok(Query { only: only(Some(0x6440_0002), None), limit: 5 }));
+        assert_eq!(query_params("b4=2001:db8::7", true), Ok(Query { only: only(None, "2001:db8::7".parse().ok()), limit: DEFAULT_LIMIT }));
+        assert!(query_params("b4=192.0.2.1", true).unwrap_err().contains("192.0.2.1"));
+        assert!(query_params("subscriber=banana", true).unwrap_err().contains("banana"));
+        assert!(query_params("limit=0", true).unwrap_err().contains("limit"));
+        assert!(query_params("limit=many", true).unwrap_err().contains("many"));
+        assert!(query_params("colour=red", true).unwrap_err().contains("colour"));
+        assert_eq!(query_params("subscriber=100.64.0.2", false).map(|q| q.only.subscriber), Ok(Some(0x6440_0002)), "a clear's subscriber");
+        assert!(query_params("subscriber=100.64.0.2&b4=2001:db8::7", false).unwrap_err().contains("b4"), "a clear of one B4's hosts would clear the whole subscriber");
+        assert!(query_params("limit=5", false).unwrap_err().contains("limit"));
     }
 
     #[test]

@@ -147,26 +147,45 @@ impl Nat44 {
         w.rows
     }
 
-    /// Adds to `w` the sessions of up to `step` more mapping records, then,
-    /// at the table's end, the SCTP associations; true once it is done
-    /// (or has its `limit` of rows).
-    pub fn walk_sessions(&self, w: &mut Walk<SessionView>, step: u32) -> bool {
-        let to = w.next.saturating_add(step);
-        let sessions = self.tables.live_mappings_in(w.next, to).flat_map(|m| self.tables.sessions_of(m)).map(|id| self.tables.session(id));
-        let subscriber = w.subscriber;
-        for s in sessions.filter(|s| subscriber.is_none_or(|a| a == s.int_addr)) {
-            if !w.take(self.session_view(s)) {
-                return true;
+    /// Adds to `w` the sessions of more mapping records, until about
+    /// `budget` records and sessions have been looked at (a whole
+    /// mapping's sessions at a time), then, at the table's end, the SCTP
+    /// associations; true once it is done (or has its `limit` of rows).
+    pub fn walk_sessions(&self, w: &mut Walk<SessionView>, budget: u32) -> bool {
+        let (end, mut spent) = (self.tables.record_slots(), 0u32);
+        while w.next < end && spent < budget {
+            let m = w.next;
+            w.next += 1;
+            spent += 1;
+            if !self.wanted(w, m) {
+                continue;
+            }
+            for id in self.tables.sessions_of(m) {
+                spent = spent.saturating_add(1);
+                if !w.take(self.session_view(self.tables.session(id))) {
+                    return true;
+                }
             }
         }
-        self.walked_to(w, to, self.association_views(subscriber).map(|(a, _)| a))
+        let subscriber = w.subscriber;
+        self.walked_to_the_end(w, self.association_views(subscriber).map(|(a, _)| a))
     }
 
-    /// Moves `w` past the mapping records before `to`; at the table's end
-    /// adds the SCTP associations' `rows` and says the walk is done.
-    fn walked_to<T: Row>(&self, w: &mut Walk<T>, to: u32, rows: impl Iterator<Item = T>) -> bool {
-        w.next = to;
-        if to < self.tables.record_slots() {
+    /// Whether mapping record `m` is live and `w` asks for its rows: its
+    /// subscriber's, or those of a host behind its B4.
+    fn wanted<T>(&self, w: &Walk<T>, m: u32) -> bool {
+        if !self.tables.is_live_mapping(m) {
+            return false;
+        }
+        let int_addr = self.tables.mapping(m).int_addr;
+        w.subscriber.is_none_or(|a| a == int_addr)
+            && w.b4.is_none_or(|b4| matches!(self.subs.identities().resolve(int_addr), crate::state::identity::Identity::Softwire { b4: b, .. } if b == b4))
+    }
+
+    /// At the table's end, adds the SCTP associations' `rows` and says the
+    /// walk is done.
+    fn walked_to_the_end<T: Row>(&self, w: &mut Walk<T>, rows: impl Iterator<Item = T>) -> bool {
+        if w.next < self.tables.record_slots() {
             return false;
         }
         for row in rows {
@@ -229,31 +248,39 @@ impl Nat44 {
     }
 
     /// `walk_sessions` for mappings.
-    pub fn walk_mappings(&self, w: &mut Walk<MappingView>, step: u32) -> bool {
-        let to = w.next.saturating_add(step);
-        for id in self.tables.live_mappings_in(w.next, to) {
-            let m = self.tables.mapping(id);
-            if w.subscriber.is_some_and(|a| a != m.int_addr) {
+    pub fn walk_mappings(&self, w: &mut Walk<MappingView>, budget: u32) -> bool {
+        let (end, mut spent) = (self.tables.record_slots(), 0u32);
+        while w.next < end && spent < budget {
+            let m = w.next;
+            w.next += 1;
+            spent += 1;
+            if !self.wanted(w, m) {
                 continue;
             }
-            let (int_addr, b4, softwire) = self.shown(m.int_addr);
-            let view = MappingView {
-                proto: m.proto,
-                int_addr,
-                b4,
-                softwire,
-                int_port: m.int_port,
-                ext_addr: m.ext_addr,
-                ext_port: m.ext_port,
-                sessions: self.tables.sessions_of(id).count() as u32,
-                is_static: m.flags & mapping_flags::STATIC != 0,
-            };
-            if !w.take(view) {
+            let sessions = self.tables.sessions_of(m).count() as u32;
+            spent = spent.saturating_add(sessions);
+            if !w.take(self.mapping_view(m, sessions)) {
                 return true;
             }
         }
         let subscriber = w.subscriber;
-        self.walked_to(w, to, self.association_views(subscriber).map(|(_, m)| m))
+        self.walked_to_the_end(w, self.association_views(subscriber).map(|(_, m)| m))
+    }
+
+    fn mapping_view(&self, id: u32, sessions: u32) -> MappingView {
+        let m = self.tables.mapping(id);
+        let (int_addr, b4, softwire) = self.shown(m.int_addr);
+        MappingView {
+            proto: m.proto,
+            int_addr,
+            b4,
+            softwire,
+            int_port: m.int_port,
+            ext_addr: m.ext_addr,
+            ext_port: m.ext_port,
+            sessions,
+            is_static: m.flags & mapping_flags::STATIC != 0,
+        }
     }
 
     /// Removes every session of a subscriber, and with them its dynamic

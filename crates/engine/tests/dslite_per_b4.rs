@@ -79,6 +79,11 @@ fn each_b4_counts_its_own_traffic_and_the_views_carry_it() {
     assert_eq!(of(1), (3, 2, 0, 3));
     assert_eq!(of(2), (1, 0, 1, 1));
     assert!(e.session_views(None).iter().all(|s| s.softwire.is_some()));
+    // `show --b4`: a listing of one B4's hosts, walked by the worker.
+    let mut behind = natrix_engine::admin::Walk::new(None, usize::MAX).behind(Some(b4(1).into()));
+    while !e.walk_sessions(&mut behind, 1) {}
+    assert_eq!(behind.rows.len(), 3);
+    assert!(behind.rows.iter().all(|s| s.b4 == Some(b4(1).into())));
 }
 
 /// The fast paths decide as the full path does: a host address that is

@@ -50,10 +50,10 @@ fn parse_ecn(s: &mut Section) -> Result<bool, ConfigError> {
     }
 }
 
-/// NPTv6 translates what comes from its inside prefixes, so softwires from
-/// B4s there would leave translated instead of being terminated: with
-/// `[[nptv6]]` bindings the B4s must be listed, apart from them (two
-/// prefixes overlap when they agree on the shorter one's bits).
+/// NPTv6's sites and DS-Lite's B4s are kept apart, so that which function
+/// serves an address is plain from the configuration: with `[[nptv6]]`
+/// bindings the B4s must be listed, apart from the bindings' inside
+/// prefixes (two prefixes overlap when they agree on the shorter one's bits).
 fn check_apart_from_nptv6(b4_prefixes: &[B4Prefix], e: &EngineConfig) -> Result<(), ConfigError> {
     if e.nptv6.is_empty() {
         return Ok(());
@@ -63,7 +63,10 @@ fn check_apart_from_nptv6(b4_prefixes: &[B4Prefix], e: &EngineConfig) -> Result<
     }
     for (i, p) in b4_prefixes.iter().enumerate() {
         if let Some((j, _)) = e.nptv6.iter().enumerate().find(|(_, b)| super::prefix6_contains(b.inside, b.prefix_len.min(p.len), p.network)) {
-            return err(format!("dslite.b4_prefixes[{i}]"), format!("overlaps nptv6[{j}].inside: NPTv6 would translate those B4s' softwires"));
+            return err(
+                format!("dslite.b4_prefixes[{i}]"),
+                format!("overlaps nptv6[{j}].inside: keep the B4s apart from NPTv6's sites (a site's hosts are NPTv6's, a B4's softwires DS-Lite's)"),
+            );
         }
     }
     Ok(())

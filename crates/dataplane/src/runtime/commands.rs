@@ -25,7 +25,7 @@ pub(super) struct LinkReload {
     pub pool: Vec<u32>,
 }
 
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const COMMAND_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(super) enum Command {
     Worker(Sender<WorkerSnapshot>),
@@ -64,10 +64,15 @@ impl Control {
 
     /// Sends a request and waits for the answer.
     pub(super) fn ask<T>(&self, make: impl FnOnce(Sender<T>) -> Command) -> Result<T, ControlError> {
+        self.post(make)?.recv_timeout(COMMAND_TIMEOUT).map_err(|_| ControlError::NoAnswer)
+    }
+
+    /// Sends a request; its answer comes on the receiver returned.
+    pub(super) fn post<T>(&self, make: impl FnOnce(Sender<T>) -> Command) -> Result<mpsc::Receiver<T>, ControlError> {
         let (tx, rx) = mpsc::channel();
         self.commands.send(make(tx)).map_err(|_| ControlError::Stopped)?;
         self.doorbell.ring_always();
-        rx.recv_timeout(COMMAND_TIMEOUT).map_err(|_| ControlError::NoAnswer)
+        Ok(rx)
     }
 }
 

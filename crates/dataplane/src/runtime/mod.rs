@@ -593,14 +593,16 @@ impl Dataplane {
         self.listing(limit, |tx| Command::Mappings(Walk::new(only.subscriber, limit).behind(only.b4), tx))
     }
 
-    /// Every worker's rows of a listing, the first `limit` of them.
+    /// Every worker's rows of a listing, the first `limit` of them (worker
+    /// 0's first). The workers walk their tables at once, each answering
+    /// within one deadline for all.
     fn listing<T>(&self, limit: usize, ask: impl Fn(std::sync::mpsc::Sender<Vec<T>>) -> Command) -> Result<Vec<T>, ControlError> {
+        let deadline = std::time::Instant::now() + commands::COMMAND_TIMEOUT;
+        let answers = self.workers.iter().map(|w| w.post(&ask)).collect::<Result<Vec<_>, _>>()?;
         let mut rows = Vec::new();
-        for w in &self.workers {
-            if rows.len() >= limit {
-                break;
-            }
-            rows.extend(w.ask(&ask)?);
+        for answer in answers {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            rows.extend(answer.recv_timeout(left).map_err(|_| ControlError::NoAnswer)?);
         }
         rows.truncate(limit);
         Ok(rows)

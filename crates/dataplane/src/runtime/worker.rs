@@ -13,7 +13,7 @@ use natrix_io::FrameId;
 use natrix_wire::partial_checksum::{self, Found};
 
 use super::clock::{sleep_ms, Clock, Idle, Work};
-use super::commands::Command;
+use super::commands::{Command, COMMAND_TIMEOUT};
 use super::links::Links;
 use super::offload::{OffloadPlan, Offloader};
 use super::{Logged, WorkerSnapshot, PORT_USE_THRESHOLDS};
@@ -41,14 +41,25 @@ pub(super) struct EngineWorker {
     listings: VecDeque<Listing>,
 }
 
-/// Mapping records a listing looks at per round: about 0.1 ms of a
-/// worker's time, so the rings it serves wait no longer than for a batch.
+/// Mapping records and sessions a listing looks at per round (a mapping's
+/// sessions all at once): about 0.1 ms of a worker's time, so the rings
+/// it serves wait no longer than for a batch.
 const LISTING_STEP: u32 = 4096;
 
-/// A listing being made, and where it goes when done.
+/// A listing being made, where it goes when done, and until when its
+/// asker waits (`COMMAND_TIMEOUT`): one it gave up on is dropped, so the
+/// listings behind it are not held up.
 enum Listing {
-    Sessions(Walk<SessionView>, Sender<Vec<SessionView>>),
-    Mappings(Walk<MappingView>, Sender<Vec<MappingView>>),
+    Sessions(Walk<SessionView>, Sender<Vec<SessionView>>, Instant),
+    Mappings(Walk<MappingView>, Sender<Vec<MappingView>>, Instant),
+}
+
+impl Listing {
+    fn expired(&self, now: Instant) -> bool {
+        match self {
+            Listing::Sessions(_, _, until) | Listing::Mappings(_, _, until) => now > *until,
+        }
+    }
 }
 
 impl EngineWorker {
@@ -72,15 +83,17 @@ impl EngineWorker {
     /// Makes a part of the first listing asked for, and sends it once done;
     /// returns whether one is still being made (the thread then does not sleep).
     pub(super) fn make_listings(&mut self) -> bool {
+        let now = Instant::now();
+        self.listings.retain(|l| !l.expired(now));
         let done = match self.listings.front_mut() {
             None => return false,
-            Some(Listing::Sessions(w, _)) => self.engine.walk_sessions(w, LISTING_STEP),
-            Some(Listing::Mappings(w, _)) => self.engine.walk_mappings(w, LISTING_STEP),
+            Some(Listing::Sessions(w, _, _)) => self.engine.walk_sessions(w, LISTING_STEP),
+            Some(Listing::Mappings(w, _, _)) => self.engine.walk_mappings(w, LISTING_STEP),
         };
         if done {
             match self.listings.pop_front() {
-                Some(Listing::Sessions(w, tx)) => drop(tx.send(w.rows)),
-                Some(Listing::Mappings(w, tx)) => drop(tx.send(w.rows)),
+                Some(Listing::Sessions(w, tx, _)) => drop(tx.send(w.rows)),
+                Some(Listing::Mappings(w, tx, _)) => drop(tx.send(w.rows)),
                 None => {}
             }
         }
@@ -163,8 +176,8 @@ impl EngineWorker {
             Command::Worker(tx) => {
                 let _ = tx.send(self.snapshot());
             }
-            Command::Sessions(walk, tx) => self.listings.push_back(Listing::Sessions(walk, tx)),
-            Command::Mappings(walk, tx) => self.listings.push_back(Listing::Mappings(walk, tx)),
+            Command::Sessions(walk, tx) => self.listings.push_back(Listing::Sessions(walk, tx, Instant::now() + COMMAND_TIMEOUT)),
+            Command::Mappings(walk, tx) => self.listings.push_back(Listing::Mappings(walk, tx, Instant::now() + COMMAND_TIMEOUT)),
             Command::Clear(addr, tx) => {
                 self.forget_offloaded();
                 let (events, lost) = (&self.events, &mut self.events_lost);

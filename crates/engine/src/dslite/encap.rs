@@ -17,9 +17,9 @@ pub(crate) struct Softwire<'a> {
     pub aftr: Ipv6Addr,
     pub b4: Ipv6Addr,
     pub mtu: u16,
-    /// RFC 6040's normal mode: the inner ECN field copied to the outer
-    /// header; false: compatibility mode, Not-ECT outside.
-    pub copy_ecn: bool,
+    /// What of the inner TOS byte the outer header carries
+    /// (`Dslite::ecn_mask`): the ECN field, or nothing.
+    pub ecn_mask: u8,
 }
 
 /// Whether `inner` bytes fit in one outer packet of a softwire of `mtu`.
@@ -51,7 +51,7 @@ impl Softwire<'_> {
     /// Hands `emit` each frame that carries `inner`: one when it fits, else
     /// fragments of the outer packet, all with identification `ident`.
     pub fn encapsulate(&self, inner: &[u8], ident: u32, mut emit: impl FnMut(&mut dyn FnMut(&mut Vec<u8>))) {
-        let ecn = inner.get(..2).filter(|_| self.copy_ecn).map_or(0, super::ecn::of_ipv4);
+        let ecn = inner.get(1).map_or(0, |tos| tos & self.ecn_mask);
         if self.fits(inner.len()) {
             emit(&mut |buf| self.write(buf, ipv6::next_header::IPV4, inner.len(), ecn, |b| b.extend_from_slice(inner)));
             return;
@@ -88,7 +88,7 @@ mod tests {
 
     fn softwire(mtu: u16) -> Softwire<'static> {
         const ETH: [u8; 14] = [2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 8, 0];
-        Softwire { eth: &ETH, aftr: "2001:db8:0:1::1".parse().unwrap(), b4: "2001:db8:100::2".parse().unwrap(), mtu, copy_ecn: true }
+        Softwire { eth: &ETH, aftr: "2001:db8:0:1::1".parse().unwrap(), b4: "2001:db8:100::2".parse().unwrap(), mtu, ecn_mask: 0b11 }
     }
 
     fn frames(s: &Softwire, inner: &[u8]) -> Vec<Vec<u8>> {
@@ -127,7 +127,7 @@ mod tests {
                     let h = etherparse::Ipv6Header::from_slice(&f[14..]).unwrap().0;
                     assert_eq!(h.traffic_class, ecn, "inner ECN {ecn:02b}, {size} bytes");
                 }
-                let compatible = Softwire { copy_ecn: false, ..softwire(1280) };
+                let compatible = Softwire { ecn_mask: 0, ..softwire(1280) };
                 for f in frames(&compatible, &inner) {
                     let h = etherparse::Ipv6Header::from_slice(&f[14..]).unwrap().0;
                     assert_eq!(h.traffic_class, 0, "compatibility mode: Not-ECT outside");

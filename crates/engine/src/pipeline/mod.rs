@@ -895,7 +895,7 @@ impl Engine {
         if let Some(c) = ds.cfg.mss_clamp {
             mss::clamp(buf, ip, c);
         }
-        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(&b4, ds.cfg.mtu, self.now_s), copy_ecn: !ds.cfg.ecn_compatibility };
+        let softwire = encap::Softwire { eth: &buf[..l3], aftr: ds.cfg.aftr, b4, mtu: ds.mtus.of(&b4, ds.cfg.mtu, self.now_s), ecn_mask: ds.ecn_mask() };
         let total = ip.total_len();
         if !softwire.fits(total) && ip.dont_fragment && origin == Origin::Outside && !ds.original.is_empty() {
             let from = self.router.source(Side::Outside);
@@ -1120,13 +1120,13 @@ impl Engine {
     }
 
     /// `session_views` a part at a time (`admin::Walk`): true once done.
-    pub fn walk_sessions(&self, w: &mut crate::admin::Walk<crate::admin::SessionView>, step: u32) -> bool {
-        self.nat.walk_sessions(w, step)
+    pub fn walk_sessions(&self, w: &mut crate::admin::Walk<crate::admin::SessionView>, budget: u32) -> bool {
+        self.nat.walk_sessions(w, budget)
     }
 
     /// `mapping_views` a part at a time (`admin::Walk`): true once done.
-    pub fn walk_mappings(&self, w: &mut crate::admin::Walk<crate::admin::MappingView>, step: u32) -> bool {
-        self.nat.walk_mappings(w, step)
+    pub fn walk_mappings(&self, w: &mut crate::admin::Walk<crate::admin::MappingView>, budget: u32) -> bool {
+        self.nat.walk_mappings(w, budget)
     }
 
     /// Ends a subscriber's sessions and dynamic mappings; their events,

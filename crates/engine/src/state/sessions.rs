@@ -802,6 +802,11 @@ impl Tables {
         (from..to.min(self.record_slots())).filter(|&m| self.records[m as usize].flags & LIVE != 0)
     }
 
+    /// Whether record `id` is a live mapping.
+    pub fn is_live_mapping(&self, id: u32) -> bool {
+        self.records.get(id as usize).is_some_and(|r| r.flags & LIVE != 0)
+    }
+
     /// Record slots, live or not: where a walk over the table ends.
     pub fn record_slots(&self) -> u32 {
         self.records.len() as u32
