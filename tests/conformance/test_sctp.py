@@ -291,7 +291,7 @@ def test_a_retransmitted_init_keeps_its_association(replay):
     assert report["mappings_created"] == 1
 
 
-def test_an_init_ack_lost_on_its_way_in_is_replaced_by_the_answer_to_the_init_sent_again(replay):
+def test_an_init_ack_lost_on_its_way_in_gives_way_to_the_answer_to_the_init_sent_again(replay):
     """RFC 9260 section 5.1: a remote without state answers each INIT with
     an INIT-ACK of a new Initiate Tag. The first one is lost between the
     NAT and the host (it passed the NAT); the host sends its INIT again and
@@ -334,6 +334,27 @@ def test_a_duplicate_init_ack_without_an_init_sent_again_changes_nothing(replay)
     echo = h.one(outs, "outside", lambda p: SCTPChunkCookieEcho in p)
     assert echo.pkt[SCTP].tag == 0x2222
     assert report["drops"] == {}, report["drops"]
+
+
+def test_an_init_ack_only_delayed_still_counts_after_a_second_passed(replay):
+    """The first INIT-ACK is delayed, not lost, on its way to the host: the
+    host sends its INIT again, and the remote's second INIT-ACK (a new tag,
+    RFC 9260 section 5.1) passes natrix before the host's COOKIE-ECHO. The
+    host took the first (section 5.2.3), so its COOKIE-ECHO carries the
+    first tag and must pass; then the second tag finds nothing."""
+    frames = [
+        (T0, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
+        (T0 + 0.9, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x2222))),
+        (T0 + 1, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
+        (T0 + 1.01, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x3333))),
+        (T0 + 1.02, "inside", out_pkt(SUB_A, SRV1, 0x2222, SCTPChunkCookieEcho(cookie=b"cookie" * 4))),
+        (T0 + 1.03, "inside", out_pkt(SUB_A, SRV1, 0x3333, data(b"stale"))),
+    ]
+    outs, report = run(replay, config(), frames)
+    echo = h.one(outs, "outside", lambda p: SCTPChunkCookieEcho in p)
+    assert echo.pkt[SCTP].tag == 0x2222
+    assert not h.pick(outs, "outside", lambda p: SCTPChunkData in p), "the second tag was forgotten once the host used the first"
+    assert report["drops"] == {"sctp_no_association": 1}, report["drops"]
 
 
 def test_nothing_is_opened_from_outside(replay):

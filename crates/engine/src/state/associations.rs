@@ -38,9 +38,8 @@ const LIVE: u8 = 0x01;
 const REM_KNOWN: u8 = 0x02;
 /// The internal host has used `rem_vtag`: it took that INIT-ACK.
 const REM_CONFIRMED: u8 = 0x04;
-/// The internal host sent its INIT again after `rem_vtag` was learned,
-/// before using it: that INIT-ACK never reached it.
-const REM_REPLACEABLE: u8 = 0x08;
+/// Associations in their handshake at once with a second remote tag.
+const MAX_ALTERNATES: usize = 4096;
 
 /// Which tag of which side a lookup goes by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +136,10 @@ pub struct Associations {
     live: usize,
     capacity: usize,
     seed: u64,
+    /// Associations whose remote answered with a second tag before the
+    /// internal host used the first: that tag, indexed too
+    /// (`learn_rem_vtag`).
+    alternates: std::collections::HashMap<u32, u32>,
 }
 
 impl Associations {
@@ -147,7 +150,19 @@ impl Associations {
         let capacity = capacity as usize;
         let index = FlowIndex::try_with_capacity(Key::ALL.len() * capacity)
             .map_err(|_| EngineError::Memory { table: "sctp association index", bytes: FlowIndex::bytes_for(Key::ALL.len() * capacity) as u64 })?;
-        Ok(Associations { records: Vec::new(), free: NIL, globals: Vec::new(), free_global: NIL, index, timers: Wheel::new(), timeouts, live: 0, capacity, seed })
+        Ok(Associations {
+            records: Vec::new(),
+            free: NIL,
+            globals: Vec::new(),
+            free_global: NIL,
+            index,
+            timers: Wheel::new(),
+            timeouts,
+            live: 0,
+            capacity,
+            seed,
+            alternates: std::collections::HashMap::new(),
+        })
     }
 
     /// Bytes reserved up front for `capacity` associations: the index and the wheel.
@@ -169,7 +184,11 @@ impl Associations {
 
     /// Bytes of records, address nodes, index and wheel as allocated.
     pub fn memory_bytes(&self) -> usize {
-        self.records.capacity() * core::mem::size_of::<Record>() + self.globals.capacity() * core::mem::size_of::<Global>() + self.index.memory_bytes() + self.timers.memory_bytes()
+        self.records.capacity() * core::mem::size_of::<Record>()
+            + self.globals.capacity() * core::mem::size_of::<Global>()
+            + self.index.memory_bytes()
+            + self.timers.memory_bytes()
+            + self.alternates.capacity() * 9
     }
 
     fn hash(&self, key: Key, addr: u32, int_port: u16, rem_port: u16, tag: u32) -> u64 {
@@ -182,6 +201,17 @@ impl Associations {
         let addr = if key.outside() { r.ext_addr } else { r.int_addr };
         let tag = if key.by_rem_tag() { r.rem_vtag } else { r.int_vtag };
         self.hash(key, addr, r.int_port, r.rem_port, tag)
+    }
+
+    /// Whether record `id` is found by this key: by its own tags, or by
+    /// the remote tag it holds besides (`alternates`).
+    fn matches(&self, id: u32, key: Key, addr: u32, int_port: u16, rem_port: u16, tag: u32) -> bool {
+        let r = &self.records[id as usize];
+        Self::keyed(r, key, addr, int_port, rem_port, tag)
+            || (!self.alternates.is_empty()
+                && key.by_rem_tag()
+                && self.alternates.get(&id) == Some(&tag)
+                && Self::keyed(&Record { rem_vtag: tag, ..*r }, key, addr, int_port, rem_port, tag))
     }
 
     fn keyed(r: &Record, key: Key, addr: u32, int_port: u16, rem_port: u16, tag: u32) -> bool {
@@ -200,12 +230,11 @@ impl Associations {
     /// (or is tracked) wins over one that only shares tag and ports.
     pub fn find(&self, key: Key, addr: u32, int_port: u16, rem_port: u16, tag: u32, rem: u32) -> Option<Found> {
         let h = self.hash(key, addr, int_port, rem_port, tag);
-        let recs = &self.records;
-        let exact = self.index.find(h, |id| Self::keyed(&recs[id as usize], key, addr, int_port, rem_port, tag) && self.knows_remote(id, rem));
+        let exact = self.index.find(h, |id| self.matches(id, key, addr, int_port, rem_port, tag) && self.knows_remote(id, rem));
         if let Some(id) = exact {
             return Some(Found { id, remote_known: true });
         }
-        self.index.find(h, |id| Self::keyed(&recs[id as usize], key, addr, int_port, rem_port, tag)).map(|id| Found { id, remote_known: false })
+        self.index.find(h, |id| self.matches(id, key, addr, int_port, rem_port, tag)).map(|id| Found { id, remote_known: false })
     }
 
     /// Whether `rem` is the association's remote address or one it tracks.
@@ -277,56 +306,71 @@ impl Associations {
     }
 
     /// The INIT-ACK names the remote's tag: the association is found by it
-    /// from now on. A later INIT-ACK with another tag replaces it only
-    /// where the internal host sent its INIT again meanwhile, before using
-    /// the tag (`init_sent_again`): the first INIT-ACK was lost on its way
-    /// in, and the remote, holding no state (RFC 9260 section 5.1),
-    /// answered the INIT sent again with a new tag, the only one the host
-    /// knows. Otherwise the host keeps the first INIT-ACK it gets and
-    /// discards later ones (RFC 9260 section 5.2.3), and so does natrix.
+    /// from now on. The internal host takes the first INIT-ACK that
+    /// reaches it and discards later ones (RFC 9260 section 5.2.3), and
+    /// which one that is natrix cannot tell: the first may have been lost
+    /// on its way in (the remote, holding no state, answers the INIT sent
+    /// again with a new tag, section 5.1) or only delayed. So until the
+    /// host uses one (`confirm_rem_vtag`), a later INIT-ACK's tag is kept
+    /// beside the first, the latest of them, and the association is found
+    /// by either.
     pub fn learn_rem_vtag(&mut self, id: u32, tag: u32) {
         let r = self.records[id as usize];
-        if r.flags & REM_KNOWN != 0 && (r.rem_vtag == tag || r.flags & REM_REPLACEABLE == 0) {
+        if r.flags & REM_KNOWN == 0 {
+            self.records[id as usize].rem_vtag = tag;
+            self.records[id as usize].flags |= REM_KNOWN;
+            self.index_rem_tag(id, tag, true);
             return;
         }
-        if r.flags & REM_KNOWN != 0 {
-            self.index_rem_vtag(id, false);
+        if r.flags & REM_CONFIRMED != 0 || r.rem_vtag == tag || self.alternates.get(&id) == Some(&tag) {
+            return;
         }
-        let r = &mut self.records[id as usize];
-        r.rem_vtag = tag;
-        r.flags = (r.flags | REM_KNOWN) & !REM_REPLACEABLE;
-        self.index_rem_vtag(id, true);
-    }
-
-    /// The internal host sent its INIT again: where it has not used the
-    /// remote's tag yet, it never got the INIT-ACK that named it.
-    pub fn init_sent_again(&mut self, id: u32) {
-        let r = &mut self.records[id as usize];
-        if r.flags & (REM_KNOWN | REM_CONFIRMED) == REM_KNOWN {
-            r.flags |= REM_REPLACEABLE;
+        if let Some(older) = self.alternates.remove(&id) {
+            self.index_rem_tag(id, older, false);
+        }
+        // Bounded, and only where the index has room: else the first stands alone.
+        if self.alternates.len() < MAX_ALTERNATES && self.index_rem_tag(id, tag, true) {
+            self.alternates.insert(id, tag);
         }
     }
 
-    /// The internal host sent a packet with the remote's tag: an INIT-ACK
-    /// with another tag no longer replaces it.
+    /// The internal host sent a packet with the remote's tag `used`: the
+    /// INIT-ACK it took. The other tag, if natrix held two, is forgotten.
     #[inline]
-    pub fn confirm_rem_vtag(&mut self, id: u32) {
+    pub fn confirm_rem_vtag(&mut self, id: u32, used: u32) {
+        if self.records[id as usize].flags & REM_CONFIRMED != 0 {
+            return;
+        }
+        self.records[id as usize].flags |= REM_CONFIRMED;
+        let Some(other) = self.alternates.remove(&id) else { return };
         let r = &mut self.records[id as usize];
-        if r.flags & REM_CONFIRMED == 0 {
-            r.flags = (r.flags | REM_CONFIRMED) & !REM_REPLACEABLE;
+        if used == other {
+            // The later INIT-ACK's: its keys are indexed already.
+            let first = std::mem::replace(&mut r.rem_vtag, other);
+            self.index_rem_tag(id, first, false);
+        } else {
+            self.index_rem_tag(id, other, false);
         }
     }
 
-    /// Adds (or removes) the keys by the remote's tag to (from) the index.
-    fn index_rem_vtag(&mut self, id: u32, add: bool) {
-        for key in [Key::InsideByRemTag, Key::OutsideByRemTag] {
-            let h = self.hash_of(key, &self.records[id as usize]);
-            if !add {
-                self.index.remove(h, id);
-            } else if self.index.insert(h, id).is_err() {
-                debug_assert!(false, "sctp index full below capacity");
-            }
+    /// Adds (or removes) association `id`'s keys by remote tag `tag`;
+    /// false, nothing added, where the index has no room for both.
+    fn index_rem_tag(&mut self, id: u32, tag: u32, add: bool) -> bool {
+        let r = Record { rem_vtag: tag, ..self.records[id as usize] };
+        let [inside, outside] = [Key::InsideByRemTag, Key::OutsideByRemTag].map(|key| self.hash_of(key, &r));
+        if !add {
+            self.index.remove(inside, id);
+            self.index.remove(outside, id);
+            return true;
         }
+        if self.index.insert(inside, id).is_err() {
+            return false;
+        }
+        if self.index.insert(outside, id).is_err() {
+            self.index.remove(inside, id);
+            return false;
+        }
+        true
     }
 
     /// Ends an association and returns what it was.
@@ -335,6 +379,9 @@ impl Associations {
         for key in self.keys_of(id) {
             let h = self.hash_of(key, &self.records[id as usize]);
             self.index.remove(h, id);
+        }
+        if let Some(other) = self.alternates.remove(&id) {
+            self.index_rem_tag(id, other, false);
         }
         let mut next = self.records[id as usize].globals;
         while next != NIL {
@@ -556,34 +603,44 @@ mod tests {
         assert!(t.is_empty());
     }
 
-    /// A first INIT-ACK lost on its way to the host: the INIT sent again
-    /// gets a new tag, which replaces the first. Without an INIT sent again
-    /// a later INIT-ACK is a duplicate the host discards, and changes nothing.
+    /// Two INIT-ACKs before the host answers (the first lost on its way in,
+    /// or only delayed): both tags find the association until the host
+    /// uses one, then only that one does.
     #[test]
-    fn a_later_init_ack_replaces_the_remote_tag_only_after_the_init_was_sent_again() {
+    fn a_second_init_ack_is_kept_beside_the_first_until_the_host_uses_one() {
+        let found = |t: &Associations, key, addr, tag| t.find(key, addr, 5000, 38412, tag, REM).map(|f| f.id);
+        for used in [0x2222, 0x3333] {
+            let mut t = Associations::new(16, 7, TIMEOUTS).unwrap();
+            let id = t.insert(&assoc(INT, 0x1111)).unwrap();
+            t.learn_rem_vtag(id, 0x2222);
+            t.learn_rem_vtag(id, 0x2222);
+            t.learn_rem_vtag(id, 0x3333);
+            for tag in [0x2222, 0x3333] {
+                assert_eq!(found(&t, Key::InsideByRemTag, INT, tag), Some(id));
+                assert_eq!(found(&t, Key::OutsideByRemTag, EXT, tag), Some(id));
+            }
+            t.confirm_rem_vtag(id, used);
+            let other = 0x2222 + 0x3333 - used;
+            assert_eq!(found(&t, Key::InsideByRemTag, INT, used), Some(id), "the tag the host used");
+            assert_eq!(found(&t, Key::OutsideByRemTag, EXT, used), Some(id));
+            assert_eq!(found(&t, Key::InsideByRemTag, INT, other), None, "the other is forgotten");
+            assert_eq!(found(&t, Key::OutsideByRemTag, EXT, other), None);
+            assert_eq!(t.get(id).rem_vtag, used);
+            t.learn_rem_vtag(id, 0x4444);
+            assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x4444), None, "after the host answered, nothing changes");
+            t.remove(id);
+            assert_eq!(t.index.len(), 0, "no key left behind");
+        }
+        // A third before the host answers: the first and the latest are kept.
         let mut t = Associations::new(16, 7, TIMEOUTS).unwrap();
         let id = t.insert(&assoc(INT, 0x1111)).unwrap();
-        let found = |t: &Associations, key, addr, tag| t.find(key, addr, 5000, 38412, tag, REM).map(|f| f.id);
-        t.learn_rem_vtag(id, 0x2222);
-        t.learn_rem_vtag(id, 0x5555);
-        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x2222), Some(id), "a duplicate INIT-ACK: the host keeps the first");
-        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x5555), None);
-        t.init_sent_again(id);
-        t.learn_rem_vtag(id, 0x3333);
-        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x3333), Some(id));
-        assert_eq!(found(&t, Key::OutsideByRemTag, EXT, 0x3333), Some(id));
-        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x2222), None, "the first tag is forgotten");
-        assert_eq!(found(&t, Key::OutsideByRemTag, EXT, 0x2222), None);
-        t.learn_rem_vtag(id, 0x6666);
-        assert_eq!(t.get(id).rem_vtag, 0x3333, "one INIT sent again, one replacement");
-        t.confirm_rem_vtag(id);
-        t.init_sent_again(id);
-        t.learn_rem_vtag(id, 0x4444);
-        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x3333), Some(id), "the host answered with 0x3333: it stays");
-        assert_eq!(found(&t, Key::InsideByRemTag, INT, 0x4444), None);
+        for tag in [0x2222, 0x3333, 0x5555] {
+            t.learn_rem_vtag(id, tag);
+        }
+        let kept: Vec<u32> = [0x2222, 0x3333, 0x5555].into_iter().filter(|&tag| found(&t, Key::InsideByRemTag, INT, tag).is_some()).collect();
+        assert_eq!(kept, [0x2222, 0x5555]);
         t.remove(id);
-        assert!(t.is_empty());
-        assert_eq!(t.index.len(), 0, "no key left behind");
+        assert_eq!(t.index.len(), 0, "removed with its second tag's keys");
     }
 
     #[test]

@@ -69,7 +69,7 @@ impl Nat44 {
         let f = self.assocs.find(key, ip.src, h.src_port, h.dst_port, h.verification_tag, ip.dst)?;
         let id = (f.remote_known || !self.cfg.sctp.tracks_addresses()).then_some(f.id)?;
         if key == Key::InsideByRemTag {
-            self.assocs.confirm_rem_vtag(id);
+            self.assocs.confirm_rem_vtag(id, h.verification_tag);
         }
         Some(id)
     }
@@ -83,7 +83,6 @@ impl Nat44 {
         }
         let tag = scan.init_tag;
         if let Some(f) = self.assocs.find(Key::InsideByIntTag, ip.src, h.src_port, h.dst_port, tag, ip.dst).filter(|f| f.remote_known) {
-            self.assocs.init_sent_again(f.id);
             return Ok(f.id);
         }
         let (ext_addr, sub) = self.sctp_external_address(ip.src)?;
