@@ -1,6 +1,6 @@
 //! NPTv6's fast path: a plain IPv6 frame (untagged, no extension header,
-//! not ICMPv6, not IPv4 in IPv6, not to DS-Lite's AFTR, hop limit to
-//! spare) whose address a binding maps is
+//! not ICMPv6, not to DS-Lite's AFTR nor, with DS-Lite on, IPv4 in IPv6
+//! from inside, hop limit to spare) whose address a binding maps is
 //! translated straight from its fixed header, with the full path's checks
 //! of that header made on the bytes. Anything else, and any frame the
 //! mapping refuses, is left untouched for the full path, which must decide
@@ -33,7 +33,8 @@ impl Nptv6 {
             return false;
         }
         let (next_header, hop_limit) = (h[NEXT_HEADER_AT], h[HOP_LIMIT_AT]);
-        if hop_limit <= 1 || ipv6::is_extension_header(next_header) || next_header == ipv6::next_header::ICMPV6 || next_header == ipv6::next_header::IPV4 {
+        let dslites = next_header == ipv6::next_header::IPV4 && arrived == Side::Inside && self.aftr.is_some();
+        if hop_limit <= 1 || ipv6::is_extension_header(next_header) || next_header == ipv6::next_header::ICMPV6 || dslites {
             return false;
         }
         let (src, dst) = (address(h, L3 + SRC_AT), address(h, L3 + DST_AT));
