@@ -70,8 +70,9 @@ pub struct Walk<T> {
     subscriber: Option<u32>,
     /// Only the rows of DS-Lite hosts behind this B4.
     b4: Option<std::net::Ipv6Addr>,
-    /// The next mapping record to look at.
+    /// The next mapping record to look at, then the next SCTP association.
     next: u32,
+    next_association: u32,
     limit: usize,
     pub rows: Vec<T>,
 }
@@ -95,7 +96,7 @@ impl Row for MappingView {
 
 impl<T: Row> Walk<T> {
     pub fn new(subscriber: Option<u32>, limit: usize) -> Walk<T> {
-        Walk { subscriber, b4: None, next: 0, limit, rows: Vec::new() }
+        Walk { subscriber, b4: None, next: 0, next_association: 0, limit, rows: Vec::new() }
     }
 
     /// Only the rows of the hosts behind `b4`.
@@ -167,8 +168,7 @@ impl Nat44 {
                 }
             }
         }
-        let subscriber = w.subscriber;
-        self.walked_to_the_end(w, self.association_views(subscriber).map(|(a, _)| a))
+        self.walk_associations(w, spent, budget, |(session, _)| session)
     }
 
     /// Whether mapping record `m` is live and `w` asks for its rows: its
@@ -182,18 +182,30 @@ impl Nat44 {
             && w.b4.is_none_or(|b4| matches!(self.subs.identities().resolve(int_addr), crate::state::identity::Identity::Softwire { b4: b, .. } if b == b4))
     }
 
-    /// At the table's end, adds the SCTP associations' `rows` and says the
-    /// walk is done.
-    fn walked_to_the_end<T: Row>(&self, w: &mut Walk<T>, rows: impl Iterator<Item = T>) -> bool {
+    /// Past the mapping records, adds the SCTP associations `w` asks for
+    /// (each one session and one mapping, `row` picks which), within what
+    /// is left of `budget`; true once done.
+    fn walk_associations<T: Row>(&self, w: &mut Walk<T>, mut spent: u32, budget: u32, row: impl Fn((SessionView, MappingView)) -> T) -> bool {
         if w.next < self.tables.record_slots() {
             return false;
         }
-        for row in rows {
-            if !w.take(row) {
-                break;
+        let end = self.assocs.record_slots();
+        while w.next_association < end && spent < budget {
+            let id = w.next_association;
+            w.next_association += 1;
+            spent += 1;
+            if !self.assocs.is_live(id) {
+                continue;
+            }
+            let a = self.assocs.get(id);
+            if w.subscriber.is_some_and(|s| s != a.int_addr) {
+                continue;
+            }
+            if !w.take(row(self.association_view(&a))) {
+                return true;
             }
         }
-        true
+        w.next_association >= end
     }
 
     fn session_view(&self, s: crate::state::sessions::Session) -> SessionView {
@@ -214,30 +226,26 @@ impl Nat44 {
         }
     }
 
-    /// SCTP associations, optionally of one subscriber, as sessions and as
-    /// mappings: an association is one of each, its port its own.
-    fn association_views(&self, subscriber: Option<u32>) -> impl Iterator<Item = (SessionView, MappingView)> + '_ {
-        let now = self.now_s;
-        self.assocs.live_ids().map(|id| self.assocs.get(id)).filter(move |a| subscriber.is_none_or(|s| s == a.int_addr)).map(move |a| {
-            let (int_addr, b4, softwire) = self.shown(a.int_addr);
-            let session = SessionView {
-                proto: Proto::Sctp,
-                int_addr,
-                b4,
-                softwire,
-                int_port: a.int_port,
-                ext_addr: a.ext_addr,
-                ext_port: a.int_port,
-                rem_addr: a.rem_addr,
-                rem_port: a.rem_port,
-                established: crate::trackers::sctp::is_established(a.state),
-                idle_s: now.saturating_sub(a.last_used),
-                timeout_s: self.timeout_of(a.class),
-            };
-            let mapping =
-                MappingView { proto: Proto::Sctp, int_addr, b4, softwire, int_port: a.int_port, ext_addr: a.ext_addr, ext_port: a.int_port, sessions: 1, is_static: false };
-            (session, mapping)
-        })
+    /// An SCTP association as a session and as a mapping: it is one of
+    /// each, its port its own.
+    fn association_view(&self, a: &crate::state::associations::Association) -> (SessionView, MappingView) {
+        let (int_addr, b4, softwire) = self.shown(a.int_addr);
+        let session = SessionView {
+            proto: Proto::Sctp,
+            int_addr,
+            b4,
+            softwire,
+            int_port: a.int_port,
+            ext_addr: a.ext_addr,
+            ext_port: a.int_port,
+            rem_addr: a.rem_addr,
+            rem_port: a.rem_port,
+            established: crate::trackers::sctp::is_established(a.state),
+            idle_s: self.now_s.saturating_sub(a.last_used),
+            timeout_s: self.timeout_of(a.class),
+        };
+        let mapping = MappingView { proto: Proto::Sctp, int_addr, b4, softwire, int_port: a.int_port, ext_addr: a.ext_addr, ext_port: a.int_port, sessions: 1, is_static: false };
+        (session, mapping)
     }
 
     /// Live mappings, optionally of one subscriber.
@@ -263,8 +271,7 @@ impl Nat44 {
                 return true;
             }
         }
-        let subscriber = w.subscriber;
-        self.walked_to_the_end(w, self.association_views(subscriber).map(|(_, m)| m))
+        self.walk_associations(w, spent, budget, |(_, mapping)| mapping)
     }
 
     fn mapping_view(&self, id: u32, sessions: u32) -> MappingView {

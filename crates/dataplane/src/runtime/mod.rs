@@ -586,23 +586,37 @@ impl Dataplane {
     /// B4's, at most `limit`. Each worker walks its table a part at a time
     /// between batches.
     pub fn sessions(&self, only: Only, limit: usize) -> Result<Vec<SessionView>, ControlError> {
-        self.listing(limit, |tx| Command::Sessions(Walk::new(only.subscriber, limit).behind(only.b4), tx))
+        self.listing(only, limit, |tx, limit| Command::Sessions(Walk::new(only.subscriber, limit).behind(only.b4), tx))
     }
 
     pub fn mappings(&self, only: Only, limit: usize) -> Result<Vec<MappingView>, ControlError> {
-        self.listing(limit, |tx| Command::Mappings(Walk::new(only.subscriber, limit).behind(only.b4), tx))
+        self.listing(only, limit, |tx, limit| Command::Mappings(Walk::new(only.subscriber, limit).behind(only.b4), tx))
     }
 
     /// Every worker's rows of a listing, the first `limit` of them (worker
-    /// 0's first). The workers walk their tables at once, each answering
-    /// within one deadline for all.
-    fn listing<T>(&self, limit: usize, ask: impl Fn(std::sync::mpsc::Sender<Vec<T>>) -> Command) -> Result<Vec<T>, ControlError> {
+    /// 0's first), within one deadline for all. A filtered listing walks
+    /// every worker's whole table for few rows: the workers walk at once.
+    /// An unfiltered one stops at its limit: the workers are asked one
+    /// after another for what is still missing, so no more rows than the
+    /// limit are ever made.
+    fn listing<T>(&self, only: Only, limit: usize, ask: impl Fn(std::sync::mpsc::Sender<Vec<T>>, usize) -> Command) -> Result<Vec<T>, ControlError> {
         let deadline = std::time::Instant::now() + commands::COMMAND_TIMEOUT;
-        let answers = self.workers.iter().map(|w| w.post(&ask)).collect::<Result<Vec<_>, _>>()?;
+        let wait =
+            |answer: std::sync::mpsc::Receiver<Vec<T>>| answer.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())).map_err(|_| ControlError::NoAnswer);
         let mut rows = Vec::new();
+        if only == Only::default() {
+            for w in &self.workers {
+                let missing = limit - rows.len();
+                if missing == 0 {
+                    break;
+                }
+                rows.extend(wait(w.post(|tx| ask(tx, missing))?)?);
+            }
+            return Ok(rows);
+        }
+        let answers = self.workers.iter().map(|w| w.post(|tx| ask(tx, limit))).collect::<Result<Vec<_>, _>>()?;
         for answer in answers {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            rows.extend(answer.recv_timeout(left).map_err(|_| ControlError::NoAnswer)?);
+            rows.extend(wait(answer)?);
         }
         rows.truncate(limit);
         Ok(rows)

@@ -83,6 +83,9 @@ impl EngineWorker {
     /// Makes a part of the first listing asked for, and sends it once done;
     /// returns whether one is still being made (the thread then does not sleep).
     pub(super) fn make_listings(&mut self) -> bool {
+        if self.listings.is_empty() {
+            return false;
+        }
         let now = Instant::now();
         self.listings.retain(|l| !l.expired(now));
         let done = match self.listings.front_mut() {

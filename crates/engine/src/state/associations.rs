@@ -41,6 +41,12 @@ const REM_CONFIRMED: u8 = 0x04;
 /// Associations in their handshake at once with a second remote tag.
 const MAX_ALTERNATES: usize = 4096;
 
+/// Bytes a table of second tags holds: an entry and its control byte
+/// per slot, at most 8/7 slots per entry it takes.
+fn alternates_bytes(t: &std::collections::HashMap<u32, u32>) -> usize {
+    (t.capacity() * 8).div_ceil(7) * 9
+}
+
 /// Which tag of which side a lookup goes by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Key {
@@ -145,11 +151,12 @@ pub struct Associations {
 impl Associations {
     /// A table for `capacity` associations, expiring each timeout class after
     /// `timeouts` idle seconds. Records grow with use; the index is built
-    /// whole (four keys per association).
+    /// whole (four keys per association, and two for each second remote
+    /// tag), as is the table of second tags.
     pub fn new(capacity: u32, seed: u64, timeouts: [u32; TimeoutClass::COUNT]) -> Result<Self, EngineError> {
         let capacity = capacity as usize;
-        let index = FlowIndex::try_with_capacity(Key::ALL.len() * capacity)
-            .map_err(|_| EngineError::Memory { table: "sctp association index", bytes: FlowIndex::bytes_for(Key::ALL.len() * capacity) as u64 })?;
+        let keys = Self::index_keys(capacity);
+        let index = FlowIndex::try_with_capacity(keys).map_err(|_| EngineError::Memory { table: "sctp association index", bytes: FlowIndex::bytes_for(keys) as u64 })?;
         Ok(Associations {
             records: Vec::new(),
             free: NIL,
@@ -161,13 +168,25 @@ impl Associations {
             live: 0,
             capacity,
             seed,
-            alternates: std::collections::HashMap::new(),
+            alternates: std::collections::HashMap::with_capacity(Self::max_alternates(capacity)),
         })
     }
 
-    /// Bytes reserved up front for `capacity` associations: the index and the wheel.
+    /// Bytes reserved up front for `capacity` associations: the index, the
+    /// wheel and the table of second tags.
     pub fn reserved_bytes(capacity: u32) -> usize {
-        FlowIndex::bytes_for(Key::ALL.len() * capacity as usize) + Wheel::<WHEEL_SLOTS>::bytes()
+        let capacity = capacity as usize;
+        let alternates = std::collections::HashMap::<u32, u32>::with_capacity(Self::max_alternates(capacity));
+        FlowIndex::bytes_for(Self::index_keys(capacity)) + Wheel::<WHEEL_SLOTS>::bytes() + alternates_bytes(&alternates)
+    }
+
+    /// Keys the index holds at most: four per association, two more per second remote tag.
+    fn index_keys(capacity: usize) -> usize {
+        Key::ALL.len() * capacity + 2 * Self::max_alternates(capacity)
+    }
+
+    fn max_alternates(capacity: usize) -> usize {
+        MAX_ALTERNATES.min(capacity)
     }
 
     pub fn len(&self) -> usize {
@@ -188,7 +207,7 @@ impl Associations {
             + self.globals.capacity() * core::mem::size_of::<Global>()
             + self.index.memory_bytes()
             + self.timers.memory_bytes()
-            + self.alternates.capacity() * 9
+            + alternates_bytes(&self.alternates)
     }
 
     fn hash(&self, key: Key, addr: u32, int_port: u16, rem_port: u16, tag: u32) -> u64 {
@@ -319,7 +338,8 @@ impl Associations {
         if r.flags & REM_KNOWN == 0 {
             self.records[id as usize].rem_vtag = tag;
             self.records[id as usize].flags |= REM_KNOWN;
-            self.index_rem_tag(id, tag, true);
+            let indexed = self.index_rem_tag(id, tag, true);
+            debug_assert!(indexed, "sctp index full below capacity");
             return;
         }
         if r.flags & REM_CONFIRMED != 0 || r.rem_vtag == tag || self.alternates.get(&id) == Some(&tag) {
@@ -329,7 +349,7 @@ impl Associations {
             self.index_rem_tag(id, older, false);
         }
         // Bounded, and only where the index has room: else the first stands alone.
-        if self.alternates.len() < MAX_ALTERNATES && self.index_rem_tag(id, tag, true) {
+        if self.alternates.len() < Self::max_alternates(self.capacity) && self.index_rem_tag(id, tag, true) {
             self.alternates.insert(id, tag);
         }
     }
@@ -485,6 +505,11 @@ impl Associations {
             prev = at;
             at = next;
         }
+    }
+
+    /// Record slots, live or not: where a walk over the table ends.
+    pub fn record_slots(&self) -> u32 {
+        self.records.len() as u32
     }
 
     /// Every live association.

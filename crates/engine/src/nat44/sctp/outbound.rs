@@ -63,7 +63,8 @@ impl Nat44 {
 
     /// The association of an outbound packet other than an INIT. With
     /// tracking on, the destination must be one of its remote's addresses.
-    /// One carrying the remote's tag confirms it (`learn_rem_vtag`).
+    /// One carrying the remote's tag confirms it: the INIT-ACK the host
+    /// took (`Associations::confirm_rem_vtag`).
     fn find_outbound(&mut self, ip: &Ip, scan: &Scan, h: Header) -> Option<u32> {
         let key = if scan.reflected { Key::InsideByIntTag } else { Key::InsideByRemTag };
         let f = self.assocs.find(key, ip.src, h.src_port, h.dst_port, h.verification_tag, ip.dst)?;
