@@ -94,6 +94,13 @@ impl Row for MappingView {
     }
 }
 
+/// A mapping record's id (`walk_subscriber_mappings`): a clear's walk.
+impl Row for u32 {
+    fn b4(&self) -> Option<std::net::Ipv6Addr> {
+        None
+    }
+}
+
 impl<T: Row> Walk<T> {
     pub fn new(subscriber: Option<u32>, limit: usize) -> Walk<T> {
         Walk { subscriber, b4: None, next: 0, next_association: 0, limit, rows: Vec::new() }
@@ -294,11 +301,36 @@ impl Nat44 {
     /// mappings (logged, and their ports held down as usual); static
     /// mappings stay, being configuration.
     pub fn clear_subscriber(&mut self, addr: u32, sink: &mut dyn FnMut(Event)) -> Cleared {
+        let mut w = Walk::new(Some(addr), usize::MAX);
+        while !self.walk_subscriber_mappings(&mut w, u32::MAX) {}
+        self.clear_mappings(addr, &w.rows, sink)
+    }
+
+    /// Adds to `w` the ids of its subscriber's mappings among about
+    /// `budget` more mapping records: `clear_subscriber` a part at a time,
+    /// as the listings are made. True once at the table's end.
+    pub fn walk_subscriber_mappings(&self, w: &mut Walk<u32>, budget: u32) -> bool {
+        let end = self.tables.record_slots();
+        let to = w.next.saturating_add(budget).min(end);
+        for m in w.next..to {
+            if self.wanted(w, m) {
+                w.rows.push(m);
+            }
+        }
+        w.next = to;
+        to == end
+    }
+
+    /// Removes the sessions of the mappings `ids` found for subscriber
+    /// `addr` (those of them still its own: a walk's may have ended since)
+    /// and its SCTP associations, as `clear_subscriber` does.
+    pub fn clear_mappings(&mut self, addr: u32, ids: &[u32], sink: &mut dyn FnMut(Event)) -> Cleared {
         let before = self.tables.mapping_count();
-        let mut ids: Vec<u32> = self.tables.live_sessions().filter(|&id| self.tables.session(id).int_addr == addr).collect();
-        self.delete_sessions_logged(&mut ids, sink);
+        let mut sessions: Vec<u32> =
+            ids.iter().filter(|&&m| self.tables.is_live_mapping(m) && self.tables.mapping(m).int_addr == addr).flat_map(|&m| self.tables.sessions_of(m)).collect();
+        self.delete_sessions_logged(&mut sessions, sink);
         let assocs = self.end_associations_where(|a| a.int_addr == addr, sink);
-        Cleared { sessions: ids.len() as u64 + assocs, mappings: (before - self.tables.mapping_count()) as u64 + assocs }
+        Cleared { sessions: sessions.len() as u64 + assocs, mappings: (before - self.tables.mapping_count()) as u64 + assocs }
     }
 
     /// Deletes `ids`, handing `sink` the events queued before and those

@@ -230,6 +230,37 @@ fn a_listing_walked_a_part_at_a_time_holds_what_lived_throughout() {
     assert!(one_sub.rows.iter().all(|m| m.int_addr == u32_of(subs[4])));
 }
 
+/// `natrix clear` finds a subscriber's mappings a part at a time, then
+/// ends their sessions: a mapping of its that ended meanwhile, its record
+/// reused by another subscriber, is left to that subscriber.
+#[test]
+fn a_clear_walked_a_part_at_a_time_ends_only_the_subscribers_own() {
+    use natrix_engine::admin::Walk;
+    let mut e = engine(config());
+    let (a, b) = ([100, 64, 0, 2], [100, 64, 0, 3]);
+    for p in 0..4 {
+        send_out(&mut e, a, 4000 + p, REMOTE, 53, SEC);
+    }
+    let mut w = Walk::new(Some(u32_of(a)), usize::MAX);
+    while !e.walk_subscriber_mappings(&mut w, 1) {}
+    assert_eq!(w.rows.len(), 4);
+    // Past the UDP timeout every mapping of a has ended; b's new ones reuse the records.
+    let later = 400 * SEC;
+    for p in 0..4 {
+        send_out(&mut e, b, 5000 + p, REMOTE, 53, later);
+    }
+    send_out(&mut e, a, 4100, REMOTE, 53, later);
+    e.drain_events(|_| {});
+    let reused = w.rows.iter().filter(|&&m| e.tables().is_live_mapping(m) && e.tables().mapping(m).int_addr == u32_of(b)).count();
+    assert!(reused > 0, "the test needs a record of a's reused by b");
+    let mut deleted = Vec::new();
+    let c = e.clear_mappings(u32_of(a), &w.rows, |ev| deleted.push(ev.int_addr));
+    assert!(deleted.iter().all(|&s| s != u32_of(b)), "b's sessions are not a's to clear");
+    assert_eq!(e.session_views(Some(u32_of(b))).len(), 4);
+    assert_eq!(c.sessions, 0, "a's mappings the walk found have all ended; its new one was made after the walk");
+    assert_eq!(e.clear_subscriber(u32_of(a), |_| {}).sessions, 1, "a clear walked at once ends it");
+}
+
 #[test]
 fn reload_applies_policy_removes_a_pool_address_with_its_mappings_and_refuses_restart_keys() {
     let mut cfg = config_single([203, 0, 113, 1]);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError};
 use std::time::Instant;
 
-use natrix_engine::admin::{MappingView, SessionView, Walk};
+use natrix_engine::admin::{Cleared, MappingView, SessionView, Walk};
 use natrix_engine::{Engine, FrameBuf, Side, Verdict};
 use natrix_io::FrameId;
 use natrix_wire::partial_checksum::{self, Found};
@@ -52,12 +52,15 @@ const LISTING_STEP: u32 = 4096;
 enum Listing {
     Sessions(Walk<SessionView>, Sender<Vec<SessionView>>, Instant),
     Mappings(Walk<MappingView>, Sender<Vec<MappingView>>, Instant),
+    /// A clear: the subscriber's mappings found a part at a time, then
+    /// their sessions ended at once.
+    Clear(Walk<u32>, u32, Sender<Cleared>, Instant),
 }
 
 impl Listing {
     fn expired(&self, now: Instant) -> bool {
         match self {
-            Listing::Sessions(_, _, until) | Listing::Mappings(_, _, until) => now > *until,
+            Listing::Sessions(_, _, until) | Listing::Mappings(_, _, until) | Listing::Clear(_, _, _, until) => now > *until,
         }
     }
 }
@@ -92,11 +95,17 @@ impl EngineWorker {
             None => return false,
             Some(Listing::Sessions(w, _, _)) => self.engine.walk_sessions(w, LISTING_STEP),
             Some(Listing::Mappings(w, _, _)) => self.engine.walk_mappings(w, LISTING_STEP),
+            Some(Listing::Clear(w, _, _, _)) => self.engine.walk_subscriber_mappings(w, LISTING_STEP),
         };
         if done {
             match self.listings.pop_front() {
                 Some(Listing::Sessions(w, tx, _)) => drop(tx.send(w.rows)),
                 Some(Listing::Mappings(w, tx, _)) => drop(tx.send(w.rows)),
+                Some(Listing::Clear(w, addr, tx, _)) => {
+                    self.forget_offloaded();
+                    let (events, lost) = (&self.events, &mut self.events_lost);
+                    let _ = tx.send(self.engine.clear_mappings(addr, &w.rows, |e| offer(events, lost, Logged::Nat(e))));
+                }
                 None => {}
             }
         }
@@ -181,11 +190,7 @@ impl EngineWorker {
             }
             Command::Sessions(walk, tx) => self.listings.push_back(Listing::Sessions(walk, tx, Instant::now() + COMMAND_TIMEOUT)),
             Command::Mappings(walk, tx) => self.listings.push_back(Listing::Mappings(walk, tx, Instant::now() + COMMAND_TIMEOUT)),
-            Command::Clear(addr, tx) => {
-                self.forget_offloaded();
-                let (events, lost) = (&self.events, &mut self.events_lost);
-                let _ = tx.send(self.engine.clear_subscriber(addr, |e| offer(events, lost, Logged::Nat(e))));
-            }
+            Command::Clear(addr, tx) => self.listings.push_back(Listing::Clear(Walk::new(Some(addr), usize::MAX), addr, tx, Instant::now() + COMMAND_TIMEOUT)),
             Command::Reload(cfg, tx) => {
                 let mut cfg = *cfg;
                 cfg.egress_mtu = self.engine.config().egress_mtu;

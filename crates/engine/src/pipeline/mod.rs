@@ -1135,6 +1135,17 @@ impl Engine {
         self.nat.clear_subscriber(addr, &mut sink)
     }
 
+    /// `clear_subscriber`'s walk a part at a time (`admin::Walk`): true once done.
+    pub fn walk_subscriber_mappings(&self, w: &mut crate::admin::Walk<u32>, budget: u32) -> bool {
+        self.nat.walk_subscriber_mappings(w, budget)
+    }
+
+    /// Ends the sessions of subscriber `addr`'s mappings a walk found
+    /// (`walk_subscriber_mappings`), and its associations.
+    pub fn clear_mappings(&mut self, addr: u32, mappings: &[u32], mut sink: impl FnMut(Event)) -> crate::admin::Cleared {
+        self.nat.clear_mappings(addr, mappings, &mut sink)
+    }
+
     /// Ends every dynamic mapping (natrix stops); their events, and those
     /// queued before, go to `sink`.
     pub fn release_all(&mut self, mut sink: impl FnMut(Event)) -> crate::admin::Cleared {
