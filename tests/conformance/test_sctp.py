@@ -291,6 +291,18 @@ def test_a_retransmitted_init_keeps_its_association(replay):
     assert report["mappings_created"] == 1
 
 
+def init_sent_again_and_two_init_acks(first_ack_at):
+    """An INIT, the remote's INIT-ACK (tag 0x2222) passing natrix at
+    `first_ack_at`, the INIT sent again at T0 + 1 and the remote's answer
+    to it with a new tag (0x3333)."""
+    return [
+        (T0, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
+        (first_ack_at, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x2222))),
+        (T0 + 1, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
+        (T0 + 1.01, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x3333))),
+    ]
+
+
 def test_an_init_ack_lost_on_its_way_in_gives_way_to_the_answer_to_the_init_sent_again(replay):
     """RFC 9260 section 5.1: a remote without state answers each INIT with
     an INIT-ACK of a new Initiate Tag. The first one is lost between the
@@ -298,11 +310,7 @@ def test_an_init_ack_lost_on_its_way_in_gives_way_to_the_answer_to_the_init_sent
     takes the second, so its COOKIE-ECHO and DATA carry the second tag, and
     the association must go on with it. A later INIT-ACK (a duplicate the
     remote sent) no longer changes the tag once the host has used it."""
-    frames = [
-        (T0, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
-        (T0 + 0.01, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x2222))),
-        (T0 + 1, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
-        (T0 + 1.01, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x3333))),
+    frames = init_sent_again_and_two_init_acks(first_ack_at=T0 + 0.01) + [
         (T0 + 1.02, "inside", out_pkt(SUB_A, SRV1, 0x3333, SCTPChunkCookieEcho(cookie=b"cookie" * 4))),
         (T0 + 1.03, "outside", in_pkt(SRV1, POOL1, 0x1111, SCTPChunkCookieAck())),
         (T0 + 1.04, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x4444))),
@@ -342,11 +350,7 @@ def test_an_init_ack_only_delayed_still_counts_after_a_second_passed(replay):
     RFC 9260 section 5.1) passes natrix before the host's COOKIE-ECHO. The
     host took the first (section 5.2.3), so its COOKIE-ECHO carries the
     first tag and must pass; then the second tag finds nothing."""
-    frames = [
-        (T0, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
-        (T0 + 0.9, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x2222))),
-        (T0 + 1, "inside", out_pkt(SUB_A, SRV1, 0, init(0x1111))),
-        (T0 + 1.01, "outside", in_pkt(SRV1, POOL1, 0x1111, init_ack(0x3333))),
+    frames = init_sent_again_and_two_init_acks(first_ack_at=T0 + 0.9) + [
         (T0 + 1.02, "inside", out_pkt(SUB_A, SRV1, 0x2222, SCTPChunkCookieEcho(cookie=b"cookie" * 4))),
         (T0 + 1.03, "inside", out_pkt(SUB_A, SRV1, 0x3333, data(b"stale"))),
     ]

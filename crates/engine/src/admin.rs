@@ -160,22 +160,34 @@ impl Nat44 {
     /// mapping's sessions at a time), then, at the table's end, the SCTP
     /// associations; true once it is done (or has its `limit` of rows).
     pub fn walk_sessions(&self, w: &mut Walk<SessionView>, budget: u32) -> bool {
+        let rows = |nat: &Self, m: u32, w: &mut Walk<SessionView>| {
+            let mut looked = 0;
+            for id in nat.tables.sessions_of(m) {
+                looked += 1;
+                if !w.take(nat.session_view(nat.tables.session(id))) {
+                    return None;
+                }
+            }
+            Some(looked)
+        };
+        let Some(spent) = self.walk_records(w, budget, rows) else { return true };
+        self.walk_associations(w, spent, budget, |(session, _)| session)
+    }
+
+    /// The mapping records' part of a walk: hands `rows` each live mapping
+    /// `w` asks for, among about `budget` records and the sessions `rows`
+    /// says it looked at; what was spent, or None once `w` has its limit.
+    fn walk_records<T: Row>(&self, w: &mut Walk<T>, budget: u32, rows: impl Fn(&Self, u32, &mut Walk<T>) -> Option<u32>) -> Option<u32> {
         let (end, mut spent) = (self.tables.record_slots(), 0u32);
         while w.next < end && spent < budget {
             let m = w.next;
             w.next += 1;
             spent += 1;
-            if !self.wanted(w, m) {
-                continue;
-            }
-            for id in self.tables.sessions_of(m) {
-                spent = spent.saturating_add(1);
-                if !w.take(self.session_view(self.tables.session(id))) {
-                    return true;
-                }
+            if self.wanted(w, m) {
+                spent = spent.saturating_add(rows(self, m, w)?);
             }
         }
-        self.walk_associations(w, spent, budget, |(session, _)| session)
+        Some(spent)
     }
 
     /// Whether mapping record `m` is live and `w` asks for its rows: its
@@ -264,20 +276,11 @@ impl Nat44 {
 
     /// `walk_sessions` for mappings.
     pub fn walk_mappings(&self, w: &mut Walk<MappingView>, budget: u32) -> bool {
-        let (end, mut spent) = (self.tables.record_slots(), 0u32);
-        while w.next < end && spent < budget {
-            let m = w.next;
-            w.next += 1;
-            spent += 1;
-            if !self.wanted(w, m) {
-                continue;
-            }
-            let sessions = self.tables.sessions_of(m).count() as u32;
-            spent = spent.saturating_add(sessions);
-            if !w.take(self.mapping_view(m, sessions)) {
-                return true;
-            }
-        }
+        let rows = |nat: &Self, m: u32, w: &mut Walk<MappingView>| {
+            let sessions = nat.tables.sessions_of(m).count() as u32;
+            w.take(nat.mapping_view(m, sessions)).then_some(sessions)
+        };
+        let Some(spent) = self.walk_records(w, budget, rows) else { return true };
         self.walk_associations(w, spent, budget, |(_, mapping)| mapping)
     }
 
@@ -310,15 +313,8 @@ impl Nat44 {
     /// `budget` more mapping records: `clear_subscriber` a part at a time,
     /// as the listings are made. True once at the table's end.
     pub fn walk_subscriber_mappings(&self, w: &mut Walk<u32>, budget: u32) -> bool {
-        let end = self.tables.record_slots();
-        let to = w.next.saturating_add(budget).min(end);
-        for m in w.next..to {
-            if self.wanted(w, m) {
-                w.rows.push(m);
-            }
-        }
-        w.next = to;
-        to == end
+        self.walk_records(w, budget, |_, m, w| w.take(m).then_some(0));
+        w.next >= self.tables.record_slots()
     }
 
     /// Removes the sessions of the mappings `ids` found for subscriber
