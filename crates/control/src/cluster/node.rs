@@ -18,9 +18,10 @@
 //! never takes over. Without sync, a node keeps its configured role.
 //!
 //! A standby that hears an active session for the first time (it started,
-//! or its partner did) asks for a resync: the active node walks its
-//! tables and streams every mapping and session, behind its new events, as
-//! the window drains.
+//! or its partner did) asks for a resync: the active node's workers walk
+//! their tables between batches while this thread goes on with its
+//! heartbeats, and it streams every mapping and session, then the events
+//! made meanwhile, as the window drains.
 //!
 //! Announcements follow forwarding: while both interfaces are up, the
 //! node's prefixes (prepended when standby, and once when a configured
@@ -228,6 +229,9 @@ struct Node {
     /// Records of a resync the standby asked for, not yet in the window,
     /// and the live records made since it began, behind them.
     resync: std::collections::VecDeque<Record>,
+    /// A resync's state being walked by the workers: its records go in
+    /// front of `resync` once all have answered.
+    resync_walking: Option<natrix_dataplane::State>,
     /// The session a resync was last started for, and when: a RESYNC the
     /// standby sends again for it soon after is one it sent in case the
     /// first was lost, not a new request.
@@ -278,6 +282,7 @@ impl Node {
             sender: SyncSender_::new(session_id(), LIMITS),
             receiver: SyncReceiver::new(),
             resync: std::collections::VecDeque::new(),
+            resync_walking: None,
             installed: 0,
             refused: 0,
             datagrams_refused: 0,
@@ -293,6 +298,7 @@ impl Node {
         let mut health_at = Instant::now() - HEALTH_EVERY;
         while !stop.load(Ordering::Relaxed) {
             self.receive();
+            self.collect_resync();
             self.feed();
             self.transmit();
             self.check_role();
@@ -425,11 +431,28 @@ impl Node {
     }
 
     /// The standby asked for everything: every mapping, then every session,
-    /// queued behind new events and fed to the window as it drains.
+    /// queued behind new events and fed to the window as it drains. The
+    /// workers walk their tables between batches; this thread goes on with
+    /// its heartbeats meanwhile (`collect_resync`), and the events made
+    /// meanwhile queue behind the walk's records.
     fn start_resync(&mut self) {
-        let (Ok(mappings), Ok(sessions)) = (self.dp.mappings(Default::default(), usize::MAX), self.dp.sessions(Default::default(), usize::MAX)) else {
-            warn!("cluster: resync: the dataplane did not answer");
-            return;
+        match self.dp.post_state() {
+            Ok(state) => {
+                self.resync.clear();
+                self.resync_walking = Some(state);
+            }
+            Err(e) => warn!("cluster: resync: {e}"),
+        }
+    }
+
+    /// Puts the resync's records, once every worker has answered, in front
+    /// of the events made since.
+    fn collect_resync(&mut self) {
+        let Some(answer) = self.resync_walking.as_mut().and_then(natrix_dataplane::State::try_take) else { return };
+        self.resync_walking = None;
+        let (mappings, sessions) = match answer {
+            Ok(state) => state,
+            Err(e) => return warn!("cluster: resync: {e}"),
         };
         let created = |proto, int_addr, int_port, ext_addr, ext_port, rem_addr, rem_port, b4| Event {
             kind: EventKind::MappingCreated,
@@ -444,14 +467,15 @@ impl Node {
             rem_port,
             b4,
         };
-        self.resync.clear();
-        self.resync
-            .extend(mappings.iter().filter(|m| !m.is_static).filter_map(|m| Record::of_event(&created(m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, 0, 0, m.b4))));
-        self.resync.extend(sessions.iter().filter_map(|v| {
+        let mut records: std::collections::VecDeque<Record> =
+            mappings.iter().filter(|m| !m.is_static).filter_map(|m| Record::of_event(&created(m.proto, m.int_addr, m.int_port, m.ext_addr, m.ext_port, 0, 0, m.b4))).collect();
+        records.extend(sessions.iter().filter_map(|v| {
             let e = Event { kind: EventKind::SessionCreated, ..created(v.proto, v.int_addr, v.int_port, v.ext_addr, v.ext_port, v.rem_addr, v.rem_port, v.b4) };
             Record::of_event(&e)
         }));
-        info!("cluster: resync of {} records for the standby", self.resync.len());
+        info!("cluster: resync of {} records for the standby", records.len());
+        records.append(&mut self.resync);
+        self.resync = records;
     }
 
     /// Hands the workers' events to the sync window while active, and a
@@ -463,7 +487,7 @@ impl Node {
                 if let Some(r) = Record::of_event(&e) {
                     // During a resync, behind its records: a session that
                     // ends meanwhile reaches the standby created, then deleted.
-                    if self.resync.is_empty() {
+                    if self.resync.is_empty() && self.resync_walking.is_none() {
                         self.sender.push(r, now);
                     } else {
                         self.resync.push_back(r);
@@ -473,8 +497,10 @@ impl Node {
         }
         if self.role != Role::Active {
             self.resync.clear();
+            self.resync_walking = None;
         }
-        while self.sender.pending_messages() < LIMITS.max_pending / 2 {
+        // Nothing of a resync before its walk's records.
+        while self.resync_walking.is_none() && self.sender.pending_messages() < LIMITS.max_pending / 2 {
             let Some(r) = self.resync.pop_front() else { break };
             self.sender.push(r, now);
         }

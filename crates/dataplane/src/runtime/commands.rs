@@ -76,6 +76,47 @@ impl Control {
     }
 }
 
+/// Every mapping and every session of the dataplane's workers.
+pub type StateRows = (Vec<MappingView>, Vec<SessionView>);
+
+/// Every worker's mappings and sessions, being made (`Dataplane::post_state`).
+pub struct State {
+    pub(super) mappings: Vec<mpsc::Receiver<Vec<MappingView>>>,
+    pub(super) sessions: Vec<mpsc::Receiver<Vec<SessionView>>>,
+    pub(super) got: StateRows,
+    pub(super) deadline: std::time::Instant,
+}
+
+impl State {
+    /// Every mapping and every session once all the workers have answered;
+    /// None while some are still walking; an error once the deadline has
+    /// passed or a worker stopped.
+    pub fn try_take(&mut self) -> Option<Result<StateRows, ControlError>> {
+        if let Err(e) = take_answers(&mut self.mappings, &mut self.got.0).and_then(|()| take_answers(&mut self.sessions, &mut self.got.1)) {
+            return Some(Err(e));
+        }
+        if self.mappings.is_empty() && self.sessions.is_empty() {
+            return Some(Ok(std::mem::take(&mut self.got)));
+        }
+        (std::time::Instant::now() > self.deadline).then_some(Err(ControlError::NoAnswer))
+    }
+}
+
+/// Moves the answers that have come into `rows`, in the workers' order.
+fn take_answers<T>(pending: &mut Vec<mpsc::Receiver<Vec<T>>>, rows: &mut Vec<T>) -> Result<(), ControlError> {
+    while let Some(first) = pending.first() {
+        match first.try_recv() {
+            Ok(answer) => {
+                rows.extend(answer);
+                pending.remove(0);
+            }
+            Err(mpsc::TryRecvError::Empty) => return Ok(()),
+            Err(mpsc::TryRecvError::Disconnected) => return Err(ControlError::NoAnswer),
+        }
+    }
+    Ok(())
+}
+
 /// Which rows a listing asks for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Only {

@@ -57,7 +57,7 @@ use crate::ring::{self, Consumer, Doorbell, Producer};
 use crate::steer::Steering;
 use clock::Clock;
 use commands::{Command, Control, LinkReload};
-pub use commands::{ControlError, Only, SyncTally};
+pub use commands::{ControlError, Only, State, SyncTally};
 use io_thread::{IoThread, Lanes};
 use links::Links;
 use offload::{OffloadPlan, OffloadTable, Redirects};
@@ -620,6 +620,20 @@ impl Dataplane {
         }
         rows.truncate(limit);
         Ok(rows)
+    }
+
+    /// Asks every worker for its whole tables (every mapping, every
+    /// session) without waiting: a cluster node's resync, collected with
+    /// `State::try_take` while the node goes on with its heartbeats.
+    pub fn post_state(&self) -> Result<State, ControlError> {
+        let mut mappings = Vec::new();
+        let mut sessions = Vec::new();
+        for w in &self.workers {
+            mappings.push(w.post(|tx| Command::Mappings(Walk::new(None, usize::MAX), tx))?);
+            sessions.push(w.post(|tx| Command::Sessions(Walk::new(None, usize::MAX), tx))?);
+        }
+        let deadline = std::time::Instant::now() + commands::COMMAND_TIMEOUT;
+        Ok(State { mappings, sessions, got: (Vec::new(), Vec::new()), deadline })
     }
 
     pub fn clear_subscriber(&self, addr: u32) -> Result<Cleared, ControlError> {
