@@ -452,7 +452,10 @@ impl Node {
         self.resync_walking = None;
         let (mappings, sessions) = match answer {
             Ok(state) => state,
-            Err(e) => return warn!("cluster: resync: {e}"),
+            Err(e) => {
+                warn!("cluster: resync: {e}");
+                return;
+            }
         };
         let created = |proto, int_addr, int_port, ext_addr, ext_port, rem_addr, rem_port, b4| Event {
             kind: EventKind::MappingCreated,
