@@ -77,31 +77,7 @@ pub struct Walk<T> {
     pub rows: Vec<T>,
 }
 
-/// A row a walk may keep: it names its B4.
-pub trait Row {
-    fn b4(&self) -> Option<std::net::Ipv6Addr>;
-}
-
-impl Row for SessionView {
-    fn b4(&self) -> Option<std::net::Ipv6Addr> {
-        self.b4
-    }
-}
-
-impl Row for MappingView {
-    fn b4(&self) -> Option<std::net::Ipv6Addr> {
-        self.b4
-    }
-}
-
-/// A mapping record's id (`walk_subscriber_mappings`): a clear's walk.
-impl Row for u32 {
-    fn b4(&self) -> Option<std::net::Ipv6Addr> {
-        None
-    }
-}
-
-impl<T: Row> Walk<T> {
+impl<T> Walk<T> {
     pub fn new(subscriber: Option<u32>, limit: usize) -> Walk<T> {
         Walk { subscriber, b4: None, next: 0, next_association: 0, limit, rows: Vec::new() }
     }
@@ -112,11 +88,8 @@ impl<T: Row> Walk<T> {
         self
     }
 
-    /// Adds a row it is asked for; false when the walk has its limit.
+    /// Adds a row; false when the walk has its limit.
     fn take(&mut self, row: T) -> bool {
-        if self.b4.is_some() && row.b4() != self.b4 {
-            return true;
-        }
         if self.rows.len() >= self.limit {
             return false;
         }
@@ -177,7 +150,7 @@ impl Nat44 {
     /// The mapping records' part of a walk: hands `rows` each live mapping
     /// `w` asks for, among about `budget` records and the sessions `rows`
     /// says it looked at; what was spent, or None once `w` has its limit.
-    fn walk_records<T: Row>(&self, w: &mut Walk<T>, budget: u32, rows: impl Fn(&Self, u32, &mut Walk<T>) -> Option<u32>) -> Option<u32> {
+    fn walk_records<T>(&self, w: &mut Walk<T>, budget: u32, rows: impl Fn(&Self, u32, &mut Walk<T>) -> Option<u32>) -> Option<u32> {
         let (end, mut spent) = (self.tables.record_slots(), 0u32);
         while w.next < end && spent < budget {
             let m = w.next;
@@ -193,10 +166,11 @@ impl Nat44 {
     /// Whether mapping record `m` is live and `w` asks for its rows: its
     /// subscriber's, or those of a host behind its B4.
     fn wanted<T>(&self, w: &Walk<T>, m: u32) -> bool {
-        if !self.tables.is_live_mapping(m) {
-            return false;
-        }
-        let int_addr = self.tables.mapping(m).int_addr;
+        self.tables.is_live_mapping(m) && self.asks_for(w, self.tables.mapping(m).int_addr)
+    }
+
+    /// Whether `w` asks for the rows of internal address `int_addr`.
+    fn asks_for<T>(&self, w: &Walk<T>, int_addr: u32) -> bool {
         w.subscriber.is_none_or(|a| a == int_addr)
             && w.b4.is_none_or(|b4| matches!(self.subs.identities().resolve(int_addr), crate::state::identity::Identity::Softwire { b4: b, .. } if b == b4))
     }
@@ -204,7 +178,7 @@ impl Nat44 {
     /// Past the mapping records, adds the SCTP associations `w` asks for
     /// (each one session and one mapping, `row` picks which), within what
     /// is left of `budget`; true once done.
-    fn walk_associations<T: Row>(&self, w: &mut Walk<T>, mut spent: u32, budget: u32, row: impl Fn((SessionView, MappingView)) -> T) -> bool {
+    fn walk_associations<T>(&self, w: &mut Walk<T>, mut spent: u32, budget: u32, row: impl Fn((SessionView, MappingView)) -> T) -> bool {
         if w.next < self.tables.record_slots() {
             return false;
         }
@@ -217,7 +191,7 @@ impl Nat44 {
                 continue;
             }
             let a = self.assocs.get(id);
-            if w.subscriber.is_some_and(|s| s != a.int_addr) {
+            if !self.asks_for(w, a.int_addr) {
                 continue;
             }
             if !w.take(row(self.association_view(&a))) {

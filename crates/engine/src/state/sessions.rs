@@ -791,17 +791,6 @@ impl Tables {
         (0..self.records.len() as u32).filter(|&m| self.records[m as usize].flags & LIVE != 0).flat_map(move |m| self.sessions_of(m))
     }
 
-    /// Every live mapping.
-    pub fn live_mappings(&self) -> impl Iterator<Item = u32> + '_ {
-        self.live_mappings_in(0, u32::MAX)
-    }
-
-    /// The live mappings among the records `from..to` (clipped to those
-    /// there are), for a walk over the table a part at a time.
-    pub fn live_mappings_in(&self, from: u32, to: u32) -> impl Iterator<Item = u32> + '_ {
-        (from..to.min(self.record_slots())).filter(|&m| self.records[m as usize].flags & LIVE != 0)
-    }
-
     /// Whether record `id` is a live mapping.
     pub fn is_live_mapping(&self, id: u32) -> bool {
         self.records.get(id as usize).is_some_and(|r| r.flags & LIVE != 0)
