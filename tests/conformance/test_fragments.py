@@ -156,11 +156,11 @@ def test_tiny_first_fragment_dropped(replay):
 
 def test_fragment_buffer_bound(replay):
     """Contract [fragments] max_held: out-of-order (non-first) fragments are
-    held only up to the bound; past it they are dropped and counted
+    held only up to the bound; past it one is dropped and counted
     (fragment_buffer_full). With max_held = 2, three datagrams whose last
-    fragment comes first: two last fragments are held and sent after their
-    first fragments, the third is dropped; the datagram with a dropped piece
-    is incomplete on the output, the others are complete."""
+    fragment comes first: the oldest held fragment makes room for the third
+    (README: a full buffer drops its oldest), so the first datagram is
+    incomplete on the output and the other two complete."""
     s = h.Scenario(replay, h.make_config(fragments={"max_held": 2}))
     sets = [_frags(SUB_A, SRV1, 40000 + 2 * k, 9000, eth_in(SUB_A), 0x6000 + k) for k in range(3)]
     t = T0
@@ -177,6 +177,42 @@ def test_fragment_buffer_bound(replay):
     for o in frs:
         by_id.setdefault(h.ip_bytes(o.pkt)[4:6], []).append(o.pkt[IP].frag)
     assert sorted(sorted(v) for v in by_id.values()) == [[0, 101], [0, 101, 202], [0, 101, 202]], by_id
+    assert sorted(by_id[struct.pack("!H", 0x6000)]) == [0, 101], "the oldest held fragment made room"
+
+
+def test_junk_fragments_from_outside_cannot_crowd_out_real_ones(replay):
+    """Contract [fragments]: the buffer for out-of-order fragments is bounded,
+    and anyone outside can fill it with fragments whose first never comes.
+    With max_held = 8, a subscriber's own out-of-order fragment held before
+    a flood of 200 junk fragments from outside, and a server's reply whose
+    last fragment comes amid the flood two junk fragments before its first,
+    both still reach their destination complete; the junk is dropped and
+    counted (fragment_buffer_full while it crowds, fragment_timeout at the
+    end)."""
+    s = h.Scenario(replay, h.make_config(fragments={"max_held": 8}))
+    s.add(T0, "inside", udp_out(SUB_A, 40000, SRV1, 9000, b"open"))
+    up = _frags(SUB_A, SRV1, 40002, 9000, eth_in(SUB_A), 0x7100)
+    down = _frags(SRV1, POOL1, 9000, 40000, eth_out(), 0x7200)
+    t = T0 + 1
+    s.add(t, "inside", up[2])
+    for k in range(200):
+        t += 0.001
+        s.add(t, "outside", eth_out() / IP(src=SRV2, dst=POOL1, id=0x8000 + k, frag=50, proto=17) / (b"j" * 64))
+        if k == 150:
+            s.add(t + 0.0001, "outside", down[2])
+        if k == 152:
+            s.add(t + 0.0001, "outside", down[0])
+            s.add(t + 0.0002, "outside", down[1])
+    s.add(t + 0.01, "inside", up[0])
+    s.add(t + 0.02, "inside", up[1])
+    outs, rep = s.run()
+    ins = [o for o in outs if o.side == "inside" and IP in o.pkt and o.pkt[IP].src == SRV1]
+    assert sorted(o.pkt[IP].frag for o in ins) == [0, 101, 202], f"reply incomplete: {rep['drops']}"
+    _reassemble_and_check(ins, 9000, 40000, SRV1, SUB_A)
+    ups = _out_frags(outs, "outside", None, POOL1)
+    assert sorted(o.pkt[IP].frag for o in ups) == [0, 101, 202], f"upload incomplete: {rep['drops']}"
+    assert rep["drops"].get("fragment_buffer_full", 0) + rep["drops"].get("fragment_timeout", 0) == 200, rep["drops"]
+    assert rep["drops"].get("fragment_buffer_full", 0) >= 200 - 8, rep["drops"]
 
 
 def test_inbound_fragments_out_of_order(replay):

@@ -214,6 +214,41 @@ def test_tcp_rst_session_removed_after_transitory(replay):
     none_of(outs, "inside", h.has_payload(b"way-after-rst"), "segment 300 s after RST")
 
 
+def test_tcp_connection_that_goes_on_after_an_ignored_rst_keeps_its_session(replay):
+    """RFC 7857 sec 2.2: after an RST the NAT deletes the session after 4
+    minutes only "if no packets are received during that 4-minute timeout".
+    An off-path RST the server ignores (out of window; RFC 5961 makes the
+    receiver answer with an ACK) is followed by segments both ways: the
+    connection is alive, so an idle hour later it still translates, which a
+    session left at the transitory timeout would not."""
+    s = h.Scenario(replay, h.make_config())
+    _establish(s)
+    s.add(T0 + 100, "outside", tcp_in(SRV1, 80, POOL1, 40000, "R", seq=987654))
+    s.add(T0 + 100.01, "inside", tcp_out(SUB_A, 40000, SRV1, 80, "A", seq=1001, ack=5001))
+    s.add(T0 + 101, "outside", tcp_in(SRV1, 80, POOL1, 40000, "PA", seq=5001, ack=1001, payload=b"still-here"))
+    s.add(T0 + 101.01, "inside", tcp_out(SUB_A, 40000, SRV1, 80, "A", seq=1001, ack=5011))
+    s.add(T0 + 3700, "outside", tcp_in(SRV1, 80, POOL1, 40000, "PA", seq=5011, ack=1001, payload=b"an-hour-on"))
+    outs, _ = s.run()
+    one(outs, "inside", h.has_payload(b"still-here"), "segment after the RST")
+    p = one(outs, "inside", h.has_payload(b"an-hour-on"), "segment an idle hour after the connection went on").pkt
+    assert (p[IP].dst, p[TCP].dport) == (SUB_A, 40000)
+
+
+def test_tcp_reset_connection_answered_with_rsts_is_removed_after_transitory(replay):
+    """RFC 7857 sec 2.2 / RFC 793: a host that sent a RST answers the peer's
+    segments still in flight with more RSTs. Those segments do not make the
+    connection live again: 300 s after the last of them the session is gone."""
+    s = h.Scenario(replay, h.make_config())
+    _establish(s)
+    s.add(T0 + 100, "inside", tcp_out(SUB_A, 40000, SRV1, 80, "R", seq=1001))
+    s.add(T0 + 100.01, "outside", tcp_in(SRV1, 80, POOL1, 40000, "PA", seq=5001, ack=1001, payload=b"in-flight"))
+    s.add(T0 + 100.02, "inside", tcp_out(SUB_A, 40000, SRV1, 80, "R", seq=1001))
+    s.add(T0 + 400.1, "outside", tcp_in(SRV1, 80, POOL1, 40000, "PA", seq=5010, ack=1001, payload=b"way-after"))
+    outs, _ = s.run()
+    one(outs, "inside", h.has_payload(b"in-flight"), "segment in flight when the RST left")
+    none_of(outs, "inside", h.has_payload(b"way-after"), "segment 300 s after the last RST")
+
+
 def test_tcp_fin_closed_session_removed_after_transitory(replay):
     """RFC 5382 REQ-5 / RFC 7857 sec 2.2: once both FINs were seen the session is
     transitory; after the 4 min transitory timeout a late segment is dropped."""

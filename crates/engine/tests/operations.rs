@@ -314,11 +314,15 @@ fn a_reload_applies_the_fragment_limits_to_what_arrives_next() {
     let mut one_held = config();
     one_held.max_held_fragments = 1;
     e.reconfigure(one_held.clone(), |_| {}).expect("fragment limits apply live");
-    assert_eq!(e.process(&mut later(2), Side::Inside, SEC), Verdict::Drop(DropReason::FragmentBufferFull), "the new limit holds");
+    assert_eq!(e.process(&mut later(2), Side::Inside, SEC), Verdict::Held, "the newest is held");
+    e.advance(SEC);
+    assert_eq!(e.stats().drops.get(DropReason::FragmentBufferFull), 1, "the new limit holds: the oldest made room");
     let mut shorter = one_held;
     shorter.timeouts.fragment_ns = SEC / 2;
     e.reconfigure(shorter, |_| {}).expect("the fragment timeout applies live");
-    assert_eq!(e.process(&mut later(3), Side::Inside, 2 * SEC), Verdict::Held, "the first held fragment timed out under the new timeout");
+    assert_eq!(e.process(&mut later(3), Side::Inside, 2 * SEC), Verdict::Held);
+    assert_eq!(e.stats().drops.get(DropReason::FragmentTimeout), 1, "the held fragment timed out under the new timeout");
+    assert_eq!(e.stats().drops.get(DropReason::FragmentBufferFull), 1, "so none made room for the third");
 }
 
 #[test]

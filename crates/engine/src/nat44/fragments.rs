@@ -5,6 +5,15 @@
 //! arrival side) so the later fragments get the same addresses. Fragments
 //! that arrive before their first one wait in a buffer bounded in count and
 //! bytes, and are dropped when the fragment timeout passes.
+//!
+//! A full buffer makes room by dropping its oldest fragment rather than
+//! refusing the new one: junk fragments that never get a first (anyone can
+//! send them) then only shorten how long a real one may wait, where a
+//! refusal would let a trickle of junk, a buffer's worth per timeout, stop
+//! every real out-of-order fragment. Each side keeps half the buffer for
+//! itself: the victim is taken from the arriving fragment's side once that
+//! side holds its half, so a flood from outside cannot push out the
+//! subscribers' fragments, nor the other way round.
 
 use std::collections::VecDeque;
 
@@ -62,8 +71,11 @@ pub struct Fragments {
     /// Record slots in creation order; the oldest is reused when all are taken.
     order: VecDeque<u32>,
     cap: usize,
-    held: VecDeque<Held>,
-    held_bytes: usize,
+    /// Held fragments by arrival side, oldest first.
+    held: [VecDeque<Held>; 2],
+    /// Bytes held by arrival side.
+    held_bytes: [usize; 2],
+    crowded_out: u64,
     max_held: usize,
     max_held_bytes: usize,
     spare: Vec<Vec<u8>>,
@@ -79,8 +91,9 @@ impl Fragments {
             index: FlowIndex::with_capacity(max_records),
             order: VecDeque::with_capacity(max_records),
             cap: max_records,
-            held: VecDeque::with_capacity(max_held),
-            held_bytes: 0,
+            held: [VecDeque::with_capacity(max_held), VecDeque::with_capacity(max_held)],
+            held_bytes: [0; 2],
+            crowded_out: 0,
             max_held,
             max_held_bytes,
             spare: Vec::new(),
@@ -129,31 +142,65 @@ impl Fragments {
         }
     }
 
-    /// Keeps a copy of an early fragment; false when the buffer is at its cap.
+    /// Keeps a copy of an early fragment, making room by dropping the
+    /// oldest ones (see the module's text, and `take_crowded_out`); false
+    /// when the fragment alone is more than the buffer holds.
     pub fn hold(&mut self, key: FragKey, frame: &[u8], l3: usize, now_ns: u64) -> bool {
-        if self.held.len() >= self.max_held || self.held_bytes + frame.len() > self.max_held_bytes {
+        if self.max_held == 0 || frame.len() > self.max_held_bytes {
             return false;
+        }
+        while self.held_count() >= self.max_held || self.total_bytes() + frame.len() > self.max_held_bytes {
+            let victim = self.victim_side(key.side);
+            let Some(h) = self.held[victim as usize].pop_front() else { break };
+            self.release(victim, h);
+            self.crowded_out += 1;
         }
         let mut buf = self.spare.pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(frame);
-        self.held_bytes += frame.len();
-        self.held.push_back(Held { key, arrived_ns: now_ns, frame: buf, l3 });
+        self.held_bytes[key.side as usize] += frame.len();
+        self.held[key.side as usize].push_back(Held { key, arrived_ns: now_ns, frame: buf, l3 });
         true
+    }
+
+    /// How many held fragments were dropped to make room since the last call.
+    pub fn take_crowded_out(&mut self) -> u64 {
+        std::mem::take(&mut self.crowded_out)
+    }
+
+    /// The side whose oldest fragment makes room for one arriving on
+    /// `side`: its own once it holds its half in count or bytes (or the
+    /// other holds nothing), else the other's.
+    fn victim_side(&self, side: Side) -> Side {
+        let (own, other) = (side as usize, 1 - side as usize);
+        let at_half = self.held[own].len() * 2 >= self.max_held || self.held_bytes[own] * 2 >= self.max_held_bytes;
+        if at_half || self.held[other].is_empty() {
+            side
+        } else if side == Side::Inside {
+            Side::Outside
+        } else {
+            Side::Inside
+        }
+    }
+
+    fn release(&mut self, side: Side, h: Held) {
+        self.held_bytes[side as usize] -= h.frame.len();
+        self.spare.push(h.frame);
+    }
+
+    fn total_bytes(&self) -> usize {
+        self.held_bytes[0] + self.held_bytes[1]
     }
 
     /// Removes and hands over every held fragment of `key`, oldest first.
     pub fn take_held(&mut self, key: &FragKey, mut f: impl FnMut(&mut Held)) {
-        if self.held.is_empty() {
-            return;
-        }
+        let side = key.side as usize;
         let mut i = 0;
-        while i < self.held.len() {
-            if self.held[i].key == *key {
-                if let Some(mut h) = self.held.remove(i) {
-                    self.held_bytes -= h.frame.len();
+        while i < self.held[side].len() {
+            if self.held[side][i].key == *key {
+                if let Some(mut h) = self.held[side].remove(i) {
                     f(&mut h);
-                    self.spare.push(h.frame);
+                    self.release(key.side, h);
                 }
             } else {
                 i += 1;
@@ -164,14 +211,12 @@ impl Fragments {
     /// Drops held fragments older than the timeout; returns how many.
     pub fn expire(&mut self, now_ns: u64) -> u64 {
         let mut n = 0;
-        while let Some(h) = self.held.front() {
-            if h.arrived_ns + self.timeout_ns > now_ns {
-                break;
-            }
-            if let Some(h) = self.held.pop_front() {
-                self.held_bytes -= h.frame.len();
-                self.spare.push(h.frame);
-                n += 1;
+        for side in [Side::Inside, Side::Outside] {
+            while self.held[side as usize].front().is_some_and(|h| h.arrived_ns + self.timeout_ns <= now_ns) {
+                if let Some(h) = self.held[side as usize].pop_front() {
+                    self.release(side, h);
+                    n += 1;
+                }
             }
         }
         n
@@ -179,16 +224,17 @@ impl Fragments {
 
     /// Drops everything still held (end of a replay); returns how many.
     pub fn drop_all_held(&mut self) -> u64 {
-        let n = self.held.len() as u64;
-        while let Some(h) = self.held.pop_front() {
-            self.spare.push(h.frame);
+        let n = self.held_count() as u64;
+        for side in [Side::Inside, Side::Outside] {
+            while let Some(h) = self.held[side as usize].pop_front() {
+                self.release(side, h);
+            }
         }
-        self.held_bytes = 0;
         n
     }
 
     pub fn held_count(&self) -> usize {
-        self.held.len()
+        self.held[0].len() + self.held[1].len()
     }
 }
 
@@ -231,5 +277,90 @@ fn apply_fragment_rewrite(frame: &mut [u8], l3: usize, rw: FragRewrite) {
     }
     if dst != rw.dst {
         rewrite::rewrite(frame, l3, L4::None, Which::Dst, rw.dst, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: u64 = 1_000_000_000;
+
+    fn key(side: Side, ident: u16) -> FragKey {
+        FragKey { src: 0x0a00_0001, dst: 0xc633_6401, ident, proto: 17, side }
+    }
+
+    fn buffer(max_held: usize, max_bytes: usize) -> Fragments {
+        Fragments::new(16, max_held, max_bytes, 5 * SEC, 7)
+    }
+
+    fn still_held(f: &Fragments, k: FragKey) -> usize {
+        f.held[k.side as usize].iter().filter(|h| h.key == k).count()
+    }
+
+    #[test]
+    fn a_full_buffer_drops_its_oldest_to_hold_the_newest() {
+        let mut f = buffer(4, 1 << 20);
+        for ident in 0..6 {
+            assert!(f.hold(key(Side::Outside, ident), &[0; 100], 14, SEC));
+        }
+        assert_eq!((f.held_count(), f.take_crowded_out(), f.take_crowded_out()), (4, 2, 0));
+        assert_eq!(still_held(&f, key(Side::Outside, 1)), 0, "among the two oldest");
+        assert_eq!(still_held(&f, key(Side::Outside, 2)), 1);
+        assert_eq!(still_held(&f, key(Side::Outside, 5)), 1);
+    }
+
+    #[test]
+    fn a_flood_from_one_side_leaves_the_other_sides_half() {
+        let mut f = buffer(8, 1 << 20);
+        for ident in 0..3 {
+            f.hold(key(Side::Inside, ident), &[0; 100], 14, SEC);
+        }
+        for ident in 0..1000 {
+            f.hold(key(Side::Outside, ident), &[0; 100], 14, SEC);
+        }
+        assert_eq!(f.take_crowded_out(), 1000 - 5);
+        for ident in 0..3 {
+            assert_eq!(still_held(&f, key(Side::Inside, ident)), 1, "inside fragment {ident}");
+        }
+    }
+
+    #[test]
+    fn a_side_past_its_half_makes_room_for_the_other() {
+        let mut f = buffer(8, 1 << 20);
+        for ident in 0..8 {
+            f.hold(key(Side::Inside, ident), &[0; 100], 14, SEC);
+        }
+        for ident in 0..4 {
+            f.hold(key(Side::Outside, ident), &[0; 100], 14, SEC);
+        }
+        assert_eq!(f.take_crowded_out(), 4);
+        assert_eq!(still_held(&f, key(Side::Inside, 3)), 0, "the inside's four oldest made room");
+        assert_eq!(still_held(&f, key(Side::Inside, 4)), 1);
+        // Now at its half, the outside makes room from its own.
+        f.hold(key(Side::Outside, 9), &[0; 100], 14, SEC);
+        assert_eq!(still_held(&f, key(Side::Outside, 0)), 0);
+        assert_eq!(still_held(&f, key(Side::Inside, 5)), 1);
+    }
+
+    #[test]
+    fn the_byte_limit_makes_room_too_and_a_fragment_larger_than_the_buffer_is_refused() {
+        let mut f = buffer(100, 1000);
+        for ident in 0..3 {
+            assert!(f.hold(key(Side::Outside, ident), &[0; 400], 14, SEC));
+        }
+        assert_eq!((f.held_count(), f.take_crowded_out()), (2, 1));
+        assert!(!f.hold(key(Side::Outside, 9), &[0; 1001], 14, SEC));
+        assert_eq!((f.held_count(), f.take_crowded_out()), (2, 0), "a refusal drops nothing held");
+    }
+
+    #[test]
+    fn held_fragments_of_both_sides_time_out() {
+        let mut f = buffer(8, 1 << 20);
+        f.hold(key(Side::Inside, 1), &[0; 100], 14, SEC);
+        f.hold(key(Side::Outside, 1), &[0; 100], 14, 2 * SEC);
+        assert_eq!(f.expire(6 * SEC), 1);
+        assert_eq!(f.expire(7 * SEC), 1);
+        assert_eq!(f.held_count(), 0);
     }
 }

@@ -271,10 +271,11 @@ impl Nat44 {
     }
 
     /// Answers the held SYNs whose hold has ended and drops the fragments
-    /// that waited too long, returning how many.
-    pub(crate) fn run_timers(&mut self, router: &mut Router) -> u64 {
+    /// that waited too long, returning how many, and how many were pushed
+    /// out of a full buffer since the last time.
+    pub(crate) fn run_timers(&mut self, router: &mut Router) -> (u64, u64) {
         self.held_syns.answer_due(self.now_ns, self.cfg.unsolicited_syn, router);
-        self.frags.expire(self.now_ns)
+        (self.frags.expire(self.now_ns), self.frags.take_crowded_out())
     }
 
     /// Ends a run (the end of a capture): answers every held SYN as if its

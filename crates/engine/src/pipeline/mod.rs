@@ -295,8 +295,9 @@ impl Engine {
             self.pcp.tick(&mut self.nat);
             self.nat.second_passed();
         }
-        let timed_out = self.nat.run_timers(&mut self.router);
+        let (timed_out, crowded_out) = self.nat.run_timers(&mut self.router);
         self.count_drops(DropReason::FragmentTimeout, timed_out);
+        self.count_drops(DropReason::FragmentBufferFull, crowded_out);
         if let Some(ds) = self.dslite.as_mut().filter(|d| !d.reassembly.is_empty()) {
             let stale = ds.reassembly.expire(self.now_ns);
             self.count_drops(DropReason::FragmentTimeout, stale);

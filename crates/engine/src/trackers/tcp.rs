@@ -6,6 +6,10 @@
 //!   open, RFC 5382 section 2.1);
 //! - a RST does not delete the session but moves it to the transitory timeout
 //!   (RFC 7857 section 2.2), so a spoofed RST cannot tear down a mapping;
+//! - a connection that goes on after a RST, segments without RST in both
+//!   directions, is established again: the RST was one its receiver ignored
+//!   (out of window, RFC 5961), and an idle connection an off-path RST moved
+//!   to four minutes would otherwise be cut;
 //! - a session closed by FIN both ways or by RST may be reused by a new SYN
 //!   (TIME_WAIT assassination, as hosts allow it).
 //!
@@ -14,6 +18,7 @@
 //!   (none) --SYN in---> SYN_IN  --SYN out-/        |                       |
 //!     any state --RST--> CLOSED (transitory)       '--RST--> CLOSED        |
 //!   CLOSED --SYN--> restarts as SYN_OUT/SYN_IN <-----------------------------'
+//!   CLOSED by RST --no RST out+in--> the state before the RST
 //! ```
 
 use super::{Direction, TimeoutClass, TimeoutSpec};
@@ -29,12 +34,17 @@ pub const SYN_IN: u8 = 0x02;
 pub const FIN_OUT: u8 = 0x04;
 pub const FIN_IN: u8 = 0x08;
 pub const RST: u8 = 0x10;
+/// After a RST: a segment without RST went out / came in.
+const ON_OUT: u8 = 0x20;
+const ON_IN: u8 = 0x40;
 
-/// Whether a segment with these flags can change the state: one without
-/// SYN, FIN or RST (a plain ACK, the bulk of any connection) leaves it, and
-/// so its timeout class, as it was.
-pub fn acts_on(tcp_flags: u8) -> bool {
-    tcp_flags & (flags::SYN | flags::FIN | flags::RST) != 0
+/// Whether a segment with these flags can change the state of a session
+/// in `class`: one without SYN, FIN or RST (a plain ACK, the bulk of any
+/// connection) leaves an established session, and so its class, as it was.
+/// A transitory one may be a connection going on after a RST.
+#[inline(always)]
+pub fn acts_on(tcp_flags: u8, class: TimeoutClass) -> bool {
+    tcp_flags & (flags::SYN | flags::FIN | flags::RST) != 0 || class == TimeoutClass::TcpTransitory
 }
 
 /// A session opened by a segment going `dir`.
@@ -55,13 +65,19 @@ fn apply(state: &mut u8, dir: Direction, tcp_flags: u8) {
         *state = 0;
     }
     if tcp_flags & flags::RST != 0 {
-        *state |= RST;
+        *state = (*state | RST) & !(ON_OUT | ON_IN);
         return;
     }
-    let (syn, fin) = match dir {
-        Direction::Out => (SYN_OUT, FIN_OUT),
-        Direction::In => (SYN_IN, FIN_IN),
+    let (syn, fin, on) = match dir {
+        Direction::Out => (SYN_OUT, FIN_OUT, ON_OUT),
+        Direction::In => (SYN_IN, FIN_IN, ON_IN),
     };
+    if *state & RST != 0 {
+        *state |= on;
+        if *state & (ON_OUT | ON_IN) == ON_OUT | ON_IN {
+            *state &= !(RST | ON_OUT | ON_IN);
+        }
+    }
     if tcp_flags & flags::SYN != 0 {
         *state |= syn;
     }
@@ -92,20 +108,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_segment_without_syn_fin_or_rst_changes_nothing() {
-        for state in 0..32u8 {
+    fn a_segment_without_syn_fin_or_rst_changes_no_established_session() {
+        for state in 0..u8::MAX {
             for dir in [Direction::Out, Direction::In] {
                 for tcp_flags in 0..=u8::MAX {
                     let mut s = state;
                     on_segment(&mut s, dir, tcp_flags);
-                    if !acts_on(tcp_flags) {
+                    if !acts_on(tcp_flags, timeout_class(state)) {
                         assert_eq!(s, state, "state {state:#x} flags {tcp_flags:#x}");
                     }
                 }
             }
         }
-        assert!(!acts_on(flags::ACK | flags::PSH));
-        assert!(acts_on(flags::SYN | flags::ACK) && acts_on(flags::FIN) && acts_on(flags::RST));
+        let established = TimeoutClass::TcpEstablished;
+        assert!(!acts_on(flags::ACK | flags::PSH, established));
+        assert!(acts_on(flags::ACK | flags::PSH, TimeoutClass::TcpTransitory));
+        assert!(acts_on(flags::SYN | flags::ACK, established) && acts_on(flags::FIN, established) && acts_on(flags::RST, established));
     }
 
     #[test]
@@ -145,5 +163,47 @@ mod tests {
         assert_eq!(timeout_class(s), TimeoutClass::TcpTransitory);
         on_segment(&mut s, Direction::Out, flags::SYN);
         assert_eq!(s, SYN_OUT);
+    }
+
+    #[test]
+    fn a_connection_going_on_both_ways_after_a_rst_is_established_again() {
+        let mut s = SYN_OUT | SYN_IN;
+        on_segment(&mut s, Direction::In, flags::RST);
+        assert_eq!(on_segment(&mut s, Direction::Out, flags::ACK), TimeoutClass::TcpTransitory, "one way is not enough");
+        assert_eq!(on_segment(&mut s, Direction::Out, flags::ACK | flags::PSH), TimeoutClass::TcpTransitory);
+        assert_eq!(on_segment(&mut s, Direction::In, flags::ACK), TimeoutClass::TcpEstablished);
+        assert_eq!(s, SYN_OUT | SYN_IN);
+    }
+
+    #[test]
+    fn a_rst_answering_the_other_side_keeps_a_reset_connection_closed() {
+        // The host that sent the RST answers the peer's segments still in
+        // flight with more RSTs, never with a segment without one.
+        let mut s = SYN_OUT | SYN_IN;
+        on_segment(&mut s, Direction::Out, flags::RST);
+        for _ in 0..3 {
+            assert_eq!(on_segment(&mut s, Direction::In, flags::ACK | flags::PSH), TimeoutClass::TcpTransitory);
+            assert_eq!(on_segment(&mut s, Direction::Out, flags::RST), TimeoutClass::TcpTransitory);
+        }
+        assert!(is_closed(s));
+    }
+
+    #[test]
+    fn a_half_open_connection_is_not_established_by_segments_after_a_rst() {
+        let mut s = 0;
+        on_segment(&mut s, Direction::Out, flags::SYN);
+        on_segment(&mut s, Direction::In, flags::RST);
+        on_segment(&mut s, Direction::Out, flags::ACK);
+        assert_eq!(on_segment(&mut s, Direction::In, flags::ACK), TimeoutClass::TcpTransitory);
+        assert_eq!(s, SYN_OUT);
+    }
+
+    #[test]
+    fn fin_both_ways_stays_closed_after_a_rst_and_later_acks() {
+        let mut s = SYN_OUT | SYN_IN | FIN_OUT | FIN_IN;
+        on_segment(&mut s, Direction::In, flags::RST);
+        on_segment(&mut s, Direction::Out, flags::ACK);
+        assert_eq!(on_segment(&mut s, Direction::In, flags::ACK), TimeoutClass::TcpTransitory);
+        assert!(is_closed(s));
     }
 }
