@@ -246,7 +246,8 @@ def test_without_df_the_outer_packet_is_fragmented_towards_the_b4(replay_files):
     i = IP(bytes(whole[IPv6].payload))
     h.verify_ipv4_checksums(bytes(i), "reassembled inner packet")
     assert (i.dst, i[UDP].dport, i.len) == (HOST, 5000, 1480)
-    assert rep["dslite"] == {"softwires": 1, "decapsulated": 1, "encapsulated": 1, "outer_fragments": 2, "reassembled": 0, "mtu_lowered": 0}
+    assert rep["dslite"] == {"softwires": 1, "decapsulated": 1, "encapsulated": 1, "outer_fragments": 2, "reassembled": 0, "mtu_lowered": 0,
+                            "ecn_unexpected": 0}
 
 
 def test_fragmented_softwire_packets_from_a_b4_are_reassembled(replay_files):

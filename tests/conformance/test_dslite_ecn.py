@@ -79,6 +79,13 @@ BIG, SMALL = 60, 0
 SERVER_PORT = 33333
 
 
+# The cells Figure 4 marks "(!!!)": combinations no compliant encapsulator
+# makes, which the decapsulator SHOULD log (section 4.2); the fourth, inner
+# Not-ECT under outer CE, is the drop.  natrix counts the forwarded ones as
+# the report's dslite.ecn_unexpected.
+RFC6040_LOG = {(NOT_ECT, ECT0), (NOT_ECT, ECT1), (CE, ECT1)}
+
+
 def decapsulated(inner, outer):
     """The ECN field RFC 6040 Figure 4 gives for this pair, or DROP."""
     return RFC6040_DECAP[inner][ECN_VALUES.index(outer)]
@@ -154,7 +161,8 @@ def test_decapsulation_follows_the_rfc6040_table(replay_files, inner, outer):
     is opened by a packet with this combination, flow B (port 5001) by a
     plain Not-ECT packet, so the combination then arrives on an established
     flow.  Each packet leaves with the table's ECN (inner DSCP 0 kept), or,
-    for an inner Not-ECT under an outer CE, is dropped and counted."""
+    for an inner Not-ECT under an outer CE, is dropped and counted; the
+    cells marked (!!!) are counted as ecn_unexpected, and no other."""
     want = decapsulated(inner, outer)
     frames = [(T0, "inside", host_udp(b"B-", sport=5001))]
     sent_tags = []
@@ -177,6 +185,9 @@ def test_decapsulation_follows_the_rfc6040_table(replay_files, inner, outer):
                                    f"{describe(p[IP].tos)}, RFC 6040 Figure 4 says {ECN_NAME[want]} (DSCP 0 kept)")
         h.verify_ipv4_checksums(bytes(p[IP]), f"{tag.decode()} leaving outside")
     assert rep["drops"] == {}, rep["drops"]
+    logged = len(sent_tags) if (inner, outer) in RFC6040_LOG else 0
+    assert rep["dslite"]["ecn_unexpected"] == logged, (
+        f"inner {ECN_NAME[inner]} under outer {ECN_NAME[outer]}: {rep['dslite']}; Figure 4's (!!!) cells are logged")
 
 
 @pytest.mark.parametrize("inner_tos,outer_tc,want_tos", [

@@ -148,6 +148,11 @@ fn dslite_families(o: &mut Families, workers: &[WorkerSnapshot]) {
     o.counter("dslite_outer_fragments_total", "Outer IPv6 fragments sent towards B4s for packets over their softwire MTU.", d(|s| s.fragmented));
     o.counter("dslite_reassembled_packets_total", "Softwire packets rebuilt from a B4's fragments.", d(|s| s.reassembled));
     o.counter("dslite_mtu_lowered_total", "ICMPv6 packet-too-big messages that lowered a softwire's MTU (RFC 2473 section 7).", d(|s| s.mtu_lowered));
+    o.counter(
+        "dslite_ecn_unexpected_packets_total",
+        "Softwire packets forwarded whose inner and outer ECN fields no compliant encapsulator makes (RFC 6040 figure 4's logged cells).",
+        d(|s| s.ecn_unexpected),
+    );
 }
 
 fn sum(workers: &[WorkerSnapshot], f: impl Fn(&WorkerSnapshot) -> u64) -> u64 {

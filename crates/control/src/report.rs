@@ -44,8 +44,9 @@ pub struct Report {
 }
 
 /// What the DS-Lite AFTR did: B4s seen, packets decapsulated and
-/// encapsulated, outer fragments sent, softwire packets reassembled, and
-/// packet-too-big messages that lowered a softwire's MTU.
+/// encapsulated, outer fragments sent, softwire packets reassembled,
+/// packet-too-big messages that lowered a softwire's MTU, and packets
+/// whose ECN fields RFC 6040 asks to log.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct DsliteUse {
     pub softwires: u64,
@@ -54,6 +55,7 @@ pub struct DsliteUse {
     pub outer_fragments: u64,
     pub reassembled: u64,
     pub mtu_lowered: u64,
+    pub ecn_unexpected: u64,
 }
 
 /// What HOST_ID did (seed 000): segments options were inserted into,
@@ -237,6 +239,7 @@ impl ReportBuilder {
                 outer_fragments: d.fragmented,
                 reassembled: d.reassembled,
                 mtu_lowered: d.mtu_lowered,
+                ecn_unexpected: d.ecn_unexpected,
             }),
         }
     }

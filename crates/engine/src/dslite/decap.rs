@@ -46,25 +46,29 @@ pub(crate) fn decapsulate(ds: &mut Dslite, frame: &[u8], ip: &Ip6, now_ns: u64, 
             whole.marks.combined()
         }
     };
-    carry_congestion(&mut out[ip.l3..], outer_ecn)?;
+    if carry_congestion(&mut out[ip.l3..], outer_ecn)? {
+        ds.stats.ecn_unexpected += 1;
+    }
     ds.stats.decapsulated += 1;
     Ok(Some(b4))
 }
 
 /// Gives the inner IPv4 packet `inner` the ECN field RFC 6040 makes of its
 /// own and the outer one (None: fragments that disagreed, RFC 3168 section
-/// 5.3); Err when it is dropped for it. An inner packet too short for its
+/// 5.3); Err when it is dropped for it, Ok(true) when the two make a
+/// combination RFC 6040 asks to log. An inner packet too short for its
 /// header is left to NAPT44's checks.
-fn carry_congestion(inner: &mut [u8], outer: Option<u8>) -> Result<(), DropReason> {
+fn carry_congestion(inner: &mut [u8], outer: Option<u8>) -> Result<bool, DropReason> {
     if inner.len() < natrix_wire::ipv4::MIN_HEADER_LEN || inner[0] >> 4 != 4 {
-        return Ok(());
+        return Ok(false);
     }
     let own = ecn::of_ipv4(inner);
+    let unexpected = outer.is_some_and(|outer| ecn::unexpected(own, outer));
     match outer.and_then(|outer| ecn::decapsulated(own, outer)) {
-        Some(e) if e == own => Ok(()),
+        Some(e) if e == own => Ok(unexpected),
         Some(e) => {
             ecn::set_ipv4(inner, e);
-            Ok(())
+            Ok(unexpected)
         }
         None => Err(DropReason::DsliteEcnNotEctCe),
     }

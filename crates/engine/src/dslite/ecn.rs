@@ -41,14 +41,24 @@ pub(crate) const fn decapsulated(inner: u8, outer: u8) -> Option<u8> {
     }
 }
 
+/// The combinations RFC 6040 figure 4 marks "(!!!)": no compliant
+/// encapsulator makes them, so the decapsulator SHOULD log them (section
+/// 4.2). natrix counts them (`dslite_ecn_unexpected`); Not-ECT inside CE
+/// is dropped as well.
+pub(crate) const fn unexpected(inner: u8, outer: u8) -> bool {
+    matches!((inner, outer), (NOT_ECT, ECT0 | ECT1 | CE) | (CE, ECT1))
+}
+
 /// Bit `inner << 2 | outer` is set where decapsulation leaves the inner
-/// field as it is: the fast path's test, a shift and a mask per packet.
+/// field as it is and there is nothing to count: the fast path's test, a
+/// shift and a mask per packet.
 const KEPT: u16 = {
     let mut table = 0u16;
     let mut i = 0u8;
     while i < 16 {
-        if let Some(e) = decapsulated(i >> 2, i & 3) {
-            if e == i >> 2 {
+        let (inner, outer) = (i >> 2, i & 3);
+        if let Some(e) = decapsulated(inner, outer) {
+            if e == inner && !unexpected(inner, outer) {
                 table |= 1 << i;
             }
         }
@@ -58,7 +68,8 @@ const KEPT: u16 = {
 };
 
 /// Whether decapsulation leaves the inner ECN field `inner` as it is
-/// under the outer `outer` (`decapsulated(inner, outer) == Some(inner)`).
+/// under the outer `outer` (`decapsulated(inner, outer) == Some(inner)`)
+/// and the combination is not one to count.
 #[inline(always)]
 pub(crate) fn kept(inner: u8, outer: u8) -> bool {
     KEPT >> ((inner & 3) << 2 | (outer & 3)) & 1 != 0
@@ -127,11 +138,24 @@ mod tests {
         }
     }
 
+    /// RFC 6040 figure 4's "(!!!)" cells, and no other.
+    #[test]
+    fn the_combinations_to_log_are_figure_4s() {
+        let columns = [NOT_ECT, ECT0, ECT1, CE];
+        let table = [(NOT_ECT, [false, true, true, true]), (ECT0, [false, false, false, false]), (ECT1, [false, false, false, false]), (CE, [false, false, true, false])];
+        for (inner, row) in table {
+            for (outer, want) in columns.into_iter().zip(row) {
+                assert_eq!(unexpected(inner, outer), want, "inner {inner:02b}, outer {outer:02b}");
+            }
+        }
+    }
+
     #[test]
     fn the_fast_paths_table_agrees_with_figure_4() {
         for inner in 0..4 {
             for outer in 0..4 {
-                assert_eq!(kept(inner, outer), decapsulated(inner, outer) == Some(inner), "inner {inner:02b}, outer {outer:02b}");
+                let plain = decapsulated(inner, outer) == Some(inner) && !unexpected(inner, outer);
+                assert_eq!(kept(inner, outer), plain, "inner {inner:02b}, outer {outer:02b}");
             }
         }
     }
