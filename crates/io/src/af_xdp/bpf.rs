@@ -21,6 +21,7 @@ const PROGRAM_NAME: &[u8] = b"natrix";
 const BPF_PROG_TEST_RUN: libc::c_long = 10;
 
 pub(super) const BPF_MAP_TYPE_HASH: u32 = 1;
+pub(super) const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub(super) const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub(super) const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 pub(super) const BPF_F_NO_PREALLOC: u32 = 1;

@@ -16,10 +16,22 @@
 //! transport checksum its sender's offload left partial.
 //! Those reach the engine as before, on the slower path: a later frame of
 //! the flow the program forwards may arrive first.
+//!
+//! The flow table maps a key to a slot of an array that holds the action
+//! and the key again. A slot a flow gave up rests a second before another
+//! flow gets it, and the program checks the slot's key against the
+//! frame's: the kernel may hand a deleted table entry to the next
+//! insertion at once (Linux 6.1's BPF memory allocator), so a program
+//! that found a flow's entry just before a worker removed it and
+//! installed another could otherwise read the other flow's action and
+//! send the frame where that flow's go.
 
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::bpf::{self, Alu, Asm, Cond, Size};
 
@@ -120,7 +132,21 @@ const A_L4_DELTA: i16 = 38;
 const A_EGRESS: i16 = 40;
 const A_COUNTER: i16 = 44;
 const A_FRAMES: i16 = 48;
-const _: () = assert!(size_of::<FlowAction>() == 56 && size_of::<FlowKey>() == 20);
+const A_KEY: i16 = 56;
+const _: () = assert!(size_of::<FlowAction>() == 56 && size_of::<FlowKey>() == 20 && size_of::<Slot>() == 80);
+
+/// An array slot: a flow's action, and the key of the flow it is for.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    action: FlowAction,
+    key: FlowKey,
+    _pad: u32,
+}
+
+/// How long a slot a flow gave up rests before another flow gets it:
+/// far longer than a program takes over a frame.
+const SLOT_REST: Duration = Duration::from_secs(1);
 
 /// Frames and bytes the program forwarded, per CPU.
 #[repr(C)]
@@ -146,45 +172,103 @@ pub struct Egress {
 /// The flow table and the program's counters, shared by every interface's
 /// program and every worker.
 pub struct Offload {
+    /// Flow key to slot index.
     flows: OwnedFd,
+    /// Slot index to `Slot`.
+    slots: OwnedFd,
     forwarded: OwnedFd,
+    slot_table: Mutex<SlotTable>,
+}
+
+/// Which slot each flow in the table has, and which are free or resting.
+struct SlotTable {
+    by_key: HashMap<FlowKey, u32>,
+    free: Vec<u32>,
+    /// Slots given up, oldest first, with when.
+    resting: VecDeque<(Instant, u32)>,
+    rest: Duration,
+}
+
+impl SlotTable {
+    fn new(slots: u32, rest: Duration) -> SlotTable {
+        SlotTable { by_key: HashMap::new(), free: (0..slots).rev().collect(), resting: VecDeque::new(), rest }
+    }
+
+    /// A slot no flow has had for `rest`; None when every one is in use or resting.
+    fn take(&mut self, now: Instant) -> Option<u32> {
+        while let Some(&(since, slot)) = self.resting.front() {
+            if now.duration_since(since) < self.rest {
+                break;
+            }
+            self.resting.pop_front();
+            self.free.push(slot);
+        }
+        self.free.pop()
+    }
+
+    fn give_up(&mut self, slot: u32, now: Instant) {
+        self.resting.push_back((now, slot));
+    }
 }
 
 impl Offload {
     /// A table of up to `capacity` flow directions.
     pub fn new(capacity: u32) -> io::Result<Offload> {
-        // Not preallocated, so the table's memory follows the flows in it.
-        // Either way the kernel may reuse a deleted entry at once (Linux
-        // 6.1's BPF memory allocator does for these too): a program that
-        // found a flow just before a worker deleted it and installed
-        // another could read the other's action. Its window is the
-        // ~100 ns from its lookup to its last read, against the
-        // microseconds of the two system calls, for a flow that went idle
-        // or ended.
-        let flows = bpf::map_create(bpf::BPF_MAP_TYPE_HASH, size_of::<FlowKey>(), size_of::<FlowAction>(), capacity, bpf::BPF_F_NO_PREALLOC)?;
+        Self::with_rest(capacity, SLOT_REST)
+    }
+
+    /// A table whose given-up slots rest `rest` before they are used again.
+    fn with_rest(capacity: u32, rest: Duration) -> io::Result<Offload> {
+        // Not preallocated, so the table's memory follows the flows in it;
+        // the slots (an array, so allocated up front) twice its size, so
+        // that a flow's slot can rest while a new flow takes another.
+        let flows = bpf::map_create(bpf::BPF_MAP_TYPE_HASH, size_of::<FlowKey>(), size_of::<u32>(), capacity, bpf::BPF_F_NO_PREALLOC)?;
+        let slot_count = capacity.saturating_mul(2);
+        let slots = bpf::map_create(bpf::BPF_MAP_TYPE_ARRAY, size_of::<u32>(), size_of::<Slot>(), slot_count, 0)?;
         let forwarded = bpf::map_create(bpf::BPF_MAP_TYPE_PERCPU_ARRAY, size_of::<u32>(), size_of::<Forwarded>(), COUNTERS, 0)?;
-        Ok(Offload { flows, forwarded })
+        Ok(Offload { flows, slots, forwarded, slot_table: Mutex::new(SlotTable::new(slot_count, rest)) })
+    }
+
+    fn slot_table(&self) -> std::sync::MutexGuard<'_, SlotTable> {
+        self.slot_table.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Puts a flow direction in the table, or changes its action (its
-    /// frame count starting again from 0); fails (E2BIG) where the table
-    /// is full.
+    /// frame count starting again from 0), in a fresh slot either way:
+    /// one a program may still be reading is never written. Fails (E2BIG)
+    /// where the table, or the slots, are full.
     pub fn install(&self, key: &FlowKey, action: &FlowAction) -> io::Result<()> {
-        bpf::map_update(&self.flows, key, &FlowAction { frames: 0, ..*action })
+        let now = Instant::now();
+        let mut table = self.slot_table();
+        let slot = table.take(now).ok_or_else(|| io::Error::from_raw_os_error(libc::E2BIG))?;
+        let written = bpf::map_update(&self.slots, &slot, &Slot { action: FlowAction { frames: 0, ..*action }, key: *key, _pad: 0 });
+        if let Err(e) = written.and_then(|()| bpf::map_update(&self.flows, key, &slot)) {
+            table.free.push(slot);
+            return Err(e);
+        }
+        if let Some(old) = table.by_key.insert(*key, slot) {
+            table.give_up(old, now);
+        }
+        Ok(())
     }
 
     /// The frames the program has forwarded of a flow direction in the
     /// table since it was installed; None where it is not there.
     pub fn frames(&self, key: &FlowKey) -> Option<u64> {
-        let mut action = FlowAction::default();
-        bpf::map_lookup(&self.flows, key, &mut action).ok()?;
-        Some(action.frames)
+        let slot = *self.slot_table().by_key.get(key)?;
+        let mut s = Slot::default();
+        bpf::map_lookup(&self.slots, &slot, &mut s).ok()?;
+        Some(s.action.frames)
     }
 
     /// Takes a flow direction out of the table; its next frame goes to the
     /// engine. One not there is no error.
     pub fn remove(&self, key: &FlowKey) {
+        let mut table = self.slot_table();
         let _ = bpf::map_delete(&self.flows, key);
+        if let Some(slot) = table.by_key.remove(key) {
+            table.give_up(slot, Instant::now());
+        }
     }
 
     /// Frames and bytes the program has forwarded that count in
@@ -289,7 +373,8 @@ impl Offload {
     }
 
     /// Builds the key on the stack from the frame (r3 the protocol) and
-    /// looks it up: r8 the action, or to `slow` without one.
+    /// looks it up: r8 the action, or to `slow` without one, or with a
+    /// slot another flow holds (see the module's text).
     fn look_up(&self, asm: &mut Asm, slow: bpf::Label) {
         for (at, field) in [(-24, SRC), (-20, DST), (-16, L4)] {
             asm.load(Size::W, 5, 7, field);
@@ -303,6 +388,20 @@ impl Offload {
         asm.alu(Alu::Add, 2, -24);
         asm.call(bpf::MAP_LOOKUP_ELEM);
         asm.jump_if(Cond::Eq, 0, 0, slow);
+        // The slot's index, read once: the entry's or, where the kernel
+        // has just handed the entry to another flow, that flow's.
+        asm.load(Size::W, 5, 0, 0);
+        asm.store(Size::W, 10, -32, 5);
+        asm.load_map(1, self.slots.as_raw_fd());
+        asm.alu_reg(Alu::Mov, 2, 10);
+        asm.alu(Alu::Add, 2, -32);
+        asm.call(bpf::MAP_LOOKUP_ELEM);
+        asm.jump_if(Cond::Eq, 0, 0, slow);
+        for word in 0..5 {
+            asm.load(Size::W, 4, 0, A_KEY + 4 * word);
+            asm.load(Size::W, 5, 10, -24 + 4 * word);
+            asm.jump_if_reg(Cond::Ne, 4, 5, slow);
+        }
         asm.alu_reg(Alu::Mov, 8, 0);
     }
 

@@ -143,17 +143,25 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Option<Fixture> {
+        Fixture::with(Offload::new(64).expect("the flow table is created"))
+    }
+
+    fn with(offload: Offload) -> Option<Fixture> {
         if !nix_is_root() {
             eprintln!("skipped: loading XDP programs needs root");
             return None;
         }
-        let offload = Offload::new(64).expect("the flow table is created");
         let xsks = bpf::map_create(bpf::BPF_MAP_TYPE_XSKMAP, 4, 4, 1, 0).expect("an XSKMAP");
         let mut asm = Asm::default();
         offload.fast_path(&mut asm);
         redirect_to_sockets(&mut asm, xsks.as_raw_fd());
         let program = bpf::load_xdp(&asm.finish()).expect("the verifier takes the fast path");
         Some(Fixture { offload, program, _xsks: xsks })
+    }
+
+    /// The slot flow `key` has.
+    fn slot_of(&self, key: &FlowKey) -> u32 {
+        self.offload.slot_table().by_key[key]
     }
 
     /// Learns the flow from `p` and what the NAT made of it, as a worker does.
@@ -365,4 +373,65 @@ fn only_the_plain_rewrite_is_learnt() {
     let syn = Packet::tcp(0x02);
     assert!(learn(&head(&syn.frame()).unwrap(), 1, &syn.translated().frame(), E).is_none(), "SYN");
     assert!(learn(&before, 1, &after[..40], E).is_none(), "short result");
+}
+
+#[test]
+fn a_table_entry_that_leads_to_another_flows_slot_sends_the_frame_to_the_engine_untouched() {
+    let Some(fx) = Fixture::new() else { return };
+    let (a, b) = (Packet::tcp(ACK), Packet { sport: 40001, ..Packet::tcp(ACK) });
+    fx.learn(&a, 1500);
+    fx.learn(&b, 1500);
+    let (key_a, key_b) = (flow_key(&a.frame(), test_ifindex()).unwrap(), flow_key(&b.frame(), test_ifindex()).unwrap());
+    assert_eq!(fx.run(&a.frame()).0, XDP_REDIRECT);
+    // What a program sees when the kernel hands a's deleted entry to b's
+    // insertion while it reads: b's slot under a's key.
+    bpf::map_update(&fx.offload.flows, &key_a, &fx.slot_of(&key_b)).unwrap();
+    let (verdict, frame) = fx.run(&a.frame());
+    assert_eq!((verdict, frame), (XDP_PASS, a.frame()), "a's frame must not leave with b's rewrite");
+    assert_eq!(fx.offload.frames(&key_b), Some(0), "nor count as b's");
+}
+
+#[test]
+fn a_slot_a_flow_gave_up_rests_before_another_flow_gets_it() {
+    let resting = Offload::with_rest(64, Duration::from_secs(3600)).unwrap();
+    let Some(fx) = Fixture::with(resting) else { return };
+    let (a, b) = (Packet::tcp(ACK), Packet { sport: 40001, ..Packet::tcp(ACK) });
+    let (key_a, key_b) = (flow_key(&a.frame(), test_ifindex()).unwrap(), flow_key(&b.frame(), test_ifindex()).unwrap());
+    fx.learn(&a, 1500);
+    let first = fx.slot_of(&key_a);
+    fx.learn(&a, 1400);
+    assert_ne!(fx.slot_of(&key_a), first, "a changed action is written to a fresh slot");
+    fx.offload.remove(&key_a);
+    fx.learn(&b, 1500);
+    assert_ne!(fx.slot_of(&key_b), first);
+    assert_eq!(fx.run(&b.frame()).0, XDP_REDIRECT);
+    assert_eq!(fx.run(&a.frame()).0, XDP_PASS);
+
+    // The rest is what keeps them apart: without it the slot comes back at once.
+    let Some(fx) = Fixture::with(Offload::with_rest(64, Duration::ZERO).unwrap()) else { return };
+    fx.learn(&a, 1500);
+    let first = fx.slot_of(&key_a);
+    fx.offload.remove(&key_a);
+    fx.learn(&b, 1500);
+    assert_eq!(fx.slot_of(&key_b), first);
+}
+
+#[test]
+fn with_every_slot_in_use_or_resting_a_flow_is_refused_as_with_a_full_table() {
+    let Some(fx) = Fixture::with(Offload::with_rest(2, Duration::from_secs(3600)).unwrap()) else { return };
+    let flows: Vec<Packet> = (0..3).map(|i| Packet { sport: 41000 + i, ..Packet::tcp(ACK) }).collect();
+    let key = |p: &Packet| flow_key(&p.frame(), test_ifindex()).unwrap();
+    let install = |p: &Packet| {
+        let (k, action) = learn(&head(&p.frame()).unwrap(), test_ifindex(), &p.translated().frame(), Egress { ifindex: EGRESS, counter: 1, max_len: 1500 }).unwrap();
+        fx.offload.install(&k, &action)
+    };
+    for round in 0..2 {
+        install(&flows[0]).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        install(&flows[1]).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        fx.offload.remove(&key(&flows[0]));
+        fx.offload.remove(&key(&flows[1]));
+    }
+    let refused = install(&flows[2]).expect_err("four slots resting");
+    assert_eq!(refused.raw_os_error(), Some(libc::E2BIG));
+    assert_eq!(fx.offload.frames(&key(&flows[2])), None);
 }
