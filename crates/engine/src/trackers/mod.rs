@@ -70,12 +70,12 @@ pub fn open(proto: Proto, dir: Direction, tcp_flags: u8) -> (u8, TimeoutClass) {
 /// session has now.
 #[inline]
 pub fn on_packet(proto: Proto, state: &mut u8, class: TimeoutClass, dir: Direction, tcp_flags: u8) -> TimeoutClass {
-    // Most packets change nothing: UDP and ICMP ones (no flags, never
-    // transitory TCP) and TCP segments of established connections without
-    // SYN, FIN or RST, which leave the state and so the class it gives.
-    // Testing that first spares a branch on the protocol, which live traffic
-    // mixes unpredictably.
-    if !tcp::acts_on(tcp_flags, class) {
+    // Most packets change nothing: UDP and ICMP ones (no flags, state 0)
+    // and TCP segments without SYN, FIN or RST of connections no RST
+    // closed, which leave the state and so the class it gives. Testing
+    // that first spares a branch on the protocol, which live traffic mixes
+    // unpredictably.
+    if !tcp::acts_on(tcp_flags, *state) {
         debug_assert!(proto != Proto::Tcp || class == tcp::timeout_class(*state), "a TCP session's class follows its state");
         return class;
     }

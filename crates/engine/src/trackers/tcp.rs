@@ -38,13 +38,14 @@ pub const RST: u8 = 0x10;
 const ON_OUT: u8 = 0x20;
 const ON_IN: u8 = 0x40;
 
-/// Whether a segment with these flags can change the state of a session
-/// in `class`: one without SYN, FIN or RST (a plain ACK, the bulk of any
-/// connection) leaves an established session, and so its class, as it was.
-/// A transitory one may be a connection going on after a RST.
+/// Whether a segment with these flags can change a session in `state`:
+/// one without SYN, FIN or RST (a plain ACK, the bulk of any connection)
+/// leaves it, and so its class, as it was, unless a RST came before (the
+/// connection may be going on). One test for both: the flags' and the
+/// state's bits do not overlap.
 #[inline(always)]
-pub fn acts_on(tcp_flags: u8, class: TimeoutClass) -> bool {
-    tcp_flags & (flags::SYN | flags::FIN | flags::RST) != 0 || class == TimeoutClass::TcpTransitory
+pub fn acts_on(tcp_flags: u8, state: u8) -> bool {
+    (tcp_flags & (flags::SYN | flags::FIN | flags::RST)) | (state & RST) != 0
 }
 
 /// A session opened by a segment going `dir`.
@@ -108,21 +109,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_segment_without_syn_fin_or_rst_changes_no_established_session() {
+    fn a_segment_without_syn_fin_or_rst_changes_no_session_without_a_rst() {
         for state in 0..u8::MAX {
             for dir in [Direction::Out, Direction::In] {
                 for tcp_flags in 0..=u8::MAX {
                     let mut s = state;
                     on_segment(&mut s, dir, tcp_flags);
-                    if !acts_on(tcp_flags, timeout_class(state)) {
+                    if !acts_on(tcp_flags, state) {
                         assert_eq!(s, state, "state {state:#x} flags {tcp_flags:#x}");
                     }
                 }
             }
         }
-        let established = TimeoutClass::TcpEstablished;
+        let established = SYN_OUT | SYN_IN;
         assert!(!acts_on(flags::ACK | flags::PSH, established));
-        assert!(acts_on(flags::ACK | flags::PSH, TimeoutClass::TcpTransitory));
+        assert!(acts_on(flags::ACK | flags::PSH, established | RST));
         assert!(acts_on(flags::SYN | flags::ACK, established) && acts_on(flags::FIN, established) && acts_on(flags::RST, established));
     }
 
