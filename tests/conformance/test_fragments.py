@@ -180,6 +180,19 @@ def test_fragment_buffer_bound(replay):
     assert sorted(by_id[struct.pack("!H", 0x6000)]) == [0, 101], "the oldest held fragment made room"
 
 
+def test_a_fragment_pushed_out_by_the_last_frame_of_a_capture_is_counted(replay):
+    """Replay contract: every frame read is forwarded or counted as dropped.
+    With max_held = 2, a capture whose last frame is a third lone later
+    fragment: it pushes out the oldest (fragment_buffer_full), and the two
+    still held at the end time out (fragment_timeout)."""
+    s = h.Scenario(replay, h.make_config(fragments={"max_held": 2}))
+    for k in range(3):
+        s.add(T0 + 0.01 * k, "inside", _frags(SUB_A, SRV1, 40000 + 2 * k, 9000, eth_in(SUB_A), 0x6100 + k)[2])
+    outs, rep = s.run()
+    assert rep["drops"] == {"fragment_buffer_full": 1, "fragment_timeout": 2}, rep["drops"]
+    assert rep["packets"]["dropped"] == 3, rep["packets"]
+
+
 def test_junk_fragments_from_outside_cannot_crowd_out_real_ones(replay):
     """Contract [fragments]: the buffer for out-of-order fragments is bounded,
     and anyone outside can fill it with fragments whose first never comes.

@@ -249,6 +249,24 @@ def test_tcp_reset_connection_answered_with_rsts_is_removed_after_transitory(rep
     none_of(outs, "inside", h.has_payload(b"way-after"), "segment 300 s after the last RST")
 
 
+def test_tcp_connection_aborted_after_an_ignored_rst_is_removed_after_transitory(replay):
+    """RFC 7857 sec 2.2 / RFC 5961: an off-path RST the host ignores (it
+    answers with a challenge ACK), then the host aborting the connection
+    with its own RST: only segments after that last RST show whether the
+    connection goes on, so the peer's data in flight does not bring the
+    session back, and 300 s after it the session is gone."""
+    s = h.Scenario(replay, h.make_config())
+    _establish(s)
+    s.add(T0 + 100, "outside", tcp_in(SRV1, 80, POOL1, 40000, "R", seq=987654))
+    s.add(T0 + 100.01, "inside", tcp_out(SUB_A, 40000, SRV1, 80, "A", seq=1001, ack=5001))
+    s.add(T0 + 100.02, "inside", tcp_out(SUB_A, 40000, SRV1, 80, "R", seq=1001))
+    s.add(T0 + 100.03, "outside", tcp_in(SRV1, 80, POOL1, 40000, "PA", seq=5001, ack=1001, payload=b"in-flight"))
+    s.add(T0 + 400.1, "outside", tcp_in(SRV1, 80, POOL1, 40000, "PA", seq=5010, ack=1001, payload=b"way-after"))
+    outs, _ = s.run()
+    one(outs, "inside", h.has_payload(b"in-flight"), "segment in flight when the host aborted")
+    none_of(outs, "inside", h.has_payload(b"way-after"), "segment 300 s after the last RST")
+
+
 def test_tcp_fin_closed_session_removed_after_transitory(replay):
     """RFC 5382 REQ-5 / RFC 7857 sec 2.2: once both FINs were seen the session is
     transitory; after the 4 min transitory timeout a late segment is dropped."""

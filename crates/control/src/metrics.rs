@@ -150,7 +150,7 @@ fn dslite_families(o: &mut Families, workers: &[WorkerSnapshot]) {
     o.counter("dslite_mtu_lowered_total", "ICMPv6 packet-too-big messages that lowered a softwire's MTU (RFC 2473 section 7).", d(|s| s.mtu_lowered));
     o.counter(
         "dslite_ecn_unexpected_packets_total",
-        "Softwire packets forwarded whose inner and outer ECN fields no compliant encapsulator makes (RFC 6040 figure 4's logged cells).",
+        "Softwire packets decapsulated whose inner and outer ECN fields no compliant encapsulator makes (RFC 6040 figure 4's cells to log).",
         d(|s| s.ecn_unexpected),
     );
 }

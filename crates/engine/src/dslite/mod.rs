@@ -102,7 +102,7 @@ pub struct DsliteStats {
     pub mtu_lowered: u64,
     /// B4s with a stand-in (every B4 seen since start).
     pub softwires: u64,
-    /// Softwire packets forwarded whose inner and outer ECN fields make a
+    /// Softwire packets decapsulated whose inner and outer ECN fields make a
     /// combination no compliant encapsulator makes (RFC 6040 section 4.2:
     /// SHOULD log); Not-ECT inside CE is dropped and counted as a drop.
     pub ecn_unexpected: u64,

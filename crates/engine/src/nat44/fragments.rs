@@ -103,7 +103,8 @@ impl Fragments {
     }
 
     /// A reload's limits, at `now_ns`: for what arrives from now on; what
-    /// is held already stays until its first fragment or its time is up.
+    /// is held already stays until its first fragment or its time is up,
+    /// or, past lower limits, until new fragments push it out.
     /// A record of a first fragment lasts no longer than the new timeout
     /// allows: what it names (a DS-Lite stand-in) is kept that long only.
     pub fn set_limits(&mut self, max_held: usize, max_held_bytes: usize, timeout_ns: u64, now_ns: u64) {
@@ -150,7 +151,7 @@ impl Fragments {
             return false;
         }
         while self.held_count() >= self.max_held || self.total_bytes() + frame.len() > self.max_held_bytes {
-            let victim = self.victim_side(key.side);
+            let victim = self.victim_side(key.side, frame.len());
             let Some(h) = self.held[victim as usize].pop_front() else { break };
             self.release(victim, h);
             self.crowded_out += 1;
@@ -168,12 +169,12 @@ impl Fragments {
         std::mem::take(&mut self.crowded_out)
     }
 
-    /// The side whose oldest fragment makes room for one arriving on
-    /// `side`: its own once it holds its half in count or bytes (or the
-    /// other holds nothing), else the other's.
-    fn victim_side(&self, side: Side) -> Side {
+    /// The side whose oldest fragment makes room for one of `len` bytes
+    /// arriving on `side`: its own once that side holds its half in count
+    /// or would pass it in bytes (or the other holds nothing), else the other's.
+    fn victim_side(&self, side: Side, len: usize) -> Side {
         let (own, other) = (side as usize, 1 - side as usize);
-        let at_half = self.held[own].len() * 2 >= self.max_held || self.held_bytes[own] * 2 >= self.max_held_bytes;
+        let at_half = self.held[own].len() * 2 >= self.max_held || (self.held_bytes[own] + len) * 2 > self.max_held_bytes;
         if at_half || self.held[other].is_empty() {
             side
         } else if side == Side::Inside {
@@ -352,6 +353,17 @@ mod tests {
         assert_eq!((f.held_count(), f.take_crowded_out()), (2, 1));
         assert!(!f.hold(key(Side::Outside, 9), &[0; 1001], 14, SEC));
         assert_eq!((f.held_count(), f.take_crowded_out()), (2, 0), "a refusal drops nothing held");
+    }
+
+    #[test]
+    fn a_large_fragment_past_its_sides_byte_half_makes_room_from_its_own_side() {
+        let mut f = buffer(100, 1000);
+        f.hold(key(Side::Inside, 1), &[0; 400], 14, SEC);
+        f.hold(key(Side::Outside, 1), &[0; 300], 14, SEC);
+        f.hold(key(Side::Outside, 2), &[0; 350], 14, SEC);
+        assert_eq!(f.take_crowded_out(), 1);
+        assert_eq!(still_held(&f, key(Side::Inside, 1)), 1, "the inside holds less than its half");
+        assert_eq!(still_held(&f, key(Side::Outside, 1)), 0);
     }
 
     #[test]

@@ -279,10 +279,11 @@ impl Nat44 {
     }
 
     /// Ends a run (the end of a capture): answers every held SYN as if its
-    /// hold had passed and drops every fragment still waiting, returning how many.
-    pub(crate) fn finish(&mut self, router: &mut Router) -> u64 {
+    /// hold had passed and drops every fragment still waiting, returning how
+    /// many, and how many the last frames pushed out of a full buffer.
+    pub(crate) fn finish(&mut self, router: &mut Router) -> (u64, u64) {
         self.held_syns.answer_all(self.cfg.unsolicited_syn, router);
-        self.frags.drop_all_held()
+        (self.frags.drop_all_held(), self.frags.take_crowded_out())
     }
 
     /// Whether a frame that arrived outside is NAPT44's to handle, and how:

@@ -317,8 +317,9 @@ impl Engine {
     /// the middlebox functions' timers (the SYN accelerator's copies and
     /// resets, at the times they fall due).
     pub fn finish(&mut self) {
-        let dropped = self.nat.finish(&mut self.router);
+        let (dropped, crowded_out) = self.nat.finish(&mut self.router);
         self.count_drops(DropReason::FragmentTimeout, dropped);
+        self.count_drops(DropReason::FragmentBufferFull, crowded_out);
         if let Some(ds) = self.dslite.as_mut() {
             let waiting = ds.reassembly.clear();
             self.count_drops(DropReason::FragmentTimeout, waiting);

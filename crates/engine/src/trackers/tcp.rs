@@ -7,7 +7,8 @@
 //! - a RST does not delete the session but moves it to the transitory timeout
 //!   (RFC 7857 section 2.2), so a spoofed RST cannot tear down a mapping;
 //! - a connection that goes on after a RST, segments without RST in both
-//!   directions, is established again: the RST was one its receiver ignored
+//!   directions since the last one, gets back the state it had before (an
+//!   established one its timeout): the RST was one its receiver ignored
 //!   (out of window, RFC 5961), and an idle connection an off-path RST moved
 //!   to four minutes would otherwise be cut;
 //! - a session closed by FIN both ways or by RST may be reused by a new SYN
@@ -186,6 +187,18 @@ mod tests {
             assert_eq!(on_segment(&mut s, Direction::In, flags::ACK | flags::PSH), TimeoutClass::TcpTransitory);
             assert_eq!(on_segment(&mut s, Direction::Out, flags::RST), TimeoutClass::TcpTransitory);
         }
+        assert!(is_closed(s));
+    }
+
+    #[test]
+    fn only_segments_after_the_last_rst_count() {
+        // A spoofed RST, the host's challenge ACK, then the host aborting:
+        // the peer's data in flight must not restore what the abort ended.
+        let mut s = SYN_OUT | SYN_IN;
+        on_segment(&mut s, Direction::In, flags::RST);
+        on_segment(&mut s, Direction::Out, flags::ACK);
+        on_segment(&mut s, Direction::Out, flags::RST);
+        assert_eq!(on_segment(&mut s, Direction::In, flags::ACK | flags::PSH), TimeoutClass::TcpTransitory);
         assert!(is_closed(s));
     }
 

@@ -145,8 +145,10 @@ struct Slot {
 }
 
 /// How long a slot a flow gave up rests before another flow gets it:
-/// far longer than a program takes over a frame.
-const SLOT_REST: Duration = Duration::from_secs(1);
+/// some 10^5 times what a program takes over a frame, and short enough
+/// that twice the table's slots last a churn of a table's worth of flows
+/// every 100 ms.
+const SLOT_REST: Duration = Duration::from_millis(100);
 
 /// Frames and bytes the program forwarded, per CPU.
 #[repr(C)]
@@ -177,10 +179,12 @@ pub struct Offload {
     /// Slot index to `Slot`.
     slots: OwnedFd,
     forwarded: OwnedFd,
-    slot_table: Mutex<SlotTable>,
+    /// The slots, in shards by key, each over its own range: workers
+    /// installing and removing flows at once mostly take different locks.
+    slot_tables: Box<[Mutex<SlotTable>]>,
 }
 
-/// Which slot each flow in the table has, and which are free or resting.
+/// Which slot each flow of a shard has, and which of its slots are free or resting.
 struct SlotTable {
     by_key: HashMap<FlowKey, u32>,
     free: Vec<u32>,
@@ -190,8 +194,8 @@ struct SlotTable {
 }
 
 impl SlotTable {
-    fn new(slots: u32, rest: Duration) -> SlotTable {
-        SlotTable { by_key: HashMap::new(), free: (0..slots).rev().collect(), resting: VecDeque::new(), rest }
+    fn new(slots: std::ops::Range<u32>, rest: Duration) -> SlotTable {
+        SlotTable { by_key: HashMap::new(), free: slots.rev().collect(), resting: VecDeque::new(), rest }
     }
 
     /// A slot no flow has had for `rest`; None when every one is in use or resting.
@@ -206,10 +210,14 @@ impl SlotTable {
         self.free.pop()
     }
 
-    fn give_up(&mut self, slot: u32, now: Instant) {
-        self.resting.push_back((now, slot));
+    fn give_up(&mut self, slot: u32) {
+        self.resting.push_back((Instant::now(), slot));
     }
 }
+
+/// At most this many shards of slots, each of at least `SLOTS_PER_SHARD`.
+const SHARDS: u32 = 16;
+const SLOTS_PER_SHARD: u32 = 1024;
 
 impl Offload {
     /// A table of up to `capacity` flow directions.
@@ -226,28 +234,35 @@ impl Offload {
         let slot_count = capacity.saturating_mul(2);
         let slots = bpf::map_create(bpf::BPF_MAP_TYPE_ARRAY, size_of::<u32>(), size_of::<Slot>(), slot_count, 0)?;
         let forwarded = bpf::map_create(bpf::BPF_MAP_TYPE_PERCPU_ARRAY, size_of::<u32>(), size_of::<Forwarded>(), COUNTERS, 0)?;
-        Ok(Offload { flows, slots, forwarded, slot_table: Mutex::new(SlotTable::new(slot_count, rest)) })
+        let shards = (slot_count / SLOTS_PER_SHARD).clamp(1, SHARDS);
+        let per_shard = slot_count / shards;
+        let slot_tables = (0..shards).map(|i| Mutex::new(SlotTable::new(i * per_shard..(i + 1) * per_shard, rest))).collect();
+        Ok(Offload { flows, slots, forwarded, slot_tables })
     }
 
-    fn slot_table(&self) -> std::sync::MutexGuard<'_, SlotTable> {
-        self.slot_table.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The shard of `key`'s slots, locked.
+    fn slot_table(&self, key: &FlowKey) -> std::sync::MutexGuard<'_, SlotTable> {
+        let word = |b: [u8; 4]| u64::from(u32::from_ne_bytes(b));
+        let mixed = (word(key.src) << 32 | word(key.dst)) ^ (word(key.ports) << 16 | u64::from(key.ifindex));
+        let shard = (mixed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize % self.slot_tables.len();
+        self.slot_tables[shard].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Puts a flow direction in the table, or changes its action (its
     /// frame count starting again from 0), in a fresh slot either way:
     /// one a program may still be reading is never written. Fails (E2BIG)
-    /// where the table, or the slots, are full.
+    /// where the table is full, or every slot of the key's shard is in use
+    /// or resting.
     pub fn install(&self, key: &FlowKey, action: &FlowAction) -> io::Result<()> {
-        let now = Instant::now();
-        let mut table = self.slot_table();
-        let slot = table.take(now).ok_or_else(|| io::Error::from_raw_os_error(libc::E2BIG))?;
+        let mut table = self.slot_table(key);
+        let slot = table.take(Instant::now()).ok_or_else(|| io::Error::from_raw_os_error(libc::E2BIG))?;
         let written = bpf::map_update(&self.slots, &slot, &Slot { action: FlowAction { frames: 0, ..*action }, key: *key, _pad: 0 });
         if let Err(e) = written.and_then(|()| bpf::map_update(&self.flows, key, &slot)) {
             table.free.push(slot);
             return Err(e);
         }
         if let Some(old) = table.by_key.insert(*key, slot) {
-            table.give_up(old, now);
+            table.give_up(old);
         }
         Ok(())
     }
@@ -255,7 +270,7 @@ impl Offload {
     /// The frames the program has forwarded of a flow direction in the
     /// table since it was installed; None where it is not there.
     pub fn frames(&self, key: &FlowKey) -> Option<u64> {
-        let slot = *self.slot_table().by_key.get(key)?;
+        let slot = *self.slot_table(key).by_key.get(key)?;
         let mut s = Slot::default();
         bpf::map_lookup(&self.slots, &slot, &mut s).ok()?;
         Some(s.action.frames)
@@ -264,10 +279,10 @@ impl Offload {
     /// Takes a flow direction out of the table; its next frame goes to the
     /// engine. One not there is no error.
     pub fn remove(&self, key: &FlowKey) {
-        let mut table = self.slot_table();
+        let mut table = self.slot_table(key);
         let _ = bpf::map_delete(&self.flows, key);
         if let Some(slot) = table.by_key.remove(key) {
-            table.give_up(slot, Instant::now());
+            table.give_up(slot);
         }
     }
 

@@ -143,14 +143,17 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Option<Fixture> {
-        Fixture::with(Offload::new(64).expect("the flow table is created"))
+        Fixture::with(|| Offload::new(64))
     }
 
-    fn with(offload: Offload) -> Option<Fixture> {
+    /// A fixture around the table `make` creates, as root only (creating
+    /// BPF maps needs it too).
+    fn with(make: impl FnOnce() -> io::Result<Offload>) -> Option<Fixture> {
         if !nix_is_root() {
             eprintln!("skipped: loading XDP programs needs root");
             return None;
         }
+        let offload = make().expect("the flow table is created");
         let xsks = bpf::map_create(bpf::BPF_MAP_TYPE_XSKMAP, 4, 4, 1, 0).expect("an XSKMAP");
         let mut asm = Asm::default();
         offload.fast_path(&mut asm);
@@ -161,7 +164,7 @@ impl Fixture {
 
     /// The slot flow `key` has.
     fn slot_of(&self, key: &FlowKey) -> u32 {
-        self.offload.slot_table().by_key[key]
+        self.offload.slot_table(key).by_key[key]
     }
 
     /// Learns the flow from `p` and what the NAT made of it, as a worker does.
@@ -393,8 +396,7 @@ fn a_table_entry_that_leads_to_another_flows_slot_sends_the_frame_to_the_engine_
 
 #[test]
 fn a_slot_a_flow_gave_up_rests_before_another_flow_gets_it() {
-    let resting = Offload::with_rest(64, Duration::from_secs(3600)).unwrap();
-    let Some(fx) = Fixture::with(resting) else { return };
+    let Some(fx) = Fixture::with(|| Offload::with_rest(64, Duration::from_secs(3600))) else { return };
     let (a, b) = (Packet::tcp(ACK), Packet { sport: 40001, ..Packet::tcp(ACK) });
     let (key_a, key_b) = (flow_key(&a.frame(), test_ifindex()).unwrap(), flow_key(&b.frame(), test_ifindex()).unwrap());
     fx.learn(&a, 1500);
@@ -408,7 +410,7 @@ fn a_slot_a_flow_gave_up_rests_before_another_flow_gets_it() {
     assert_eq!(fx.run(&a.frame()).0, XDP_PASS);
 
     // The rest is what keeps them apart: without it the slot comes back at once.
-    let Some(fx) = Fixture::with(Offload::with_rest(64, Duration::ZERO).unwrap()) else { return };
+    let Some(fx) = Fixture::with(|| Offload::with_rest(64, Duration::ZERO)) else { return };
     fx.learn(&a, 1500);
     let first = fx.slot_of(&key_a);
     fx.offload.remove(&key_a);
@@ -418,7 +420,7 @@ fn a_slot_a_flow_gave_up_rests_before_another_flow_gets_it() {
 
 #[test]
 fn with_every_slot_in_use_or_resting_a_flow_is_refused_as_with_a_full_table() {
-    let Some(fx) = Fixture::with(Offload::with_rest(2, Duration::from_secs(3600)).unwrap()) else { return };
+    let Some(fx) = Fixture::with(|| Offload::with_rest(2, Duration::from_secs(3600))) else { return };
     let flows: Vec<Packet> = (0..3).map(|i| Packet { sport: 41000 + i, ..Packet::tcp(ACK) }).collect();
     let key = |p: &Packet| flow_key(&p.frame(), test_ifindex()).unwrap();
     let install = |p: &Packet| {
@@ -434,4 +436,21 @@ fn with_every_slot_in_use_or_resting_a_flow_is_refused_as_with_a_full_table() {
     let refused = install(&flows[2]).expect_err("four slots resting");
     assert_eq!(refused.raw_os_error(), Some(libc::E2BIG));
     assert_eq!(fx.offload.frames(&key(&flows[2])), None);
+}
+
+#[test]
+fn flows_spread_over_the_shards_and_no_two_share_a_slot() {
+    let Some(fx) = Fixture::with(|| Offload::new(8192)) else { return };
+    assert_eq!(fx.offload.slot_tables.len(), 16);
+    let mut slots = std::collections::HashSet::new();
+    for i in 0..2000u16 {
+        let p = Packet { sport: 20000 + i, src: [10, 0, (i >> 8) as u8, i as u8], ..Packet::udp() };
+        let (key, action) = learn(&head(&p.frame()).unwrap(), test_ifindex(), &p.translated().frame(), Egress { ifindex: EGRESS, counter: 1, max_len: 1500 }).unwrap();
+        fx.offload.install(&key, &action).unwrap();
+        assert!(slots.insert(fx.slot_of(&key)), "flow {i} got a slot in use");
+    }
+    for (shard, table) in fx.offload.slot_tables.iter().enumerate() {
+        let n = table.lock().unwrap().by_key.len();
+        assert!((60..=200).contains(&n), "shard {shard} holds {n} of 2000 flows");
+    }
 }
