@@ -398,20 +398,12 @@ impl Offload {
         asm.store(Size::W, 10, -12, 3);
         asm.load(Size::W, 5, 6, bpf::XDP_MD_INGRESS_IFINDEX);
         asm.store(Size::W, 10, -8, 5);
-        asm.load_map(1, self.flows.as_raw_fd());
-        asm.alu_reg(Alu::Mov, 2, 10);
-        asm.alu(Alu::Add, 2, -24);
-        asm.call(bpf::MAP_LOOKUP_ELEM);
-        asm.jump_if(Cond::Eq, 0, 0, slow);
+        map_lookup(asm, self.flows.as_raw_fd(), -24, slow);
         // The slot's index, read once: the entry's or, where the kernel
         // has just handed the entry to another flow, that flow's.
         asm.load(Size::W, 5, 0, 0);
         asm.store(Size::W, 10, -32, 5);
-        asm.load_map(1, self.slots.as_raw_fd());
-        asm.alu_reg(Alu::Mov, 2, 10);
-        asm.alu(Alu::Add, 2, -32);
-        asm.call(bpf::MAP_LOOKUP_ELEM);
-        asm.jump_if(Cond::Eq, 0, 0, slow);
+        map_lookup(asm, self.slots.as_raw_fd(), -32, slow);
         for word in 0..5 {
             asm.load(Size::W, 4, 0, A_KEY + 4 * word);
             asm.load(Size::W, 5, 10, -24 + 4 * word);
@@ -425,11 +417,7 @@ impl Offload {
         let done = asm.label();
         asm.load(Size::W, 5, 8, A_COUNTER);
         asm.store(Size::W, 10, -28, 5);
-        asm.load_map(1, self.forwarded.as_raw_fd());
-        asm.alu_reg(Alu::Mov, 2, 10);
-        asm.alu(Alu::Add, 2, -28);
-        asm.call(bpf::MAP_LOOKUP_ELEM);
-        asm.jump_if(Cond::Eq, 0, 0, done);
+        map_lookup(asm, self.forwarded.as_raw_fd(), -28, done);
         asm.load(Size::DW, 5, 0, 0);
         asm.alu(Alu::Add, 5, 1);
         asm.store(Size::DW, 0, 0, 5);
@@ -439,6 +427,16 @@ impl Offload {
         asm.store(Size::DW, 0, 8, 5);
         asm.place(done);
     }
+}
+
+/// r0 the value `map` holds under the key on the stack at `key_at`; to
+/// `missing` where it holds none.
+fn map_lookup(asm: &mut Asm, map: std::os::fd::RawFd, key_at: i32, missing: bpf::Label) {
+    asm.load_map(1, map);
+    asm.alu_reg(Alu::Mov, 2, 10);
+    asm.alu(Alu::Add, 2, key_at);
+    asm.call(bpf::MAP_LOOKUP_ELEM);
+    asm.jump_if(Cond::Eq, 0, 0, missing);
 }
 
 /// A transport checksum its sender's offload left partial (the field
