@@ -18,7 +18,7 @@
 //! the flow the program forwards may arrive first.
 //!
 //! The flow table maps a key to a slot of an array that holds the action
-//! and the key again. A slot a flow gave up rests a second before another
+//! and the key again. A slot a flow gave up rests 100 ms before another
 //! flow gets it, and the program checks the slot's key against the
 //! frame's: the kernel may hand a deleted table entry to the next
 //! insertion at once (Linux 6.1's BPF memory allocator), so a program
