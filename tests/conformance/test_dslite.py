@@ -367,6 +367,21 @@ def test_pcp_through_the_softwire_maps_for_that_b4(replay_files):
     assert inner_of(hits[0])[UDP].dport == 6000
 
 
+def test_pcp_rate_limit_is_per_host_not_per_inner_address(replay_files):
+    """RFC 6887 section 18.1's per-client rate limit, with hosts behind
+    different B4s that share one inner address (192.0.0.2, RFC 6333's B4
+    range): B4_1's host spending its budget in one second does not silence
+    B4_2's host in the same second."""
+    cfg = config() + '[pcp]\nenabled = true\n'
+    def req(b4, k):
+        return softwire(b4, IP(src=HOST, dst=AFTR_V4) / UDP(sport=40404, dport=5351) / Raw(pcp_map_request(HOST, 6000 + k)))
+    frames = [(T0 + 0.001 * k, "inside", req(B4_1, k)) for k in range(100)]
+    frames.append((T0 + 0.5, "inside", req(B4_2, 0)))
+    outs, rep = replay(replay_files, cfg, frames)
+    assert len(to_b4(outs, B4_1)) == 100, show(outs)
+    assert len(to_b4(outs, B4_2)) == 1, "B4_2's host is answered within the same second"
+
+
 def test_an_icmp_error_from_outside_reaches_the_host_through_its_softwire(replay_files):
     """RFC 5508 through a softwire: the server's port unreachable about the
     host's datagram arrives for the pool address and leaves encapsulated to

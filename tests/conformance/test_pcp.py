@@ -60,10 +60,10 @@ def map_req(client, lifetime, proto, iport, sport=0, saddr=None, opts=b"", nonce
     return header(1, lifetime, client) + map_body(proto, iport, sport, saddr, nonce) + opts
 
 
-def peer_req(client, lifetime, proto, iport, remote, rport, nonce=NONCE):
-    """Figure 10: PEER opcode data."""
-    return (header(2, lifetime, client) + map_body(proto, iport, nonce=nonce)
-            + struct.pack("!HH", rport, 0) + mapped(remote))
+def peer_req(client, lifetime, proto, iport, remote, rport, nonce=NONCE, sport=0, saddr=None, opts=b""):
+    """Figure 10: PEER opcode data (`sport`, `saddr`: the suggested external endpoint)."""
+    return (header(2, lifetime, client) + map_body(proto, iport, sport, saddr, nonce=nonce)
+            + struct.pack("!HH", rport, 0) + mapped(remote) + opts)
 
 
 def pcp_frame(sub, payload, sport=CPORT):
@@ -191,7 +191,10 @@ def test_pcp_mapping_is_logged_and_outlives_idle_timeout(tmp_path):
     ("FILTER of the wrong length", map_req(SUB_A, 3600, 17, 5000, opts=option(3, b"\x00" * 8)), MALFORMED_OPTION),
     ("PREFER_FAILURE twice", map_req(SUB_A, 3600, 17, 5000, 5000, opts=option(2) + option(2)), MALFORMED_OPTION),
     ("SCTP", map_req(SUB_A, 3600, 132, 5000), UNSUPP_PROTOCOL),
-    ("internal port 0", map_req(SUB_A, 3600, 17, 0), MALFORMED_REQUEST),
+    # Section 11.1: "all ports" is legal; natrix's policy does not grant it.
+    ("internal port 0", map_req(SUB_A, 3600, 17, 0), NOT_AUTHORIZED),
+    # Section 12.1: PREFER_FAILURE "MUST" make a PEER request MALFORMED_REQUEST.
+    ("PEER with PREFER_FAILURE", peer_req(SUB_A, 3600, 17, 5000, SRV1, 53, opts=option(2)), MALFORMED_REQUEST),
 ])
 def test_error_codes_decoded_by_tshark(tmp_path, name, payload, code):
     outs, report, d = run(tmp_path, pcp_config(), [(T0, "inside", pcp_frame(SUB_A, payload))])
@@ -205,6 +208,10 @@ def test_error_codes_decoded_by_tshark(tmp_path, name, payload, code):
         # Error answers copy the request past the header.
         n = min(len(payload), 1100)
         assert raw[24:n] == payload[24:n]
+    # Section 7.2: the reserved 96 bits are zero, but for a request that
+    # did not parse they carry the last 96 bits of its client address field.
+    unparsed = code in (UNSUPP_VERSION, MALFORMED_REQUEST, UNSUPP_OPCODE, MALFORMED_OPTION)
+    assert raw[12:24] == (payload[12:24] if unparsed else b"\x00" * 12), f"{name}: reserved {raw[12:24].hex()}"
     (row,) = tshark_answers(d)
     assert result_of(row) == code, row
     assert report["mappings_created"] == 0
@@ -258,6 +265,45 @@ def test_filter_and_peer(tmp_path):
     assert peer["portcontrol.peer.remote_peer_ip"] == "::ffff:" + SRV2
     assert int(peer["portcontrol.peer.remote_peer_port"]) == 53
     assert peer["portcontrol.peer.rsp_assigned_ext_ip"] == "::ffff:" + POOL1
+
+
+@needs_tshark
+def test_peer_honours_its_suggested_external_endpoint_or_refuses(tmp_path):
+    """Section 12.1: a PEER request with a non-zero suggested external
+    address or port that the server cannot honour MUST get
+    CANNOT_PROVIDE_EXTERNAL (PREFER_FAILURE's semantics are implied), as
+    when a client re-creates a connection's mapping after the server lost
+    it; a free suggested port is given."""
+    frames = [
+        (T0, "inside", pcp_frame(SUB_A, map_req(SUB_A, 3600, 17, 5000))),
+        # SUB_B re-creates a connection whose external port SUB_A now holds.
+        (T0 + 1, "inside", pcp_frame(SUB_B, peer_req(SUB_B, 3600, 17, 6000, SRV1, 53, sport=5000, saddr=POOL1))),
+        (T0 + 2, "inside", pcp_frame(SUB_B, peer_req(SUB_B, 3600, 17, 6000, SRV1, 53, sport=7000, saddr=POOL1))),
+        # The same PEER again, now suggesting another port than its own.
+        (T0 + 3, "inside", pcp_frame(SUB_B, peer_req(SUB_B, 3600, 17, 6000, SRV1, 53, sport=7001, saddr=POOL1))),
+    ]
+    outs, report, d = run(tmp_path, pcp_config(), frames)
+    rows = tshark_answers(d)
+    assert [result_of(r) for r in rows] == [SUCCESS, CANNOT_PROVIDE_EXTERNAL, SUCCESS, CANNOT_PROVIDE_EXTERNAL], rows
+    assert int(rows[2]["portcontrol.peer.rsp_assigned_external_port"]) == 7000
+    assert report["mappings_created"] == 2, "the refused request left no mapping"
+
+
+def test_a_filter_of_prefix_length_zero_means_no_filter_whatever_its_port(tmp_path):
+    """Section 13.3: prefix length 0 "indicates 'no filter', and will
+    remove all previous filters": with address-and-port-dependent
+    filtering, a MAP with a FILTER for one peer, then a refresh with
+    that FILTER followed by one of prefix length 0 and port 53, admits a
+    peer from any port."""
+    zero = option(3, struct.pack("!BBH", 0, 0, 53) + b"\x00" * 16)
+    frames = [
+        (T0, "inside", pcp_frame(SUB_A, map_req(SUB_A, 3600, 17, 5000, opts=filter_opt(SRV1, 32)))),
+        (T0 + 1, "inside", pcp_frame(SUB_A, map_req(SUB_A, 3600, 17, 5000, opts=filter_opt(SRV1, 32) + zero))),
+        (T0 + 2, "outside", h.udp_in(SRV2, 1000, POOL1, 5000, payload=b"any-peer-any-port")),
+    ]
+    outs, report, _ = run(tmp_path, pcp_config(nat={"filtering": "address-and-port-dependent"}), frames)
+    assert [h.l4_data(a.pkt)[3] for a in answers(outs)] == [SUCCESS, SUCCESS]
+    h.one(outs, "inside", h.has_payload(b"any-peer-any-port"), "datagram once the filters are removed")
 
 
 @needs_tshark

@@ -131,7 +131,13 @@ fn ask(e: &mut Engine, src: [u8; 4], msg: &[u8], now: u64) -> (Verdict, Option<A
     assert_ne!(u.checksum, 0, "PCP answers carry a UDP checksum");
     let p = &d.payload;
     assert!(p.len() >= 24 && p.len() <= 1100 && p.len().is_multiple_of(4), "answer length {}", p.len());
-    assert_eq!(&p[12..24], &[0; 12], "reserved");
+    // RFC 6887 section 7.2: zeros, but for a request that did not parse
+    // the last 96 bits of its client address field.
+    let mut reserved = [0u8; 12];
+    if matches!(p[3], UNSUPP_VERSION | MALFORMED_REQUEST | UNSUPP_OPCODE | MALFORMED_OPTION) {
+        msg.iter().skip(12).take(12).enumerate().for_each(|(i, &b)| reserved[i] = b);
+    }
+    assert_eq!(&p[12..24], &reserved, "reserved");
     assert_eq!(p[2], 0, "reserved");
     assert!(p[1] & 0x80 != 0, "R bit");
     let a = Answer {
@@ -435,7 +441,8 @@ fn error_codes() {
     assert_eq!(answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 5000, (0, [0; 4]), &[option(200, &[1, 2, 3])]), SEC).result, SUCCESS, "optional options are ignored");
     // Protocols.
     assert_eq!(answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 132, 5000, (0, [0; 4]), &[]), SEC).result, UNSUPP_PROTOCOL);
-    assert_eq!(answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 0, (0, [0; 4]), &[]), SEC).result, MALFORMED_REQUEST);
+    // "All ports" is legal (section 11.1), and refused by policy.
+    assert_eq!(answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 0, (0, [0; 4]), &[]), SEC).result, NOT_AUTHORIZED);
     assert_eq!(answer(&mut e, SUB, &peer_req(SUB, 3600, NONCE, 17, 5000, ([0; 4], 7000)), SEC).result, MALFORMED_REQUEST);
     // Silently dropped: a response, shorter than 24 octets, under 2 octets.
     let mut resp = map.clone();

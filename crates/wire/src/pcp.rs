@@ -83,6 +83,13 @@ pub mod result {
     pub fn is_short_lifetime(code: u8) -> bool {
         matches!(code, NETWORK_FAILURE | NO_RESOURCES | USER_EX_QUOTA)
     }
+
+    /// Errors that answer a request that did not parse: their response
+    /// header carries the last 96 bits of the request's client address
+    /// field where others have zeros (section 7.2).
+    pub fn means_unparsed(code: u8) -> bool {
+        matches!(code, UNSUPP_VERSION | MALFORMED_REQUEST | UNSUPP_OPCODE | MALFORMED_OPTION)
+    }
 }
 
 /// Option codes (section 7.3, 13); codes below 128 are mandatory to process.

@@ -56,6 +56,9 @@ const MIN_LIFETIME_S: u32 = 120;
 /// How long clients should take an error to hold (RFC 6887 section 7.4).
 const LONG_ERROR_LIFETIME_S: u32 = 1800;
 const SHORT_ERROR_LIFETIME_S: u32 = 30;
+/// Where a response header's reserved 96 bits, and the last 96 bits of a
+/// request's client address field, begin.
+const RESERVED_AT: usize = 12;
 /// Requests answered per second by one engine; the rest are silently
 /// dropped, which clients treat as loss and retry (section 8.3).
 const REQUESTS_PER_SECOND: u32 = 1000;
@@ -350,7 +353,9 @@ impl PcpServer {
             self.stats.ignored += 1;
             return;
         }
-        if !self.within_budget(client, nat.now_s()) {
+        // By the source as the engine knows it: a softwire host's stand-in,
+        // as hosts behind different B4s often share one inner address.
+        if !self.within_budget(ip.src, nat.now_s()) {
             self.stats.ignored += 1;
             return;
         }
@@ -426,13 +431,19 @@ impl PcpServer {
     }
 
     /// An error response: the request copied (up to 1100 octets, padded to
-    /// a multiple of 4), under a response header (section 8.3).
+    /// a multiple of 4), under a response header (section 8.3). For a
+    /// request that did not parse, the header's reserved 96 bits keep the
+    /// last 96 bits of its client address field (section 7.2).
     fn error(&mut self, msg: &[u8], op: u8, code: u8, now: u32) -> Vec<u8> {
         let mut out = msg[..msg.len().min(wire::MAX_LEN)].to_vec();
         out.resize(out.len().max(wire::HEADER_LEN).div_ceil(4) * 4, 0);
         let lifetime = if result::is_short_lifetime(code) { SHORT_ERROR_LIFETIME_S } else { LONG_ERROR_LIFETIME_S };
         let epoch = self.epoch(now);
+        let client_tail: [u8; 12] = out[RESERVED_AT..wire::HEADER_LEN].try_into().expect("12 bytes");
         wire::emit_response_header(&mut out, wire::VERSION, op, code, lifetime, epoch);
+        if result::means_unparsed(code) {
+            out[RESERVED_AT..wire::HEADER_LEN].copy_from_slice(&client_tail);
+        }
         out
     }
 
@@ -455,8 +466,10 @@ impl PcpServer {
             proto::UDP => Proto::Udp,
             _ => return Err(result::UNSUPP_PROTOCOL),
         };
+        // Section 11.1: "all ports" is a legal request natrix's policy
+        // does not grant.
         if m.int_port == 0 {
-            return Err(result::MALFORMED_REQUEST);
+            return Err(result::NOT_AUTHORIZED);
         }
         let granted = self.grant(lifetime);
         let key = Key { proto: proto as u8, int_addr: int, int_port: m.int_port, rem_addr: 0, rem_port: 0 };
@@ -540,6 +553,9 @@ impl PcpServer {
     /// Section 12: PEER.
     fn peer(&mut self, ip: &Ip, lifetime: u32, m: MapRequest, nat: &mut impl NatOps) -> Outcome {
         let int = ip.src;
+        // Section 12.1: a suggested external endpoint that cannot be had
+        // is CANNOT_PROVIDE_EXTERNAL, as with PREFER_FAILURE.
+        let m = MapRequest { prefer_failure: m.ext_port != 0 || m.ext_addr.is_some() || m.foreign_addr, ..m };
         let proto = match m.protocol {
             proto::TCP => Proto::Tcp,
             proto::UDP => Proto::Udp,
@@ -568,9 +584,15 @@ impl PcpServer {
         }
         let granted = self.grant(lifetime);
         let sid = match existing {
+            Some(s) if m.prefer_failure && !honours(&m, nat.session(s).ext_addr, nat.session(s).ext_port) => {
+                return Err(result::CANNOT_PROVIDE_EXTERNAL);
+            }
             Some(s) => s,
             None => {
                 let (mid, new) = match nat.find_mapping(proto, int, m.int_port) {
+                    Some(mid) if m.prefer_failure && !honours(&m, nat.mapping(mid).ext_addr, nat.mapping(mid).ext_port) => {
+                        return Err(result::CANNOT_PROVIDE_EXTERNAL);
+                    }
                     Some(mid) => (mid, false),
                     None => (self.new_mapping(proto, int, &m, nat)?, true),
                 };
@@ -668,7 +690,6 @@ fn check_options(op: u8, opts: &[u8]) -> Result<(bool, Vec<FilterRule>, Vec<u8>)
     let mut prefer_failure = false;
     let mut filters = Vec::new();
     let mut echoed = Vec::new();
-    let mut any_address = false;
     for o in wire::options(opts) {
         let o = o.map_err(|_| result::MALFORMED_OPTION)?;
         match o.code {
@@ -683,26 +704,24 @@ fn check_options(op: u8, opts: &[u8]) -> Result<(bool, Vec<FilterRule>, Vec<u8>)
             }
             option::FILTER if op == opcode::MAP => {
                 let f = wire::Filter::parse(o.data).map_err(|_| result::MALFORMED_OPTION)?;
-                let rule = match (f.prefix_len, wire::v4_of(&f.remote_addr)) {
-                    (0, _) => FilterRule { addr: 0, prefix_len: 0, port: f.remote_port },
-                    (96..=128, Some(a)) => FilterRule { addr: a, prefix_len: f.prefix_len - 96, port: f.remote_port },
+                match (f.prefix_len, wire::v4_of(&f.remote_addr)) {
+                    // Section 13.3: "no filter", removing all previous
+                    // filters, whatever its port.
+                    (0, _) => filters.clear(),
+                    (96..=128, Some(a)) => filters.push(FilterRule { addr: a, prefix_len: f.prefix_len - 96, port: f.remote_port }),
                     _ => return Err(result::MALFORMED_OPTION),
-                };
-                any_address |= rule.prefix_len == 0 && rule.port == 0;
-                filters.push(rule);
+                }
                 if filters.len() > MAX_FILTERS {
                     return Err(result::EXCESSIVE_REMOTE_PEERS);
                 }
                 echo(&mut echoed, o.code, o.data);
             }
+            // Section 12.1: PEER implies it, and a PEER carrying it is malformed.
+            option::PREFER_FAILURE if op == opcode::PEER => return Err(result::MALFORMED_REQUEST),
             option::THIRD_PARTY | option::PREFER_FAILURE | option::FILTER => return Err(result::MALFORMED_OPTION),
             c if option::is_mandatory(c) => return Err(result::UNSUPP_OPTION),
             _ => {}
         }
-    }
-    if any_address {
-        // A filter for every peer on every port: no filtering at all.
-        filters.clear();
     }
     Ok((prefer_failure, filters, echoed))
 }
