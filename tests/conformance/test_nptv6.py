@@ -253,15 +253,17 @@ def test_random_prefixes_and_addresses(replay_files, seed):
     plen = rng.choice([8, 16, 20, 33, 44, 48, 49, 56, 60, 63, 64])
     inside = _random_prefix(rng, plen, 0xFD00 | rng.getrandbits(8))
     outside = _random_prefix(rng, plen, 0x2000 | rng.getrandbits(8))
+    # A server inside the site's outside prefix would be hairpinned (section 4.3).
+    server = next(a for a in (SERVER, "3ffe:ffff::20") if ipaddress.IPv6Address(a) not in ipaddress.IPv6Network(outside))
     hosts = [_random_host(rng, inside) for _ in range(24)]
     frames, expect, t = [], [], T0
     for i, host in enumerate(hosts):
         external = rfc6296_map(host, inside, outside)
-        frames.append((t, "inside", udp_in(host, payload=b"p%d" % i)))
+        frames.append((t, "inside", udp_in(host, server, payload=b"p%d" % i)))
         expect.append((host, external))
         t += 0.01
         if external is not None:
-            frames.append((t, "outside", udp_out(external, payload=b"r%d" % i)))
+            frames.append((t, "outside", udp_out(external, server, payload=b"r%d" % i)))
             t += 0.01
     recs, rep = run6(replay_files, config((inside, outside)), frames)
     by_payload = {}
@@ -275,9 +277,9 @@ def test_random_prefixes_and_addresses(replay_files, seed):
             unmappable += 1
             assert b"p%d" % i not in by_payload, f"unmappable {host} was forwarded"
             continue
-        check_translated(by_payload[b"p%d" % i], sent, "outside", external, SERVER)
+        check_translated(by_payload[b"p%d" % i], sent, "outside", external, server)
         back = next(f for _t, s, f in frames if s == "outside" and ipv6_of(f)[48:] == b"r%d" % i)
-        check_translated(by_payload[b"r%d" % i], back, "inside", SERVER, host)
+        check_translated(by_payload[b"r%d" % i], back, "inside", server, host)
     assert rep["drops"] == ({"nptv6_unmappable": unmappable} if unmappable else {}), rep["drops"]
 
 
@@ -310,6 +312,35 @@ def test_unmappable_dropped_and_counted_both_ways(replay_files, inside, outside,
                      [(T0, "inside", udp_in(host_in)), (T0 + 1, "outside", udp_out(host_out))])
     assert recs == [], show(recs)
     assert rep["drops"] == {"nptv6_unmappable": 2}, rep["drops"]
+
+
+def test_hairpinning_between_two_hosts_of_the_site(replay_files):
+    """Section 4.3: NPTv6 translators MUST support hairpinning (RFC 4787's):
+    a packet from inside to an address of the site's outside prefix has its
+    source mapped out and its destination mapped in, and goes back inside;
+    the reply the same way round. Addresses by this suite's section 3
+    mapper; every other byte, the UDP checksum field included, untouched."""
+    host_b = "fd01:203:405:2::5678"
+    ext_b = rfc6296_map(host_b, RFC_INSIDE, RFC_OUTSIDE)
+    to_b = udp_in(RFC_HOST, ext_b, payload=b"hairpin-ab")
+    to_a = udp_in(host_b, RFC_EXTERNAL, payload=b"hairpin-ba")
+    recs, rep = run6(replay_files, config((RFC_INSIDE, RFC_OUTSIDE)), [(T0, "inside", to_b), (T0 + 1, "inside", to_a)])
+    recs.sort(key=lambda r: r[0])
+    assert len(recs) == 2, show(recs)
+    check_translated(recs[0], to_b, "inside", RFC_EXTERNAL, host_b)
+    check_translated(recs[1], to_a, "inside", ext_b, RFC_HOST)
+    check_counts(rep, **{"in": 2, "out": 2, "dropped": 0, "generated": 0})
+
+
+def test_site_local_destinations_never_leave_outside(replay_files):
+    """A packet from inside to the site's own (inside) prefix is not the
+    translator's to send out: it goes back inside with its addresses as
+    sent, never out with a mapped source and a site-local destination."""
+    to_site = udp_in(RFC_HOST, "fd01:203:405:9::1", payload=b"site-local")
+    recs, rep = run6(replay_files, config((RFC_INSIDE, RFC_OUTSIDE)), [(T0, "inside", to_site)])
+    assert len(recs) == 1, show(recs)
+    _ts, side, raw = recs[0]
+    assert side == "inside" and addrs(raw) == (RFC_HOST, "fd01:203:405:9::1"), show(recs)
 
 
 def test_longer_prefix_skips_ffff_words(replay_files):

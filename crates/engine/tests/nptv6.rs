@@ -209,6 +209,103 @@ fn a_reload_replaces_the_table_and_a_refused_one_keeps_it() {
     assert_eq!(prefix48(addrs(&f).0), prefix48(a("2001:db8:9::")), "the refused reload left the table");
 }
 
+/// RFC 6296 section 4.3: NPTv6 translators MUST support hairpinning. A
+/// host reaching another host of the site by its external address: the
+/// source mapped out, the destination mapped in, and back inside; the
+/// reply the same way round; checksums untouched.
+#[test]
+fn a_host_reaching_another_by_its_external_address_is_hairpinned() {
+    let b = rfc_binding();
+    let (host_a, host_b) = (a("fd01:203:405:1::1234"), a("fd01:203:405:2::5678"));
+    let (ext_a, ext_b) = (reference_map(&b, host_a).unwrap(), reference_map(&b, host_b).unwrap());
+    assert_eq!(ext_a, a("2001:db8:1:d550::1234"), "RFC 6296 section 3.5's example");
+    for translate in [false, true] {
+        let mut e = engine(vec![b], translate);
+        let mut f = udp6(host_a, ext_b, 64, b"hairpin");
+        let sent = transport_checksum(&f);
+        assert_eq!(e.process(&mut f, Side::Inside, NS), Verdict::Forward(Side::Inside));
+        assert_eq!(addrs(&f), (ext_a, host_b, 63));
+        assert_eq!(transport_checksum(&f), (sent.0, true));
+        let mut reply = tcp6(host_b, ext_a, 64);
+        assert_eq!(e.process(&mut reply, Side::Inside, NS), Verdict::Forward(Side::Inside));
+        assert_eq!(addrs(&reply), (ext_b, host_a, 63));
+        assert!(transport_checksum(&reply).1);
+        // An error about the hairpinned packet, from host B: the quote is
+        // what host A sent, as A knows it.
+        let quoted = udp6(host_a, ext_b, 63, b"hairpin");
+        let mut as_b_saw_it = quoted.clone();
+        as_b_saw_it[22..38].copy_from_slice(&ext_a.octets());
+        as_b_saw_it[38..54].copy_from_slice(&host_b.octets());
+        let mut err = unreachable6(host_b, ext_a, &as_b_saw_it);
+        assert_eq!(e.process(&mut err, Side::Inside, NS), Verdict::Forward(Side::Inside));
+        assert_eq!(addrs(&err).0, ext_b);
+        assert_eq!(addrs(&err).1, host_a);
+        assert_eq!(quoted_addrs(&err), (host_a, ext_b));
+    }
+}
+
+/// From inside to a binding's inside prefix (another site, or natrix's
+/// own link): back inside untranslated, never out with a mapped source and
+/// a site-local destination; to natrix's own address: nowhere.
+#[test]
+fn inside_prefixes_and_natrix_itself_never_leave_outside() {
+    let sites = vec![rfc_binding(), Binding { inside: a("fd02::"), outside: a("2001:db8:2::"), prefix_len: 48 }];
+    let own = a("fd01:203:405:1::1");
+    let cfg = EngineConfig { translate: false, nptv6: sites, inside_addr6: Some(natrix_engine::config::Addr6 { addr: own, prefix_len: 64 }), ..EngineConfig::default() };
+    for batched in [false, true] {
+        let mut e = Engine::new(cfg.clone()).unwrap();
+        let mut run = |f: &mut Vec<u8>| {
+            if batched {
+                let mut frames = [std::mem::take(f)];
+                let mut verdicts = [Verdict::Held];
+                e.process_batch(&mut frames, Side::Inside, NS, &mut verdicts);
+                *f = frames.into_iter().next().unwrap();
+                verdicts[0]
+            } else {
+                e.process(f, Side::Inside, NS)
+            }
+        };
+        let host = a("fd01:203:405:1::1234");
+        let mut other_site = udp6(host, a("fd02:0:0:7::9"), 64, b"to another site");
+        assert_eq!(run(&mut other_site), Verdict::Forward(Side::Inside), "batched: {batched}");
+        assert_eq!(addrs(&other_site), (host, a("fd02:0:0:7::9"), 63), "untranslated");
+        let mut to_natrix = udp6(host, own, 64, b"to natrix");
+        assert_eq!(run(&mut to_natrix), Verdict::Drop(DropReason::LocalDestination), "batched: {batched}");
+    }
+}
+
+/// With DS-Lite on, IPv4 in IPv6 from a site host to another address than
+/// the AFTR is the host's own tunnel, NPTv6's, when the B4 prefixes are
+/// listed apart from the sites; from a listed B4 it is still the wrong AFTR.
+#[test]
+fn a_site_hosts_own_ipv4_in_ipv6_tunnel_is_nptv6s() {
+    let aftr = a("2001:db8:0:1::1");
+    let b4s = vec![natrix_engine::dslite::B4Prefix { network: a("2001:db8:100::"), len: 48 }];
+    let cfg = EngineConfig {
+        pool: vec![u32::from_be_bytes([203, 0, 113, 1])],
+        nptv6: vec![rfc_binding()],
+        dslite: Some(natrix_engine::dslite::DsliteConfig { aftr, b4_prefixes: b4s, mtu: 1500, mss_clamp: None, ecn_compatibility: false }),
+        ..EngineConfig::default()
+    };
+    let tunnel = |src: Ipv6Addr| {
+        let mut inner = Vec::new();
+        PacketBuilder::ipv4([10, 9, 9, 9], [198, 51, 100, 7], 64).udp(5000, 53).write(&mut inner, &[7; 16]).unwrap();
+        let mut f = Vec::new();
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+            .ipv6(src.octets(), a("2001:db8:99::1").octets(), 64)
+            .write(&mut f, etherparse::IpNumber(4), &inner)
+            .unwrap();
+        f
+    };
+    let mut e = Engine::new(cfg).unwrap();
+    let host = a("fd01:203:405:1::7");
+    let mut f = tunnel(host);
+    assert_eq!(e.process(&mut f, Side::Inside, NS), Verdict::Forward(Side::Outside));
+    assert_eq!(addrs(&f).0, reference_map(&rfc_binding(), host).unwrap());
+    let mut from_b4 = tunnel(a("2001:db8:100::2"));
+    assert_eq!(e.process(&mut from_b4, Side::Inside, NS), Verdict::Drop(DropReason::DsliteWrongAftr));
+}
+
 fn mask(len: u8) -> u128 {
     u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0)
 }
@@ -217,7 +314,10 @@ fn any_binding() -> impl Strategy<Value = Binding> {
     (1u8..=64, any::<u128>(), any::<u128>(), any::<bool>()).prop_filter_map("distinct prefixes", |(len, i, o, ula)| {
         let inside = if ula { 0xfd << 120 | i >> 8 } else { i } & mask(len);
         let b = Binding { inside: Ipv6Addr::from(inside), outside: Ipv6Addr::from(o & mask(len)), prefix_len: len };
-        natrix_engine::nptv6::check_bindings(&[b]).is_ok().then_some(b)
+        // SERVER stays outside both prefixes: a packet to it from inside
+        // then leaves outside (to a prefix it would hairpin or go back inside).
+        let covers_server = [b.inside, b.outside].iter().any(|p| u128::from(SERVER) & mask(len) == u128::from(*p));
+        (natrix_engine::nptv6::check_bindings(&[b]).is_ok() && !covers_server).then_some(b)
     })
 }
 

@@ -1,6 +1,7 @@
 //! NPTv6's fast path: a plain IPv6 frame (untagged, no extension header,
-//! not ICMPv6, not to DS-Lite's AFTR nor, with DS-Lite on, IPv4 in IPv6
-//! from inside, hop limit to spare) whose address a binding maps is
+//! not ICMPv6, not to DS-Lite's AFTR or natrix's own addresses nor, with
+//! DS-Lite on, IPv4 in IPv6 from inside, not from inside to a binding's
+//! prefix, hop limit to spare) whose address a binding maps is
 //! translated straight from its fixed header, with the full path's checks
 //! of that header made on the bytes. Anything else, and any frame the
 //! mapping refuses, is left untouched for the full path, which must decide
@@ -38,7 +39,11 @@ impl Nptv6 {
             return false;
         }
         let (src, dst) = (address(h, L3 + SRC_AT), address(h, L3 + DST_AT));
-        if is_martian(src, dst) || self.aftr == Some(dst) {
+        if is_martian(src, dst) || self.aftr == Some(dst) || self.own.contains(&Some(dst)) {
+            return false;
+        }
+        // Hairpinned, or from one site to another: the full path's.
+        if arrived == Side::Inside && (self.covered(dst, Direction::Inbound) || self.covered(dst, Direction::Outbound)) {
             return false;
         }
         let (dir, at, addr) = match arrived {

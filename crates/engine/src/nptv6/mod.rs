@@ -5,6 +5,10 @@
 //!   prefix leaves with the outside prefix; one arriving outside whose
 //!   destination lies in a binding's outside prefix leaves with the inside
 //!   prefix. Everything else is routed as it came.
+//! - From inside to a site's outside prefix, both addresses are mapped and
+//!   the packet goes back inside (hairpinning, RFC 6296 section 4.3); to a
+//!   binding's inside prefix it goes back inside untouched, never out with
+//!   a translated source and a site-local destination.
 //! - The rewrite keeps the address's one's-complement sum (the adjustment
 //!   word of `binding`), so no checksum is touched: TCP, UDP, ICMPv6 and
 //!   anything else whose checksum covers the pseudo-header stays valid, and
@@ -28,6 +32,7 @@ use crate::drop::DropReason;
 use crate::error::EngineError;
 use crate::pipeline::frame::Ip6;
 use crate::Side;
+use std::net::Ipv6Addr;
 
 /// Offsets of the addresses within an IPv6 header.
 const SRC_AT: usize = 8;
@@ -41,6 +46,9 @@ pub(crate) struct Nptv6 {
     /// IPv4 in IPv6, is the AFTR's to claim, so the fast path leaves it to
     /// the full path, which asks DS-Lite first.
     aftr: Option<u128>,
+    /// natrix's own addresses (`address6`, inside and outside): what is
+    /// sent to them ends in the full path.
+    own: [Option<u128>; 2],
     /// Frames whose addresses were translated, by the side they arrived on.
     pub translated: [u64; 2],
 }
@@ -49,17 +57,34 @@ impl Nptv6 {
     /// Builds the table; refuses bindings that `check_bindings` refuses.
     pub fn new(bindings: &[Binding]) -> Result<Nptv6, EngineError> {
         check_bindings(bindings).map_err(|p| EngineError::Config { key: format!("nptv6[{}].{}", p.index, p.prefix), problem: p.problem })?;
-        Ok(Nptv6 { mappings: bindings.iter().map(Mapping::new).collect(), aftr: None, translated: [0; 2] })
+        Ok(Nptv6 { mappings: bindings.iter().map(Mapping::new).collect(), aftr: None, own: [None; 2], translated: [0; 2] })
     }
 
-    /// DS-Lite's AFTR address (None: DS-Lite off), at start and after a reload.
-    pub fn set_aftr(&mut self, aftr: Option<std::net::Ipv6Addr>) {
+    /// DS-Lite's AFTR address (None: DS-Lite off) and natrix's own
+    /// addresses, at start and after a reload.
+    pub fn set_local_addresses(&mut self, aftr: Option<Ipv6Addr>, own: [Option<Ipv6Addr>; 2]) {
         self.aftr = aftr.map(u128::from);
+        self.own = own.map(|a| a.map(u128::from));
     }
 
-    pub fn with_aftr(mut self, aftr: Option<std::net::Ipv6Addr>) -> Nptv6 {
-        self.set_aftr(aftr);
+    pub fn with_local_addresses(mut self, aftr: Option<Ipv6Addr>, own: [Option<Ipv6Addr>; 2]) -> Nptv6 {
+        self.set_local_addresses(aftr, own);
         self
+    }
+
+    /// Whether `addr` is one of natrix's own addresses.
+    pub(crate) fn is_own(&self, addr: Ipv6Addr) -> bool {
+        self.own.contains(&Some(u128::from(addr)))
+    }
+
+    /// Whether `addr` lies in a binding's inside prefix.
+    pub(crate) fn covers_inside(&self, addr: Ipv6Addr) -> bool {
+        self.covered(u128::from(addr), Direction::Outbound)
+    }
+
+    #[inline(always)]
+    fn covered(&self, addr: u128, dir: Direction) -> bool {
+        self.mappings.iter().any(|m| m.covers(addr, dir))
     }
 
     /// A reload: `fresh`'s table replaces this one; the counters go on.
@@ -73,21 +98,37 @@ impl Nptv6 {
     }
 
     /// Translates the IPv6 packet of `frame` in place if a binding claims
-    /// it: its source when it arrived inside, its destination when outside.
-    pub fn translate(&mut self, frame: &mut [u8], ip: &Ip6, arrived: Side) -> Result<(), DropReason> {
+    /// it: its source when it arrived inside, its destination when outside,
+    /// both when it goes from inside to a site's outside prefix. Returns
+    /// the side it leaves by.
+    pub fn translate(&mut self, frame: &mut [u8], ip: &Ip6, arrived: Side) -> Result<Side, DropReason> {
         if self.mappings.is_empty() {
-            return Ok(());
+            return Ok(arrived.other());
         }
-        let (dir, at) = match arrived {
-            Side::Inside => (Direction::Outbound, ip.l3 + SRC_AT),
-            Side::Outside => (Direction::Inbound, ip.l3 + DST_AT),
+        let (out, mapped, quoted) = match arrived {
+            Side::Inside => {
+                let dst = address_at(frame, ip.l3 + DST_AT);
+                if self.covered(dst, Direction::Outbound) {
+                    return Ok(Side::Inside);
+                }
+                let hairpin = self.covered(dst, Direction::Inbound);
+                let mapped = self.map_in_place(frame, ip.l3 + SRC_AT, Direction::Outbound)?;
+                let quoted = icmp_error::map_quoted(self, frame, ip, Direction::Outbound)?;
+                if hairpin {
+                    self.map_in_place(frame, ip.l3 + DST_AT, Direction::Inbound)?;
+                    icmp_error::map_quoted(self, frame, ip, Direction::Inbound)?;
+                }
+                (if hairpin { Side::Inside } else { Side::Outside }, mapped || hairpin, quoted)
+            }
+            Side::Outside => {
+                let mapped = self.map_in_place(frame, ip.l3 + DST_AT, Direction::Inbound)?;
+                (Side::Inside, mapped, icmp_error::map_quoted(self, frame, ip, Direction::Inbound)?)
+            }
         };
-        let mapped = self.map_in_place(frame, at, dir)?;
-        let quoted = icmp_error::map_quoted(self, frame, ip, dir)?;
         if mapped || quoted {
             self.translated[arrived as usize] += 1;
         }
-        Ok(())
+        Ok(out)
     }
 
     /// Maps the address at `frame[at..at + 16]` if a binding covers it in
@@ -101,4 +142,8 @@ impl Nptv6 {
         *field = mapped.to_be_bytes();
         Ok(true)
     }
+}
+
+fn address_at(frame: &[u8], at: usize) -> u128 {
+    u128::from_be_bytes(frame[at..at + 16].try_into().expect("16 bytes"))
 }

@@ -146,7 +146,7 @@ impl Engine {
             // HOST_ID first: its policy drops a SYN before the accelerator
             // tracks it, and the accelerator's copy is the SYN with HOST_ID.
             hooks: crate::syn_accel::install(&cfg, crate::host_id::install(&cfg, Hooks::default()))?,
-            nptv6: Nptv6::new(&cfg.nptv6)?.with_aftr(cfg.dslite.as_ref().map(|d| d.aftr)),
+            nptv6: Nptv6::new(&cfg.nptv6)?.with_local_addresses(cfg.dslite.as_ref().map(|d| d.aftr), own_addresses6(&cfg)),
             dslite: cfg.dslite.clone().map(|d| Dslite::new(d, cfg.max_held_fragments, cfg.max_held_fragment_bytes, cfg.timeouts.fragment_ns)),
             frame_can_grow: false,
             to_lengthen: None,
@@ -712,10 +712,21 @@ impl Engine {
                 }
                 Err(DropReason::LocalDestination)
             }
+            Claim::WrongAftr if self.is_site_tunnel(frame, ip) => self.ipv6(frame, ip, Side::Inside),
             Claim::WrongAftr => Err(DropReason::DsliteWrongAftr),
             Claim::None => self.ipv6(frame, ip, Side::Inside),
         };
         self.verdict_of(result)
+    }
+
+    /// Whether IPv4 in IPv6 to another address than the AFTR comes from a
+    /// host of an NPTv6 site that is no listed B4: the host's own tunnel,
+    /// NPTv6's to route (`check-config` keeps the B4 prefixes apart from
+    /// the sites').
+    fn is_site_tunnel(&self, frame: &[u8], ip: &Ip6) -> bool {
+        let src = crate::dslite::ipv6_src(frame, ip.l3);
+        let listed_b4 = self.dslite.as_ref().is_some_and(|d| !d.cfg.b4_prefixes.is_empty() && d.cfg.accepts(src));
+        self.nptv6.covers_inside(src) && !listed_b4
     }
 
     /// A softwire packet from a B4: decapsulated, its host's address
@@ -1000,10 +1011,14 @@ impl Engine {
     /// it. The hop limit is judged as the packet arrived, so a time exceeded
     /// quotes it as its sender knows it.
     fn ipv6(&mut self, frame: &mut [u8], ip: &Ip6, side: Side) -> Result<Option<Side>, DropReason> {
+        // natrix answers none of its own (Neighbor Discovery ends before the engine).
+        if self.nptv6.is_own(crate::dslite::ipv6_dst(frame, ip.l3)) {
+            return Err(DropReason::LocalDestination);
+        }
         self.router.check_hop_limit(frame, ip.l3, ip.total, ip.hop_limit, side)?;
-        self.nptv6.translate(frame, ip, side)?;
+        let out = self.nptv6.translate(frame, ip, side)?;
         self.router.decrement_hop_limit(frame, ip.l3);
-        Ok(Some(side.other()))
+        Ok(Some(out))
     }
 
     fn run_hooks(&mut self, at: hooks::Point, frame: &mut [u8], ip: &Ip, side: Side) -> Result<(), DropReason> {
@@ -1099,7 +1114,7 @@ impl Engine {
         let bindings = Nptv6::new(&new.nptv6)?;
         self.nat.reconfigure(new, &mut sink)?;
         self.nptv6.replace_table(bindings);
-        self.nptv6.set_aftr(self.nat.config().dslite.as_ref().map(|d| d.aftr));
+        self.nptv6.set_local_addresses(self.nat.config().dslite.as_ref().map(|d| d.aftr), own_addresses6(self.nat.config()));
         self.router.reconfigure(self.nat.config());
         self.hooks.reconfigure(self.nat.config());
         let c = self.nat.config();
@@ -1187,4 +1202,9 @@ fn to_softwire(frame: &[u8], l3: usize) -> bool {
 fn ethernet_l3(frame: &[u8]) -> Option<usize> {
     let eth = natrix_wire::ethernet::Frame::new_checked(frame).ok()?;
     (eth.ethertype() == natrix_wire::ethernet::ETHERTYPE_IPV4).then(|| eth.payload_offset())
+}
+
+/// natrix's own IPv6 addresses, inside and outside.
+fn own_addresses6(cfg: &EngineConfig) -> [Option<std::net::Ipv6Addr>; 2] {
+    [cfg.inside_addr6, cfg.outside_addr6].map(|a| a.map(|a| a.addr))
 }
