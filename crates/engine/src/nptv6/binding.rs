@@ -140,6 +140,13 @@ impl Mapping {
         addr & self.mask == self.from[dir as usize]
     }
 
+    /// True when `addr` lies in either prefix: one mask for both.
+    #[inline(always)]
+    pub fn covers_either(&self, addr: u128) -> bool {
+        let prefix = addr & self.mask;
+        prefix == self.from[0] || prefix == self.from[1]
+    }
+
     /// Maps `addr`, which `covers` this direction's prefix: the prefix
     /// replaced, then the adjustment added to the word RFC 6296 chooses
     /// (sections 3.4 and 3.5), a result of 0xFFFF written as 0x0000.

@@ -39,17 +39,18 @@ impl Nptv6 {
             return false;
         }
         let (src, dst) = (address(h, L3 + SRC_AT), address(h, L3 + DST_AT));
-        if is_martian(src, dst) || self.aftr == Some(dst) || self.own.contains(&Some(dst)) {
-            return false;
-        }
-        // Hairpinned, or from one site to another: the full path's.
-        if arrived == Side::Inside && (self.covered(dst, Direction::Inbound) || self.covered(dst, Direction::Outbound)) {
+        if is_martian(src, dst) || self.aftr == Some(dst) || dst == self.own[arrived as usize] {
             return false;
         }
         let (dir, at, addr) = match arrived {
             Side::Inside => (Direction::Outbound, L3 + SRC_AT, src),
             Side::Outside => (Direction::Inbound, L3 + DST_AT, dst),
         };
+        // From inside to any binding's prefix (hairpinned, or a site's own
+        // destination): the full path's.
+        if arrived == Side::Inside && self.mappings.iter().any(|m| m.covers_either(dst)) {
+            return false;
+        }
         let Some(Ok(mapped)) = self.mappings.iter().find(|m| m.covers(addr, dir)).map(|m| m.map(addr, dir)) else { return false };
         h[at..at + 16].copy_from_slice(&mapped.to_be_bytes());
         h[HOP_LIMIT_AT] = hop_limit - 1;

@@ -46,9 +46,10 @@ pub(crate) struct Nptv6 {
     /// IPv4 in IPv6, is the AFTR's to claim, so the fast path leaves it to
     /// the full path, which asks DS-Lite first.
     aftr: Option<u128>,
-    /// natrix's own addresses (`address6`, inside and outside): what is
-    /// sent to them ends in the full path.
-    own: [Option<u128>; 2],
+    /// natrix's own addresses (`address6`, inside and outside; 0 where
+    /// none, as no packet the fast path takes is sent to ::): what is sent
+    /// to them ends in the full path.
+    own: [u128; 2],
     /// Frames whose addresses were translated, by the side they arrived on.
     pub translated: [u64; 2],
 }
@@ -57,14 +58,14 @@ impl Nptv6 {
     /// Builds the table; refuses bindings that `check_bindings` refuses.
     pub fn new(bindings: &[Binding]) -> Result<Nptv6, EngineError> {
         check_bindings(bindings).map_err(|p| EngineError::Config { key: format!("nptv6[{}].{}", p.index, p.prefix), problem: p.problem })?;
-        Ok(Nptv6 { mappings: bindings.iter().map(Mapping::new).collect(), aftr: None, own: [None; 2], translated: [0; 2] })
+        Ok(Nptv6 { mappings: bindings.iter().map(Mapping::new).collect(), aftr: None, own: [0; 2], translated: [0; 2] })
     }
 
     /// DS-Lite's AFTR address (None: DS-Lite off) and natrix's own
     /// addresses, at start and after a reload.
     pub fn set_local_addresses(&mut self, aftr: Option<Ipv6Addr>, own: [Option<Ipv6Addr>; 2]) {
         self.aftr = aftr.map(u128::from);
-        self.own = own.map(|a| a.map(u128::from));
+        self.own = own.map(|a| a.map_or(0, u128::from));
     }
 
     pub fn with_local_addresses(mut self, aftr: Option<Ipv6Addr>, own: [Option<Ipv6Addr>; 2]) -> Nptv6 {
@@ -72,9 +73,11 @@ impl Nptv6 {
         self
     }
 
-    /// Whether `addr` is one of natrix's own addresses.
-    pub(crate) fn is_own(&self, addr: Ipv6Addr) -> bool {
-        self.own.contains(&Some(u128::from(addr)))
+    /// Whether `addr` is natrix's own address on `side`. (One to its
+    /// address on the other side is routed there, where it ends.)
+    pub(crate) fn is_own(&self, addr: Ipv6Addr, side: Side) -> bool {
+        let a = u128::from(addr);
+        a != 0 && a == self.own[side as usize]
     }
 
     /// Whether `addr` lies in a binding's inside prefix.

@@ -1012,7 +1012,7 @@ impl Engine {
     /// quotes it as its sender knows it.
     fn ipv6(&mut self, frame: &mut [u8], ip: &Ip6, side: Side) -> Result<Option<Side>, DropReason> {
         // natrix answers none of its own (Neighbor Discovery ends before the engine).
-        if self.nptv6.is_own(crate::dslite::ipv6_dst(frame, ip.l3)) {
+        if self.nptv6.is_own(crate::dslite::ipv6_dst(frame, ip.l3), side) {
             return Err(DropReason::LocalDestination);
         }
         self.router.check_hop_limit(frame, ip.l3, ip.total, ip.hop_limit, side)?;
