@@ -486,13 +486,29 @@ fn disabled_server_is_silent() {
 fn clear_removes_pcp_mappings_and_a_new_request_starts_afresh() {
     let mut e = engine(pcp_config());
     answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 5000, (0, [0; 4]), &[]), SEC);
+    e.advance(10 * SEC);
     let c = e.clear_subscriber(u32_of(SUB), |_| {});
     assert_eq!(c.mappings, 1);
     assert!(e.pcp_holds().is_empty());
     // Another nonce is fine now: the old hold is gone.
-    let a = answer(&mut e, SUB, &map_req(SUB, 3600, *b"second-nonce", 17, 5000, (0, [0; 4]), &[]), 2 * SEC);
+    let a = answer(&mut e, SUB, &map_req(SUB, 3600, *b"second-nonce", 17, 5000, (0, [0; 4]), &[]), 12 * SEC);
     assert_eq!(a.result, SUCCESS);
+    assert_eq!(a.epoch, 2, "RFC 6887 section 8.5: a server that lost mappings starts its epoch again (at the clear)");
     assert_eq!(e.pcp_holds().len(), 1);
+}
+
+#[test]
+fn pcp_turned_off_by_a_reload_releases_what_it_held() {
+    let mut e = engine(pcp_config());
+    answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 5000, (0, [0; 4]), &[]), SEC);
+    assert_eq!(e.pcp_holds().len(), 1);
+    let off = EngineConfig { pcp: None, ..e.config().clone() };
+    e.reconfigure(off, |_| {}).expect("PCP turns off live");
+    e.advance(3 * SEC);
+    assert!(e.pcp_holds().is_empty());
+    // The mapping is an ordinary one again: it idles out with its session.
+    e.advance(3 * SEC + 400 * SEC);
+    assert!(e.mapping_views(None).is_empty(), "released to the UDP timeout");
 }
 
 #[test]

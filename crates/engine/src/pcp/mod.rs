@@ -275,10 +275,18 @@ impl PcpServer {
     }
 
     /// Once a second, before sessions expire: touch the holds that are due
-    /// and release those whose lifetime has ended.
+    /// and release those whose lifetime has ended. A hold whose mapping is
+    /// gone before its lifetime ended (a clear, a pool address removed)
+    /// is state the server lost, so the epoch starts again (section 8.5:
+    /// clients then re-create their mappings). With PCP turned off by a
+    /// reload, every hold is released.
     pub(crate) fn tick(&mut self, nat: &mut impl NatOps) {
         let now = nat.now_s();
-        if self.cfg.is_some() && self.started_s.is_none() {
+        if self.cfg.is_none() {
+            self.release_all(nat);
+            return;
+        }
+        if self.started_s.is_none() {
             self.started_s = Some(now);
         }
         for (due, key) in self.due_timers(now) {
@@ -289,6 +297,7 @@ impl PcpServer {
             let expires = h.expires_s;
             let Some(sid) = nat.find_session(key.proto(), key.int_addr, key.int_port, key.rem_addr, key.rem_port) else {
                 self.forget(nat, &key);
+                self.started_s = Some(now);
                 continue;
             };
             if expires <= now {
@@ -300,6 +309,25 @@ impl PcpServer {
             }
             nat.touch(sid);
             self.schedule(nat, key, expires);
+        }
+    }
+
+    /// After a clear or a reload: forgets the holds whose mappings are
+    /// gone and, if there were any, starts the epoch again (section 8.5).
+    pub(crate) fn drop_lost_holds(&mut self, nat: &mut impl NatOps) {
+        let lost: Vec<Key> = self.holds.keys().filter(|k| nat.find_session(k.proto(), k.int_addr, k.int_port, k.rem_addr, k.rem_port).is_none()).copied().collect();
+        for key in &lost {
+            self.forget(nat, key);
+        }
+        if !lost.is_empty() {
+            self.started_s = Some(nat.now_s());
+        }
+    }
+
+    fn release_all(&mut self, nat: &mut impl NatOps) {
+        let keys: Vec<Key> = self.holds.keys().copied().collect();
+        for key in keys {
+            self.unhold(nat, key);
         }
     }
 

@@ -1125,6 +1125,7 @@ impl Engine {
         // A softwire endpoint admitted under the old configuration is admitted again.
         self.nat.subs.identities_mut().forget_recent();
         self.pcp.reconfigure(self.nat.config().pcp, self.nat.config().inside_addr);
+        self.pcp.drop_lost_holds(&mut self.nat);
         Ok(())
     }
 
@@ -1149,7 +1150,9 @@ impl Engine {
     /// Ends a subscriber's sessions and dynamic mappings; their events,
     /// and those queued before, go to `sink`.
     pub fn clear_subscriber(&mut self, addr: u32, mut sink: impl FnMut(Event)) -> crate::admin::Cleared {
-        self.nat.clear_subscriber(addr, &mut sink)
+        let cleared = self.nat.clear_subscriber(addr, &mut sink);
+        self.pcp.drop_lost_holds(&mut self.nat);
+        cleared
     }
 
     /// `clear_subscriber`'s walk a part at a time (`admin::Walk`): true once done.
@@ -1160,7 +1163,9 @@ impl Engine {
     /// Ends the sessions of subscriber `addr`'s mappings a walk found
     /// (`walk_subscriber_mappings`), and its associations.
     pub fn clear_mappings(&mut self, addr: u32, mappings: &[u32], mut sink: impl FnMut(Event)) -> crate::admin::Cleared {
-        self.nat.clear_mappings(addr, mappings, &mut sink)
+        let cleared = self.nat.clear_mappings(addr, mappings, &mut sink);
+        self.pcp.drop_lost_holds(&mut self.nat);
+        cleared
     }
 
     /// Ends every dynamic mapping (natrix stops); their events, and those
