@@ -393,12 +393,25 @@ proptest! {
     /// or with a byte of its Ethernet or IPv6 header changed, or cut short;
     /// one frame at a time and in a batch.
     #[test]
-    fn fast_path_equals_full_path(b in any_binding(), host in any::<u128>(), k in kind(), inbound in any::<bool>(),
+    fn fast_path_equals_full_path(b in any_binding(), host in any::<u128>(), other in any::<u128>(), to in 0u8..5, k in kind(), inbound in any::<bool>(),
                                   damage in proptest::option::of((0usize..62, any::<u8>())), cut in proptest::option::of(0usize..62)) {
         let src = host_in(&b, host);
+        // natrix's own inside address, in the site's prefix; and where a
+        // packet goes: the server, another host of the site, another
+        // host's external address (hairpinned, or unmappable), natrix.
+        let own = host_in(&b, other ^ 1);
+        let outside_image = |h: Ipv6Addr| Ipv6Addr::from(u128::from(b.outside) | u128::from(h) & !mask(b.prefix_len));
+        let dst = match to {
+            0 => SERVER,
+            1 => host_in(&b, other),
+            2 => outside_image(host_in(&b, other)),
+            3 => own,
+            _ => reference_map(&b, own).unwrap_or(SERVER),
+        };
         let (mut frame, side) = match (inbound, reference_map(&b, src)) {
-            (true, Some(external)) => (frame_of(k, SERVER, external, 64), Side::Outside),
-            _ => (frame_of(k, src, SERVER, 64), Side::Inside),
+            (true, Some(external)) if to < 4 => (frame_of(k, SERVER, external, 64), Side::Outside),
+            (true, _) => (frame_of(k, SERVER, dst, 64), Side::Outside),
+            _ => (frame_of(k, src, dst, 64), Side::Inside),
         };
         if let Some((at, v)) = damage {
             let at = at % frame.len();
@@ -407,7 +420,13 @@ proptest! {
         if let Some(len) = cut {
             frame.truncate(len);
         }
-        let (mut fast, mut full, mut batch) = (engine(vec![b], false), engine(vec![b], false), engine(vec![b], false));
+        let with_own = || Engine::new(EngineConfig {
+            translate: false,
+            nptv6: vec![b],
+            inside_addr6: Some(natrix_engine::config::Addr6 { addr: own, prefix_len: 64 }),
+            ..EngineConfig::default()
+        }).unwrap();
+        let (mut fast, mut full, mut batch) = (with_own(), with_own(), with_own());
         let (mut f1, mut f2) = (frame.clone(), frame.clone());
         let mut batch_frames = vec![frame.clone(), frame];
         let v1 = fast.process(&mut f1, side, NS);

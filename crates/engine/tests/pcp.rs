@@ -509,6 +509,10 @@ fn pcp_turned_off_by_a_reload_releases_what_it_held() {
     // The mapping is an ordinary one again: it idles out with its session.
     e.advance(3 * SEC + 400 * SEC);
     assert!(e.mapping_views(None).is_empty(), "released to the UDP timeout");
+    // Turned on again, a new epoch: what the server held is gone.
+    e.reconfigure(pcp_config(), |_| {}).expect("PCP turns on live");
+    let a = answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 5000, (0, [0; 4]), &[]), 410 * SEC);
+    assert_eq!((a.result, a.epoch), (SUCCESS, 0), "RFC 6887 section 8.5");
 }
 
 #[test]

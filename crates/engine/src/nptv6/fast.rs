@@ -52,6 +52,10 @@ impl Nptv6 {
             return false;
         }
         let Some(Ok(mapped)) = self.mappings.iter().find(|m| m.covers(addr, dir)).map(|m| m.map(addr, dir)) else { return false };
+        // To the image of natrix's own inside address: the full path's.
+        if arrived == Side::Outside && mapped == self.own[Side::Inside as usize] {
+            return false;
+        }
         h[at..at + 16].copy_from_slice(&mapped.to_be_bytes());
         h[HOP_LIMIT_AT] = hop_limit - 1;
         self.translated[arrived as usize] += 1;

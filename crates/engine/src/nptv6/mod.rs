@@ -34,6 +34,9 @@ use crate::pipeline::frame::Ip6;
 use crate::Side;
 use std::net::Ipv6Addr;
 
+/// `Nptv6::own` where natrix has no address on a side.
+const NO_ADDRESS: u128 = u128::MAX;
+
 /// Offsets of the addresses within an IPv6 header.
 const SRC_AT: usize = 8;
 const DST_AT: usize = 24;
@@ -46,9 +49,9 @@ pub(crate) struct Nptv6 {
     /// IPv4 in IPv6, is the AFTR's to claim, so the fast path leaves it to
     /// the full path, which asks DS-Lite first.
     aftr: Option<u128>,
-    /// natrix's own addresses (`address6`, inside and outside; 0 where
-    /// none, as no packet the fast path takes is sent to ::): what is sent
-    /// to them ends in the full path.
+    /// natrix's own addresses (`address6`, inside and outside; all ones
+    /// where none, which no address of natrix's nor any a binding maps to
+    /// is): what is sent to them ends in the full path.
     own: [u128; 2],
     /// Frames whose addresses were translated, by the side they arrived on.
     pub translated: [u64; 2],
@@ -58,14 +61,14 @@ impl Nptv6 {
     /// Builds the table; refuses bindings that `check_bindings` refuses.
     pub fn new(bindings: &[Binding]) -> Result<Nptv6, EngineError> {
         check_bindings(bindings).map_err(|p| EngineError::Config { key: format!("nptv6[{}].{}", p.index, p.prefix), problem: p.problem })?;
-        Ok(Nptv6 { mappings: bindings.iter().map(Mapping::new).collect(), aftr: None, own: [0; 2], translated: [0; 2] })
+        Ok(Nptv6 { mappings: bindings.iter().map(Mapping::new).collect(), aftr: None, own: [NO_ADDRESS; 2], translated: [0; 2] })
     }
 
     /// DS-Lite's AFTR address (None: DS-Lite off) and natrix's own
     /// addresses, at start and after a reload.
     pub fn set_local_addresses(&mut self, aftr: Option<Ipv6Addr>, own: [Option<Ipv6Addr>; 2]) {
         self.aftr = aftr.map(u128::from);
-        self.own = own.map(|a| a.map_or(0, u128::from));
+        self.own = own.map(|a| a.map_or(NO_ADDRESS, u128::from));
     }
 
     pub fn with_local_addresses(mut self, aftr: Option<Ipv6Addr>, own: [Option<Ipv6Addr>; 2]) -> Nptv6 {
@@ -77,7 +80,7 @@ impl Nptv6 {
     /// address on the other side is routed there, where it ends.)
     pub(crate) fn is_own(&self, addr: Ipv6Addr, side: Side) -> bool {
         let a = u128::from(addr);
-        a != 0 && a == self.own[side as usize]
+        a != NO_ADDRESS && a == self.own[side as usize]
     }
 
     /// Whether `addr` lies in a binding's inside prefix.
@@ -114,24 +117,37 @@ impl Nptv6 {
                 if self.covered(dst, Direction::Outbound) {
                     return Ok(Side::Inside);
                 }
-                let hairpin = self.covered(dst, Direction::Inbound);
+                // Both addresses judged before either is written.
+                let hairpin = self.mapped(dst, Direction::Inbound)?;
                 let mapped = self.map_in_place(frame, ip.l3 + SRC_AT, Direction::Outbound)?;
                 let quoted = icmp_error::map_quoted(self, frame, ip, Direction::Outbound)?;
-                if hairpin {
-                    self.map_in_place(frame, ip.l3 + DST_AT, Direction::Inbound)?;
+                if let Some(to) = hairpin {
+                    frame[ip.l3 + DST_AT..ip.l3 + DST_AT + 16].copy_from_slice(&to.to_be_bytes());
                     icmp_error::map_quoted(self, frame, ip, Direction::Inbound)?;
                 }
-                (if hairpin { Side::Inside } else { Side::Outside }, mapped || hairpin, quoted)
+                (if hairpin.is_some() { Side::Inside } else { Side::Outside }, mapped || hairpin.is_some(), quoted)
             }
             Side::Outside => {
                 let mapped = self.map_in_place(frame, ip.l3 + DST_AT, Direction::Inbound)?;
                 (Side::Inside, mapped, icmp_error::map_quoted(self, frame, ip, Direction::Inbound)?)
             }
         };
+        // Sent from outside to the image of natrix's own inside address.
+        if out == Side::Inside && self.is_own(Ipv6Addr::from(address_at(frame, ip.l3 + DST_AT)), Side::Inside) {
+            return Err(DropReason::LocalDestination);
+        }
         if mapped || quoted {
             self.translated[arrived as usize] += 1;
         }
         Ok(out)
+    }
+
+    /// `addr` mapped in `dir` by the binding that covers it, if one does.
+    fn mapped(&self, addr: u128, dir: Direction) -> Result<Option<u128>, DropReason> {
+        match self.mappings.iter().find(|m| m.covers(addr, dir)) {
+            None => Ok(None),
+            Some(m) => m.map(addr, dir).map(Some).map_err(|Unmappable| DropReason::Nptv6Unmappable),
+        }
     }
 
     /// Maps the address at `frame[at..at + 16]` if a binding covers it in

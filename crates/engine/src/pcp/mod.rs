@@ -284,6 +284,8 @@ impl PcpServer {
         let now = nat.now_s();
         if self.cfg.is_none() {
             self.release_all(nat);
+            // Turned on again, the server starts a new epoch: what it held is gone.
+            self.started_s = None;
             return;
         }
         if self.started_s.is_none() {
@@ -312,10 +314,24 @@ impl PcpServer {
         }
     }
 
-    /// After a clear or a reload: forgets the holds whose mappings are
-    /// gone and, if there were any, starts the epoch again (section 8.5).
-    pub(crate) fn drop_lost_holds(&mut self, nat: &mut impl NatOps) {
-        let lost: Vec<Key> = self.holds.keys().filter(|k| nat.find_session(k.proto(), k.int_addr, k.int_port, k.rem_addr, k.rem_port).is_none()).copied().collect();
+    /// After a clear (of subscriber `of`) or a reload (None: everyone's):
+    /// forgets the holds whose mappings are gone and, if there were any,
+    /// starts the epoch again (section 8.5).
+    pub(crate) fn drop_lost_holds(&mut self, nat: &mut impl NatOps, of: Option<u32>) {
+        let gone = |k: &&Key| nat.find_session(k.proto(), k.int_addr, k.int_port, k.rem_addr, k.rem_port).is_none();
+        let lost: Vec<Key> = match of {
+            None => self.holds.keys().filter(gone).copied().collect(),
+            Some(addr) => [Proto::Tcp, Proto::Udp]
+                .into_iter()
+                .flat_map(|p| {
+                    let first = Key { proto: p as u8, int_addr: addr, int_port: 0, rem_addr: 0, rem_port: 0 };
+                    let last = Key { proto: p as u8, int_addr: addr, int_port: u16::MAX, rem_addr: u32::MAX, rem_port: u16::MAX };
+                    self.holds.range(first..=last).map(|(k, _)| k)
+                })
+                .filter(gone)
+                .copied()
+                .collect(),
+        };
         for key in &lost {
             self.forget(nat, key);
         }

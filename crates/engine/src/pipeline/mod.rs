@@ -1125,7 +1125,7 @@ impl Engine {
         // A softwire endpoint admitted under the old configuration is admitted again.
         self.nat.subs.identities_mut().forget_recent();
         self.pcp.reconfigure(self.nat.config().pcp, self.nat.config().inside_addr);
-        self.pcp.drop_lost_holds(&mut self.nat);
+        self.pcp.drop_lost_holds(&mut self.nat, None);
         Ok(())
     }
 
@@ -1151,7 +1151,7 @@ impl Engine {
     /// and those queued before, go to `sink`.
     pub fn clear_subscriber(&mut self, addr: u32, mut sink: impl FnMut(Event)) -> crate::admin::Cleared {
         let cleared = self.nat.clear_subscriber(addr, &mut sink);
-        self.pcp.drop_lost_holds(&mut self.nat);
+        self.pcp.drop_lost_holds(&mut self.nat, Some(addr));
         cleared
     }
 
@@ -1164,7 +1164,7 @@ impl Engine {
     /// (`walk_subscriber_mappings`), and its associations.
     pub fn clear_mappings(&mut self, addr: u32, mappings: &[u32], mut sink: impl FnMut(Event)) -> crate::admin::Cleared {
         let cleared = self.nat.clear_mappings(addr, mappings, &mut sink);
-        self.pcp.drop_lost_holds(&mut self.nat);
+        self.pcp.drop_lost_holds(&mut self.nat, Some(addr));
         cleared
     }
 
