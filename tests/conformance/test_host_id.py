@@ -23,6 +23,7 @@ Written from the seed and the contract, not from natrix's source:
 import json
 import socket
 
+from scapy.all import defragment, fragment
 from scapy.layers.inet6 import IPv6
 
 import natrix_harness as h
@@ -184,6 +185,34 @@ def test_each_subscriber_gets_its_own_value_and_a_spoof_is_corrected(replay):
     b = next(p for p in by_port.values() if host_id_options(p) == [wing_bytes(0x000B)])
     assert tcp_options_area(b)[:8] == bytes([2, 4, 5, 180]) + wing_bytes(0x000B), "corrected in place, same length"
     assert rep["host_id"]["corrected"] == 1
+
+
+def test_a_fragmented_syn_cannot_pass_another_subscribers_host_id(replay):
+    """Section 7.2: a HOST_ID option present is verified and corrected, so a
+    host cannot pass another subscriber's value, not by fragmenting its SYN
+    either: natrix translates fragments without reassembling them, and the
+    first fragment holds the whole TCP header. SUB_B writes SUB_A's WING
+    into a SYN with data, sent in two fragments: the first leaves with
+    SUB_B's own value in place, and the datagram put together from what
+    leaves carries a valid TCP checksum."""
+    spoof = [("MSS", 1460), (WING, (0x000A).to_bytes(2, "big"))]
+    whole = syn(options=spoof, src=SUB_B, sport=6000, payload=b"x" * 64)
+    first, later = fragment(whole[IP], fragsize=48)
+    frames = [(T0, "inside", h.eth_in(SUB_B) / first), (T0 + 0.01, "inside", h.eth_in(SUB_B) / later)]
+    outs, rep = replay(config({"mode": "syn", "wing": True}), frames)
+    left = [o.pkt for o in outs if o.side == "outside" and IP in o.pkt]
+    assert len(left) == 2, [p.summary() for p in left]
+    head = next(p for p in left if p[IP].frag == 0)
+    assert tcp_options_area(head)[:8] == bytes([2, 4, 5, 180]) + wing_bytes(0x000B), tcp_options_area(head).hex()
+    joined = defragment([p[IP] for p in left])
+    assert len(joined) == 1
+    d = IP(bytes(joined[0]))
+    raw = bytes(d[TCP])
+    sent_sum = d[TCP].chksum
+    del d[TCP].chksum
+    assert IP(bytes(d))[TCP].chksum == sent_sum, "the TCP checksum over the whole datagram"
+    assert rep["host_id"]["corrected"] == 1 and rep["host_id"]["no_room"] == 0
+    assert raw[20 + 8:] == b"x" * 64
 
 
 def test_a_wrong_lifetime_origin_byte_is_corrected_in_place(replay):

@@ -422,11 +422,19 @@ impl HostId {
     /// length) is overwritten with NOPs; what is missing is inserted, all
     /// of it or, without room, none. `pending` holds the options wanted,
     /// and is left with the ones to insert.
+    ///
+    /// A first fragment is verified and corrected the same way (its
+    /// checksum covers the whole datagram, and the change is in place), so
+    /// fragmenting a SYN passes no other subscriber's HOST_ID; it never
+    /// grows (counted as `no_room`).
     fn enforce(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) -> HookVerdict {
         let (tcp_at, hl) = (info.l4, seg.header_len);
-        if is_fragment(frame, info.l3) {
-            return HookVerdict::Continue;
-        }
+        let fragment = match fragment_part(frame, info.l3) {
+            Part::Whole => false,
+            Part::First => true,
+            // No TCP header: what looks like one is payload.
+            Part::Later => return HookVerdict::Continue,
+        };
         let scan = Scan::of(&frame[tcp_at..tcp_at + hl], &self.cfg.kinds);
         let mut kept = [false; 3];
         let mut delta = Delta::default();
@@ -455,6 +463,10 @@ impl HostId {
         self.pending.leave_out(kept);
         let pending_len = self.pending.as_slice().len();
         if pending_len == 0 {
+            return HookVerdict::Continue;
+        }
+        if fragment {
+            self.stats.no_room += 1;
             return HookVerdict::Continue;
         }
         if scan.malformed {
@@ -542,8 +554,19 @@ fn apply_tcp_checksum(frame: &mut [u8], tcp_at: usize, delta: Delta) {
 
 /// A fragment's TCP header cannot grow (the offsets of the later fragments
 /// would move), and a later fragment has none: left as it is.
-fn is_fragment(frame: &[u8], l3: usize) -> bool {
-    natrix_wire::ipv4::Packet::new_lax(&frame[l3..]).map_or(true, |p| p.is_fragment())
+/// Which part of its datagram an IPv4 frame is.
+enum Part {
+    Whole,
+    First,
+    Later,
+}
+
+fn fragment_part(frame: &[u8], l3: usize) -> Part {
+    match natrix_wire::ipv4::Packet::new_lax(&frame[l3..]) {
+        Ok(p) if !p.is_fragment() => Part::Whole,
+        Ok(p) if p.frag_offset() == 0 => Part::First,
+        _ => Part::Later,
+    }
 }
 
 impl Middlebox for HostId {
