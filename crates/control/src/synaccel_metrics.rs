@@ -69,7 +69,7 @@ impl Collector for SynAccelFamilies {
         let t = &self.total;
         counter(&mut encoder, "synaccel_syns", "Callers' first SYNs the SYN accelerator tracked.", t.syns)?;
         counter(&mut encoder, "synaccel_retransmits", "SYNs the SYN accelerator sent again (byte copies of the caller's first).", t.retransmits)?;
-        counter(&mut encoder, "synaccel_answered", "Tracked attempts a SYN-ACK or RST from the server ended.", t.answered)?;
+        counter(&mut encoder, "synaccel_answered", "Tracked attempts ended by an answer before the deadline (SYN-ACK, RST, simultaneous open, ICMP error).", t.answered)?;
         counter(&mut encoder, "synaccel_resets", "RSTs the SYN accelerator sent to callers at the deadline.", t.resets)?;
         counter(&mut encoder, "synaccel_untracked", "First SYNs to accelerated destinations passed on untracked (table full, or a SYN with data too long to keep).", t.untracked)?;
         ConstGauge::new(t.pending as i64).encode(encoder.encode_descriptor(

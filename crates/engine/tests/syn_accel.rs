@@ -261,3 +261,30 @@ fn a_reset_whose_checksum_sum_carries_is_right() {
     assert_eq!(resets.len(), 1);
     assert_eq!(must_decode(&resets[0].2).tcp().acknowledgment_number, isn.wrapping_add(1), "decoded with its checksum verified");
 }
+
+/// A SYN with data (TCP Fast Open) takes sequence numbers past its own:
+/// the reset acknowledges all of them (RFC 9293 section 3.10.7.1: SEG.SEQ
+/// plus SEG.LEN), and a SYN-ACK acknowledging the SYN alone (a server that
+/// refused the cookie) or the data too ends tracking; one acknowledging
+/// past them (another attempt's) does not.
+#[test]
+fn a_syn_with_data_is_acknowledged_by_the_syn_or_its_data() {
+    let data = b"GET / HTTP/1.0\r\n";
+    let end = ISN + 1 + data.len() as u32;
+    for (ack, ends) in [(ISN + 1, true), (end, true), (end + 1, false), (ISN, false)] {
+        let mut e = defaults(config());
+        let mut first = tcp_frame(Side::Inside, SUB, 40000, SERVER, 5060, 64, TcpKind::Syn, ISN, 0, data);
+        assert_eq!(run(&mut e, &mut first, Side::Inside, T0), Verdict::Forward(Side::Outside));
+        let out = must_decode(&first);
+        let mut answer = tcp_frame(Side::Outside, SERVER, 5060, out.src(), out.tcp().source_port, 64, TcpKind::SynAck, 77, ack, b"");
+        assert_eq!(run(&mut e, &mut answer, Side::Outside, T0 + 100 * MS), Verdict::Forward(Side::Inside), "the answer passes either way");
+        let sent = tick(&mut e, T0 + 100 * MS, T0 + 3 * SEC);
+        let resets: Vec<_> = sent.iter().filter(|o| o.0 == Side::Inside).map(|o| must_decode(&o.2).tcp().acknowledgment_number).collect();
+        if ends {
+            assert!(sent.is_empty(), "ack {ack}: the attempt ended, nothing more: {sent:?}");
+        } else {
+            assert_eq!(resets, [end], "ack {ack} is no answer: the reset still comes, acknowledging the data too");
+            assert_eq!(sent.len(), 4, "3 copies and the reset");
+        }
+    }
+}

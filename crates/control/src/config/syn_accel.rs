@@ -38,13 +38,18 @@ fn parse_destinations(s: &mut Section) -> Result<Vec<natrix_engine::syn_accel::D
     Ok(out)
 }
 
-/// "500ms" (any duration above zero), or "rtt": 1.5 x the handshake time
-/// learned per destination.
+/// "500ms" (10 ms or more), or "rtt": 1.5 x the handshake time learned
+/// per destination.
 fn parse_interval(t: &str) -> Result<Interval, String> {
+    const FLOOR_MS: u64 = SynAccelConfig::MIN_INTERVAL_NS / MS;
     if t == "rtt" {
         return Ok(Interval::Learned);
     }
-    positive_ns(t).map(|ns| Interval::Fixed { ns }).map_err(|e| format!("{e}, or \"rtt\""))
+    match positive_ns(t) {
+        Ok(ns) if ns < SynAccelConfig::MIN_INTERVAL_NS => Err(format!("\"{t}\": at least {FLOOR_MS}ms (more frequent SYNs would flood the destination with copies), or \"rtt\"")),
+        Ok(ns) => Ok(Interval::Fixed { ns }),
+        Err(e) => Err(format!("{e}, or \"rtt\"")),
+    }
 }
 
 /// A duration above zero and at most `SynAccelConfig::MAX_DEADLINE_NS` (a minute).
@@ -107,6 +112,8 @@ mod tests {
         assert!(problem("destinations = [7]\n").starts_with("syn_accel.destinations[0]: expected a string"));
         assert!(problem("interval = \"fast\"\n").starts_with("syn_accel.interval:"));
         assert!(problem("interval = \"0ms\"\n").starts_with("syn_accel.interval: \"0ms\": must be above zero"));
+        assert!(problem("interval = \"9ms\"\n").starts_with("syn_accel.interval: \"9ms\": at least 10ms"));
+        assert_eq!(accel("destinations = [\"198.51.100.0/24\"]\ninterval = \"10ms\"\n").unwrap().interval, Interval::Fixed { ns: 10 * MS });
         assert!(problem("attempts = 0\n").starts_with("syn_accel.attempts: 0 is out of range 1-255"));
         assert!(problem("deadline = \"0s\"\n").starts_with("syn_accel.deadline:"));
         assert!(problem("deadline = \"61s\"\n").starts_with("syn_accel.deadline: \"61s\": at most 60s"));

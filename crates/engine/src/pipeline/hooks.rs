@@ -54,6 +54,13 @@ impl Interest {
         Interest { protocols, tcp_flags: 0 }
     }
 
+    /// This and every frame of one more IP protocol.
+    pub const fn with_protocol(self, proto: u8) -> Interest {
+        let mut protocols = self.protocols;
+        protocols[(proto / 64) as usize] |= 1 << (proto % 64);
+        Interest { protocols, ..self }
+    }
+
     const fn with_tcp_flags(self, tcp_flags: u8) -> Interest {
         Interest { tcp_flags, ..self }
     }

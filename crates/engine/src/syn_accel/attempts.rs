@@ -12,7 +12,7 @@ use crate::state::index::{prefetch, FlowIndex};
 
 /// Frame bytes a record holds: Ethernet (14), IPv4 (20) and TCP with the
 /// most options (60), and 34 bytes of IPv4 options. A longer SYN (one
-/// carrying data, TCP Fast Open) is passed on untracked.
+/// carrying more than a little data, TCP Fast Open) is passed on untracked.
 pub(super) const COPY_MAX: usize = 128;
 
 /// The caller's own endpoints, as its SYN arrived inside.
@@ -50,6 +50,9 @@ pub(super) struct Attempt {
     pub sent: u8,
     /// SYNs to send in all, as configured when the attempt began.
     attempts: u8,
+    /// Bytes of data the SYN carries (TCP Fast Open): they take sequence
+    /// numbers after the SYN's.
+    data_len: u8,
     /// Offset of the IPv4 header and length of `frame`.
     l3: u8,
     len: u8,
@@ -74,6 +77,7 @@ impl Attempt {
             state: State::Live,
             sent: 1,
             attempts,
+            data_len: 0,
             l3: 0,
             len: 0,
             first_ns,
@@ -85,13 +89,14 @@ impl Attempt {
         }
     }
 
-    /// Keeps `frame` (IPv4 header at `l3`) as it is about to leave, with
-    /// the TTL decrement the router applies after this point; false when
-    /// it does not fit.
-    pub fn keep_copy(&mut self, frame: &[u8], l3: usize) -> bool {
+    /// Keeps `frame` (IPv4 header at `l3`, `data_len` bytes of data) as it
+    /// is about to leave, with the TTL decrement the router applies after
+    /// this point; false when it does not fit.
+    pub fn keep_copy(&mut self, frame: &[u8], l3: usize, data_len: usize) -> bool {
         if frame.len() > COPY_MAX {
             return false;
         }
+        self.data_len = data_len as u8;
         self.frame[..frame.len()].copy_from_slice(frame);
         self.len = frame.len() as u8;
         self.l3 = l3 as u8;
@@ -107,6 +112,34 @@ impl Attempt {
     /// due by then counts as sent, though its timer may not have run yet).
     pub fn first_syn_only(&self, now_ns: u64) -> bool {
         self.sent == 1 && (self.due_ns > now_ns || self.due_ns >= self.deadline_ns)
+    }
+
+    /// The sequence number after the SYN and its data: what acknowledges
+    /// all of it (RFC 9293's SND.NXT for the caller in SYN-SENT).
+    pub fn next_seq(&self) -> u32 {
+        self.isn.wrapping_add(1).wrapping_add(u32::from(self.data_len))
+    }
+
+    /// Whether `n` is in the caller's sent sequence space past its ISN
+    /// (SND.UNA < n =< SND.NXT, RFC 9293 section 3.10.7.3): an ACK of the
+    /// SYN the caller accepts, or the sequence number of a RST the caller
+    /// would send in this attempt.
+    pub fn acknowledged_by(&self, n: u32) -> bool {
+        n.wrapping_sub(self.isn).wrapping_sub(1) <= u32::from(self.data_len)
+    }
+
+    /// Whether a copy of natrix's own is still to go out.
+    pub fn copies_left(&self) -> bool {
+        self.due_ns < self.deadline_ns
+    }
+
+    /// Whether natrix's own schedule covers `now_ns`: before the deadline,
+    /// and before the time a SYN after its last would fall due (`attempts`
+    /// x the interval from the first). With the defaults that is the
+    /// deadline itself; a deadline set far past the schedule leaves the
+    /// caller's own retransmissions to go out after it.
+    pub fn schedule_covers(&self, now_ns: u64) -> bool {
+        now_ns < self.first_ns.saturating_add(u64::from(self.attempts) * self.interval_ns).min(self.deadline_ns)
     }
 
     pub fn l3(&self) -> usize {
@@ -342,6 +375,9 @@ mod tests {
         assert_eq!(short.next_due(), 500);
         short.sent = 2;
         assert_eq!(short.next_due(), 700, "no copy at or after the deadline");
+        assert!(a.schedule_covers(2_999) && !a.schedule_covers(3_000), "the defaults' shape: to the deadline");
+        let long = Attempt::new(key, 9, 2, 0, 500, 30_000);
+        assert!(long.schedule_covers(999) && !long.schedule_covers(1_000), "2 SYNs at 0 and 500: covered to 1000");
     }
 
     #[test]

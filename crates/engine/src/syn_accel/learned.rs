@@ -1,21 +1,37 @@
 //! Handshake times learned per destination address (seed 003 section
 //! 3.6.2: "as AS addresses are from a limited set only, the TCP hacker may
-//! learn the average RTT"). Each answer to a first SYN is a sample,
+//! learn the average RTT"), and the interval of 1.5 times one that
+//! `interval = "rtt"` sends copies at. Each answer to a first SYN alone is
+//! a sample (Karn's rule: after a copy, an answer may be to either SYN),
 //! smoothed with RFC 6298's gain of 1/8; the table holds at most
 //! `MAX_DESTINATIONS` per worker, and a destination beyond them keeps the
 //! default interval.
+//!
+//! Karn's rule alone would lock a destination out once its path got
+//! slower: every answer then comes after a copy, so no sample is ever taken
+//! again, and every attempt is reset before its answer. As RFC 6298 section
+//! 5 does, each reset at a deadline doubles the destination's interval
+//! until a sample comes, up to the default interval (or the learned one
+//! where that is longer): never slower to give up than before anything was
+//! learned.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::LearnedHandshake;
+use super::{LearnedHandshake, SynAccelConfig};
 
 const MAX_DESTINATIONS: usize = 4096;
+
+/// Doublings of a destination's interval at most: 2^16 times the floor is
+/// past any default.
+const MAX_BACKOFF: u8 = 16;
 
 #[derive(Debug, Clone, Copy)]
 struct Smoothed {
     ns: u64,
     samples: u32,
+    /// Resets since the last sample: the interval's doublings.
+    backoff: u8,
 }
 
 /// Destination addresses are few and chosen by the operator's
@@ -50,17 +66,31 @@ impl Learned {
             // srtt += (sample - srtt) / 8
             s.ns = (s.ns as i128 + (i128::from(ns) - s.ns as i128) / 8) as u64;
             s.samples = s.samples.saturating_add(1);
+            s.backoff = 0;
         } else if self.by_destination.len() < MAX_DESTINATIONS {
-            self.by_destination.insert(destination, Smoothed { ns, samples: 1 });
+            self.by_destination.insert(destination, Smoothed { ns, samples: 1, backoff: 0 });
         }
     }
 
-    /// The learned handshake time of `destination`, if any.
-    pub fn get(&self, destination: u32) -> Option<u64> {
+    /// An attempt to `destination` went unanswered to its deadline: its
+    /// next attempts wait twice as long between SYNs, until a sample.
+    pub fn back_off(&mut self, destination: u32) {
+        if let Some(s) = self.by_destination.get_mut(&destination) {
+            s.backoff = (s.backoff + 1).min(MAX_BACKOFF);
+        }
+    }
+
+    /// The interval between SYNs to `destination`, once a handshake time
+    /// is learned: 1.5 times it (seed 003 section 3.6.2), at least
+    /// `MIN_INTERVAL_NS`, doubled per reset since the last sample up to
+    /// the larger of the default interval and the undoubled one.
+    pub fn interval(&self, destination: u32) -> Option<u64> {
         if self.by_destination.is_empty() {
             return None;
         }
-        self.by_destination.get(&destination).map(|s| s.ns)
+        let s = self.by_destination.get(&destination)?;
+        let base = (s.ns * 3 / 2).max(SynAccelConfig::MIN_INTERVAL_NS);
+        Some((base << s.backoff).min(base.max(SynAccelConfig::DEFAULT_INTERVAL_NS)))
     }
 
     /// Every learned destination, by address.
@@ -79,16 +109,45 @@ impl Learned {
 mod tests {
     use super::*;
 
+    const MS: u64 = 1_000_000;
+
     #[test]
     fn the_first_sample_is_taken_whole_then_smoothed_by_an_eighth() {
         let mut l = Learned::default();
-        assert_eq!(l.get(7), None);
-        l.sample(7, 80_000_000);
-        assert_eq!(l.get(7), Some(80_000_000));
-        l.sample(7, 160_000_000);
-        assert_eq!(l.get(7), Some(90_000_000));
-        l.sample(7, 10_000_000);
-        assert_eq!(l.get(7), Some(80_000_000));
-        assert_eq!(l.all(), [LearnedHandshake { destination: 7, handshake_ns: 80_000_000, samples: 3 }]);
+        assert_eq!(l.interval(7), None);
+        l.sample(7, 80 * MS);
+        assert_eq!(l.interval(7), Some(120 * MS));
+        l.sample(7, 160 * MS);
+        assert_eq!(l.interval(7), Some(135 * MS), "1.5 x 90 ms");
+        l.sample(7, 10 * MS);
+        assert_eq!(l.interval(7), Some(120 * MS), "1.5 x 80 ms");
+        assert_eq!(l.all(), [LearnedHandshake { destination: 7, handshake_ns: 80 * MS, samples: 3 }]);
+        l.sample(8, MS);
+        assert_eq!(l.interval(8), Some(SynAccelConfig::MIN_INTERVAL_NS), "the floor");
+    }
+
+    #[test]
+    fn each_reset_doubles_the_interval_up_to_the_default_until_a_sample() {
+        let mut l = Learned::default();
+        l.back_off(7);
+        assert_eq!(l.interval(7), None, "nothing learned: the default, unchanged");
+        l.sample(7, 20 * MS);
+        let doubled: Vec<u64> = (0..7)
+            .map(|_| {
+                l.back_off(7);
+                l.interval(7).unwrap() / MS
+            })
+            .collect();
+        assert_eq!(doubled, [60, 120, 240, 480, 500, 500, 500]);
+        l.sample(7, 20 * MS);
+        assert_eq!(l.interval(7), Some(30 * MS), "a sample ends the backoff");
+        // A learned interval past the default is never doubled.
+        l.sample(9, 400 * MS);
+        l.back_off(9);
+        assert_eq!(l.interval(9), Some(600 * MS));
+        for _ in 0..40 {
+            l.back_off(9);
+        }
+        assert_eq!(l.interval(9), Some(600 * MS));
     }
 }

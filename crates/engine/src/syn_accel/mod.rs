@@ -3,16 +3,20 @@
 //! 30 to 90 its own stack would take, that the server is unreachable.
 //! natrix forwards the caller's first SYN at once, sends byte copies of it
 //! on its own fast schedule (`interval`, up to `attempts` SYNs in all),
-//! absorbs the caller's own retransmissions, and at `deadline` resets the
-//! caller as if the server had refused (RFC 9293 section 3.10.7.1). A
-//! SYN-ACK or RST from the server ends tracking and passes through; after
-//! the handshake the connection is never looked at again.
+//! absorbs the caller's own retransmissions while its own schedule runs,
+//! and at `deadline` resets the caller as if the server had
+//! refused (RFC 9293 section 3.10.7.1). What the caller in SYN-SENT would
+//! act on ends tracking and passes through: the server's SYN-ACK or RST
+//! acknowledging the SYN, a SYN from the server (a simultaneous open), an
+//! ICMP error about the SYN that makes a stack give up, the caller's own
+//! RST; after the handshake the connection is never looked at again.
 //!
 //! ```text
 //!  caller SYN ──> before translation: new attempt? (staged) or a retransmission (absorbed: syn_absorbed)
 //!             ──> NAPT44 (or routing only) ──> after translation: the SYN as it leaves is kept (the copy)
 //!  timers ──────> copy at first + k x interval (k = 1 .. attempts-1, before the deadline), RST at the deadline
-//!  server SYN-ACK or RST ──> after translation (the caller's own addresses): tracking ends, the frame passes
+//!  server SYN-ACK or RST acknowledging the SYN, server SYN, ICMP error about it
+//!             ──> after translation (the caller's own addresses): tracking ends, the frame passes
 //! ```
 //!
 //! Two pipeline points, one decision: the function decides on the frame as
@@ -114,9 +118,11 @@ impl SynAccelConfig {
     pub const DEFAULT_INTERVAL_NS: u64 = 500 * MS;
     pub const DEFAULT_ATTEMPTS: u8 = 4;
     pub const DEFAULT_DEADLINE_NS: u64 = 2_000 * MS;
-    /// natrix's floor under a learned interval: a path of microseconds (a
-    /// lab, a data centre) must not turn into a SYN every few microseconds.
-    pub const MIN_LEARNED_INTERVAL_NS: u64 = 10 * MS;
+    /// natrix's floor under any interval: a path of microseconds (a lab, a
+    /// data centre) must not turn into a SYN every few microseconds, nor a
+    /// configuration into a flood of copies (seed 003 section 3.6.1 warns
+    /// of the congestion more frequent SYNs may cause).
+    pub const MIN_INTERVAL_NS: u64 = 10 * MS;
     /// The longest deadline (and interval): a minute, far beyond what the
     /// accelerator is for, and within its timer wheel's span.
     pub const MAX_DEADLINE_NS: u64 = timers::MAX_AHEAD_NS;
@@ -172,7 +178,9 @@ pub struct SynAccelStats {
     pub syns: u64,
     /// Copies natrix sent.
     pub retransmits: u64,
-    /// Attempts a SYN-ACK or RST from the server ended.
+    /// Attempts ended before their deadline by an answer: a SYN-ACK or
+    /// RST from the server, a simultaneous open, an ICMP error about the
+    /// SYN, a RST from the caller.
     pub answered: u64,
     /// RSTs natrix sent to callers at the deadline.
     pub resets: u64,
@@ -215,6 +223,7 @@ fn capacity(cfg: &EngineConfig) -> usize {
 struct Staged {
     key: Key,
     isn: u32,
+    data_len: usize,
     at_ns: u64,
 }
 
@@ -223,13 +232,20 @@ struct Segment {
     src_port: u16,
     dst_port: u16,
     seq: u32,
+    ack: u32,
     flags: u8,
+    /// Bytes of data it carries (a SYN's, with TCP Fast Open).
+    data_len: usize,
 }
 
 impl Segment {
     fn read(frame: &[u8], info: &FrameInfo) -> Option<Segment> {
+        if info.proto != natrix_wire::proto::TCP {
+            return None;
+        }
         let t = tcp::Packet::new_checked(frame.get(info.l4..info.l4 + info.l4_len)?).ok()?;
-        Some(Segment { src_port: t.src_port(), dst_port: t.dst_port(), seq: t.seq_number(), flags: t.flags() })
+        let data_len = info.l4_len.saturating_sub(t.header_len());
+        Some(Segment { src_port: t.src_port(), dst_port: t.dst_port(), seq: t.seq_number(), ack: t.ack_number(), flags: t.flags(), data_len })
     }
 
     /// A connection's opening SYN: SYN without ACK, RST or FIN.
@@ -237,11 +253,63 @@ impl Segment {
         self.flags & (tcp::flags::SYN | tcp::flags::ACK | tcp::flags::RST | tcp::flags::FIN) == tcp::flags::SYN
     }
 
-    /// What ends an attempt: the server's SYN-ACK, or a RST.
-    fn is_answer(&self) -> bool {
-        let syn_ack = tcp::flags::SYN | tcp::flags::ACK;
-        self.flags & tcp::flags::RST != 0 || self.flags & syn_ack == syn_ack
+    /// What the server's segment means to attempt `a`'s caller in SYN-SENT
+    /// (RFC 9293 section 3.10.7.3): a SYN-ACK or a RST whose ACK
+    /// acknowledges the SYN answers it; a SYN alone is a simultaneous open,
+    /// after which the caller needs no copy; anything else (a RST without
+    /// ACK, an ACK of an older attempt's SYN) the caller ignores.
+    fn answers(&self, a: &Attempt) -> Option<Answer> {
+        let acked = self.flags & tcp::flags::ACK != 0 && a.acknowledged_by(self.ack);
+        if self.flags & tcp::flags::RST != 0 {
+            acked.then_some(Answer::Server)
+        } else if self.flags & tcp::flags::SYN == 0 {
+            None
+        } else if self.flags & tcp::flags::ACK == 0 {
+            Some(Answer::Other)
+        } else {
+            acked.then_some(Answer::Server)
+        }
     }
+}
+
+/// What ended an attempt before its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// A SYN-ACK or RST: its time is a handshake time.
+    Server,
+    /// A simultaneous open, or an ICMP error about the SYN that makes the
+    /// caller give up (a router's, or the server host's).
+    Other,
+}
+
+/// Whether the IPv4 datagram at `l3` is a fragment: a SYN in one is not
+/// tracked, as its copy would be a lone first fragment that never
+/// reassembles.
+fn is_fragment(frame: &[u8], l3: usize) -> bool {
+    frame.get(l3 + 6..l3 + 8).is_some_and(|b| u16::from_be_bytes([b[0], b[1]]) & 0x3fff != 0)
+}
+
+/// An ICMP error about a SYN whose ICMP type makes a caller in SYN-SENT
+/// give up (Linux aborts the connection): destination unreachable other
+/// than "fragmentation needed" (which is about the path's MTU), or time
+/// exceeded. Returns the quoted segment's endpoints, as the caller sent
+/// it, and its sequence number.
+fn icmp_error_about(frame: &[u8], info: &FrameInfo) -> Option<(Key, u32)> {
+    const UNREACHABLE: u8 = 3;
+    const FRAGMENTATION_NEEDED: u8 = 4;
+    const TIME_EXCEEDED: u8 = 11;
+    let icmp = frame.get(info.l4..info.l4 + info.l4_len)?;
+    let (kind, code) = (*icmp.first()?, *icmp.get(1)?);
+    if !(kind == UNREACHABLE && code != FRAGMENTATION_NEEDED || kind == TIME_EXCEEDED) {
+        return None;
+    }
+    let quote = natrix_wire::ipv4::Packet::new_lax(icmp.get(8..)?).ok()?;
+    if quote.protocol() != natrix_wire::proto::TCP {
+        return None;
+    }
+    let t = icmp.get(8 + quote.header_len()..8 + quote.header_len() + 8)?;
+    let key = Key { caller: quote.src_addr(), server: quote.dst_addr(), caller_port: u16::from_be_bytes([t[0], t[1]]), server_port: u16::from_be_bytes([t[2], t[3]]) };
+    Some((key, u32::from_be_bytes([t[4], t[5], t[6], t[7]])))
 }
 
 /// The endpoints of an untagged Ethernet/IPv4/TCP frame, read without
@@ -279,29 +347,35 @@ impl SynAccel {
     }
 
     /// A segment from the caller, before translation: a retransmission of a
-    /// tracked SYN is absorbed; an opening SYN to a configured destination
-    /// is staged, to be kept as it leaves; the caller's own RST ends its attempt.
+    /// tracked SYN is absorbed (seed 003 section 4.2.3: "should be
+    /// ignored") while natrix's own schedule covers it; past that, with a
+    /// deadline set further, the caller's own go out, so a server that
+    /// comes back before the deadline gets them; an opening SYN to a configured
+    /// destination is staged, to be kept as it leaves; the caller's own
+    /// RST, in its attempt's sequence space, ends its attempt.
     fn on_caller_segment(&mut self, frame: &[u8], info: &FrameInfo) -> HookVerdict {
         let Some(seg) = Segment::read(frame, info) else { return HookVerdict::Continue };
         let key = Key { caller: info.src, caller_port: seg.src_port, server: info.dst, server_port: seg.dst_port };
         if seg.flags & tcp::flags::RST != 0 {
-            self.end_attempt(key, info.now_ns);
+            self.end_attempt(key, info.now_ns, |a| a.acknowledged_by(seg.seq).then_some(Answer::Other));
             return HookVerdict::Continue;
         }
-        if !seg.is_opening_syn() || !self.cfg.wants(key.server, key.server_port) {
+        if !seg.is_opening_syn() || !self.cfg.wants(key.server, key.server_port) || is_fragment(frame, info.l3) {
             return HookVerdict::Continue;
         }
         if let Some(id) = self.attempts.find(&key) {
             let a = self.attempts.get(id);
             match a.state {
-                State::Live | State::Refused if a.isn == seg.seq => return HookVerdict::Drop(DropReason::SynAbsorbed),
-                // Its SYN-ACK is on its way: the crossing retransmission passes untracked.
-                State::Answered if a.isn == seg.seq => return HookVerdict::Continue,
+                State::Live if a.isn == seg.seq && a.schedule_covers(info.now_ns) => return HookVerdict::Drop(DropReason::SynAbsorbed),
+                State::Refused if a.isn == seg.seq => return HookVerdict::Drop(DropReason::SynAbsorbed),
+                // Its SYN-ACK is on its way, or natrix's schedule is over:
+                // the retransmission passes, and starts nothing.
+                State::Live | State::Answered if a.isn == seg.seq => return HookVerdict::Continue,
                 // The same endpoints with a new ISN: a new attempt replaces the old.
                 _ => self.attempts.retire(id),
             }
         }
-        self.staged = Some(Staged { key, isn: seg.seq, at_ns: info.now_ns });
+        self.staged = Some(Staged { key, isn: seg.seq, data_len: seg.data_len, at_ns: info.now_ns });
         HookVerdict::Continue
     }
 
@@ -316,7 +390,7 @@ impl SynAccel {
         }
         let (interval_ns, deadline_ns) = self.schedule_for(staged.key.server);
         let mut a = Attempt::new(staged.key, staged.isn, self.cfg.attempts, staged.at_ns, interval_ns, staged.at_ns + deadline_ns);
-        if !a.keep_copy(frame, info.l3) {
+        if !a.keep_copy(frame, info.l3, staged.data_len) {
             self.stats.untracked += 1;
             return;
         }
@@ -333,15 +407,14 @@ impl SynAccel {
     }
 
     /// A segment leaving towards a caller, translated back to its own
-    /// addresses: the server's SYN-ACK or RST ends the attempt.
+    /// addresses: the server's answer, or a simultaneous open, ends the
+    /// attempt; an answer to the first SYN alone is a handshake time.
     fn on_server_segment(&mut self, frame: &[u8], info: &FrameInfo) {
         let Some(seg) = Segment::read(frame, info) else { return };
-        if !seg.is_answer() {
-            return;
-        }
         let key = Key { caller: info.dst, caller_port: seg.dst_port, server: info.src, server_port: seg.src_port };
-        if let Some((handshake_ns, first_syn_only)) = self.end_attempt(key, info.now_ns) {
-            self.stats.answered += 1;
+        let Some((answer, handshake_ns, first_syn_only)) = self.end_attempt(key, info.now_ns, |a| seg.answers(a)) else { return };
+        self.stats.answered += 1;
+        if answer == Answer::Server {
             self.stats.handshake.observe(handshake_ns);
             // Karn's rule: once a copy went out, an answer may be to either SYN.
             if first_syn_only {
@@ -350,19 +423,30 @@ impl SynAccel {
         }
     }
 
-    /// Ends a live attempt at `now_ns`; its record stays, answered, until
-    /// its timer fires, and what fell due by then (a copy, or the reset
-    /// once the deadline has passed) is still sent. Returns, for an attempt
-    /// ended before its deadline, how long it waited and whether only the
-    /// first SYN had gone out.
-    fn end_attempt(&mut self, key: Key, now_ns: u64) -> Option<(u64, bool)> {
+    /// An ICMP error leaving towards a caller about its tracked SYN, after
+    /// which its stack gives up the connection: nothing more is sent for it.
+    fn on_icmp_error(&mut self, frame: &[u8], info: &FrameInfo) {
+        let Some((key, seq)) = icmp_error_about(frame, info) else { return };
+        if self.end_attempt(key, info.now_ns, |a| (a.isn == seq).then_some(Answer::Other)).is_some() {
+            self.stats.answered += 1;
+        }
+    }
+
+    /// Ends the live attempt of `key` at `now_ns` if `ends` says what ends
+    /// it; its record stays, answered, until its timer fires, and what fell
+    /// due by then (a copy, or the reset once the deadline has passed) is
+    /// still sent. Returns, for an attempt ended before its deadline, what
+    /// ended it, how long it waited and whether only the first SYN had
+    /// gone out.
+    fn end_attempt(&mut self, key: Key, now_ns: u64, ends: impl FnOnce(&Attempt) -> Option<Answer>) -> Option<(Answer, u64, bool)> {
         let id = self.attempts.find(&key)?;
         let a = self.attempts.get(id);
         if a.state != State::Live {
             return None;
         }
+        let answer = ends(a)?;
         let in_time = now_ns < a.deadline_ns;
-        let ended = (now_ns.saturating_sub(a.first_ns), a.first_syn_only(now_ns));
+        let ended = (answer, now_ns.saturating_sub(a.first_ns), a.first_syn_only(now_ns));
         self.attempts.answer(id, now_ns);
         in_time.then_some(ended)
     }
@@ -371,7 +455,7 @@ impl SynAccel {
     fn schedule_for(&self, server: u32) -> (u64, u64) {
         let interval = match self.cfg.interval {
             Interval::Fixed { ns } => ns,
-            Interval::Learned => self.learned.get(server).map_or(SynAccelConfig::DEFAULT_INTERVAL_NS, |h| (h * 3 / 2).max(SynAccelConfig::MIN_LEARNED_INTERVAL_NS)),
+            Interval::Learned => self.learned.interval(server).unwrap_or(SynAccelConfig::DEFAULT_INTERVAL_NS),
         };
         let deadline = match self.cfg.deadline {
             Deadline::Fixed { ns } => ns,
@@ -410,7 +494,7 @@ impl SynAccel {
         loop {
             let a = self.attempts.get_mut(id);
             let owed = matches!(a.state, State::Live | State::Answered) && a.due_ns <= a.answered_ns;
-            let next = match (owed, a.due_ns < a.deadline_ns) {
+            let next = match (owed, a.copies_left()) {
                 (true, true) => {
                     out.send_copy(Side::Outside, a.due_ns, a.copy());
                     a.sent += 1;
@@ -419,6 +503,7 @@ impl SynAccel {
                     a.due_ns
                 }
                 (true, false) if a.state == State::Live => {
+                    self.learned.back_off(a.key.server);
                     let at = a.deadline_ns;
                     out.send_built(Side::Inside, at, |buf, ident| reset::refusal(buf, a, ident));
                     a.due_ns = at + REFUSED_GRACE_NS;
@@ -452,10 +537,10 @@ impl Middlebox for SynAccel {
         Point::Both
     }
 
-    /// SYNs (the callers' and the servers' SYN-ACKs) and RSTs only:
+    /// SYNs (the callers' and the servers' SYN-ACKs), RSTs and ICMP only:
     /// established traffic keeps NAPT44's fast path.
     fn interest(&self) -> Interest {
-        Interest::tcp(tcp::flags::SYN | tcp::flags::RST)
+        Interest::tcp(tcp::flags::SYN | tcp::flags::RST).with_protocol(natrix_wire::proto::ICMP)
     }
 
     fn on_frame(&mut self, frame: &mut [u8], info: &FrameInfo) -> HookVerdict {
@@ -466,6 +551,7 @@ impl Middlebox for SynAccel {
             }
             (Point::BeforeTranslation, Side::Outside) => self.staged = None,
             (_, Side::Outside) => self.keep_forwarded(frame, info),
+            (_, Side::Inside) if info.proto == natrix_wire::proto::ICMP => self.on_icmp_error(frame, info),
             (_, Side::Inside) => self.on_server_segment(frame, info),
         }
         HookVerdict::Continue
