@@ -23,6 +23,7 @@ Written from the seed and the contract, not from natrix's source:
 import json
 import socket
 
+import pytest
 from scapy.all import defragment, fragment
 from scapy.layers.inet6 import IPv6
 
@@ -364,6 +365,32 @@ def test_figure_6_enabled_in_the_syn_echo_removed_boucadair_in_the_first_ack(rep
     assert rep["host_id"]["echoes_removed"] == 1 and rep["host_id"]["acks_injected"] == 1
 
 
+@pytest.mark.parametrize("mss,data,inserted", [(1000, 988, True), (1000, 989, False), (None, 524, True), (None, 525, False)])
+def test_a_first_ack_with_data_grows_only_within_the_servers_mss(replay, mss, data, inserted):
+    """RFC 6691 section 2: a sender "MUST reduce the TCP data length to
+    account for any IP or TCP options that it is including": a first ACK
+    carrying data (a client with a write pending piggybacks it) gets
+    BOUCADAIR (12 bytes with its padding) only while data and options stay
+    within the MSS the server announced in its SYN-ACK (536 when it
+    announced none, RFC 9293 section 3.7.1); otherwise it passes as it is,
+    counted as no_room."""
+    first, _ = replay(config(ACK_MODE), [(T0, "inside", syn())])
+    out = syn_out(first)
+    echo = ([("MSS", mss)] if mss else []) + [(ENABLED, b""), ("NOP", None), ("NOP", None)]
+    frames = [(T0, "inside", syn()), (T0 + 0.01, "outside", syn_ack(out[IP].src, out[TCP].sport, echo)),
+              (T0 + 0.02, "inside", client_ack(payload=b"d" * data))]
+    outs, rep = replay(config(ACK_MODE), frames)
+    ack = one(outs, "outside", lambda p: h.is_tcp(p) and p[TCP].flags == "PA", "first ACK").pkt
+    assert h.l4_data(ack) == b"d" * data
+    if inserted:
+        assert_inserted_after(ack, b"", boucadair_bytes(2, SPORT.to_bytes(2, "big") + ip4(SUB_A)))
+        assert len(bytes(ack[TCP])) - 20 <= (mss or 536), "data and options within the MSS"
+        assert rep["host_id"]["acks_injected"] == 1 and rep["host_id"]["no_room"] == 0
+    else:
+        assert host_id_options(ack) == [] and len(bytes(ack[TCP])) == 20 + data
+        assert rep["host_id"]["acks_injected"] == 0 and rep["host_id"]["no_room"] == 1
+
+
 def test_ack_mode_without_an_echo_sends_no_boucadair(replay):
     first, _ = replay(config(ACK_MODE), [(T0, "inside", syn())])
     out = syn_out(first)
@@ -415,10 +442,10 @@ def test_ack_mode_never_puts_boucadair_in_the_syn(replay):
 # ---------------------------------------------------------------------------
 
 
-def inbound_syn(options, src="192.0.2.50", sport=40000, flags="S"):
+def inbound_syn(options, src="192.0.2.50", sport=40000, flags="S", payload=b""):
     """A SYN from the internet (arriving outside) to a server behind natrix."""
-    return (h.eth_out() / IP(src=src, dst=SUB_A, ttl=64, id=3)
-            / TCP(sport=sport, dport=80, flags=flags, seq=ISN, window=64240, options=options))
+    return (h.eth_out() / IP(src=src, dst=SUB_A, ttl=64, id=sport)
+            / TCP(sport=sport, dport=80, flags=flags, seq=ISN, window=64240, options=options) / payload)
 
 
 def test_drop_a_wing_range_others_pass(replay):
@@ -430,6 +457,30 @@ def test_drop_a_wing_range_others_pass(replay):
     assert passed == [40000, 40004]
     assert rep["drops"] == {"host_id_policy": 3}
     assert rep["host_id"]["rules"] == [{"option": "wing", "action": "drop", "matched": 3}]
+
+
+def test_a_syn_whose_header_is_split_across_fragments_cannot_evade_the_rules(replay):
+    """RFC 1858's tiny fragments: in a bump in the wire (no translation), a
+    SYN whose first fragment stops inside its TCP header (here after 24 of
+    its 28 header bytes, its WING in the next fragment) would reach the
+    server without any rule having seen its options. It is dropped
+    (fragment_too_small), as NAPT44 drops it; a first fragment holding the
+    whole header is judged as a whole SYN (a matching WING dropped by the
+    rule, another value passed)."""
+    rules = [{"option": "wing", "value": "1000-2000", "action": "drop"}]
+    bad = inbound_syn([("MSS", 1460), (WING, (1500).to_bytes(2, "big"))], sport=41000)
+    first, later = fragment(bad[IP], fragsize=24)
+    assert len(bytes(first[IP].payload)) == 24 and first[IP].flags.MF, "the first fragment ends inside the 28-byte TCP header"
+    whole_head = [inbound_syn([(WING, v.to_bytes(2, "big"))], sport=41001 + i, payload=b"y" * 40)[IP] for i, v in enumerate((1500, 3000))]
+    frames = [(T0, "outside", h.eth_out() / first), (T0 + 0.01, "outside", h.eth_out() / later)]
+    for i, d in enumerate(whole_head):
+        for j, f in enumerate(fragment(d, fragsize=32)):
+            frames.append((T0 + 1 + i + j * 0.01, "outside", h.eth_out() / f))
+    outs, rep = replay(config(rules=rules, mode_off=True), frames)
+    inside = [o.pkt for o in outs if o.side == "inside" and IP in o.pkt]
+    firsts = [p for p in inside if p[IP].frag == 0]
+    assert [p[TCP].sport for p in firsts] == [41002], [p.summary() for p in inside]
+    assert rep["drops"].get("fragment_too_small") == 1 and rep["drops"].get("host_id_policy") == 1, rep["drops"]
 
 
 def test_strip_any_leaves_nops_of_the_same_length(replay):

@@ -185,7 +185,8 @@ def test_a_bare_syn_from_the_server_ends_tracking(replay):
     syn = one(outs, "inside", lambda p: h.is_tcp(p) and p[TCP].flags == "S", "the server's SYN")
     assert (syn.pkt[IP].src, syn.pkt[TCP].sport, syn.pkt[IP].dst, syn.pkt[TCP].dport, syn.pkt[TCP].seq) == (
         SRV1, SIP, SUB_A, 40000, 777000)
-    assert report["syn_accel"]["resets"] == 0 and report["syn_accel"]["retransmits"] == 1, report["syn_accel"]
+    acc = report["syn_accel"]
+    assert (acc["resets"], acc["retransmits"], acc["answered"]) == (0, 1, 1), acc
 
 
 # ---------------------------------------------------------------------------
@@ -209,20 +210,19 @@ def _icmp_about(outs, src, icmp_type, code, quote_len=28, seq=None):
 
 
 @pytest.mark.parametrize("src,icmp_type,code,quote_len", [
-    (ROUTER, 3, 0, 28),     # net unreachable, RFC 792 minimum quote
-    (ROUTER, 3, 1, 28),     # host unreachable
     (SRV1, 3, 3, None),     # port unreachable, whole SYN quoted
+    (SRV1, 3, 2, 28),       # protocol unreachable, RFC 792 minimum quote
     (ROUTER, 3, 13, 28),    # communication administratively prohibited (RFC 1812)
-    (ROUTER, 11, 0, None),  # time exceeded in transit
 ])
-def test_an_icmp_error_about_the_forwarded_syn_ends_tracking(replay, src, icmp_type, code, quote_len):
+def test_a_hard_icmp_error_about_the_forwarded_syn_ends_tracking(replay, src, icmp_type, code, quote_len):
     """Seed 003 section 1: on "host/port unreachable ICMP messages" the
-    caller "aborts the waiting state" (RFC 1122 section 4.2.3.9, RFC 5461:
-    a TCP in SYN-SENT may abort on such an error); so does natrix: an
-    unreachable (not code 4) or time exceeded whose quoted packet is the SYN
-    as natrix forwarded it (translated source address and port, the server,
-    the ISN) ends tracking: no copy after it, no reset. The error itself
-    reaches the caller translated back (RFC 5508 REQ-3)."""
+    caller "aborts the waiting state"; RFC 1122 section 4.2.3.9 makes
+    protocol and port unreachable hard errors a TCP acts on, and every
+    stack gives up on an administrative prohibition (RFC 1812). So does
+    natrix: such an error whose quoted packet is the SYN as natrix
+    forwarded it (translated source address and port, the server, the ISN)
+    ends tracking: no copy after it, no reset, counted as answered. The
+    error itself reaches the caller translated back (RFC 5508 REQ-3)."""
     s, ext, port = started(replay)
     s.add(T0 + 0.7, "outside", _icmp_about(s.run()[0], src, icmp_type, code, quote_len))
     outs, report = s.run()
@@ -235,7 +235,25 @@ def test_an_icmp_error_about_the_forwarded_syn_ends_tracking(replay, src, icmp_t
     assert (e.pkt[IP].src, e.pkt[IP].dst) == (src, SUB_A)
     assert (emb.src, emb.sport, emb.dst, emb.dport) == (SUB_A, 40000, SRV1, SIP)
     assert struct.unpack("!I", emb.l4[4:8])[0] == ISN
-    assert report["syn_accel"]["resets"] == 0 and report["syn_accel"]["retransmits"] == 1, report["syn_accel"]
+    acc = report["syn_accel"]
+    assert (acc["resets"], acc["retransmits"], acc["answered"]) == (0, 1, 1), acc
+
+
+@pytest.mark.parametrize("icmp_type,code", [(3, 0), (3, 1), (3, 5), (11, 0)])
+def test_a_soft_icmp_error_leaves_the_attempt_running(replay, icmp_type, code):
+    """RFC 1122 section 4.2.3.9 (restated in RFC 9293 section 3.9): network
+    and host unreachable, source route failed and time exceeded are soft
+    errors a TCP "MUST NOT" abort on; a caller that follows it keeps
+    retrying, so natrix keeps its schedule and its reset at the deadline
+    (a caller that gave up, as Linux does, has no socket left for the
+    reset to reach). The error itself reaches the caller."""
+    s, ext, port = started(replay)
+    s.add(T0 + 0.7, "outside", _icmp_about(s.run()[0], ROUTER, icmp_type, code, 28))
+    outs, report = s.run()
+    e = one(outs, "inside", h.is_icmp_error, "the ICMP error, translated back")
+    assert h.icmp_info(e.pkt)[:2] == (icmp_type, code) and e.pkt[IP].dst == SUB_A
+    assert_goes_on(outs)
+    assert report["syn_accel"]["resets"] == 1 and report["syn_accel"]["answered"] == 0, report["syn_accel"]
 
 
 def test_fragmentation_needed_does_not_end_tracking(replay):
@@ -298,34 +316,29 @@ def test_the_callers_rst_with_another_seq_leaves_the_attempt_running(replay, seq
 
 
 # ---------------------------------------------------------------------------
-# E. The caller's retransmissions once natrix's schedule is over
+# E. The caller's retransmissions (CONTRACTS.md: absorbed)
 # ---------------------------------------------------------------------------
 
 
-def test_retransmissions_after_natrixs_last_copy_are_forwarded(replay):
-    """Seed 003 section 4.2.3 ignores the caller's repeated SYN because the
-    hacker is sending copies of its own; once natrix's schedule is over
-    (attempts x interval after the first SYN), swallowing the caller's
-    retransmissions would leave the server no SYN at all until a deadline
-    set far past it. attempts = 2, deadline 30 s: SYNs at 0
-    and 0.5 s, the caller's retransmissions at 1, 3 and 7 s (Linux's
-    backoff) are forwarded, and a SYN-ACK at 7.1 s (answering the 7 s one)
-    reaches the caller; no reset is ever sent."""
+def test_retransmissions_after_natrixs_last_copy_are_still_absorbed_and_check_config_warns(replay, natrix, tmp_path):
+    """CONTRACTS.md: the caller's own retransmissions of a tracked attempt
+    are absorbed (seed 003 section 4.2.3: "should be ignored"), also after
+    natrix's last copy: with attempts = 2 and a deadline of 30 s, the SYNs
+    at 0 and 0.5 s are all the server gets, the caller's at 1, 3 and 7 s are
+    dropped as syn_absorbed, and the reset comes at 30 s. Such a deadline,
+    past the schedule, is accepted by check-config with a warning that
+    names the gap."""
     cfg = config({**ACCEL, "attempts": 2, "interval": "500ms", "deadline": "30s"})
     s, ext, port = started(replay, cfg)
     for t in (1.0, 3.0, 7.0):
         s.add(T0 + t, "inside", caller_syn())
-    s.add(T0 + 7.1, "outside", h.tcp_in(SRV1, SIP, ext, port, "SA", seq=56896001, ack=ISN + 1))
     outs, report = s.run()
-    out = syns(outs)
-    assert times(out) == [0.0, 0.5, 1.0, 3.0, 7.0], h.dump(outs)
-    for o in out[2:]:
-        assert (o.pkt[IP].src, o.pkt[TCP].sport) == (ext, port), "same mapping"
-    sa = one(outs, "inside", lambda p: h.is_tcp(p) and p[TCP].flags == "SA", "SYN-ACK")
-    assert abs(sa.ts - (T0 + 7.1)) < 1e-6 and sa.pkt[TCP].ack == ISN + 1
-    none_of(outs, "inside", is_rst, "reset")
-    assert "syn_absorbed" not in report["drops"], report["drops"]
-    assert report["syn_accel"]["resets"] == 0 and report["syn_accel"]["retransmits"] == 1, report["syn_accel"]
+    assert_goes_on(outs, schedule=[0.0, 0.5], deadline=30.0)
+    assert report["drops"] == {"syn_absorbed": 3}, report["drops"]
+    p = tmp_path / "c.toml"
+    p.write_text(cfg)
+    proc = natrix("check-config", str(p))
+    assert proc.returncode == 0 and "syn_accel.deadline" in h.proc_text(proc) and "absorbed" in h.proc_text(proc), h.proc_text(proc)
 
 
 def test_with_the_defaults_every_retransmission_before_the_deadline_is_absorbed(replay):
@@ -457,26 +470,31 @@ def test_rtt_a_reset_doubles_the_next_interval_so_a_slower_path_is_not_locked_ou
     assert report["syn_accel"]["resets"] == 1, report["syn_accel"]
 
 
-def test_rtt_a_valid_sample_brings_the_interval_back_to_the_smoothed_time(replay):
+def test_rtt_a_valid_sample_undoes_the_backoff_as_far_as_it_covers_the_sample(replay):
     """Learned 20 ms (interval 30 ms); an unanswered connection is reset at
     120 ms, so the next uses 60 ms. That one is answered at 52 ms, before
     its first copy (due at 60 ms): a valid sample (Karn's rule), smoothed
-    as RFC 6298 section 2.3 with gain 1/8: 20 + (52 - 20)/8 = 24 ms. The
-    following connection uses 1.5 x 24 = 36 ms: SYNs at 0, 36, 72, 108 ms
-    and the reset at 144 ms - neither the backed-off 60 ms nor the old 30."""
+    as RFC 6298 section 2.3 with gain 1/8: 20 + (52 - 20)/8 = 24 ms, 1.5 x
+    that = 36 ms, which does not cover 1.5 x 52 = 78 ms: the doubling stays
+    (72 ms: SYNs at 0, 72, 144, 216 ms, the reset at 288 ms, which doubles
+    it again). A further answer at 20 ms (srtt 23.5 ms) is covered by 1.5 x
+    the average: the connection after it uses 35.25 ms, not doubled."""
     s = h.Scenario(replay, _rtt_config())
     _conn(s, T0, 42000, 100000, answer_at=0.020)
     _conn(s, T0 + 10, 42001, 200000)
     _conn(s, T0 + 20, 42002, 300000, answer_at=0.052)
     _conn(s, T0 + 30, 42003, 400000)
+    _conn(s, T0 + 40, 42004, 500000, answer_at=0.020)
+    _conn(s, T0 + 50, 42005, 600000)
     outs, report = s.run()
     assert times(syns(outs, 200000), T0 + 10) == [0.0, 0.03, 0.06, 0.09], h.dump(outs)
     assert round(one(outs, "inside", natrix_reset(200000, 42001)).ts - T0 - 10, 6) == 0.12
     assert times(syns(outs, 300000), T0 + 20) == [0.0], "answered before its first copy (60 ms)\n" + h.dump(outs)
     none_of(outs, "inside", natrix_reset(300000, 42002), "reset of the answered connection")
-    assert times(syns(outs, 400000), T0 + 30) == [0.0, 0.036, 0.072, 0.108], h.dump(outs)
-    assert round(one(outs, "inside", natrix_reset(400000, 42003)).ts - T0 - 30, 6) == 0.144
-    assert report["syn_accel"]["resets"] == 2, report["syn_accel"]
+    assert times(syns(outs, 400000), T0 + 30) == [0.0, 0.072, 0.144, 0.216], h.dump(outs)
+    assert round(one(outs, "inside", natrix_reset(400000, 42003)).ts - T0 - 30, 6) == 0.288
+    assert times(syns(outs, 600000), T0 + 50) == [0.0, 0.03525, 0.0705, 0.10575], h.dump(outs)
+    assert report["syn_accel"]["resets"] == 3, report["syn_accel"]
 
 
 def test_rtt_backoff_doubles_on_each_reset_up_to_500ms_or_one_and_a_half_learned(replay):

@@ -62,7 +62,7 @@ drop_reasons! {
     NotSubscriber => "not_subscriber", "deterministic mode: source address (or softwire B4) outside nat.subscribers";
     FragmentTimeout => "fragment_timeout", "fragment whose first fragment never arrived";
     FragmentBufferFull => "fragment_buffer_full", "out-of-order fragment pushed out of its full buffer, or larger than the buffer";
-    FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports";
+    FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports (TCP: its whole header)";
     SynAbsorbed => "syn_absorbed", "a caller's own SYN retransmission for a connection attempt the SYN accelerator is retransmitting (seed 003)";
     HostIdPolicy => "host_id_policy", "a SYN (or, in ACK mode, a first ACK) whose HOST_ID option matched a [[host_id.rule]] with action = \"drop\" (seed 000 section 8.5)";
     DsliteWrongAftr => "dslite_wrong_aftr", "IPv4-in-IPv6 on the inside addressed to another address than dslite.aftr";

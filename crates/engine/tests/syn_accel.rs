@@ -262,11 +262,12 @@ fn a_reset_whose_checksum_sum_carries_is_right() {
     assert_eq!(must_decode(&resets[0].2).tcp().acknowledgment_number, isn.wrapping_add(1), "decoded with its checksum verified");
 }
 
-/// A SYN with data (TCP Fast Open) takes sequence numbers past its own:
-/// the reset acknowledges all of them (RFC 9293 section 3.10.7.1: SEG.SEQ
-/// plus SEG.LEN), and a SYN-ACK acknowledging the SYN alone (a server that
-/// refused the cookie) or the data too ends tracking; one acknowledging
-/// past them (another attempt's) does not.
+/// A SYN with data (TCP Fast Open) takes sequence numbers past its own: a
+/// SYN-ACK acknowledging the SYN alone (a server that refused the cookie)
+/// or the data too ends tracking, as its caller accepts either (RFC 9293
+/// section 3.10.7.3); one acknowledging past them (another attempt's) does
+/// not. The reset acknowledges the SYN (CONTRACTS.md: ISN + 1), which the
+/// caller accepts for the same reason.
 #[test]
 fn a_syn_with_data_is_acknowledged_by_the_syn_or_its_data() {
     let data = b"GET / HTTP/1.0\r\n";
@@ -283,7 +284,7 @@ fn a_syn_with_data_is_acknowledged_by_the_syn_or_its_data() {
         if ends {
             assert!(sent.is_empty(), "ack {ack}: the attempt ended, nothing more: {sent:?}");
         } else {
-            assert_eq!(resets, [end], "ack {ack} is no answer: the reset still comes, acknowledging the data too");
+            assert_eq!(resets, [ISN + 1], "ack {ack} is no answer: the reset still comes");
             assert_eq!(sent.len(), 4, "3 copies and the reset");
         }
     }

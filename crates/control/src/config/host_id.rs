@@ -16,7 +16,7 @@ pub(super) fn parse(root: &mut Section, warnings: &mut Vec<String>) -> Result<Op
     let boucadair = parse_boucadair(&mut s)?;
     let lifetime = s.integer("lifetime", 0, u32::from(HostIdConfig::MAX_LIFETIME))?.unwrap_or(0) as u8;
     let enabled = s.boolean("enabled")?.unwrap_or(false);
-    let kinds = parse_kinds(&mut s)?;
+    let kinds = parse_kinds(&mut s, warnings)?;
     let rules = parse_rules(&mut s)?;
     s.finish()?;
     if mode == Mode::Ack && boucadair.is_none() {
@@ -56,8 +56,9 @@ fn parse_boucadair(s: &mut Section) -> Result<Option<Origin>, ConfigError> {
 }
 
 /// `kinds = { wing = 200, boucadair = 201, enabled = 202 }`: any kind but
-/// EOL (0) and NOP (1), each option its own.
-fn parse_kinds(s: &mut Section) -> Result<Kinds, ConfigError> {
+/// EOL (0) and NOP (1), each option its own; the shared experimental
+/// kinds with a warning.
+fn parse_kinds(s: &mut Section, warnings: &mut Vec<String>) -> Result<Kinds, ConfigError> {
     let mut k = Kinds::DEFAULT;
     let Some(mut t) = s.section("kinds")? else { return Ok(k) };
     k.wing = t.integer("wing", 2, 255)?.map_or(k.wing, |v| v as u8);
@@ -71,6 +72,11 @@ fn parse_kinds(s: &mut Section) -> Result<Kinds, ConfigError> {
         }
         if let Some(known) = well_known_kind(*kind) {
             return err(format!("host_id.kinds.{name}"), format!("kind {kind} is {known} (IANA): pick an unassigned kind"));
+        }
+        if matches!(kind, 253 | 254) {
+            warnings.push(format!(
+                "host_id.kinds.{name}: kind {kind} is shared by experiments that start their data with an experiment ID (RFC 6994), which HOST_ID options do not carry: a server may read the value as another experiment's (Linux reads kind 254 starting 0xF989 as TCP Fast Open)"
+            ));
         }
     }
     Ok(k)
@@ -175,6 +181,8 @@ mod tests {
         assert_eq!(h.kinds, Kinds { wing: 200, boucadair: 201, enabled: 202 });
         let k = host_id("mode = \"syn\"\nwing = true\nwing_data = \"port\"\nkinds = { wing = 253, boucadair = 254, enabled = 250 }\n").unwrap();
         assert_eq!((k.wing, k.kinds), (Some(WingData::Port), Kinds { wing: 253, boucadair: 254, enabled: 250 }));
+        let warned = Config::parse(&format!("{BASE}[host_id]\nmode = \"syn\"\nwing = true\nkinds = {{ wing = 254 }}\n")).unwrap().warnings;
+        assert!(warned.iter().any(|w| w.starts_with("host_id.kinds.wing: kind 254 is shared by experiments")), "{warned:?}");
     }
 
     #[test]

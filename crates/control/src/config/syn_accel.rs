@@ -21,8 +21,16 @@ pub(super) fn parse(root: &mut Section, warnings: &mut Vec<String>) -> Result<Op
     };
     s.finish()?;
     if let (Interval::Fixed { ns: every }, Deadline::Fixed { ns: by }) = (interval, deadline) {
+        let schedule = u64::from(attempts) * every;
         if attempts > 1 && every >= by {
             warnings.push(format!("syn_accel.deadline: {} ms is not after the first interval ({} ms): no SYN will be retransmitted", by / MS, every / MS));
+        } else if by > schedule {
+            warnings.push(format!(
+                "syn_accel.deadline: {} ms is past the schedule's {} SYNs ({} ms): the caller's own retransmissions in between are absorbed, so the server gets no SYN after natrix's last",
+                by / MS,
+                attempts,
+                schedule / MS
+            ));
         }
     }
     Ok((!destinations.is_empty()).then_some(SynAccelConfig { destinations, interval, attempts, deadline }))
@@ -124,6 +132,13 @@ mod tests {
     fn router_mode_takes_it_too() {
         let c = Config::parse("[nat]\nmode = \"off\"\n[syn_accel]\ndestinations = [\"198.51.100.0/24:5060\"]\n").unwrap();
         assert!(c.engine.syn_accel.is_some() && !c.engine.translate);
+    }
+
+    #[test]
+    fn a_deadline_past_the_schedule_is_accepted_with_a_warning() {
+        let warned = |extra: &str| Config::parse(&format!("{BASE}[syn_accel]\ndestinations = [\"198.51.100.0/24\"]\n{extra}")).unwrap().warnings;
+        assert!(warned("attempts = 2\ndeadline = \"30s\"\n").iter().any(|w| w.contains("past the schedule's 2 SYNs (1000 ms)")));
+        assert!(warned("").is_empty(), "the defaults end their schedule at the deadline");
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub struct Waiting {
     /// Whether the server echoed ENABLED (and natrix removed it): the first
     /// ACK takes HOST_ID_BOUCADAIR.
     pub echoed: bool,
+    /// The MSS the server announced in its SYN-ACK: the most data and TCP
+    /// options together a segment to it may carry (RFC 6691 section 2).
+    pub mss: u16,
 }
 
 pub struct Echoed {
@@ -47,10 +50,11 @@ impl Echoed {
         Echoed { seen: HashMap::new(), capacity: capacity.max(1), next_sweep_ns: 0 }
     }
 
-    /// Remembers that `c`'s SYN-ACK passed at `now_ns`, its server having
-    /// `echoed` ENABLED or not (a retransmitted SYN-ACK keeps an echo seen
-    /// before); false when the table is full even of connections still waiting.
-    pub fn remember(&mut self, c: Connection, now_ns: u64, echoed: bool) -> bool {
+    /// Remembers that `c`'s SYN-ACK passed at `now_ns` announcing `mss`,
+    /// its server having `echoed` ENABLED or not (a retransmitted SYN-ACK
+    /// keeps an echo seen before); false when the table is full even of
+    /// connections still waiting.
+    pub fn remember(&mut self, c: Connection, now_ns: u64, echoed: bool, mss: u16) -> bool {
         if self.seen.len() >= self.capacity && !self.seen.contains_key(&c) {
             if now_ns >= self.next_sweep_ns {
                 self.next_sweep_ns = now_ns + NS;
@@ -60,8 +64,8 @@ impl Echoed {
                 return false;
             }
         }
-        let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed });
-        *w = Waiting { at_ns: now_ns, echoed: echoed || w.echoed };
+        let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed, mss });
+        *w = Waiting { at_ns: now_ns, echoed: echoed || w.echoed, mss };
         true
     }
 
@@ -95,27 +99,27 @@ mod tests {
     #[test]
     fn a_syn_ack_is_taken_once_and_only_while_fresh() {
         let mut e = Echoed::new(4);
-        assert!(e.remember(conn(1), 0, true));
+        assert!(e.remember(conn(1), 0, true, 536));
         assert_eq!(echoed(e.take(&conn(2), 1)), None, "another connection's SYN-ACK never passed");
         assert_eq!(echoed(e.take(&conn(1), 1)), Some(true));
         assert_eq!(echoed(e.take(&conn(1), 2)), None, "the first ACK takes it; later ACKs do not");
-        assert!(e.remember(conn(3), 0, false));
+        assert!(e.remember(conn(3), 0, false, 536));
         assert_eq!(echoed(e.take(&conn(3), WAIT_NS)), None, "a client that never answered");
     }
 
     #[test]
     fn a_retransmitted_syn_ack_keeps_the_echo() {
         let mut e = Echoed::new(4);
-        assert!(e.remember(conn(1), 0, true) && e.remember(conn(1), 1, false));
+        assert!(e.remember(conn(1), 0, true, 536) && e.remember(conn(1), 1, false, 536));
         assert_eq!(echoed(e.take(&conn(1), 2)), Some(true));
     }
 
     #[test]
     fn the_table_is_bounded_and_makes_room_from_stale_entries() {
         let mut e = Echoed::new(2);
-        assert!(e.remember(conn(1), 0, true) && e.remember(conn(2), 0, false));
-        assert!(!e.remember(conn(3), 1, true), "full of fresh entries");
-        assert!(e.remember(conn(3), WAIT_NS + 1, true), "stale ones make room");
+        assert!(e.remember(conn(1), 0, true, 536) && e.remember(conn(2), 0, false, 536));
+        assert!(!e.remember(conn(3), 1, true, 536), "full of fresh entries");
+        assert!(e.remember(conn(3), WAIT_NS + 1, true, 536), "stale ones make room");
         assert_eq!(echoed(e.take(&conn(3), WAIT_NS + 2)), Some(true));
     }
 
@@ -124,9 +128,9 @@ mod tests {
     #[test]
     fn a_full_table_is_swept_at_most_once_a_second() {
         let mut e = Echoed::new(2);
-        assert!(e.remember(conn(1), 0, true) && e.remember(conn(2), 0, false));
-        assert!(!e.remember(conn(3), WAIT_NS - 1, true), "swept, nothing stale yet");
-        assert!(!e.remember(conn(3), WAIT_NS + 1, true), "stale now, but swept under a second ago");
-        assert!(e.remember(conn(3), WAIT_NS - 1 + NS, true), "the next sweep makes room");
+        assert!(e.remember(conn(1), 0, true, 536) && e.remember(conn(2), 0, false, 536));
+        assert!(!e.remember(conn(3), WAIT_NS - 1, true, 536), "swept, nothing stale yet");
+        assert!(!e.remember(conn(3), WAIT_NS + 1, true, 536), "stale now, but swept under a second ago");
+        assert!(e.remember(conn(3), WAIT_NS - 1 + NS, true, 536), "the next sweep makes room");
     }
 }

@@ -254,8 +254,9 @@ struct Staged {
     server: u32,
     server_port: u16,
     seq: u32,
-    /// ACK mode: the first ACK after the server echoed ENABLED.
-    first_ack: bool,
+    /// ACK mode: the first ACK after the server echoed ENABLED, with the
+    /// MSS the server announced.
+    first_ack: Option<u16>,
 }
 
 pub struct HostId {
@@ -267,7 +268,8 @@ pub struct HostId {
     /// The options `grow` inserts, decided by `on_frame`.
     pending: Wanted,
     /// Whether `pending` goes into an ACK mode first ACK.
-    pending_first_ack: bool,
+    /// `pending` goes into a first ACK to a server that announced this MSS.
+    pending_first_ack: Option<u16>,
     /// Where `pending` goes: the segment as `enforce` read it.
     pending_at: Layout,
 }
@@ -282,7 +284,7 @@ impl HostId {
             echoed: Echoed::new(echo_capacity),
             events: Vec::new(),
             pending: Wanted::default(),
-            pending_first_ack: false,
+            pending_first_ack: None,
             pending_at: Layout { tcp_at: 0, header_len: 0, options_end: 0, segment_end: 0 },
         }
     }
@@ -379,7 +381,7 @@ impl HostId {
 
     /// A subscriber's segment before translation: its own address and port,
     /// and in ACK mode whether it is the first ACK after an echo.
-    fn stage(&mut self, info: &FrameInfo, seg: &Segment, first_ack: bool) {
+    fn stage(&mut self, info: &FrameInfo, seg: &Segment, first_ack: Option<u16>) {
         // A softwire host is its B4 and its own inner address, not the stand-in.
         let subscriber = match info.softwire {
             Some(h) => Subscriber { addr: h.inner, port: seg.src_port, b4: Some(h.b4) },
@@ -397,7 +399,7 @@ impl HostId {
         }
         if seg.is_opening_syn() {
             self.want_syn_options(st.subscriber);
-        } else if st.first_ack {
+        } else if st.first_ack.is_some() {
             self.want_first_ack_options(st.subscriber);
         } else if self.cfg.mode == Mode::Ack && seg.has_options() {
             // Any other client segment: HOST_ID a host wrote itself goes.
@@ -412,7 +414,7 @@ impl HostId {
     /// `pending` went in.
     fn count_inserted(&mut self) {
         self.stats.injected += 1;
-        if self.pending_first_ack {
+        if self.pending_first_ack.is_some() {
             self.stats.acks_injected += 1;
         }
     }
@@ -476,7 +478,7 @@ impl HostId {
         // The scan's end: corrections and NOPs in place never move it.
         let Some(end) = scan.options_end() else { return HookVerdict::Continue };
         let padded = (end + pending_len).next_multiple_of(4);
-        if padded > tcp::MIN_HEADER_LEN + tcp_options::MAX_LEN || !fits_the_link(frame, info, padded.saturating_sub(hl)) {
+        if padded > tcp::MIN_HEADER_LEN + tcp_options::MAX_LEN || !fits_the_link(frame, info, padded.saturating_sub(hl)) || !self.fits_the_peer(info, hl, padded) {
             self.stats.no_room += 1;
             return HookVerdict::Continue;
         }
@@ -493,6 +495,15 @@ impl HostId {
         }
     }
 
+    /// Whether a first ACK carrying data, its header grown to `padded`
+    /// bytes, keeps its data and options within the MSS the server
+    /// announced (RFC 6691 section 2: a sender reduces its data for its
+    /// options; the host did so for its own, not for natrix's).
+    fn fits_the_peer(&self, info: &FrameInfo, hl: usize, padded: usize) -> bool {
+        let data = info.l4_len.saturating_sub(hl);
+        self.pending_first_ack.is_none_or(|mss| data == 0 || data + padded - tcp::MIN_HEADER_LEN <= usize::from(mss))
+    }
+
     /// ACK mode: a SYN-ACK leaving by `side` towards its client. Towards a
     /// subscriber (inside) it loses its echo of ENABLED; the connection is
     /// remembered for its first ACK when the echo was there (BOUCADAIR goes
@@ -503,7 +514,7 @@ impl HostId {
             return;
         }
         let c = Connection { client: info.dst, client_port: seg.dst_port, server: info.src, server_port: seg.src_port };
-        if !self.echoed.remember(c, info.now_ns, echoed) {
+        if !self.echoed.remember(c, info.now_ns, echoed, announced_mss(frame, info, seg)) {
             self.stats.acks_untracked += 1;
         }
     }
@@ -522,6 +533,15 @@ impl HostId {
         self.stats.echoes_removed += 1;
         true
     }
+}
+
+/// The MSS a SYN-ACK announces: its MSS option, else RFC 9293 section
+/// 3.7.1's default for IPv4 (536).
+fn announced_mss(frame: &[u8], info: &FrameInfo, seg: &Segment) -> u16 {
+    const DEFAULT_MSS: u16 = 536;
+    let options = Options::new_checked(&frame[info.l4..info.l4 + seg.header_len]).ok();
+    let mss = options.and_then(|o| o.find(tcp_options::kind::MSS).ok().flatten().and_then(|m| m.data().try_into().ok()));
+    mss.map_or(DEFAULT_MSS, u16::from_be_bytes)
 }
 
 /// Overwrites each (offset, length) span of the TCP header at `tcp_at`
@@ -592,7 +612,7 @@ impl Middlebox for HostId {
                 let first_ack = self.take_first_ack(info, &seg);
                 let verdict = self.apply_policy(frame, info, &seg, first_ack.is_some());
                 if verdict == HookVerdict::Continue && side == Side::Inside && self.cfg.mode != Mode::Off {
-                    self.stage(info, &seg, first_ack.is_some_and(|w| w.echoed));
+                    self.stage(info, &seg, first_ack.filter(|w| w.echoed).map(|w| w.mss));
                 }
                 verdict
             }

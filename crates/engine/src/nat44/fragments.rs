@@ -173,14 +173,12 @@ impl Fragments {
     /// arriving on `side`: its own once that side holds its half in count
     /// or would pass it in bytes (or the other holds nothing), else the other's.
     fn victim_side(&self, side: Side, len: usize) -> Side {
-        let (own, other) = (side as usize, 1 - side as usize);
+        let own = side as usize;
         let at_half = self.held[own].len() * 2 >= self.max_held || (self.held_bytes[own] + len) * 2 > self.max_held_bytes;
-        if at_half || self.held[other].is_empty() {
+        if at_half || self.held[side.other() as usize].is_empty() {
             side
-        } else if side == Side::Inside {
-            Side::Outside
         } else {
-            Side::Inside
+            side.other()
         }
     }
 

@@ -947,6 +947,7 @@ impl Engine {
     /// The stages of an IPv4 frame, up to its verdict.
     fn ipv4_stages(&mut self, frame: &mut [u8], ip: &Ip, side: Side) -> Result<Option<Side>, DropReason> {
         let admitted = self.ipv4_local_and_admission(frame, ip, side)?;
+        self.refuse_tiny_tcp_fragment(frame, ip)?;
         self.router.check_ttl(frame, ip.l3, ip.ttl, side)?;
         self.router.check_mtu(frame, ip.l3, ip.total_len(), ip.dont_fragment, side)?;
         let mut len = frame.len();
@@ -955,6 +956,19 @@ impl Engine {
             (true, None) => e.nat.translate_outbound(frame, ip, &mut e.router),
             (true, Some(inbound)) => e.nat.translate_inbound(frame, ip, inbound, &mut e.router),
         })
+    }
+
+    /// A TCP first fragment too short for its TCP header (options
+    /// included) would pass the functions unseen, its flags and options in
+    /// the next fragment (RFC 1858's tiny fragments: a SYN evading the
+    /// HOST_ID rules of a bump in the wire): dropped wherever a function
+    /// looks at TCP, as NAPT44 drops it anyway.
+    fn refuse_tiny_tcp_fragment(&self, frame: &[u8], ip: &Ip) -> Result<(), DropReason> {
+        let tiny = || natrix_wire::tcp::Packet::new_checked(&frame[ip.l4..ip.l4 + ip.l4_len]).is_err();
+        if ip.first_frag && ip.proto == natrix_wire::proto::TCP && self.hooks.wants(ip.proto, 0xff) && tiny() {
+            return Err(DropReason::FragmentTooSmall);
+        }
+        Ok(())
     }
 
     /// The stages of an admitted IPv4 frame from the functions before

@@ -114,12 +114,6 @@ impl Attempt {
         self.sent == 1 && (self.due_ns > now_ns || self.due_ns >= self.deadline_ns)
     }
 
-    /// The sequence number after the SYN and its data: what acknowledges
-    /// all of it (RFC 9293's SND.NXT for the caller in SYN-SENT).
-    pub fn next_seq(&self) -> u32 {
-        self.isn.wrapping_add(1).wrapping_add(u32::from(self.data_len))
-    }
-
     /// Whether `n` is in the caller's sent sequence space past its ISN
     /// (SND.UNA < n =< SND.NXT, RFC 9293 section 3.10.7.3): an ACK of the
     /// SYN the caller accepts, or the sequence number of a RST the caller
@@ -131,15 +125,6 @@ impl Attempt {
     /// Whether a copy of natrix's own is still to go out.
     pub fn copies_left(&self) -> bool {
         self.due_ns < self.deadline_ns
-    }
-
-    /// Whether natrix's own schedule covers `now_ns`: before the deadline,
-    /// and before the time a SYN after its last would fall due (`attempts`
-    /// x the interval from the first). With the defaults that is the
-    /// deadline itself; a deadline set far past the schedule leaves the
-    /// caller's own retransmissions to go out after it.
-    pub fn schedule_covers(&self, now_ns: u64) -> bool {
-        now_ns < self.first_ns.saturating_add(u64::from(self.attempts) * self.interval_ns).min(self.deadline_ns)
     }
 
     pub fn l3(&self) -> usize {
@@ -375,9 +360,6 @@ mod tests {
         assert_eq!(short.next_due(), 500);
         short.sent = 2;
         assert_eq!(short.next_due(), 700, "no copy at or after the deadline");
-        assert!(a.schedule_covers(2_999) && !a.schedule_covers(3_000), "the defaults' shape: to the deadline");
-        let long = Attempt::new(key, 9, 2, 0, 500, 30_000);
-        assert!(long.schedule_covers(999) && !long.schedule_covers(1_000), "2 SYNs at 0 and 500: covered to 1000");
     }
 
     #[test]

@@ -10,10 +10,11 @@
 //! Karn's rule alone would lock a destination out once its path got
 //! slower: every answer then comes after a copy, so no sample is ever taken
 //! again, and every attempt is reset before its answer. As RFC 6298 section
-//! 5 does, each reset at a deadline doubles the destination's interval
-//! until a sample comes, up to the default interval (or the learned one
-//! where that is longer): never slower to give up than before anything was
-//! learned.
+//! 5 does, each reset at a deadline doubles the destination's interval, up
+//! to the default interval (or the learned one where that is longer): never
+//! slower to give up than before anything was learned. A sample keeps the
+//! doublings that still cover 1.5 times it, since the smoothed time moves
+//! only an eighth of the way to it (and never adds any).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -23,7 +24,7 @@ use super::{LearnedHandshake, SynAccelConfig};
 const MAX_DESTINATIONS: usize = 4096;
 
 /// Doublings of a destination's interval at most: 2^16 times the floor is
-/// past any default.
+/// past any default, and no shift overflows.
 const MAX_BACKOFF: u8 = 16;
 
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +56,16 @@ impl Hasher for AddressHasher {
     }
 }
 
+/// 1.5 times a handshake time, at least the floor.
+fn base_interval(handshake_ns: u64) -> u64 {
+    (handshake_ns * 3 / 2).max(SynAccelConfig::MIN_INTERVAL_NS)
+}
+
+/// The fewest doublings of `base` that reach `need`.
+fn doublings_to_cover(base: u64, need: u64) -> u8 {
+    (0..MAX_BACKOFF).find(|&k| base << k >= need).unwrap_or(MAX_BACKOFF)
+}
+
 #[derive(Default)]
 pub(super) struct Learned {
     by_destination: HashMap<u32, Smoothed, BuildHasherDefault<AddressHasher>>,
@@ -66,7 +77,11 @@ impl Learned {
             // srtt += (sample - srtt) / 8
             s.ns = (s.ns as i128 + (i128::from(ns) - s.ns as i128) / 8) as u64;
             s.samples = s.samples.saturating_add(1);
-            s.backoff = 0;
+            // The smoothed time moves an eighth of the way: a backed-off
+            // interval keeps the doublings that still cover 1.5 x this
+            // sample, so a path that became slower is not refused while
+            // the average catches up.
+            s.backoff = s.backoff.min(doublings_to_cover(base_interval(s.ns), ns * 3 / 2));
         } else if self.by_destination.len() < MAX_DESTINATIONS {
             self.by_destination.insert(destination, Smoothed { ns, samples: 1, backoff: 0 });
         }
@@ -89,7 +104,7 @@ impl Learned {
             return None;
         }
         let s = self.by_destination.get(&destination)?;
-        let base = (s.ns * 3 / 2).max(SynAccelConfig::MIN_INTERVAL_NS);
+        let base = base_interval(s.ns);
         Some((base << s.backoff).min(base.max(SynAccelConfig::DEFAULT_INTERVAL_NS)))
     }
 
@@ -140,7 +155,18 @@ mod tests {
             .collect();
         assert_eq!(doubled, [60, 120, 240, 480, 500, 500, 500]);
         l.sample(7, 20 * MS);
-        assert_eq!(l.interval(7), Some(30 * MS), "a sample ends the backoff");
+        assert_eq!(l.interval(7), Some(30 * MS), "a sample the smoothed time covers ends the backoff");
+        // Backed off again; a slower sample moves the average an eighth of
+        // the way (67.5 ms): 3 doublings of 101.25 ms still cover 1.5 x
+        // 400 ms, up to the default.
+        (0..4).for_each(|_| l.back_off(7));
+        l.sample(7, 400 * MS);
+        assert_eq!(l.interval(7), Some(500 * MS), "the backoff kept while the average catches up");
+        l.sample(7, 80 * MS);
+        assert_eq!(l.interval(7), Some(2 * 3 * (67_500_000 + (80 * MS - 67_500_000) / 8) / 2), "one doubling still needed for 120 ms");
+        l.sample(7, 60 * MS);
+        let average = l.all().iter().find(|h| h.destination == 7).unwrap().handshake_ns;
+        assert_eq!(l.interval(7), Some(average * 3 / 2), "covered again: 1.5 x the average");
         // A learned interval past the default is never doubled.
         l.sample(9, 400 * MS);
         l.back_off(9);

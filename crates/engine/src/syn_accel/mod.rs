@@ -3,12 +3,11 @@
 //! 30 to 90 its own stack would take, that the server is unreachable.
 //! natrix forwards the caller's first SYN at once, sends byte copies of it
 //! on its own fast schedule (`interval`, up to `attempts` SYNs in all),
-//! absorbs the caller's own retransmissions while its own schedule runs,
-//! and at `deadline` resets the caller as if the server had
+//! absorbs the caller's own retransmissions, and at `deadline` resets the caller as if the server had
 //! refused (RFC 9293 section 3.10.7.1). What the caller in SYN-SENT would
 //! act on ends tracking and passes through: the server's SYN-ACK or RST
 //! acknowledging the SYN, a SYN from the server (a simultaneous open), an
-//! ICMP error about the SYN that makes a stack give up, the caller's own
+//! ICMP error about the SYN that every stack gives up on, the caller's own
 //! RST; after the handshake the connection is never looked at again.
 //!
 //! ```text
@@ -180,7 +179,7 @@ pub struct SynAccelStats {
     pub retransmits: u64,
     /// Attempts ended before their deadline by an answer: a SYN-ACK or
     /// RST from the server, a simultaneous open, an ICMP error about the
-    /// SYN, a RST from the caller.
+    /// SYN (an attempt its caller gave up with a RST is not counted).
     pub answered: u64,
     /// RSTs natrix sent to callers at the deadline.
     pub resets: u64,
@@ -277,8 +276,8 @@ impl Segment {
 enum Answer {
     /// A SYN-ACK or RST: its time is a handshake time.
     Server,
-    /// A simultaneous open, or an ICMP error about the SYN that makes the
-    /// caller give up (a router's, or the server host's).
+    /// A simultaneous open, an ICMP error about the SYN that makes the
+    /// caller give up (a router's, or the server host's), the caller's RST.
     Other,
 }
 
@@ -289,18 +288,18 @@ fn is_fragment(frame: &[u8], l3: usize) -> bool {
     frame.get(l3 + 6..l3 + 8).is_some_and(|b| u16::from_be_bytes([b[0], b[1]]) & 0x3fff != 0)
 }
 
-/// An ICMP error about a SYN whose ICMP type makes a caller in SYN-SENT
-/// give up (Linux aborts the connection): destination unreachable other
-/// than "fragmentation needed" (which is about the path's MTU), or time
-/// exceeded. Returns the quoted segment's endpoints, as the caller sent
-/// it, and its sequence number.
+/// An ICMP error about a SYN that every stack in SYN-SENT gives up on: a
+/// destination unreachable of RFC 1122 section 4.2.3.9's hard kind
+/// (protocol or port unreachable) or an administrative prohibition (RFC
+/// 1812's codes 9, 10 and 13). The soft ones (network or host unreachable,
+/// time exceeded) a caller following RFC 1122 keeps retrying through, so
+/// the attempt goes on to its reset. Returns the quoted segment's
+/// endpoints, as the caller sent it, and its sequence number.
 fn icmp_error_about(frame: &[u8], info: &FrameInfo) -> Option<(Key, u32)> {
     const UNREACHABLE: u8 = 3;
-    const FRAGMENTATION_NEEDED: u8 = 4;
-    const TIME_EXCEEDED: u8 = 11;
+    const HARD: [u8; 5] = [2, 3, 9, 10, 13];
     let icmp = frame.get(info.l4..info.l4 + info.l4_len)?;
-    let (kind, code) = (*icmp.first()?, *icmp.get(1)?);
-    if !(kind == UNREACHABLE && code != FRAGMENTATION_NEEDED || kind == TIME_EXCEEDED) {
+    if *icmp.first()? != UNREACHABLE || !HARD.contains(icmp.get(1)?) {
         return None;
     }
     let quote = natrix_wire::ipv4::Packet::new_lax(icmp.get(8..)?).ok()?;
@@ -317,6 +316,9 @@ fn icmp_error_about(frame: &[u8], info: &FrameInfo) -> Option<(Key, u32)> {
 fn caller_key(frame: &[u8]) -> Option<Key> {
     const L3: usize = natrix_wire::ethernet::HEADER_LEN;
     let ip = natrix_wire::ipv4::Packet::new_lax(frame.get(L3..)?).ok()?;
+    if ip.protocol() != natrix_wire::proto::TCP {
+        return None;
+    }
     let l4 = L3 + ip.header_len();
     let ports = frame.get(l4..l4 + 4)?;
     Some(Key { caller: ip.src_addr(), server: ip.dst_addr(), caller_port: u16::from_be_bytes([ports[0], ports[1]]), server_port: u16::from_be_bytes([ports[2], ports[3]]) })
@@ -348,10 +350,8 @@ impl SynAccel {
 
     /// A segment from the caller, before translation: a retransmission of a
     /// tracked SYN is absorbed (seed 003 section 4.2.3: "should be
-    /// ignored") while natrix's own schedule covers it; past that, with a
-    /// deadline set further, the caller's own go out, so a server that
-    /// comes back before the deadline gets them; an opening SYN to a configured
-    /// destination is staged, to be kept as it leaves; the caller's own
+    /// ignored"); an opening SYN to a configured destination is staged, to
+    /// be kept as it leaves, unless it is a fragment; the caller's own
     /// RST, in its attempt's sequence space, ends its attempt.
     fn on_caller_segment(&mut self, frame: &[u8], info: &FrameInfo) -> HookVerdict {
         let Some(seg) = Segment::read(frame, info) else { return HookVerdict::Continue };
@@ -360,22 +360,22 @@ impl SynAccel {
             self.end_attempt(key, info.now_ns, |a| a.acknowledged_by(seg.seq).then_some(Answer::Other));
             return HookVerdict::Continue;
         }
-        if !seg.is_opening_syn() || !self.cfg.wants(key.server, key.server_port) || is_fragment(frame, info.l3) {
+        if !seg.is_opening_syn() || !self.cfg.wants(key.server, key.server_port) {
             return HookVerdict::Continue;
         }
         if let Some(id) = self.attempts.find(&key) {
             let a = self.attempts.get(id);
             match a.state {
-                State::Live if a.isn == seg.seq && a.schedule_covers(info.now_ns) => return HookVerdict::Drop(DropReason::SynAbsorbed),
-                State::Refused if a.isn == seg.seq => return HookVerdict::Drop(DropReason::SynAbsorbed),
-                // Its SYN-ACK is on its way, or natrix's schedule is over:
-                // the retransmission passes, and starts nothing.
-                State::Live | State::Answered if a.isn == seg.seq => return HookVerdict::Continue,
+                State::Live | State::Refused if a.isn == seg.seq => return HookVerdict::Drop(DropReason::SynAbsorbed),
+                // Its SYN-ACK is on its way: the crossing retransmission passes untracked.
+                State::Answered if a.isn == seg.seq => return HookVerdict::Continue,
                 // The same endpoints with a new ISN: a new attempt replaces the old.
                 _ => self.attempts.retire(id),
             }
         }
-        self.staged = Some(Staged { key, isn: seg.seq, data_len: seg.data_len, at_ns: info.now_ns });
+        if !is_fragment(frame, info.l3) {
+            self.staged = Some(Staged { key, isn: seg.seq, data_len: seg.data_len, at_ns: info.now_ns });
+        }
         HookVerdict::Continue
     }
 
