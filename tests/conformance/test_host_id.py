@@ -198,7 +198,7 @@ def test_a_fragmented_syn_cannot_pass_another_subscribers_host_id(replay):
     leaves carries a valid TCP checksum."""
     spoof = [("MSS", 1460), (WING, (0x000A).to_bytes(2, "big"))]
     whole = syn(options=spoof, src=SUB_B, sport=6000, payload=b"x" * 64)
-    first, later = fragment(whole[IP], fragsize=48)
+    first, later = fragment(whole[IP], fragsize=64)
     frames = [(T0, "inside", h.eth_in(SUB_B) / first), (T0 + 0.01, "inside", h.eth_in(SUB_B) / later)]
     outs, rep = replay(config({"mode": "syn", "wing": True}), frames)
     left = [o.pkt for o in outs if o.side == "outside" and IP in o.pkt]
@@ -404,30 +404,71 @@ def test_ack_mode_without_an_echo_sends_no_boucadair(replay):
 def test_ack_mode_rules_judge_the_first_ack_and_no_later_one(replay):
     """CONTRACTS.md: rules inspect SYNs and, in ACK mode, the first ACK (the
     one after the SYN-ACK, which carries BOUCADAIR in figure 6). A forbidden
-    WING in that ACK is dropped; the same WING in a later ACK is not judged
-    by the rules (it passes, the host's option overwritten with NOPs as ACK
-    mode does to HOST_ID a host writes outside the first ACK)."""
+    WING in that ACK is dropped, and the connection with it (seed 000
+    section 8.5: as a dropped SYN denies a connection): the client's next
+    segment, which would complete the handshake at the server (RFC 9293
+    section 3.10.7.4), is dropped too, until the client resets. The same
+    WING in a later ACK is not judged by the rules (it passes, the host's
+    option overwritten with NOPs as ACK mode does to HOST_ID a host writes
+    outside the first ACK)."""
     first, _ = replay(config(ACK_MODE), [(T0, "inside", syn())])
     out = syn_out(first)
     forbidden = [(WING, b"\x0b\xad"), ("NOP", None), ("NOP", None)]
     cfg = config(ACK_MODE, rules=[{"option": "wing", "value": "0x0bad", "action": "drop"}])
 
-    def run(first_ack_options, later_ack_options):
+    def run(first_ack_options, later_ack_options, then=()):
         frames = [(T0, "inside", syn()), (T0 + 0.01, "outside", syn_ack(out[IP].src, out[TCP].sport, [("MSS", 1400)])),
                   (T0 + 0.02, "inside", client_ack(options=first_ack_options)),
                   (T0 + 0.03, "inside", client_ack(payload=b"GET /", options=later_ack_options))]
-        return replay(cfg, frames)
+        return replay(cfg, frames + list(then))
 
-    outs, rep = run(forbidden, ())
-    acks = pick(outs, "outside", lambda p: h.is_tcp(p) and "A" in p[TCP].flags and "S" not in p[TCP].flags)
-    assert [h.l4_data(a.pkt) for a in acks] == [b"GET /"], "the first ACK is dropped"
-    assert rep["host_id"]["rules"][0]["matched"] == 1 and rep["drops"]["host_id_policy"] == 1
+    def acks_out(outs):
+        return pick(outs, "outside", lambda p: h.is_tcp(p) and "A" in p[TCP].flags and "S" not in p[TCP].flags)
+
+    rst = h.eth_in(SUB_A) / IP(src=SUB_A, dst=SRV1, ttl=64) / TCP(sport=SPORT, dport=80, flags="R", seq=ISN + 6)
+    outs, rep = run(forbidden, (), then=[(T0 + 60, "inside", client_ack(payload=b"GET /x")), (T0 + 61, "inside", rst),
+                                         (T0 + 62, "inside", client_ack(payload=b"after"))])
+    assert [h.l4_data(a.pkt) for a in acks_out(outs)] == [b"after"], "the first ACK and the connection's later segments are dropped, until the RST"
+    assert len(pick(outs, "outside", lambda p: h.is_tcp(p) and "R" in p[TCP].flags)) == 1, "the client's RST reaches the server"
+    assert rep["host_id"]["rules"][0]["matched"] == 1 and rep["drops"]["host_id_policy"] == 3
 
     outs, rep = run((), forbidden)
-    acks = pick(outs, "outside", lambda p: h.is_tcp(p) and "A" in p[TCP].flags and "S" not in p[TCP].flags)
+    acks = acks_out(outs)
     assert [h.l4_data(a.pkt) for a in acks] == [b"", b"GET /"], "the later ACK is not judged: it passes"
     assert host_id_options(acks[1].pkt) == [], "its WING became NOPs"
     assert rep["host_id"]["rules"][0]["matched"] == 0
+
+
+def test_a_bump_in_the_wire_judges_the_first_ack_a_remote_cgn_fills(replay):
+    """Seed 000 sections 3.2.2 and 8: a server behind natrix (a bump in the
+    wire, [nat] mode = "off", with rules) echoes ENABLED in its SYN-ACK; the
+    client's CGN, in ACK mode, puts BOUCADAIR in the first ACK. natrix
+    passes the echo on untouched, judges that first ACK by the rules, and
+    a drop refuses the connection: the data after it is dropped too. A
+    connection whose server echoed nothing is not followed: its first ACK,
+    with the same BOUCADAIR, passes."""
+    value = boucadair_bytes(2, (40000).to_bytes(2, "big") + ip4("198.51.100.7"))[2:]
+    cfg = config(rules=[{"option": "boucadair", "action": "drop"}], mode_off=True)
+    client = "192.0.2.50"
+
+    def conn(sport, echo):
+        syn_in = inbound_syn([("MSS", 1460)], src=client, sport=sport)
+        sa = (h.eth_in(SUB_A) / IP(src=SUB_A, dst=client, ttl=64)
+              / TCP(sport=80, dport=sport, flags="SA", seq=5000, ack=ISN + 1,
+                    options=[("MSS", 1460)] + ([(ENABLED, b""), ("NOP", None), ("NOP", None)] if echo else [])))
+        ack = (h.eth_out() / IP(src=client, dst=SUB_A, ttl=64)
+               / TCP(sport=sport, dport=80, flags="A", seq=ISN + 1, ack=5001, options=[(BOUCADAIR, value)]))
+        data = h.eth_out() / IP(src=client, dst=SUB_A, ttl=64) / TCP(sport=sport, dport=80, flags="PA", seq=ISN + 1, ack=5001) / b"GET /"
+        return [syn_in, sa, ack, data]
+
+    frames = [(T0 + i * 0.01, "outside" if f[IP].src == client else "inside", f)
+              for i, f in enumerate(conn(41000, True) + conn(41001, False))]
+    outs, rep = replay(cfg, frames)
+    sa = [o.pkt for o in outs if o.side == "outside" and h.is_tcp(o.pkt) and o.pkt[TCP].flags == "SA" and o.pkt[TCP].dport == 41000]
+    assert len(sa) == 1 and ENABLED in [k for k, _ in parse_options(tcp_options_area(sa[0]))], "the echo passes to the client's CGN"
+    to_server = [(o.pkt[TCP].sport, str(o.pkt[TCP].flags)) for o in outs if o.side == "inside" and h.is_tcp(o.pkt)]
+    assert to_server == [(41000, "S"), (41001, "S"), (41001, "A"), (41001, "PA")], to_server
+    assert rep["drops"] == {"host_id_policy": 2} and rep["host_id"]["rules"][0]["matched"] == 1, rep
 
 
 def test_ack_mode_never_puts_boucadair_in_the_syn(replay):
@@ -460,27 +501,30 @@ def test_drop_a_wing_range_others_pass(replay):
 
 
 def test_a_syn_whose_header_is_split_across_fragments_cannot_evade_the_rules(replay):
-    """RFC 1858's tiny fragments: in a bump in the wire (no translation), a
-    SYN whose first fragment stops inside its TCP header (here after 24 of
-    its 28 header bytes, its WING in the next fragment) would reach the
-    server without any rule having seen its options. It is dropped
-    (fragment_too_small), as NAPT44 drops it; a first fragment holding the
+    """RFC 1858's fragment tricks, in a bump in the wire (no translation)
+    with rules. A SYN whose first fragment stops inside its TCP header
+    (after 24 of its 28 header bytes, its WING in the next fragment) would
+    reach the server without any rule having seen its options: it is
+    dropped (fragment_too_small, as NAPT44 drops it). A later fragment
+    starting within the first 60 bytes could overwrite options the rules
+    judged: dropped (fragment_in_tcp_header). A first fragment holding the
     whole header is judged as a whole SYN (a matching WING dropped by the
-    rule, another value passed)."""
+    rule, another value passed, with its later fragment at offset 64)."""
     rules = [{"option": "wing", "value": "1000-2000", "action": "drop"}]
     bad = inbound_syn([("MSS", 1460), (WING, (1500).to_bytes(2, "big"))], sport=41000)
     first, later = fragment(bad[IP], fragsize=24)
     assert len(bytes(first[IP].payload)) == 24 and first[IP].flags.MF, "the first fragment ends inside the 28-byte TCP header"
-    whole_head = [inbound_syn([(WING, v.to_bytes(2, "big"))], sport=41001 + i, payload=b"y" * 40)[IP] for i, v in enumerate((1500, 3000))]
+    whole_head = [inbound_syn([(WING, v.to_bytes(2, "big"))], sport=41001 + i, payload=b"y" * 80)[IP] for i, v in enumerate((1500, 3000))]
     frames = [(T0, "outside", h.eth_out() / first), (T0 + 0.01, "outside", h.eth_out() / later)]
     for i, d in enumerate(whole_head):
-        for j, f in enumerate(fragment(d, fragsize=32)):
+        for j, f in enumerate(fragment(d, fragsize=64)):
             frames.append((T0 + 1 + i + j * 0.01, "outside", h.eth_out() / f))
     outs, rep = replay(config(rules=rules, mode_off=True), frames)
     inside = [o.pkt for o in outs if o.side == "inside" and IP in o.pkt]
-    firsts = [p for p in inside if p[IP].frag == 0]
-    assert [p[TCP].sport for p in firsts] == [41002], [p.summary() for p in inside]
-    assert rep["drops"].get("fragment_too_small") == 1 and rep["drops"].get("host_id_policy") == 1, rep["drops"]
+    # A bump forwards a later fragment on its own: without its first, the
+    # server never puts the refused SYN together.
+    assert [(p[IP].id, p[IP].frag) for p in inside] == [(41001, 8), (41002, 0), (41002, 8)], [p.summary() for p in inside]
+    assert rep["drops"] == {"fragment_too_small": 1, "fragment_in_tcp_header": 1, "host_id_policy": 1}, rep["drops"]
 
 
 def test_strip_any_leaves_nops_of_the_same_length(replay):

@@ -169,6 +169,7 @@ DOCUMENTED = {
     "natrix_translated_packets_total": {"interface"}, "natrix_generated_packets_total": {"interface"},
     "natrix_offloaded_packets_total": {"interface"}, "natrix_offloaded_bytes_total": {"interface"},
     "natrix_offload_flows": set(), "natrix_offload_table_full_total": set(), "natrix_offload_egress": {"interface"},
+    "natrix_offload_returned_total": {"reason"},
     "natrix_drops_total": {"reason"}, "natrix_sessions": {"protocol"}, "natrix_mappings": {"protocol"},
     "natrix_sessions_created_total": set(), "natrix_mappings_created_total": set(),
     "natrix_subscribers": set(), "natrix_pool_ports_in_use": set(), "natrix_pool_ports_total": set(),

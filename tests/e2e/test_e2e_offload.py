@@ -289,6 +289,9 @@ def stats():
     return json.loads(api("/api/stats"))
 
 
+NONE_RETURNED = dict.fromkeys(("frame", "not_steady", "idle", "next_hop", "egress", "gone", "reset"), 0)
+
+
 def offloaded():
     doc = stats()
     assert "offloaded" in doc, f"/api/stats has no \"offloaded\": {doc}"
@@ -506,6 +509,8 @@ def test_closed_connection_leaves_the_table_and_reopens(natrix, scripts):
         how = "with FIN both ways" if ending == "close" else "with the client's RST"
         assert left, (f"after connection {round_} ended {how}, the XDP table still holds "
                       f"{offloaded()['flows']} flows {waited:.1f} s later")
+        returned = {k: v - before["returned"][k] for k, v in offloaded()["returned"].items()}
+        assert returned["frame"] >= 2, f"the flows left the table, but not as a FIN or RST reaching the engine hands them back: {returned}"
         print(f"connection {round_} ({ending}): table empty {waited:.2f} s after")
 
 
@@ -549,6 +554,7 @@ def test_long_udp_flow_runs_on_xdp_and_keeps_its_session_fresh(natrix, servers, 
             flows_seen = max(flows_seen, offloaded()["flows"])
         result = cli.line(20)
         flow_ended = time.monotonic()
+        idle_before = offloaded()["returned"]["idle"]
         end = stats()
         m = metrics()
     finally:
@@ -640,6 +646,7 @@ def test_long_udp_flow_runs_on_xdp_and_keeps_its_session_fresh(natrix, servers, 
     rows = {r["inside"]: r for r in sessions(SUB1)}
     assert offloaded()["flows"] == 0, f"the idle flows are still in the XDP table {idle_gone:.1f} s after the flow ended"
     assert idle_gone >= 9, f"the flows left the XDP table {idle_gone:.1f} s after their last frame (10 s of idleness expected)"
+    assert offloaded()["returned"]["idle"] - idle_before == 4, f"the 4 directions go back as idle: {offloaded()['returned']}"
     for name, port in ports.items():
         row = rows.get(f"{SUB1}:{port}")
         assert row and row["idle_s"] >= 8, (f"{idle_gone:.1f} s after its last frame, socket {name}'s session shows "
@@ -664,7 +671,7 @@ def test_offload_false_keeps_every_frame_in_the_engine(natrix, servers, scripts)
     assert not result["missing"] and all(len(p) == 1 for p in result["peers"].values()), result
     time.sleep(1.2)  # the workers read XDP's counts once a second
     after = stats()
-    zero = {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}}
+    zero = {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}, "returned": NONE_RETURNED}
     assert after.get("offloaded", zero) == zero, f"offload = false, yet /api/stats says {after.get('offloaded')}"
     for way in ("to_inside", "to_outside"):
         grew = after["translated"][way] - before["translated"][way]
@@ -701,10 +708,12 @@ def test_clear_and_reload_hand_flows_back_to_the_engine(natrix, agent, servers):
     assert got, f"a UDP flow of 16 echoes was not offloaded both ways: {offloaded()}"
     assert [r["outside"] for r in my_sessions()] == [f"{e1[0]}:{e1[1]}"], my_sessions()
 
+    resets = offloaded()["returned"]["reset"]
     cleared = json.loads(api(f"/api/clear?subscriber={SUB1}", "POST"))
     assert cleared.get("sessions", 0) >= 1, cleared
     emptied, waited = wait_for(lambda: offloaded()["flows"] == 0, 2.0)
     assert emptied, f"the XDP table still holds {offloaded()['flows']} flows {waited:.1f} s after clearing {SUB1}"
+    assert offloaded()["returned"]["reset"] >= resets + 2, f"a clear hands flows back as a reset: {offloaded()['returned']}"
     assert sessions(SUB1) == [], f"sessions of {SUB1} left after the clear: {sessions(SUB1)}"
     clear_s = waited
 
@@ -716,9 +725,11 @@ def test_clear_and_reload_hand_flows_back_to_the_engine(natrix, agent, servers):
     got, _ = wait_for(lambda: offloaded()["flows"] >= 2, 2.0)
     assert got, f"the flow was not offloaded again after the clear: {offloaded()}"
 
+    resets = offloaded()["returned"]["reset"]
     n.signal(signal.SIGHUP)
     emptied, waited = wait_for(lambda: offloaded()["flows"] == 0, 2.5)
     assert emptied, f"the XDP table still holds {offloaded()['flows']} flows {waited:.1f} s after SIGHUP"
+    assert offloaded()["returned"]["reset"] >= resets + 2, f"a reload hands flows back as a reset: {offloaded()['returned']}"
     assert n.alive(), n.output()
     assert burst("after-reload", 4) == e2, "the flow's external endpoint changed on SIGHUP"
     assert [r["outside"] for r in my_sessions()] == [f"{e2[0]}:{e2[1]}"], my_sessions()
@@ -849,7 +860,7 @@ def test_offload_needs_peers_that_take_redirects(lab, natrix, agent, servers, tm
             sub.echo(sid, echo, f"no-offload-{i:04d}".ljust(UDP_SIZE, "x"))
         time.sleep(1.2)
         o = offloaded()
-        assert o == {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}}, f"offload off, yet {o}"
+        assert o == {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}, "returned": NONE_RETURNED}, f"offload off, yet {o}"
         rc = n.stop()
         n.reported = True
         assert rc == 0, f"natrix exited with {rc} on SIGTERM\n{n.output()}"
@@ -947,6 +958,7 @@ def test_an_interface_that_stops_taking_redirects_gets_its_flows_back(natrix, ag
         got, waited = wait_for(lambda: offloading(1, False), 3.0)
         assert got and waited <= 3.0, f"{waited:.1f} s after GRO went off on nx-nat-out, still {offloaded()}"
         assert egress() == {"inside": 1, "outside": 0}, egress()
+        assert offloaded()["returned"]["egress"] >= 1, f"the flow out of nx-nat-out goes back for its egress: {offloaded()['returned']}"
         echoes(40, tries=1)
     finally:
         gro_on_peer("nx-nat-out", "on")
@@ -969,7 +981,7 @@ def test_af_packet_has_no_offload(lab, natrix, agent, servers, tmp_path):
     for i in range(16):
         sub.echo(sid, (SRV1, h.UDP_ECHO), f"af-packet-{i:04d}".ljust(UDP_SIZE, "x"))
     time.sleep(1.2)
-    zero = {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}}
+    zero = {"flows": 0, "table_full": 0, "to_inside": 0, "to_outside": 0, "egress": {"inside": False, "outside": False}, "returned": NONE_RETURNED}
     assert stats().get("offloaded", zero) == zero, stats()
 
 

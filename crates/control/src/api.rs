@@ -286,7 +286,7 @@ fn stats(dp: &Dataplane, (log_recorded, log_lost): (u64, u64)) -> Result<Value, 
         "subscribers": total(&|w| w.subscribers),
         "pool": { "ports_in_use": total(&|w| w.ports_in_use), "ports_total": total(&|w| w.total_ports) },
         "translated": { "to_inside": total(&|w| w.stats.forwarded[0]) + io.offloaded_frames[0], "to_outside": total(&|w| w.stats.forwarded[1]) + io.offloaded_frames[1] },
-        "offloaded": { "to_inside": io.offloaded_frames[0], "to_outside": io.offloaded_frames[1], "flows": total(&|w| w.offloaded_flows), "table_full": total(&|w| w.offload_table_full), "egress": { "inside": io.offload_egress[0], "outside": io.offload_egress[1] } },
+        "offloaded": { "to_inside": io.offloaded_frames[0], "to_outside": io.offloaded_frames[1], "flows": total(&|w| w.offloaded_flows), "table_full": total(&|w| w.offload_table_full), "returned": offload_returned(&workers), "egress": { "inside": io.offload_egress[0], "outside": io.offload_egress[1] } },
         "generated": { "to_inside": total(&|w| w.stats.generated[0]), "to_outside": total(&|w| w.stats.generated[1]) },
         "drops": drops,
         "log_records": log_recorded,
@@ -295,6 +295,13 @@ fn stats(dp: &Dataplane, (log_recorded, log_lost): (u64, u64)) -> Result<Value, 
         "nd": { "adverts_sent": io.gateway.nd_adverts_sent, "solicits_sent": io.gateway.nd_solicits_sent },
         "per_worker": workers.iter().enumerate().map(|(i, w)| json!({ "worker": i, "packets": w.stats.received.iter().sum::<u64>(), "busy_ns": w.busy_ns, "received_frames": w.received, "sessions": w.sessions_by_proto.iter().sum::<u32>() })).collect::<Vec<_>>(),
     }))
+}
+
+/// Flow directions the XDP offload handed back to the workers, by why.
+fn offload_returned(workers: &[natrix_dataplane::WorkerSnapshot]) -> Value {
+    let by_reason =
+        natrix_dataplane::OffloadReturned::ALL.iter().enumerate().map(|(i, r)| (r.name().to_owned(), workers.iter().map(|w| w.offload_returned[i]).sum::<u64>().into()));
+    Value::Object(by_reason.collect())
 }
 
 fn session_json(s: &SessionView) -> Value {

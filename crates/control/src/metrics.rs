@@ -217,6 +217,10 @@ fn families(workers: &[WorkerSnapshot], io: &IoSnapshot, (log_recorded, log_lost
         "1 while the interface takes the frames the XDP offload redirects to it (read once a second); 0: flows leaving by it stay with the workers, as without the offload.",
         io.offload_egress.map(u64::from),
     );
+    let f = o.family("offload_returned_total", true, "Flow directions the XDP offload handed back to the workers, by why (a frame it does not translate, session no longer steady, idle, next hop, egress, gone from the table, a reset of all).");
+    for (i, r) in natrix_dataplane::OffloadReturned::ALL.iter().enumerate() {
+        f.sample(&[("reason", r.name().to_owned())], Value::Int(sum(workers, |w| w.offload_returned[i])));
+    }
     o.counter(
         "offload_table_full_total",
         "Times a flow direction found the XDP offload's table full (at most one a second per worker; such flows stay with the workers).",

@@ -14,6 +14,6 @@ pub mod steer;
 
 pub use natrix_io::af_xdp::XdpAttach;
 pub use runtime::{
-    ControlError, Dataplane, DataplaneError, DeviceDeferral, IoChoice, IoSnapshot, LinkSettings, Logged, Offloading, Only, Settings, StartOptions, State, SuppliedPort, SyncTally,
-    WorkerSnapshot, PORT_USE_THRESHOLDS,
+    ControlError, Dataplane, DataplaneError, DeviceDeferral, IoChoice, IoSnapshot, LinkSettings, Logged, OffloadReturned, Offloading, Only, Settings, StartOptions, State,
+    SuppliedPort, SyncTally, WorkerSnapshot, PORT_USE_THRESHOLDS,
 };

@@ -63,8 +63,9 @@ drop_reasons! {
     FragmentTimeout => "fragment_timeout", "fragment whose first fragment never arrived";
     FragmentBufferFull => "fragment_buffer_full", "out-of-order fragment pushed out of its full buffer, or larger than the buffer";
     FragmentTooSmall => "fragment_too_small", "first fragment too short to hold the transport ports (TCP: its whole header)";
+    FragmentInTcpHeader => "fragment_in_tcp_header", "a later TCP fragment starting within the first 60 bytes, where it would overwrite the TCP header (RFC 1858's overlapping fragments), while a function inspects TCP";
     SynAbsorbed => "syn_absorbed", "a caller's own SYN retransmission for a connection attempt the SYN accelerator is retransmitting (seed 003)";
-    HostIdPolicy => "host_id_policy", "a SYN (or, in ACK mode, a first ACK) whose HOST_ID option matched a [[host_id.rule]] with action = \"drop\" (seed 000 section 8.5)";
+    HostIdPolicy => "host_id_policy", "a SYN (or a first ACK after a SYN-ACK, and that connection's later client segments) whose HOST_ID option matched a [[host_id.rule]] with action = \"drop\" (seed 000 section 8.5)";
     DsliteWrongAftr => "dslite_wrong_aftr", "IPv4-in-IPv6 on the inside addressed to another address than dslite.aftr";
     DsliteB4Refused => "dslite_b4_refused", "softwire packet from a B4 outside dslite.b4_prefixes";
     DsliteB4Hosts => "dslite_b4_hosts", "softwire packet from a new host behind a B4 that has max_ports_per_subscriber hosts already (each needs a port to matter)";

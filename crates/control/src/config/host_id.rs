@@ -75,7 +75,7 @@ fn parse_kinds(s: &mut Section, warnings: &mut Vec<String>) -> Result<Kinds, Con
         }
         if matches!(kind, 253 | 254) {
             warnings.push(format!(
-                "host_id.kinds.{name}: kind {kind} is shared by experiments that start their data with an experiment ID (RFC 6994), which HOST_ID options do not carry: a server may read the value as another experiment's (Linux reads kind 254 starting 0xF989 as TCP Fast Open)"
+                "host_id.kinds.{name}: kind {kind} is shared by experiments that start their data with an experiment ID (RFC 6994), which HOST_ID options do not carry: a server may read the value as another experiment's (Linux reads kind 254 starting 0xF989 as TCP Fast Open), and natrix takes other experiments' options of that kind for HOST_ID"
             ));
         }
     }

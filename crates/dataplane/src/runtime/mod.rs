@@ -60,6 +60,7 @@ use commands::{Command, Control, LinkReload};
 pub use commands::{ControlError, Only, State, SyncTally};
 use io_thread::{IoThread, Lanes};
 use links::Links;
+pub use offload::Returned as OffloadReturned;
 use offload::{OffloadPlan, OffloadTable, Redirects};
 use worker::{run_single, run_worker, EngineWorker};
 
@@ -230,6 +231,9 @@ pub struct WorkerSnapshot {
     /// it had no room for.
     pub offloaded_flows: u64,
     pub offload_table_full: u64,
+    /// Flow directions handed back from the offload to the worker, by
+    /// `OffloadReturned::ALL`.
+    pub offload_returned: [u64; OffloadReturned::ALL.len()],
     /// Frames whose transport checksum a sender's offload left partial,
     /// which the worker finished, by the side they arrived on.
     pub checksums_completed: [u64; 2],

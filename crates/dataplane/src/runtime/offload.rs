@@ -159,12 +159,53 @@ struct Known {
     seen: u64,
 }
 
+/// Why a flow direction went back to the workers (metric
+/// `natrix_offload_returned_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Returned {
+    /// A frame of it reached the engine and was not translated the plain
+    /// way (a FIN, a RST, a partial checksum), or the other direction's did.
+    Frame,
+    /// The engine no longer has its session steady.
+    NotSteady,
+    /// No frame of it for `IDLE_NS`.
+    Idle,
+    /// Its next hop's address is no longer known fresh, or its new one did
+    /// not fit the table.
+    NextHop,
+    /// The interface it leaves by stopped taking redirected frames.
+    Egress,
+    /// Gone from the program's table.
+    Gone,
+    /// Its worker's sessions or rules changed all at once (a clear, a
+    /// reload, a standby switch).
+    Reset,
+}
+
+impl Returned {
+    pub const ALL: [Returned; 7] = [Returned::Frame, Returned::NotSteady, Returned::Idle, Returned::NextHop, Returned::Egress, Returned::Gone, Returned::Reset];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Returned::Frame => "frame",
+            Returned::NotSteady => "not_steady",
+            Returned::Idle => "idle",
+            Returned::NextHop => "next_hop",
+            Returned::Egress => "egress",
+            Returned::Gone => "gone",
+            Returned::Reset => "reset",
+        }
+    }
+}
+
 /// One worker's flow directions: counted towards learning, and in the
 /// program's table.
 pub(crate) struct Offloader {
     plan: OffloadPlan,
     recent: Recent,
     known: HashMap<FlowKey, Known>,
+    /// Flow directions handed back, by why.
+    returned: [u64; Returned::ALL.len()],
     /// Installs the table refused, being full, and until when none is tried.
     refused: u64,
     full_until: u64,
@@ -185,6 +226,7 @@ impl Offloader {
             plan,
             recent: Recent::new(),
             known: HashMap::new(),
+            returned: [0; Returned::ALL.len()],
             refused: 0,
             full_until: 0,
             next_sweep: 0,
@@ -199,6 +241,11 @@ impl Offloader {
     /// Flow directions in the program's table, and installs it refused.
     pub(crate) fn counts(&self) -> (u64, u64) {
         (self.known.len() as u64, self.refused)
+    }
+
+    /// Flow directions handed back to the workers, by `Returned::ALL`.
+    pub(crate) fn returned(&self) -> [u64; Returned::ALL.len()] {
+        self.returned
     }
 
     /// Keeps the heads of a batch's frames before the engine translates
@@ -247,7 +294,7 @@ impl Offloader {
         };
         match learnt {
             Some((action, to)) => self.keep(key, action, to, (side, before), now),
-            None if known => self.forget_flow(&key),
+            None if known => self.forget_flow(&key, Returned::Frame),
             None => {}
         }
     }
@@ -266,7 +313,7 @@ impl Offloader {
         let Some(eth) = self.plan.ethernet_to(to, action.dst_addr(), now) else {
             // The next hop is not known fresh: the workers address the
             // frames (and ask for it) until it is.
-            self.forget(&key);
+            self.forget(&key, Returned::NextHop);
             return;
         };
         if let Some(k) = self.known.get_mut(&key) {
@@ -284,22 +331,24 @@ impl Offloader {
                 // failing system call for every frame of every flow.
                 self.refused += 1;
                 self.full_until = now + SWEEP_NS;
-                self.forget(&key);
+                self.forget(&key, Returned::Gone);
             }
         }
     }
 
-    fn forget(&mut self, key: &FlowKey) {
+    fn forget(&mut self, key: &FlowKey, why: Returned) {
         if self.known.remove(key).is_some() {
             self.plan.table.map.remove(key);
+            self.returned[why as usize] += 1;
         }
     }
 
     /// Forgets the flow direction `key` and the other direction of its flow.
-    fn forget_flow(&mut self, key: &FlowKey) {
+    fn forget_flow(&mut self, key: &FlowKey, why: Returned) {
         if let Some(k) = self.known.remove(key) {
             self.plan.table.map.remove(key);
-            self.forget(&key.reverse(&k.action));
+            self.returned[why as usize] += 1;
+            self.forget(&key.reverse(&k.action), why);
         }
     }
 
@@ -309,6 +358,7 @@ impl Offloader {
     pub(crate) fn forget_all(&mut self) {
         for (key, _) in self.known.drain() {
             self.plan.table.map.remove(&key);
+            self.returned[Returned::Reset as usize] += 1;
         }
         self.sweeping.clear();
     }
@@ -331,21 +381,13 @@ impl Offloader {
             (self.sweep_total, self.sweep_start) = (self.sweeping.len(), now);
         }
         let from = self.sweeping.len().saturating_sub(self.sweep_slice(now));
-        let Offloader { plan, known, sweeping, .. } = self;
+        let Offloader { plan, known, sweeping, returned, .. } = self;
         for key in sweeping.drain(from..) {
             let Some(k) = known.get_mut(&key) else { continue };
-            let steady = match plan.table.map.frames(&key) {
-                Some(frames) if frames != k.counted => {
-                    (k.counted, k.seen) = (frames, now);
-                    engine.refresh_offloaded(&k.head, k.side)
-                }
-                Some(_) => now.saturating_sub(k.seen) < IDLE_NS && engine.may_offload(&k.head, k.side),
-                // Gone from the table: nothing to take out.
-                None => false,
-            };
-            if !(steady && plan.table.redirects.taken(k.to) && follow_next_hop(plan, &key, k, now)) {
+            if let Some(why) = sweep_one(plan, engine, &key, k, now) {
                 plan.table.map.remove(&key);
                 known.remove(&key);
+                returned[why as usize] += 1;
             }
         }
     }
@@ -365,7 +407,7 @@ impl Offloader {
         }
         let since = self.plan.moves.since(self.moves_followed, count);
         self.moves_followed = count;
-        let Offloader { plan, known, .. } = self;
+        let Offloader { plan, known, returned, .. } = self;
         known.retain(|key, k| {
             let kept = match &since {
                 Since::Moves(moves) => moves.iter().all(|m| k.to != m.side || k.eth[..6] != m.old || readdress(plan, key, k, m.new)),
@@ -373,6 +415,7 @@ impl Offloader {
             };
             if !kept {
                 plan.table.map.remove(key);
+                returned[Returned::NextHop as usize] += 1;
             }
             kept
         });
@@ -383,6 +426,30 @@ impl Offloader {
     /// `SWEEP_NS` after it started.
     fn sweep_slice(&self, now: u64) -> usize {
         slice_due(self.sweep_total, self.sweeping.len(), now.saturating_sub(self.sweep_start))
+    }
+}
+
+/// One flow direction at a sweep: its session refreshed where the program
+/// forwarded frames of it since the last, its next hop followed; why it
+/// goes back to the workers, if it does.
+fn sweep_one(plan: &OffloadPlan, engine: &mut Engine, key: &FlowKey, k: &mut Known, now: u64) -> Option<Returned> {
+    let steady = match plan.table.map.frames(key) {
+        Some(frames) if frames != k.counted => {
+            (k.counted, k.seen) = (frames, now);
+            engine.refresh_offloaded(&k.head, k.side)
+        }
+        Some(_) if now.saturating_sub(k.seen) >= IDLE_NS => return Some(Returned::Idle),
+        Some(_) => engine.may_offload(&k.head, k.side),
+        None => return Some(Returned::Gone),
+    };
+    if !steady {
+        Some(Returned::NotSteady)
+    } else if !plan.table.redirects.taken(k.to) {
+        Some(Returned::Egress)
+    } else if !follow_next_hop(plan, key, k, now) {
+        Some(Returned::NextHop)
+    } else {
+        None
     }
 }
 

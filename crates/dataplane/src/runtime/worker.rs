@@ -15,7 +15,7 @@ use natrix_wire::partial_checksum::{self, Found};
 use super::clock::{sleep_ms, Clock, Idle, Work};
 use super::commands::{Command, COMMAND_TIMEOUT};
 use super::links::Links;
-use super::offload::{OffloadPlan, Offloader};
+use super::offload::{OffloadPlan, Offloader, Returned as OffloadReturned};
 use super::{Logged, WorkerSnapshot, PORT_USE_THRESHOLDS};
 use crate::ring::{wait_readable, Consumer, Doorbell, Producer, MAX_POP};
 
@@ -274,6 +274,7 @@ impl EngineWorker {
             pcp: e.pcp_stats(),
             offloaded_flows: self.offload.as_ref().map_or(0, |o| o.counts().0),
             offload_table_full: self.offload.as_ref().map_or(0, |o| o.counts().1),
+            offload_returned: self.offload.as_ref().map_or([0; OffloadReturned::ALL.len()], |o| o.returned()),
             checksums_completed: self.checksums_completed,
         }
     }

@@ -1,10 +1,13 @@
 //! ACK mode's memory (seed 000 section 3.2.2, figure 6): the connections
 //! whose server echoed HOST_ID_ENABLED in its SYN-ACK, until the client's
-//! first ACK takes HOST_ID_BOUCADAIR; with `[[host_id.rule]]`s, every
-//! connection whose SYN-ACK passed, until its first ACK, the one segment
-//! after the SYN the rules inspect. A side table, so sessions that never use
-//! it cost nothing: it holds only connections between a SYN-ACK and the
-//! first ACK, and is bounded.
+//! first ACK takes HOST_ID_BOUCADAIR; with `[[host_id.rule]]`s, the
+//! connections whose SYN-ACK passed, until its first ACK, the one segment
+//! after the SYN the rules inspect; and the connections a rule refused at
+//! that first ACK, whose later client segments are refused too (as a
+//! dropped SYN denies a connection), until the client resets or starts
+//! again, or falls silent for `REFUSED_NS`. A side table, so sessions that
+//! never use it cost nothing: it holds only connections between a SYN-ACK
+//! and the first ACK, and refused ones, and is bounded.
 
 use std::collections::HashMap;
 
@@ -14,6 +17,12 @@ const NS: u64 = 1_000_000_000;
 /// SYN-ACK at once; one that has not after RFC 6298's initial RTO of a
 /// second, several times over, never will for this SYN-ACK.
 pub const WAIT_NS: u64 = 10 * NS;
+
+/// How long a refused connection stays refused after the last segment
+/// refused: NAPT44's transitory TCP timeout (RFC 5382 REQ-5), past a
+/// server's SYN-RECEIVED (Linux gives up after about 63 s) and a client's
+/// longest retransmission gap (Linux's 120 s).
+pub const REFUSED_NS: u64 = 240 * NS;
 
 /// A connection as the subscriber sees it: its own address and port, the server's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,6 +44,22 @@ pub struct Waiting {
     /// The MSS the server announced in its SYN-ACK: the most data and TCP
     /// options together a segment to it may carry (RFC 6691 section 2).
     pub mss: u16,
+    /// A rule refused the first ACK: every later client segment is refused.
+    pub refused: bool,
+}
+
+impl Waiting {
+    fn lasts_ns(&self) -> u64 {
+        if self.refused {
+            REFUSED_NS
+        } else {
+            WAIT_NS
+        }
+    }
+
+    fn fresh(&self, now_ns: u64) -> bool {
+        now_ns.saturating_sub(self.at_ns) < self.lasts_ns()
+    }
 }
 
 pub struct Echoed {
@@ -52,27 +77,56 @@ impl Echoed {
 
     /// Remembers that `c`'s SYN-ACK passed at `now_ns` announcing `mss`,
     /// its server having `echoed` ENABLED or not (a retransmitted SYN-ACK
-    /// keeps an echo seen before); false when the table is full even of
-    /// connections still waiting.
+    /// keeps an echo seen before, the smaller MSS, and a refusal); false
+    /// when the table is full even of connections still waiting.
     pub fn remember(&mut self, c: Connection, now_ns: u64, echoed: bool, mss: u16) -> bool {
-        if self.seen.len() >= self.capacity && !self.seen.contains_key(&c) {
-            if now_ns >= self.next_sweep_ns {
-                self.next_sweep_ns = now_ns + NS;
-                self.seen.retain(|_, w| now_ns.saturating_sub(w.at_ns) < WAIT_NS);
-            }
-            if self.seen.len() >= self.capacity {
-                return false;
-            }
+        if !self.room_for(&c, now_ns) {
+            return false;
         }
-        let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed, mss });
-        *w = Waiting { at_ns: now_ns, echoed: echoed || w.echoed, mss };
+        let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed, mss, refused: false });
+        *w = Waiting { at_ns: now_ns, echoed: echoed || w.echoed, mss: mss.min(w.mss), refused: w.refused };
         true
     }
 
-    /// `c`'s client's first ACK: the SYN-ACK it answers, if one passed
-    /// recently enough; forgets it, so later ACKs find nothing.
+    /// A rule refused `c`'s first ACK at `now_ns`: its later client
+    /// segments are refused too. False when the table is full.
+    pub fn refuse(&mut self, c: Connection, now_ns: u64) -> bool {
+        if !self.room_for(&c, now_ns) {
+            return false;
+        }
+        let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed: false, mss: 0, refused: true });
+        (w.at_ns, w.refused) = (now_ns, true);
+        true
+    }
+
+    /// Whether `c` has, or can be given, an entry: a full table looks for
+    /// stale entries once a second at most, not once per SYN-ACK.
+    fn room_for(&mut self, c: &Connection, now_ns: u64) -> bool {
+        if self.seen.len() < self.capacity || self.seen.contains_key(c) {
+            return true;
+        }
+        if now_ns >= self.next_sweep_ns {
+            self.next_sweep_ns = now_ns + NS;
+            self.seen.retain(|_, w| w.fresh(now_ns));
+        }
+        self.seen.len() < self.capacity
+    }
+
+    /// `c`'s client's ACK: the SYN-ACK it is the first answer to, if one
+    /// passed recently enough (forgotten, so later ACKs find nothing), or
+    /// the refusal its connection is under (kept, and its time renewed).
     pub fn take(&mut self, c: &Connection, now_ns: u64) -> Option<Waiting> {
-        self.seen.remove(c).filter(|w| now_ns.saturating_sub(w.at_ns) < WAIT_NS)
+        let w = self.seen.get_mut(c)?;
+        if w.refused && w.fresh(now_ns) {
+            w.at_ns = now_ns;
+            return Some(*w);
+        }
+        self.seen.remove(c).filter(|w| !w.refused && w.fresh(now_ns))
+    }
+
+    /// The client reset `c`, or opened it again: whatever was remembered goes.
+    pub fn forget(&mut self, c: &Connection) {
+        self.seen.remove(c);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -108,10 +162,27 @@ mod tests {
     }
 
     #[test]
-    fn a_retransmitted_syn_ack_keeps_the_echo() {
+    fn a_retransmitted_syn_ack_keeps_the_echo_and_the_smaller_mss() {
         let mut e = Echoed::new(4);
-        assert!(e.remember(conn(1), 0, true, 536) && e.remember(conn(1), 1, false, 536));
-        assert_eq!(echoed(e.take(&conn(1), 2)), Some(true));
+        assert!(e.remember(conn(1), 0, true, 1000) && e.remember(conn(1), 1, false, 1460));
+        let w = e.take(&conn(1), 2).unwrap();
+        assert_eq!((w.echoed, w.mss), (true, 1000));
+    }
+
+    #[test]
+    fn a_refusal_holds_for_every_later_segment_until_forgotten_or_silent() {
+        let mut e = Echoed::new(4);
+        assert!(e.remember(conn(1), 0, false, 536));
+        assert!(!e.take(&conn(1), 1).unwrap().refused, "the first ACK, judged");
+        assert!(e.refuse(conn(1), 1));
+        assert!(e.remember(conn(1), 2, false, 536), "a retransmitted SYN-ACK");
+        for t in [3, WAIT_NS + 3, REFUSED_NS] {
+            assert!(e.take(&conn(1), t).is_some_and(|w| w.refused), "refused at {t}: each refused segment renews it");
+        }
+        assert_eq!(e.take(&conn(1), 2 * REFUSED_NS + 1), None, "silent for REFUSED_NS: gone");
+        assert!(e.refuse(conn(2), 0));
+        e.forget(&conn(2));
+        assert_eq!(e.take(&conn(2), 1), None, "the client reset it");
     }
 
     #[test]

@@ -201,7 +201,7 @@ const EVENT_CAPACITY: usize = 4096;
 /// Installs HOST_ID in `hooks` when `cfg` configures it.
 pub(crate) fn install(cfg: &EngineConfig, mut hooks: Hooks) -> Hooks {
     if let Some(h) = cfg.host_id.as_ref().filter(|h| h.is_active()) {
-        hooks.add(Box::new(HostId::new(h.clone(), echo_capacity(cfg))));
+        hooks.add(Box::new(HostId::new(h.clone(), echo_capacity(cfg), cfg.translate)));
     }
     hooks
 }
@@ -267,15 +267,16 @@ pub struct HostId {
     events: Vec<HostIdEvent>,
     /// The options `grow` inserts, decided by `on_frame`.
     pending: Wanted,
-    /// Whether `pending` goes into an ACK mode first ACK.
     /// `pending` goes into a first ACK to a server that announced this MSS.
     pending_first_ack: Option<u16>,
     /// Where `pending` goes: the segment as `enforce` read it.
     pending_at: Layout,
+    /// Whether NAPT44 translates (natrix is a CGN, not a bump in the wire).
+    translate: bool,
 }
 
 impl HostId {
-    pub fn new(cfg: HostIdConfig, echo_capacity: usize) -> HostId {
+    pub fn new(cfg: HostIdConfig, echo_capacity: usize, translate: bool) -> HostId {
         let stats = HostIdStats { rule_matches: vec![0; cfg.rules.len()], ..HostIdStats::default() };
         HostId {
             cfg,
@@ -286,7 +287,17 @@ impl HostId {
             pending: Wanted::default(),
             pending_first_ack: None,
             pending_at: Layout { tcp_at: 0, header_len: 0, options_end: 0, segment_end: 0 },
+            translate,
         }
+    }
+
+    /// Whether client ACKs are followed: in ACK mode (BOUCADAIR goes into
+    /// the first one, and rules judge it), and in a bump in the wire with
+    /// rules, where the first ACK carries the BOUCADAIR of a remote CGN in
+    /// ACK mode (seed 000 section 3.2.2) to servers that echoed ENABLED.
+    /// A CGN in SYN mode with rules leaves them to NAPT44's fast path.
+    fn follows_first_acks(&self) -> bool {
+        self.cfg.mode == Mode::Ack || (!self.cfg.rules.is_empty() && !self.translate)
     }
 
     /// The options a subscriber's opening SYN carries, into `pending`: WING
@@ -369,14 +380,29 @@ impl HostId {
         }
     }
 
-    /// ACK mode: the connection's SYN-ACK that `seg`, a client's ACK as it
-    /// arrived, is the first answer to; None for any other segment.
+    /// The connection's SYN-ACK that `seg`, a client's ACK as it arrived,
+    /// is the first answer to, or the refusal its connection is under;
+    /// None for any other segment. A client's RST or new SYN forgets both.
     fn take_first_ack(&mut self, info: &FrameInfo, seg: &Segment) -> Option<Waiting> {
-        if self.cfg.mode != Mode::Ack || !seg.is_plain_ack() || self.echoed.is_empty() {
+        if !self.follows_first_acks() || self.echoed.is_empty() {
             return None;
         }
-        let c = Connection { client: info.src, client_port: seg.src_port, server: info.dst, server_port: seg.dst_port };
-        self.echoed.take(&c, info.now_ns)
+        let c = client_connection(info, seg);
+        if seg.flags & flags::RST != 0 || seg.is_opening_syn() {
+            self.echoed.forget(&c);
+            return None;
+        }
+        seg.is_plain_ack().then(|| self.echoed.take(&c, info.now_ns)).flatten()
+    }
+
+    /// Seed 000 section 8.5: a connection whose first ACK a rule dropped is
+    /// refused as a dropped SYN would have refused it: its later client
+    /// segments are dropped too, or its next one would complete the
+    /// handshake at the server.
+    fn refuse_connection(&mut self, info: &FrameInfo, seg: &Segment) {
+        if !self.echoed.refuse(client_connection(info, seg), info.now_ns) {
+            self.stats.acks_untracked += 1;
+        }
     }
 
     /// A subscriber's segment before translation: its own address and port,
@@ -486,8 +512,9 @@ impl HostId {
         match padded.saturating_sub(hl) {
             // It fits where the host's EOL padding was: no growth.
             0 => {
-                if tcp_options::insert_ipv4_at(frame, info.l3, self.pending_at, self.pending.as_slice()).is_ok() {
-                    self.count_inserted();
+                match tcp_options::insert_ipv4_at(frame, info.l3, self.pending_at, self.pending.as_slice()) {
+                    Ok(_) => self.count_inserted(),
+                    Err(_) => self.stats.no_room += 1,
                 }
                 HookVerdict::Continue
             }
@@ -497,26 +524,37 @@ impl HostId {
 
     /// Whether a first ACK carrying data, its header grown to `padded`
     /// bytes, keeps its data and options within the MSS the server
-    /// announced (RFC 6691 section 2: a sender reduces its data for its
-    /// options; the host did so for its own, not for natrix's).
+    /// announced (RFC 6691 section 2: a sender reduces its data for its IP
+    /// and TCP options; the host did so for its own, not for natrix's).
     fn fits_the_peer(&self, info: &FrameInfo, hl: usize, padded: usize) -> bool {
         let data = info.l4_len.saturating_sub(hl);
-        self.pending_first_ack.is_none_or(|mss| data == 0 || data + padded - tcp::MIN_HEADER_LEN <= usize::from(mss))
+        let ip_options = info.l4.saturating_sub(info.l3 + natrix_wire::ipv4::MIN_HEADER_LEN);
+        self.pending_first_ack.is_none_or(|mss| data == 0 || data + padded - tcp::MIN_HEADER_LEN + ip_options <= usize::from(mss))
     }
 
-    /// ACK mode: a SYN-ACK leaving by `side` towards its client. Towards a
-    /// subscriber (inside) it loses its echo of ENABLED; the connection is
-    /// remembered for its first ACK when the echo was there (BOUCADAIR goes
-    /// in) or when rules are configured (they inspect that ACK).
+    /// A SYN-ACK leaving by `side` towards its client. In ACK mode,
+    /// towards a subscriber (inside), it loses its echo of ENABLED; the
+    /// connection is remembered for its first ACK when the echo was there
+    /// (BOUCADAIR goes in) or when rules are configured (they inspect that
+    /// ACK). A bump in the wire passes the echo on (the client's CGN puts
+    /// BOUCADAIR in the first ACK for it) and remembers the connection for
+    /// its rules.
     fn on_syn_ack_leaving(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment, side: Side) {
-        let echoed = side == Side::Inside && self.remove_echo(frame, info, seg);
-        if !echoed && self.cfg.rules.is_empty() {
+        let ack_mode = self.cfg.mode == Mode::Ack;
+        let echoed = ack_mode && side == Side::Inside && self.remove_echo(frame, info, seg);
+        let judged = !self.cfg.rules.is_empty() && (ack_mode || self.carries_enabled(frame, info, seg));
+        if !echoed && !judged {
             return;
         }
         let c = Connection { client: info.dst, client_port: seg.dst_port, server: info.src, server_port: seg.src_port };
         if !self.echoed.remember(c, info.now_ns, echoed, announced_mss(frame, info, seg)) {
             self.stats.acks_untracked += 1;
         }
+    }
+
+    /// Whether a SYN-ACK echoes ENABLED.
+    fn carries_enabled(&self, frame: &[u8], info: &FrameInfo, seg: &Segment) -> bool {
+        seg.has_options() && Scan::of(&frame[info.l4..info.l4 + seg.header_len], &self.cfg.kinds).iter().any(|p| p.which == Which::Enabled)
     }
 
     /// Overwrites the server's echoes of ENABLED in a SYN-ACK with NOPs;
@@ -533,6 +571,11 @@ impl HostId {
         self.stats.echoes_removed += 1;
         true
     }
+}
+
+/// The connection of a client's segment, as it arrived.
+fn client_connection(info: &FrameInfo, seg: &Segment) -> Connection {
+    Connection { client: info.src, client_port: seg.src_port, server: info.dst, server_port: seg.dst_port }
 }
 
 /// The MSS a SYN-ACK announces: its MSS option, else RFC 9293 section
@@ -594,13 +637,14 @@ impl Middlebox for HostId {
         Point::Both
     }
 
-    /// SYNs only in SYN mode (and for the rules alone), so established
-    /// traffic keeps NAPT44's fast path; every TCP segment in ACK mode,
-    /// which must find each client's first ACK.
+    /// SYNs only in SYN mode (and for the rules alone, in a CGN), so
+    /// established traffic keeps NAPT44's fast path; every TCP segment
+    /// where client ACKs are followed, to find each first ACK.
     fn interest(&self) -> Interest {
-        match self.cfg.mode {
-            Mode::Ack => Interest::tcp(0),
-            Mode::Off | Mode::Syn => Interest::tcp(flags::SYN),
+        if self.follows_first_acks() {
+            Interest::tcp(0)
+        } else {
+            Interest::tcp(flags::SYN)
         }
     }
 
@@ -610,14 +654,20 @@ impl Middlebox for HostId {
             (Point::BeforeTranslation, side) => {
                 self.staged = None;
                 let first_ack = self.take_first_ack(info, &seg);
+                if first_ack.is_some_and(|w| w.refused) {
+                    return HookVerdict::Drop(DropReason::HostIdPolicy);
+                }
                 let verdict = self.apply_policy(frame, info, &seg, first_ack.is_some());
+                if first_ack.is_some() && verdict == HookVerdict::Drop(DropReason::HostIdPolicy) {
+                    self.refuse_connection(info, &seg);
+                }
                 if verdict == HookVerdict::Continue && side == Side::Inside && self.cfg.mode != Mode::Off {
                     self.stage(info, &seg, first_ack.filter(|w| w.echoed).map(|w| w.mss));
                 }
                 verdict
             }
             (_, side) => {
-                if self.cfg.mode == Mode::Ack && seg.is_syn_ack() {
+                if seg.is_syn_ack() && self.follows_first_acks() {
                     self.on_syn_ack_leaving(frame, info, &seg, side);
                 }
                 match side {
@@ -662,6 +712,7 @@ impl Middlebox for HostId {
             self.stats.rule_matches.resize(h.rules.len(), 0);
             self.cfg = h.clone();
         }
+        self.translate = cfg.translate;
     }
 
     fn memory_bytes(&self) -> usize {

@@ -947,9 +947,9 @@ impl Engine {
     /// The stages of an IPv4 frame, up to its verdict.
     fn ipv4_stages(&mut self, frame: &mut [u8], ip: &Ip, side: Side) -> Result<Option<Side>, DropReason> {
         let admitted = self.ipv4_local_and_admission(frame, ip, side)?;
-        self.refuse_tiny_tcp_fragment(frame, ip)?;
         self.router.check_ttl(frame, ip.l3, ip.ttl, side)?;
         self.router.check_mtu(frame, ip.l3, ip.total_len(), ip.dont_fragment, side)?;
+        self.refuse_tcp_header_tricks(frame, ip)?;
         let mut len = frame.len();
         self.translated_between_functions(frame, &mut len, ip, side, |e, frame| match (e.nat.config().translate, admitted) {
             (false, _) => Ok(Some(side.other())),
@@ -958,15 +958,24 @@ impl Engine {
         })
     }
 
-    /// A TCP first fragment too short for its TCP header (options
-    /// included) would pass the functions unseen, its flags and options in
-    /// the next fragment (RFC 1858's tiny fragments: a SYN evading the
-    /// HOST_ID rules of a bump in the wire): dropped wherever a function
-    /// looks at TCP, as NAPT44 drops it anyway.
-    fn refuse_tiny_tcp_fragment(&self, frame: &[u8], ip: &Ip) -> Result<(), DropReason> {
-        let tiny = || natrix_wire::tcp::Packet::new_checked(&frame[ip.l4..ip.l4 + ip.l4_len]).is_err();
-        if ip.first_frag && ip.proto == natrix_wire::proto::TCP && self.hooks.wants(ip.proto, 0xff) && tiny() {
+    /// RFC 1858's fragment tricks on a TCP header, dropped wherever a
+    /// function looks at TCP (NAPT44 drops the first anyway): a first
+    /// fragment too short for its header (options included), whose flags
+    /// and options would pass the functions unseen in the next fragment
+    /// (a SYN evading the HOST_ID rules of a bump in the wire), and a later
+    /// fragment starting where a header may lie, which a receiver keeping
+    /// later data would let rewrite options the functions judged.
+    fn refuse_tcp_header_tricks(&self, frame: &[u8], ip: &Ip) -> Result<(), DropReason> {
+        const LONGEST_TCP_HEADER: usize = 60;
+        if ip.proto != natrix_wire::proto::TCP || !(ip.first_frag || ip.later_frag) || !self.hooks.wants(ip.proto, 0xff) {
+            return Ok(());
+        }
+        if ip.first_frag && natrix_wire::tcp::Packet::new_checked(&frame[ip.l4..ip.l4 + ip.l4_len]).is_err() {
             return Err(DropReason::FragmentTooSmall);
+        }
+        let offset = natrix_wire::ipv4::Packet::new_lax(&frame[ip.l3..]).map_or(0, |p| usize::from(p.frag_offset()));
+        if ip.later_frag && offset < LONGEST_TCP_HEADER {
+            return Err(DropReason::FragmentInTcpHeader);
         }
         Ok(())
     }
