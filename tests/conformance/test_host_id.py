@@ -426,11 +426,25 @@ def test_ack_mode_rules_judge_the_first_ack_and_no_later_one(replay):
         return pick(outs, "outside", lambda p: h.is_tcp(p) and "A" in p[TCP].flags and "S" not in p[TCP].flags)
 
     rst = h.eth_in(SUB_A) / IP(src=SUB_A, dst=SRV1, ttl=64) / TCP(sport=SPORT, dport=80, flags="R", seq=ISN + 6)
+    again = syn(seq=ISN + 100000)
     outs, rep = run(forbidden, (), then=[(T0 + 60, "inside", client_ack(payload=b"GET /x")), (T0 + 61, "inside", rst),
-                                         (T0 + 62, "inside", client_ack(payload=b"after"))])
-    assert [h.l4_data(a.pkt) for a in acks_out(outs)] == [b"after"], "the first ACK and the connection's later segments are dropped, until the RST"
+                                         (T0 + 62, "inside", client_ack(payload=b"after")), (T0 + 63, "inside", again),
+                                         (T0 + 64, "inside", client_ack(payload=b"anew"))])
+    assert [h.l4_data(a.pkt) for a in acks_out(outs)] == [b"anew"], (
+        "the first ACK and the connection's later segments are dropped, a RST passing but lifting nothing, until a new SYN")
     assert len(pick(outs, "outside", lambda p: h.is_tcp(p) and "R" in p[TCP].flags)) == 1, "the client's RST reaches the server"
-    assert rep["host_id"]["rules"][0]["matched"] == 1 and rep["drops"]["host_id_policy"] == 3
+    assert rep["host_id"]["rules"][0]["matched"] == 1 and rep["drops"]["host_id_policy"] == 4
+
+    # An ACK that acknowledges something else than the SYN-ACK (a stale or
+    # forged one) is no first ACK: not judged, so it refuses nothing, and
+    # the real first ACK after it is still judged.
+    stale = client_ack(options=forbidden)
+    stale[TCP].ack = 5000
+    outs, rep = replay(cfg, [(T0, "inside", syn()), (T0 + 0.01, "outside", syn_ack(out[IP].src, out[TCP].sport, [("MSS", 1400)])),
+                             (T0 + 0.015, "inside", stale), (T0 + 0.02, "inside", client_ack(options=forbidden)),
+                             (T0 + 0.03, "inside", client_ack(payload=b"GET /"))])
+    assert [h.l4_data(a.pkt) for a in acks_out(outs)] == [b""], "the stale ACK passes; the real first ACK and the data are refused"
+    assert rep["host_id"]["rules"][0]["matched"] == 1 and rep["drops"]["host_id_policy"] == 2
 
     outs, rep = run((), forbidden)
     acks = acks_out(outs)

@@ -46,6 +46,11 @@ pub struct Waiting {
     pub mss: u16,
     /// A rule refused the first ACK: every later client segment is refused.
     pub refused: bool,
+    /// The sequence numbers the SYN-ACK took (its ISN + 1, and as many
+    /// more as it carried data): a first ACK acknowledges one of them, and
+    /// a segment that does not (a stale or forged one) is no first ACK.
+    next: u32,
+    data: u16,
 }
 
 impl Waiting {
@@ -75,32 +80,35 @@ impl Echoed {
         Echoed { seen: HashMap::new(), capacity: capacity.max(1), next_sweep_ns: 0 }
     }
 
-    /// Remembers that `c`'s SYN-ACK passed at `now_ns` announcing `mss`,
-    /// its server having `echoed` ENABLED or not (a retransmitted SYN-ACK
-    /// keeps an echo seen before, the smaller MSS, and a refusal); false
-    /// when the table is full even of connections still waiting.
-    pub fn remember(&mut self, c: Connection, now_ns: u64, echoed: bool, mss: u16) -> bool {
+    /// Remembers that `c`'s SYN-ACK passed at `now_ns` (`syn_ack` its
+    /// sequence number and data length) announcing `mss`, its server having
+    /// `echoed` ENABLED or not (a retransmitted SYN-ACK keeps an echo seen
+    /// before, the smaller MSS, and a refusal); false when the table is full
+    /// even after making room.
+    pub fn remember(&mut self, c: Connection, now_ns: u64, echoed: bool, mss: u16, syn_ack: (u32, u16)) -> bool {
         if !self.room_for(&c, now_ns) {
             return false;
         }
-        let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed, mss, refused: false });
-        *w = Waiting { at_ns: now_ns, echoed: echoed || w.echoed, mss: mss.min(w.mss), refused: w.refused };
+        let (next, data) = (syn_ack.0.wrapping_add(1), syn_ack.1);
+        let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed, mss, refused: false, next, data });
+        *w = Waiting { at_ns: now_ns, echoed: echoed || w.echoed, mss: mss.min(w.mss), refused: w.refused, next, data };
         true
     }
 
     /// A rule refused `c`'s first ACK at `now_ns`: its later client
-    /// segments are refused too. False when the table is full.
-    pub fn refuse(&mut self, c: Connection, now_ns: u64) -> bool {
-        if !self.room_for(&c, now_ns) {
-            return false;
+    /// segments are refused too. (Its first ACK's entry was just taken, so
+    /// there is room.)
+    pub fn refuse(&mut self, c: Connection, now_ns: u64) {
+        if self.room_for(&c, now_ns) {
+            self.seen.insert(c, Waiting { at_ns: now_ns, echoed: false, mss: 0, refused: true, next: 0, data: 0 });
         }
-        let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed: false, mss: 0, refused: true });
-        (w.at_ns, w.refused) = (now_ns, true);
-        true
     }
 
-    /// Whether `c` has, or can be given, an entry: a full table looks for
-    /// stale entries once a second at most, not once per SYN-ACK.
+    /// Whether `c` has, or can be given, an entry. A full table looks for
+    /// stale entries once a second at most, not once per SYN-ACK; still
+    /// full, it gives up a connection still waiting, any one: a flood of
+    /// SYN-ACKs from made-up servers then costs each real connection only
+    /// a small chance of going unjudged, not a certainty.
     fn room_for(&mut self, c: &Connection, now_ns: u64) -> bool {
         if self.seen.len() < self.capacity || self.seen.contains_key(c) {
             return true;
@@ -109,24 +117,42 @@ impl Echoed {
             self.next_sweep_ns = now_ns + NS;
             self.seen.retain(|_, w| w.fresh(now_ns));
         }
-        self.seen.len() < self.capacity
+        if self.seen.len() < self.capacity {
+            return true;
+        }
+        const LOOK_AT: usize = 16;
+        let waiting = self.seen.iter().take(LOOK_AT).find(|(_, w)| !w.refused).map(|(k, _)| *k);
+        waiting.is_some_and(|k| self.seen.remove(&k).is_some())
     }
 
-    /// `c`'s client's ACK: the SYN-ACK it is the first answer to, if one
-    /// passed recently enough (forgotten, so later ACKs find nothing), or
-    /// the refusal its connection is under (kept, and its time renewed).
-    pub fn take(&mut self, c: &Connection, now_ns: u64) -> Option<Waiting> {
+    /// `c`'s client's ACK, acknowledging `ack`: the SYN-ACK it is the first
+    /// answer to, if one passed recently enough (forgotten, so later ACKs
+    /// find nothing), or the refusal its connection is under (kept, and
+    /// its time renewed).
+    pub fn take(&mut self, c: &Connection, now_ns: u64, ack: u32) -> Option<Waiting> {
         let w = self.seen.get_mut(c)?;
         if w.refused && w.fresh(now_ns) {
             w.at_ns = now_ns;
             return Some(*w);
         }
+        if !w.refused && ack.wrapping_sub(w.next) > u32::from(w.data) {
+            return None;
+        }
         self.seen.remove(c).filter(|w| !w.refused && w.fresh(now_ns))
     }
 
-    /// The client reset `c`, or opened it again: whatever was remembered goes.
-    pub fn forget(&mut self, c: &Connection) {
-        self.seen.remove(c);
+    /// The client opened `c` again: a refusal of the connection before goes.
+    pub fn forget_refusal(&mut self, c: &Connection) {
+        if self.seen.get(c).is_some_and(|w| w.refused) {
+            self.seen.remove(c);
+        }
+    }
+
+    /// The rules changed: no connection stays refused by the old ones
+    /// (seed 000 section 8.5: once the rules are flushed, connections are
+    /// established normally).
+    pub fn lift_refusals(&mut self) {
+        self.seen.retain(|_, w| !w.refused);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -142,6 +168,10 @@ impl Echoed {
 mod tests {
     use super::*;
 
+    /// A SYN-ACK with ISN 99 and no data; the first ACK acknowledges 100.
+    const SA: (u32, u16) = (99, 0);
+    const ACK: u32 = 100;
+
     fn conn(port: u16) -> Connection {
         Connection { client: 1, client_port: port, server: 2, server_port: 80 }
     }
@@ -153,55 +183,77 @@ mod tests {
     #[test]
     fn a_syn_ack_is_taken_once_and_only_while_fresh() {
         let mut e = Echoed::new(4);
-        assert!(e.remember(conn(1), 0, true, 536));
-        assert_eq!(echoed(e.take(&conn(2), 1)), None, "another connection's SYN-ACK never passed");
-        assert_eq!(echoed(e.take(&conn(1), 1)), Some(true));
-        assert_eq!(echoed(e.take(&conn(1), 2)), None, "the first ACK takes it; later ACKs do not");
-        assert!(e.remember(conn(3), 0, false, 536));
-        assert_eq!(echoed(e.take(&conn(3), WAIT_NS)), None, "a client that never answered");
+        assert!(e.remember(conn(1), 0, true, 536, SA));
+        assert_eq!(echoed(e.take(&conn(2), 1, ACK)), None, "another connection's SYN-ACK never passed");
+        assert_eq!(echoed(e.take(&conn(1), 1, ACK)), Some(true));
+        assert_eq!(echoed(e.take(&conn(1), 2, ACK)), None, "the first ACK takes it; later ACKs do not");
+        assert!(e.remember(conn(3), 0, false, 536, SA));
+        assert_eq!(echoed(e.take(&conn(3), WAIT_NS, ACK)), None, "a client that never answered");
     }
 
     #[test]
     fn a_retransmitted_syn_ack_keeps_the_echo_and_the_smaller_mss() {
         let mut e = Echoed::new(4);
-        assert!(e.remember(conn(1), 0, true, 1000) && e.remember(conn(1), 1, false, 1460));
-        let w = e.take(&conn(1), 2).unwrap();
+        assert!(e.remember(conn(1), 0, true, 1000, SA) && e.remember(conn(1), 1, false, 1460, SA));
+        let w = e.take(&conn(1), 2, ACK).unwrap();
         assert_eq!((w.echoed, w.mss), (true, 1000));
     }
 
     #[test]
-    fn a_refusal_holds_for_every_later_segment_until_forgotten_or_silent() {
+    fn a_refusal_holds_for_every_later_segment_each_renewing_it_until_a_new_syn_silence_or_new_rules() {
         let mut e = Echoed::new(4);
-        assert!(e.remember(conn(1), 0, false, 536));
-        assert!(!e.take(&conn(1), 1).unwrap().refused, "the first ACK, judged");
-        assert!(e.refuse(conn(1), 1));
-        assert!(e.remember(conn(1), 2, false, 536), "a retransmitted SYN-ACK");
-        for t in [3, WAIT_NS + 3, REFUSED_NS] {
-            assert!(e.take(&conn(1), t).is_some_and(|w| w.refused), "refused at {t}: each refused segment renews it");
+        assert!(e.remember(conn(1), 0, false, 536, SA));
+        assert!(!e.take(&conn(1), 1, ACK).unwrap().refused, "the first ACK, judged");
+        e.refuse(conn(1), 1);
+        assert!(e.remember(conn(1), 2, false, 536, SA), "a retransmitted SYN-ACK keeps it");
+        for t in [REFUSED_NS, 2 * REFUSED_NS - 1, 3 * REFUSED_NS - 2] {
+            assert!(e.take(&conn(1), t, 7).is_some_and(|w| w.refused), "refused at {t}: each refused segment renews it");
         }
-        assert_eq!(e.take(&conn(1), 2 * REFUSED_NS + 1), None, "silent for REFUSED_NS: gone");
-        assert!(e.refuse(conn(2), 0));
-        e.forget(&conn(2));
-        assert_eq!(e.take(&conn(2), 1), None, "the client reset it");
+        assert_eq!(e.take(&conn(1), 4 * REFUSED_NS, 7), None, "silent for REFUSED_NS: gone");
+        e.refuse(conn(2), 0);
+        e.forget_refusal(&conn(2));
+        assert_eq!(e.take(&conn(2), 1, ACK), None, "the client opened it again");
+        e.refuse(conn(3), 0);
+        assert!(e.remember(conn(4), 0, true, 536, SA));
+        e.lift_refusals();
+        assert_eq!(e.take(&conn(3), 1, ACK), None, "new rules lift refusals");
+        assert!(e.take(&conn(4), 1, ACK).is_some(), "and keep connections waiting");
     }
 
     #[test]
-    fn the_table_is_bounded_and_makes_room_from_stale_entries() {
-        let mut e = Echoed::new(2);
-        assert!(e.remember(conn(1), 0, true, 536) && e.remember(conn(2), 0, false, 536));
-        assert!(!e.remember(conn(3), 1, true, 536), "full of fresh entries");
-        assert!(e.remember(conn(3), WAIT_NS + 1, true, 536), "stale ones make room");
-        assert_eq!(echoed(e.take(&conn(3), WAIT_NS + 2)), Some(true));
+    fn only_an_ack_of_the_syn_ack_is_its_first_ack() {
+        let mut e = Echoed::new(4);
+        assert!(e.remember(conn(1), 0, true, 536, (99, 10)));
+        assert_eq!(e.take(&conn(1), 1, 99), None, "acknowledges nothing the SYN-ACK sent: stale or forged");
+        assert_eq!(e.take(&conn(1), 1, 111), None, "past the SYN-ACK's data");
+        assert!(e.take(&conn(1), 1, 110).is_some(), "the SYN-ACK and its 10 bytes");
+        e.forget_refusal(&conn(1));
+        assert!(e.remember(conn(2), 0, true, 536, (u32::MAX, 0)));
+        e.forget_refusal(&conn(2));
+        assert!(e.take(&conn(2), 1, 0).is_some(), "across the wrap; a new SYN does not forget one waiting");
     }
 
-    /// A full table looks for stale entries once a second at most: a flood
-    /// of SYN-ACKs that finds it full costs a lookup each, not a pass.
     #[test]
-    fn a_full_table_is_swept_at_most_once_a_second() {
+    fn a_full_table_gives_up_one_waiting_entry_for_a_new_one() {
         let mut e = Echoed::new(2);
-        assert!(e.remember(conn(1), 0, true, 536) && e.remember(conn(2), 0, false, 536));
-        assert!(!e.remember(conn(3), WAIT_NS - 1, true, 536), "swept, nothing stale yet");
-        assert!(!e.remember(conn(3), WAIT_NS + 1, true, 536), "stale now, but swept under a second ago");
-        assert!(e.remember(conn(3), WAIT_NS - 1 + NS, true, 536), "the next sweep makes room");
+        e.refuse(conn(1), 0);
+        assert!(e.remember(conn(2), 0, true, 536, SA));
+        assert!(e.remember(conn(3), 1, true, 536, SA), "full of fresh entries: the waiting one gives way");
+        assert!(e.take(&conn(1), 2, ACK).is_some_and(|w| w.refused), "a refusal is never given up");
+        assert_eq!(e.take(&conn(2), 2, ACK), None);
+        assert!(e.take(&conn(3), 2, ACK).is_some());
+    }
+
+    /// Refusals are never given up for room; stale ones are looked for
+    /// once a second at most: a flood that finds the table full costs a
+    /// lookup each, not a pass.
+    #[test]
+    fn a_table_full_of_refusals_makes_room_from_stale_ones_at_most_once_a_second() {
+        let mut e = Echoed::new(2);
+        e.refuse(conn(1), 0);
+        e.refuse(conn(2), 0);
+        assert!(!e.remember(conn(3), REFUSED_NS - 1, true, 536, SA), "swept, nothing stale yet");
+        assert!(!e.remember(conn(3), REFUSED_NS + 1, true, 536, SA), "stale now, but swept under a second ago");
+        assert!(e.remember(conn(3), REFUSED_NS - 1 + NS, true, 536, SA), "the next sweep makes room");
     }
 }

@@ -146,8 +146,9 @@ pub struct HostIdStats {
     pub echoes_removed: u64,
     /// ACK mode: first ACKs HOST_ID_BOUCADAIR was written into.
     pub acks_injected: u64,
-    /// ACK mode: SYN-ACKs not remembered, the table full of waiting ones:
-    /// their first ACK gets no BOUCADAIR and no rule looks at it.
+    /// SYN-ACKs not remembered, the table full of refused connections:
+    /// their first ACK gets no BOUCADAIR and no rule looks at it. (A
+    /// connection still waiting gives way to a new one, uncounted.)
     pub acks_untracked: u64,
     /// Segments from plain IPv4 subscribers that HOST_ID_BOUCADAIR origin 3
     /// (a B4's prefix) has nothing for: written without BOUCADAIR.
@@ -218,6 +219,7 @@ struct Segment {
     src_port: u16,
     dst_port: u16,
     seq: u32,
+    ack: u32,
     flags: u8,
     header_len: usize,
 }
@@ -225,7 +227,7 @@ struct Segment {
 impl Segment {
     fn read(frame: &[u8], info: &FrameInfo) -> Option<Segment> {
         let t = tcp::Packet::new_checked(frame.get(info.l4..info.l4 + info.l4_len)?).ok()?;
-        Some(Segment { src_port: t.src_port(), dst_port: t.dst_port(), seq: t.seq_number(), flags: t.flags(), header_len: t.header_len() })
+        Some(Segment { src_port: t.src_port(), dst_port: t.dst_port(), seq: t.seq_number(), ack: t.ack_number(), flags: t.flags(), header_len: t.header_len() })
     }
 
     /// A connection's opening SYN: SYN without ACK, RST or FIN.
@@ -382,17 +384,18 @@ impl HostId {
 
     /// The connection's SYN-ACK that `seg`, a client's ACK as it arrived,
     /// is the first answer to, or the refusal its connection is under;
-    /// None for any other segment. A client's RST or new SYN forgets both.
+    /// None for any other segment. A client's new SYN lifts a refusal (a
+    /// RST does not: one the server throws away would lift it too).
     fn take_first_ack(&mut self, info: &FrameInfo, seg: &Segment) -> Option<Waiting> {
         if !self.follows_first_acks() || self.echoed.is_empty() {
             return None;
         }
         let c = client_connection(info, seg);
-        if seg.flags & flags::RST != 0 || seg.is_opening_syn() {
-            self.echoed.forget(&c);
+        if seg.is_opening_syn() {
+            self.echoed.forget_refusal(&c);
             return None;
         }
-        seg.is_plain_ack().then(|| self.echoed.take(&c, info.now_ns)).flatten()
+        seg.is_plain_ack().then(|| self.echoed.take(&c, info.now_ns, seg.ack)).flatten()
     }
 
     /// Seed 000 section 8.5: a connection whose first ACK a rule dropped is
@@ -400,9 +403,7 @@ impl HostId {
     /// segments are dropped too, or its next one would complete the
     /// handshake at the server.
     fn refuse_connection(&mut self, info: &FrameInfo, seg: &Segment) {
-        if !self.echoed.refuse(client_connection(info, seg), info.now_ns) {
-            self.stats.acks_untracked += 1;
-        }
+        self.echoed.refuse(client_connection(info, seg), info.now_ns);
     }
 
     /// A subscriber's segment before translation: its own address and port,
@@ -457,12 +458,8 @@ impl HostId {
     /// grows (counted as `no_room`).
     fn enforce(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) -> HookVerdict {
         let (tcp_at, hl) = (info.l4, seg.header_len);
-        let fragment = match fragment_part(frame, info.l3) {
-            Part::Whole => false,
-            Part::First => true,
-            // No TCP header: what looks like one is payload.
-            Part::Later => return HookVerdict::Continue,
-        };
+        // A later fragment never reaches here (`on_frame`).
+        let fragment = matches!(fragment_part(frame, info.l3), Part::First);
         let scan = Scan::of(&frame[tcp_at..tcp_at + hl], &self.cfg.kinds);
         let mut kept = [false; 3];
         let mut delta = Delta::default();
@@ -547,7 +544,8 @@ impl HostId {
             return;
         }
         let c = Connection { client: info.dst, client_port: seg.dst_port, server: info.src, server_port: seg.src_port };
-        if !self.echoed.remember(c, info.now_ns, echoed, announced_mss(frame, info, seg)) {
+        let syn_ack = (seg.seq, info.l4_len.saturating_sub(seg.header_len).min(usize::from(u16::MAX)) as u16);
+        if !self.echoed.remember(c, info.now_ns, echoed, announced_mss(frame, info, seg), syn_ack) {
             self.stats.acks_untracked += 1;
         }
     }
@@ -649,6 +647,10 @@ impl Middlebox for HostId {
     }
 
     fn on_frame(&mut self, frame: &mut [u8], info: &FrameInfo) -> HookVerdict {
+        // A later fragment has no TCP header: what looks like one is data.
+        if matches!(fragment_part(frame, info.l3), Part::Later) {
+            return HookVerdict::Continue;
+        }
         let Some(seg) = Segment::read(frame, info) else { return HookVerdict::Continue };
         match (info.point, info.side) {
             (Point::BeforeTranslation, side) => {
@@ -710,6 +712,9 @@ impl Middlebox for HostId {
     fn reconfigure(&mut self, cfg: &EngineConfig) {
         if let Some(h) = &cfg.host_id {
             self.stats.rule_matches.resize(h.rules.len(), 0);
+            if h.rules != self.cfg.rules {
+                self.echoed.lift_refusals();
+            }
             self.cfg = h.clone();
         }
         self.translate = cfg.translate;
