@@ -11,20 +11,23 @@ SND.NXT = ISS+1, "If SEG.ACK =< ISS or SEG.ACK > SND.NXT ... discard"):
   it: a SYN-ACK acking ISN+1, a RST+ACK acking ISN+1, or a bare SYN (a
   simultaneous open); anything else is forwarded but the copies and the
   reset at the deadline go on;
-- an ICMP error (unreachable other than "fragmentation needed", time
-  exceeded) quoting the SYN natrix forwarded, ISN included, ends tracking
-  (seed 003 section 1: "host/port unreachable ICMP messages ... it aborts
-  the waiting state");
+- an ICMP error quoting the SYN natrix forwarded, ISN included, ends
+  tracking when it is one every stack gives up on (protocol or port
+  unreachable, administratively prohibited; seed 003 section 1: "host/port
+  unreachable ICMP messages ... it aborts the waiting state"); the soft
+  errors of RFC 1122 section 4.2.3.9 (net or host unreachable, time
+  exceeded) leave the attempt running;
 - the caller's own RST ends its attempt only when its sequence number is
   ISN+1 (RFC 9293 section 3.10.7.3: a RST the caller sends rejecting a stale
   SYN-ACK carries seq = that SYN-ACK's ack);
-- the caller's own retransmissions are absorbed only while natrix still has
-  copies to send; afterwards they are forwarded;
+- the caller's own retransmissions are absorbed to the deadline
+  (CONTRACTS.md), and check-config warns of a deadline past the schedule;
 - a SYN sent as IPv4 fragments is not tracked;
 - `interval` under 10 ms is refused;
 - with interval = "rtt", a reset at the deadline doubles the next interval
   (up to max(500 ms, 1.5 x learned)), a valid sample (answer to a first SYN
-  alone, Karn's rule) brings it back to 1.5 x the RFC 6298 smoothed time.
+  alone, Karn's rule) undoes the doublings 1.5 x the RFC 6298 smoothed
+  time no longer needs to cover 1.5 x that sample.
 
 Every test that says an attempt goes on checks both halves: the copies still
 leave on schedule AND the caller gets natrix's reset at the deadline; every

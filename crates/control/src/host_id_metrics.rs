@@ -47,7 +47,7 @@ impl Collector for HostIdFamilies {
         counter(
             &mut encoder,
             "host_id_acks_untracked",
-            "SYN-ACKs not remembered (table full of refused connections), so their first ACK got no HOST_ID_BOUCADAIR and no rule looked at it.",
+            "SYN-ACKs not remembered (table full), so their first ACK got no HOST_ID_BOUCADAIR and no rule looked at it; and refused connections not kept (refusals holding half the table).",
             t.acks_untracked,
         )?;
         counter(&mut encoder, "host_id_no_b4", "Segments from plain IPv4 subscribers written without HOST_ID_BOUCADAIR origin 3, which needs a DS-Lite B4.", t.no_b4)?;

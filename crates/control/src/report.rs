@@ -105,7 +105,9 @@ impl HostIdUse {
 }
 
 /// What the SYN accelerator did: first SYNs tracked, copies sent, attempts
-/// the server answered, resets sent to callers, first SYNs left untracked.
+/// an answer ended before the deadline (the server's, a simultaneous open,
+/// an ICMP error about the SYN), resets sent to callers, first SYNs left
+/// untracked.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct SynAccelUse {
     pub syns: u64,

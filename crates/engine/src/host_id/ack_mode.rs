@@ -4,10 +4,14 @@
 //! connections whose SYN-ACK passed, until its first ACK, the one segment
 //! after the SYN the rules inspect; and the connections a rule refused at
 //! that first ACK, whose later client segments are refused too (as a
-//! dropped SYN denies a connection), until the client resets or starts
-//! again, or falls silent for `REFUSED_NS`. A side table, so sessions that
-//! never use it cost nothing: it holds only connections between a SYN-ACK
-//! and the first ACK, and refused ones, and is bounded.
+//! dropped SYN denies a connection), until the client starts again, the
+//! rules change, or it falls silent for `REFUSED_NS`. A side table, so
+//! sessions that never use it cost nothing: it holds only connections
+//! between a SYN-ACK and the first ACK, and refused ones, at most half of
+//! it, so that refusals a client provokes cannot leave no room for other
+//! connections. It is bounded, and a full table takes nothing new (what
+//! it would have forgotten instead depends on nothing a replay could
+//! reproduce).
 
 use std::collections::HashMap;
 
@@ -70,6 +74,8 @@ impl Waiting {
 pub struct Echoed {
     seen: HashMap<Connection, Waiting>,
     capacity: usize,
+    /// Entries of `seen` that are refusals.
+    refusals: usize,
     /// When a full table may next look for connections that waited too
     /// long: one pass over it a second at most, not one per SYN-ACK.
     next_sweep_ns: u64,
@@ -77,52 +83,73 @@ pub struct Echoed {
 
 impl Echoed {
     pub fn new(capacity: usize) -> Echoed {
-        Echoed { seen: HashMap::new(), capacity: capacity.max(1), next_sweep_ns: 0 }
+        Echoed { seen: HashMap::new(), capacity: capacity.max(2), refusals: 0, next_sweep_ns: 0 }
     }
 
     /// Remembers that `c`'s SYN-ACK passed at `now_ns` (`syn_ack` its
     /// sequence number and data length) announcing `mss`, its server having
     /// `echoed` ENABLED or not (a retransmitted SYN-ACK keeps an echo seen
     /// before, the smaller MSS, and a refusal); false when the table is full
-    /// even after making room.
+    /// even of connections still waiting.
     pub fn remember(&mut self, c: Connection, now_ns: u64, echoed: bool, mss: u16, syn_ack: (u32, u16)) -> bool {
         if !self.room_for(&c, now_ns) {
             return false;
         }
         let (next, data) = (syn_ack.0.wrapping_add(1), syn_ack.1);
         let w = self.seen.entry(c).or_insert(Waiting { at_ns: now_ns, echoed, mss, refused: false, next, data });
-        *w = Waiting { at_ns: now_ns, echoed: echoed || w.echoed, mss: mss.min(w.mss), refused: w.refused, next, data };
+        // A refusal past its time is over, not renewed by the SYN-ACK.
+        let refused = w.refused && w.fresh(now_ns);
+        let lapsed = w.refused && !refused;
+        *w = Waiting { at_ns: now_ns, echoed: echoed || w.echoed, mss: mss.min(w.mss), refused, next, data };
+        self.refusals -= usize::from(lapsed);
         true
     }
 
     /// A rule refused `c`'s first ACK at `now_ns`: its later client
-    /// segments are refused too. (Its first ACK's entry was just taken, so
-    /// there is room.)
-    pub fn refuse(&mut self, c: Connection, now_ns: u64) {
-        if self.room_for(&c, now_ns) {
-            self.seen.insert(c, Waiting { at_ns: now_ns, echoed: false, mss: 0, refused: true, next: 0, data: 0 });
+    /// segments are refused too. False when refusals hold half the table
+    /// already: the connection's later segments then pass.
+    pub fn refuse(&mut self, c: Connection, now_ns: u64) -> bool {
+        if self.refusals * 2 >= self.capacity {
+            self.sweep(now_ns);
         }
+        if self.refusals * 2 >= self.capacity || !self.room_for(&c, now_ns) {
+            return false;
+        }
+        let before = self.seen.insert(c, Waiting { at_ns: now_ns, echoed: false, mss: 0, refused: true, next: 0, data: 0 });
+        if !before.is_some_and(|w| w.refused) {
+            self.refusals += 1;
+        }
+        true
     }
 
-    /// Whether `c` has, or can be given, an entry. A full table looks for
-    /// stale entries once a second at most, not once per SYN-ACK; still
-    /// full, it gives up a connection still waiting, any one: a flood of
-    /// SYN-ACKs from made-up servers then costs each real connection only
-    /// a small chance of going unjudged, not a certainty.
+    /// Whether `c` has, or can be given, an entry: a full table looks for
+    /// stale entries once a second at most, not once per SYN-ACK.
     fn room_for(&mut self, c: &Connection, now_ns: u64) -> bool {
         if self.seen.len() < self.capacity || self.seen.contains_key(c) {
             return true;
         }
-        if now_ns >= self.next_sweep_ns {
-            self.next_sweep_ns = now_ns + NS;
-            self.seen.retain(|_, w| w.fresh(now_ns));
+        self.sweep(now_ns);
+        self.seen.len() < self.capacity
+    }
+
+    /// Forgets the connections that waited too long, once a second at most.
+    fn sweep(&mut self, now_ns: u64) {
+        if now_ns < self.next_sweep_ns {
+            return;
         }
-        if self.seen.len() < self.capacity {
-            return true;
-        }
-        const LOOK_AT: usize = 16;
-        let waiting = self.seen.iter().take(LOOK_AT).find(|(_, w)| !w.refused).map(|(k, _)| *k);
-        waiting.is_some_and(|k| self.seen.remove(&k).is_some())
+        self.next_sweep_ns = now_ns + NS;
+        self.seen.retain(|_, w| w.fresh(now_ns));
+        self.count_refusals();
+    }
+
+    fn count_refusals(&mut self) {
+        self.refusals = self.seen.values().filter(|w| w.refused).count();
+    }
+
+    fn remove(&mut self, c: &Connection) -> Option<Waiting> {
+        let w = self.seen.remove(c)?;
+        self.refusals -= usize::from(w.refused);
+        Some(w)
     }
 
     /// `c`'s client's ACK, acknowledging `ack`: the SYN-ACK it is the first
@@ -138,13 +165,13 @@ impl Echoed {
         if !w.refused && ack.wrapping_sub(w.next) > u32::from(w.data) {
             return None;
         }
-        self.seen.remove(c).filter(|w| !w.refused && w.fresh(now_ns))
+        self.remove(c).filter(|w| !w.refused && w.fresh(now_ns))
     }
 
     /// The client opened `c` again: a refusal of the connection before goes.
     pub fn forget_refusal(&mut self, c: &Connection) {
         if self.seen.get(c).is_some_and(|w| w.refused) {
-            self.seen.remove(c);
+            self.remove(c);
         }
     }
 
@@ -153,6 +180,7 @@ impl Echoed {
     /// established normally).
     pub fn lift_refusals(&mut self) {
         self.seen.retain(|_, w| !w.refused);
+        self.refusals = 0;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -204,16 +232,19 @@ mod tests {
         let mut e = Echoed::new(4);
         assert!(e.remember(conn(1), 0, false, 536, SA));
         assert!(!e.take(&conn(1), 1, ACK).unwrap().refused, "the first ACK, judged");
-        e.refuse(conn(1), 1);
+        assert!(e.refuse(conn(1), 1));
         assert!(e.remember(conn(1), 2, false, 536, SA), "a retransmitted SYN-ACK keeps it");
+        assert!(e.remember(conn(9), 0, false, 536, SA) && e.take(&conn(9), 1, ACK).is_some() && e.refuse(conn(9), 1));
+        assert!(e.remember(conn(9), REFUSED_NS + 1, false, 536, SA), "a SYN-ACK after the refusal lapsed");
+        assert!(e.take(&conn(9), REFUSED_NS + 2, ACK).is_some_and(|w| !w.refused), "it does not revive it");
         for t in [REFUSED_NS, 2 * REFUSED_NS - 1, 3 * REFUSED_NS - 2] {
             assert!(e.take(&conn(1), t, 7).is_some_and(|w| w.refused), "refused at {t}: each refused segment renews it");
         }
         assert_eq!(e.take(&conn(1), 4 * REFUSED_NS, 7), None, "silent for REFUSED_NS: gone");
-        e.refuse(conn(2), 0);
+        assert!(e.refuse(conn(2), 0));
         e.forget_refusal(&conn(2));
         assert_eq!(e.take(&conn(2), 1, ACK), None, "the client opened it again");
-        e.refuse(conn(3), 0);
+        assert!(e.refuse(conn(3), 0));
         assert!(e.remember(conn(4), 0, true, 536, SA));
         e.lift_refusals();
         assert_eq!(e.take(&conn(3), 1, ACK), None, "new rules lift refusals");
@@ -234,26 +265,27 @@ mod tests {
     }
 
     #[test]
-    fn a_full_table_gives_up_one_waiting_entry_for_a_new_one() {
-        let mut e = Echoed::new(2);
-        e.refuse(conn(1), 0);
-        assert!(e.remember(conn(2), 0, true, 536, SA));
-        assert!(e.remember(conn(3), 1, true, 536, SA), "full of fresh entries: the waiting one gives way");
-        assert!(e.take(&conn(1), 2, ACK).is_some_and(|w| w.refused), "a refusal is never given up");
-        assert_eq!(e.take(&conn(2), 2, ACK), None);
-        assert!(e.take(&conn(3), 2, ACK).is_some());
+    fn refusals_take_half_the_table_at_most_and_a_full_table_takes_nothing_new() {
+        let mut e = Echoed::new(4);
+        assert!(e.refuse(conn(1), 0) && e.refuse(conn(2), 0));
+        assert!(!e.refuse(conn(3), 0), "half the table refused: no more");
+        assert!(e.remember(conn(4), 0, true, 536, SA) && e.remember(conn(5), 0, true, 536, SA), "the other half stays for connections waiting");
+        assert!(!e.remember(conn(6), 1, true, 536, SA), "full: nothing new");
+        assert!(e.take(&conn(4), 1, ACK).is_some() && e.take(&conn(1), 1, ACK).is_some_and(|w| w.refused), "nothing given up");
+        e.forget_refusal(&conn(1));
+        assert!(e.refuse(conn(3), 2), "a refusal gone makes room for another");
     }
 
-    /// Refusals are never given up for room; stale ones are looked for
-    /// once a second at most: a flood that finds the table full costs a
-    /// lookup each, not a pass.
+    /// Stale entries are looked for once a second at most: a flood that
+    /// finds the table full costs a lookup each, not a pass.
     #[test]
-    fn a_table_full_of_refusals_makes_room_from_stale_ones_at_most_once_a_second() {
+    fn a_full_table_makes_room_from_stale_entries_at_most_once_a_second() {
         let mut e = Echoed::new(2);
-        e.refuse(conn(1), 0);
-        e.refuse(conn(2), 0);
-        assert!(!e.remember(conn(3), REFUSED_NS - 1, true, 536, SA), "swept, nothing stale yet");
-        assert!(!e.remember(conn(3), REFUSED_NS + 1, true, 536, SA), "stale now, but swept under a second ago");
-        assert!(e.remember(conn(3), REFUSED_NS - 1 + NS, true, 536, SA), "the next sweep makes room");
+        assert!(e.refuse(conn(1), 0));
+        assert!(e.remember(conn(2), 0, true, 536, SA));
+        assert!(!e.remember(conn(3), WAIT_NS - 1, true, 536, SA), "swept, nothing stale yet");
+        assert!(!e.remember(conn(3), WAIT_NS + 1, true, 536, SA), "stale now, but swept under a second ago");
+        assert!(e.remember(conn(3), WAIT_NS - 1 + NS, true, 536, SA), "the next sweep makes room");
+        assert!(e.take(&conn(1), WAIT_NS + NS, ACK).is_some_and(|w| w.refused), "a refusal lasts longer");
     }
 }

@@ -4,15 +4,17 @@
 //! in front of servers it applies their policy on those options.
 //!
 //! ```text
-//!  before translation, either side:  SYN (and, in ACK mode, the client's first ACK after the SYN-ACK)
-//!      ──> [[host_id.rule]]: first match accept / log / drop / strip; no match accepts
+//!  before translation, either side:  SYN (and the client's first ACK after the SYN-ACK: in ACK mode,
+//!                                    and in a bump in the wire after an echo of ENABLED)
+//!      ──> [[host_id.rule]]: first match accept / log / drop / strip; no match accepts;
+//!          a dropped first ACK refuses its connection's later client segments
 //!  before translation, inside:       the subscriber's own address and port are staged
 //!  after translation, leaving outside (a subscriber's segment):
 //!      SYN ──> enabled options verified and corrected in place, others NOPed out,
 //!              the missing ones inserted after the host's own (the frame grows)
 //!      ACK mode, the first ACK after an echoed ENABLED ──> HOST_ID_BOUCADAIR the same way
 //!  after translation, leaving inside (ACK mode): the server's SYN-ACK loses its echo of ENABLED
-//!  after translation, a SYN-ACK (ACK mode): remembered for its first ACK after an echo, or for the rules
+//!  after translation, a SYN-ACK (ACK mode, or a bump with rules after an echo): remembered for its first ACK
 //! ```
 //!
 //! Values come from the subscriber's addresses as it sent the segment (the
@@ -24,8 +26,9 @@
 //! nor a segment the link's MTU: what does not fit is not inserted, and counted (`no_room`).
 //!
 //! Speed: in SYN mode only SYNs are looked at, so established traffic keeps
-//! NAPT44's fast path; ACK mode must see each client's first ACK, so every
-//! TCP segment takes the full path there.
+//! NAPT44's fast path; ACK mode, and a bump in the wire with rules, must see
+//! each client's first ACK, so every TCP segment takes the full path there
+//! (a bump has no other).
 
 mod ack_mode;
 mod options;
@@ -146,9 +149,9 @@ pub struct HostIdStats {
     pub echoes_removed: u64,
     /// ACK mode: first ACKs HOST_ID_BOUCADAIR was written into.
     pub acks_injected: u64,
-    /// SYN-ACKs not remembered, the table full of refused connections:
-    /// their first ACK gets no BOUCADAIR and no rule looks at it. (A
-    /// connection still waiting gives way to a new one, uncounted.)
+    /// SYN-ACKs not remembered, the table full: their first ACK gets no
+    /// BOUCADAIR and no rule looks at it; and refusals not kept, refusals
+    /// holding half the table: the connection's later segments pass.
     pub acks_untracked: u64,
     /// Segments from plain IPv4 subscribers that HOST_ID_BOUCADAIR origin 3
     /// (a B4's prefix) has nothing for: written without BOUCADAIR.
@@ -403,7 +406,9 @@ impl HostId {
     /// segments are dropped too, or its next one would complete the
     /// handshake at the server.
     fn refuse_connection(&mut self, info: &FrameInfo, seg: &Segment) {
-        self.echoed.refuse(client_connection(info, seg), info.now_ns);
+        if !self.echoed.refuse(client_connection(info, seg), info.now_ns) {
+            self.stats.acks_untracked += 1;
+        }
     }
 
     /// A subscriber's segment before translation: its own address and port,
@@ -552,7 +557,7 @@ impl HostId {
 
     /// Whether a SYN-ACK echoes ENABLED.
     fn carries_enabled(&self, frame: &[u8], info: &FrameInfo, seg: &Segment) -> bool {
-        seg.has_options() && Scan::of(&frame[info.l4..info.l4 + seg.header_len], &self.cfg.kinds).iter().any(|p| p.which == Which::Enabled)
+        seg.has_options() && Scan::of(&frame[info.l4..info.l4 + seg.header_len], &self.cfg.kinds).iter().any(|p| p.which == Which::Enabled && p.well_formed())
     }
 
     /// Overwrites the server's echoes of ENABLED in a SYN-ACK with NOPs;

@@ -11,8 +11,9 @@
 //! slower: every answer then comes after a copy, so no sample is ever taken
 //! again, and every attempt is reset before its answer. As RFC 6298 section
 //! 5 does, each reset at a deadline doubles the destination's interval, up
-//! to the default interval (or the learned one where that is longer): never
-//! slower to give up than before anything was learned. A sample keeps the
+//! to the default interval (or the learned one where that is longer): the
+//! doublings never make natrix slower to give up than the default schedule
+//! or the undoubled learned one, whichever is longer. A sample keeps the
 //! doublings that still cover 1.5 times it, since the smoothed time moves
 //! only an eighth of the way to it (and never adds any).
 
