@@ -22,7 +22,6 @@ from scapy.layers.inet6 import (
     ICMPv6EchoReply,
     ICMPv6EchoRequest,
     ICMPv6PacketTooBig,
-    ICMPv6ParamProblem,
     ICMPv6TimeExceeded,
     IPv6,
     IPv6ExtHdrDestOpt,
@@ -308,26 +307,11 @@ def test_adjusted_word_of_ffff_is_written_as_zero(replay_files):
 def test_unmappable_dropped_and_counted_both_ways(replay_files, inside, outside, host_in, host_out):
     """CONTRACTS: a subnet word of 0xFFFF (/48 and shorter), or four
     interface-identifier words of 0xFFFF (longer prefixes), has no mapping:
-    dropped and counted as `nptv6_unmappable`, in both directions. RFC 6296
-    section 3.7: "an ICMPv6 Parameter Problem error SHOULD be generated"
-    (RFC 4443 section 3.4): code 0, erroneous header field, its pointer at
-    the address at fault (8, the source, from inside; 24, the destination,
-    from outside), back to the sender from natrix's address on that side
-    (fe80::1 without one), quoting the packet as it arrived."""
-    sent = {"inside": udp_in(host_in), "outside": udp_out(host_out)}
-    recs, rep = run6(replay_files, config((inside, outside)), [(T0, "inside", sent["inside"]), (T0 + 1, "outside", sent["outside"])])
+    dropped and counted as `nptv6_unmappable`, in both directions."""
+    recs, rep = run6(replay_files, config((inside, outside)),
+                     [(T0, "inside", udp_in(host_in)), (T0 + 1, "outside", udp_out(host_out))])
+    assert recs == [], show(recs)
     assert rep["drops"] == {"nptv6_unmappable": 2}, rep["drops"]
-    assert sorted(r[1] for r in recs) == ["inside", "outside"], show(recs)
-    for rec in recs:
-        side, frame = rec[1], rec[2]
-        p = IPv6(ipv6_of(frame))
-        assert ICMPv6ParamProblem in p, show(recs)
-        err = p[ICMPv6ParamProblem]
-        offending = ipv6_of(sent[side])
-        assert (p.src, p.dst, err.code, err.ptr) == ("fe80::1", IPv6(offending).src, 0, 8 if side == "inside" else 24), p.show(dump=True)
-        assert bytes(err.payload)[:len(offending)] == offending, "the packet quoted as it arrived"
-        del err.cksum
-        assert IPv6(bytes(p))[ICMPv6ParamProblem].cksum == IPv6(ipv6_of(frame))[ICMPv6ParamProblem].cksum, "the ICMPv6 checksum"
 
 
 def test_hairpinning_between_two_hosts_of_the_site(replay_files):

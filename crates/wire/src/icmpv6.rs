@@ -480,15 +480,6 @@ impl<'a> ErrorMessage<'a> {
         Ok(ErrorMessage { src, dst: o.src_addr(), msg_type: kind::TIME_EXCEEDED, code: time_exceeded::HOP_LIMIT, param: 0, hop_limit: ERROR_HOP_LIMIT, offending })
     }
 
-    /// Parameter problem, erroneous header field (code 0), `pointer` the
-    /// offset in the offending packet of the field at fault, from `src` to
-    /// the offending packet's source. Errors if `offending` is not an IPv6
-    /// header.
-    pub fn parameter_problem(src: Ipv6Addr, offending: &'a [u8], pointer: u32) -> Result<ErrorMessage<'a>, WireError> {
-        let o = ipv6::Packet::new_lax(offending)?;
-        Ok(ErrorMessage { src, dst: o.src_addr(), msg_type: kind::PARAMETER_PROBLEM, code: parameter_problem::HEADER_FIELD, param: pointer, hop_limit: ERROR_HOP_LIMIT, offending })
-    }
-
     /// How many bytes of the offending packet the error quotes.
     pub fn quote_len(&self) -> usize {
         self.offending.len().min(MAX_QUOTE_LEN)
@@ -718,26 +709,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn a_parameter_problem_points_at_the_field_and_etherparse_reads_it() {
-        let off = hex(OFFENDING);
-        let e = ErrorMessage::parameter_problem(ROUTER, &off, 24).unwrap();
-        let mut out = [0u8; 128];
-        let n = e.emit(&mut out).unwrap();
-        let ip = ipv6::Packet::new_checked(&out[..n]).unwrap();
-        assert_eq!((ip.src_addr(), ip.dst_addr()), (ROUTER, A1));
-        let (h, rest) = etherparse::Icmpv6Header::from_slice(ip.payload()).unwrap();
-        assert_eq!(
-            h.icmp_type,
-            etherparse::Icmpv6Type::ParameterProblem(etherparse::icmpv6::ParameterProblemHeader {
-                code: etherparse::icmpv6::ParameterProblemCode::ErroneousHeaderField,
-                pointer: 24
-            })
-        );
-        assert_eq!(h.icmp_type.calc_checksum(ROUTER.octets(), A1.octets(), rest).unwrap(), Packet::new_checked(ip.payload()).unwrap().checksum());
-        assert_eq!(rest, &off[..], "the offending packet quoted whole");
     }
 
     #[test]

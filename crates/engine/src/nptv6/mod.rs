@@ -142,15 +142,6 @@ impl Nptv6 {
         Ok(out)
     }
 
-    /// Of a packet `translate` refused as unmappable, the offset in its
-    /// IPv6 header of the address at fault (RFC 4443's pointer): the
-    /// destination of one from outside, or of one from inside to a site's
-    /// outside prefix; else the source.
-    pub(crate) fn unmappable_field(&self, frame: &[u8], ip: &Ip6, arrived: Side) -> u32 {
-        let dst_at_fault = arrived == Side::Outside || self.mapped(address_at(frame, ip.l3 + DST_AT), Direction::Inbound).is_err();
-        (if dst_at_fault { DST_AT } else { SRC_AT }) as u32
-    }
-
     /// `addr` mapped in `dir` by the binding that covers it, if one does.
     fn mapped(&self, addr: u128, dir: Direction) -> Result<Option<u128>, DropReason> {
         match self.mappings.iter().find(|m| m.covers(addr, dir)) {

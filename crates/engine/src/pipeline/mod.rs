@@ -1039,15 +1039,7 @@ impl Engine {
             return Err(DropReason::LocalDestination);
         }
         self.router.check_hop_limit(frame, ip.l3, ip.total, ip.hop_limit, side)?;
-        let out = match self.nptv6.translate(frame, ip, side) {
-            Err(DropReason::Nptv6Unmappable) => {
-                // RFC 6296 section 3.7: a parameter problem goes back (as Linux does).
-                let pointer = self.nptv6.unmappable_field(frame, ip, side);
-                self.router.send_icmpv6_parameter_problem(frame, ip.l3, ip.total, side, pointer);
-                return Err(DropReason::Nptv6Unmappable);
-            }
-            verdict => verdict?,
-        };
+        let out = self.nptv6.translate(frame, ip, side)?;
         self.router.decrement_hop_limit(frame, ip.l3);
         Ok(Some(out))
     }

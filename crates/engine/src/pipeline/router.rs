@@ -159,36 +159,15 @@ impl Router {
 
     /// `total`: bytes of the offending packet (no Ethernet padding).
     fn send_icmpv6_time_exceeded(&mut self, frame: &[u8], l3: usize, total: usize, side: Side) {
-        self.send_icmpv6_error(frame, l3, total, side, natrix_wire::icmpv6::ErrorMessage::time_exceeded);
-    }
-
-    /// ICMPv6 parameter problem, erroneous header field at `pointer`
-    /// (RFC 4443 section 3.4), about the packet at `l3` (`total` bytes)
-    /// that arrived on `side`, from natrix's `address6` there.
-    pub fn send_icmpv6_parameter_problem(&mut self, frame: &[u8], l3: usize, total: usize, side: Side, pointer: u32) {
-        self.send_icmpv6_error(frame, l3, total, side, |src, offending| natrix_wire::icmpv6::ErrorMessage::parameter_problem(src, offending, pointer));
-    }
-
-    /// An ICMPv6 error `build` makes about the packet at `l3`, sent back
-    /// where it came from: never about an error, to a multicast or
-    /// link-layer broadcast sender, or past the error budget.
-    fn send_icmpv6_error<'a>(
-        &mut self,
-        frame: &'a [u8],
-        l3: usize,
-        total: usize,
-        side: Side,
-        build: impl FnOnce(std::net::Ipv6Addr, &'a [u8]) -> Result<natrix_wire::icmpv6::ErrorMessage<'a>, natrix_wire::WireError>,
-    ) {
         let offending = &frame[l3..l3 + total];
-        let src = self.links.addr6[side as usize].map_or(FALLBACK_SOURCE6, |a| a.addr);
-        let Ok(error) = build(src, offending) else { return };
-        if frame.first().is_none_or(|b| b & 1 != 0) || !natrix_wire::icmpv6::may_send_error(offending, error.msg_type, error.code) {
+        if frame.first().is_none_or(|b| b & 1 != 0) || !natrix_wire::icmpv6::may_send_error(offending, natrix_wire::icmpv6::kind::TIME_EXCEEDED, 0) {
             return;
         }
         if !self.spend_error_budget() {
             return;
         }
+        let src = self.links.addr6[side as usize].map_or(FALLBACK_SOURCE6, |a| a.addr);
+        let Ok(error) = natrix_wire::icmpv6::ErrorMessage::time_exceeded(src, offending) else { return };
         let mut buf = self.out.buffer();
         buf.extend_from_slice(&frame[..l3]);
         natrix_wire::ethernet::swap_addresses(&mut buf);
