@@ -270,18 +270,20 @@ impl Offloader {
     }
 
     /// What the engine did with the frame whose head was `before`, arrived
-    /// on `side`: `verdict`, leaving `after`. A flow is not learnt from a
-    /// frame that came with a partial checksum, as the program hands such
-    /// frames back: one learnt would sit in the table unused; and one in
-    /// the table is forgotten, as for any frame not learnt from (a FIN),
-    /// with the other direction of its flow: a FIN or RST ends both.
+    /// on `side`: `verdict`, leaving `after`. A flow direction in the table
+    /// is forgotten on a frame not learnt from (a FIN), with the other
+    /// direction of its flow: a FIN or RST ends both. A frame whose
+    /// checksum looked partial is not learnt from, as the program hands
+    /// such frames back (a flow learnt from one would sit in the table
+    /// unused), but changes nothing for a flow in the table when it is
+    /// otherwise plain: one whole frame in 65,535 looks partial, and a bulk
+    /// transfer would lose its offload to it.
     fn observe(&mut self, engine: &Engine, side: Side, (before, partial): (&Head, bool), verdict: Verdict, after: &[u8], now: u64) {
         let ifindex = self.plan.table.ifindex[side as usize];
         let Some(key) = offload::flow_key(before, ifindex) else { return };
         let known = self.known.contains_key(&key);
         let learnt = match verdict {
-            _ if partial => None,
-            Verdict::Forward(to) if self.plan.table.redirects.taken(to) && (known || self.ready_to_learn(&key, now)) => {
+            Verdict::Forward(to) if self.plan.table.redirects.taken(to) && (known || (!partial && self.ready_to_learn(&key, now))) => {
                 let learnt = engine.may_offload(before, side).then(|| offload::learn(before, ifindex, after, self.plan.egress(to))).flatten();
                 if learnt.is_none() {
                     // Counted again from 0: a flow the engine keeps is
@@ -293,6 +295,7 @@ impl Offloader {
             _ => None,
         };
         match learnt {
+            Some(_) if partial => {}
             Some((action, to)) => self.keep(key, action, to, (side, before), now),
             None if known => self.forget_flow(&key, Returned::Frame),
             None => {}
