@@ -464,7 +464,7 @@ impl HostId {
     fn enforce(&mut self, frame: &mut [u8], info: &FrameInfo, seg: &Segment) -> HookVerdict {
         let (tcp_at, hl) = (info.l4, seg.header_len);
         // A later fragment never reaches here (`on_frame`).
-        let fragment = matches!(fragment_part(frame, info.l3), Part::First);
+        let fragment = info.first_frag;
         let scan = Scan::of(&frame[tcp_at..tcp_at + hl], &self.cfg.kinds);
         let mut kept = [false; 3];
         let mut delta = Delta::default();
@@ -618,23 +618,6 @@ fn apply_tcp_checksum(frame: &mut [u8], tcp_at: usize, delta: Delta) {
     frame[at..at + 2].copy_from_slice(&c.to_be_bytes());
 }
 
-/// A fragment's TCP header cannot grow (the offsets of the later fragments
-/// would move), and a later fragment has none: left as it is.
-/// Which part of its datagram an IPv4 frame is.
-enum Part {
-    Whole,
-    First,
-    Later,
-}
-
-fn fragment_part(frame: &[u8], l3: usize) -> Part {
-    match natrix_wire::ipv4::Packet::new_lax(&frame[l3..]) {
-        Ok(p) if !p.is_fragment() => Part::Whole,
-        Ok(p) if p.frag_offset() == 0 => Part::First,
-        _ => Part::Later,
-    }
-}
-
 impl Middlebox for HostId {
     fn point(&self) -> Point {
         Point::Both
@@ -653,7 +636,7 @@ impl Middlebox for HostId {
 
     fn on_frame(&mut self, frame: &mut [u8], info: &FrameInfo) -> HookVerdict {
         // A later fragment has no TCP header: what looks like one is data.
-        if matches!(fragment_part(frame, info.l3), Part::Later) {
+        if info.later_frag {
             return HookVerdict::Continue;
         }
         let Some(seg) = Segment::read(frame, info) else { return HookVerdict::Continue };

@@ -94,6 +94,10 @@ pub struct FrameInfo {
     pub src: u32,
     pub dst: u32,
     pub tcp_flags: u8,
+    /// A fragment's first piece (it holds the transport header), or a later
+    /// one (what follows its IPv4 header is data, not a transport header).
+    pub first_frag: bool,
+    pub later_frag: bool,
     /// The side the frame arrived on (before translation) or leaves by (after).
     pub side: Side,
     /// The point this call is made at (never `Both`).
@@ -374,6 +378,8 @@ impl Hooks {
             src,
             dst,
             tcp_flags: ip.tcp_flags,
+            first_frag: ip.first_frag,
+            later_frag: ip.later_frag,
             side: ctx.side,
             point: at,
             now_ns: ctx.now_ns,

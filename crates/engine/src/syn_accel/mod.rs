@@ -281,13 +281,6 @@ enum Answer {
     Other,
 }
 
-/// Whether the IPv4 datagram at `l3` is a fragment: a SYN in one is not
-/// tracked, as its copy would be a lone first fragment that never
-/// reassembles.
-fn is_fragment(frame: &[u8], l3: usize) -> bool {
-    frame.get(l3 + 6..l3 + 8).is_some_and(|b| u16::from_be_bytes([b[0], b[1]]) & 0x3fff != 0)
-}
-
 /// An ICMP error about a SYN that every stack in SYN-SENT gives up on: a
 /// destination unreachable of RFC 1122 section 4.2.3.9's hard kind
 /// (protocol or port unreachable) or an administrative prohibition (RFC
@@ -373,7 +366,8 @@ impl SynAccel {
                 _ => self.attempts.retire(id),
             }
         }
-        if !is_fragment(frame, info.l3) {
+        // A copy of a lone first fragment would never reassemble.
+        if !(info.first_frag || info.later_frag) {
             self.staged = Some(Staged { key, isn: seg.seq, data_len: seg.data_len, at_ns: info.now_ns });
         }
         HookVerdict::Continue
