@@ -42,7 +42,7 @@ const IDLE_NS: u64 = 10_000_000_000;
 /// mapping a PCP client deleted).
 const SWEEP_NS: u64 = 1_000_000_000;
 /// Flow directions a sweep goes through per round of the worker's loop at
-/// least: a system call each, so that a busy worker with many flows
+/// least: a session refresh each, so that a busy worker with many flows
 /// spreads them out rather than stopping for all of them at once. An idle
 /// worker, whose rounds come only as often as it wakes, takes more per
 /// round, so that every sweep still ends within `SWEEP_NS`.

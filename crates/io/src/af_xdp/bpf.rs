@@ -25,6 +25,8 @@ pub(super) const BPF_MAP_TYPE_ARRAY: u32 = 2;
 pub(super) const BPF_MAP_TYPE_PERCPU_ARRAY: u32 = 6;
 pub(super) const BPF_MAP_TYPE_XSKMAP: u32 = 17;
 pub(super) const BPF_F_NO_PREALLOC: u32 = 1;
+/// An array map whose values this process may map into its memory (Linux 5.5).
+pub(super) const BPF_F_MMAPABLE: u32 = 1 << 10;
 const BPF_PROG_TYPE_XDP: u32 = 6;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
 
@@ -324,6 +326,49 @@ pub(super) fn map_lookup<K, V: ?Sized>(map: &OwnedFd, key: &K, value: &mut V) ->
 pub(super) fn map_delete<K>(map: &OwnedFd, key: &K) -> io::Result<()> {
     let attr = MapElemAttr { map_fd: map.as_raw_fd() as u32, _pad: 0, key: key as *const K as u64, value: 0, flags: 0 };
     bpf(BPF_MAP_DELETE_ELEM, &attr).map(drop)
+}
+
+/// The values of an array map made with `BPF_F_MMAPABLE`, mapped into
+/// this process: read and written without a system call, while programs
+/// read and write them too, so only through raw pointers (`at`), never
+/// through references.
+pub(super) struct ArrayView {
+    base: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the view is plain shared memory; every access goes through the
+// raw pointers `at` hands out, whose users keep to volatile or atomic access.
+unsafe impl Send for ArrayView {}
+unsafe impl Sync for ArrayView {}
+
+impl ArrayView {
+    /// Maps the first `len` bytes of `map`'s values (`max_entries` times
+    /// the value size rounded up to 8 bytes, for an array map).
+    pub(super) fn map(map: &OwnedFd, len: usize) -> io::Result<ArrayView> {
+        // SAFETY: a fresh shared mapping of a map's fd; the kernel checks
+        // that the map allows it and that `len` lies within its values.
+        let at = unsafe { libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, map.as_raw_fd(), 0) };
+        if at == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = std::ptr::NonNull::new(at.cast()).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        Ok(ArrayView { base, len })
+    }
+
+    /// Where the `size` bytes at `offset` lie; panics outside the view.
+    pub(super) fn at(&self, offset: usize, size: usize) -> *mut u8 {
+        assert!(offset.checked_add(size).is_some_and(|end| end <= self.len), "{offset}+{size} outside a view of {} bytes", self.len);
+        // SAFETY: within the mapping, checked above.
+        unsafe { self.base.as_ptr().add(offset) }
+    }
+}
+
+impl Drop for ArrayView {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `map` made, unmapped once.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
 }
 
 /// Loads an XDP program; a refusal carries the verifier's log.

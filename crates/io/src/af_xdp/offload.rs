@@ -30,6 +30,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -137,7 +138,7 @@ const _: () = assert!(size_of::<FlowAction>() == 56 && size_of::<FlowKey>() == 2
 
 /// An array slot: a flow's action, and the key of the flow it is for.
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Slot {
     action: FlowAction,
     key: FlowKey,
@@ -178,6 +179,10 @@ pub struct Offload {
     flows: OwnedFd,
     /// Slot index to `Slot`.
     slots: OwnedFd,
+    /// The slots in natrix's memory: a slot is written, and its count
+    /// read, without a system call (a sweep reads every flow's count
+    /// once a second, and a busy CGN has a table's worth of flows).
+    slot_view: bpf::ArrayView,
     forwarded: OwnedFd,
     /// The slots, in shards by key, each over its own range: workers
     /// installing and removing flows at once mostly take different locks.
@@ -232,12 +237,13 @@ impl Offload {
         // that a flow's slot can rest while a new flow takes another.
         let flows = bpf::map_create(bpf::BPF_MAP_TYPE_HASH, size_of::<FlowKey>(), size_of::<u32>(), capacity, bpf::BPF_F_NO_PREALLOC)?;
         let slot_count = capacity.saturating_mul(2);
-        let slots = bpf::map_create(bpf::BPF_MAP_TYPE_ARRAY, size_of::<u32>(), size_of::<Slot>(), slot_count, 0)?;
+        let slots = bpf::map_create(bpf::BPF_MAP_TYPE_ARRAY, size_of::<u32>(), size_of::<Slot>(), slot_count, bpf::BPF_F_MMAPABLE)?;
+        let slot_view = bpf::ArrayView::map(&slots, slot_count as usize * size_of::<Slot>())?;
         let forwarded = bpf::map_create(bpf::BPF_MAP_TYPE_PERCPU_ARRAY, size_of::<u32>(), size_of::<Forwarded>(), COUNTERS, 0)?;
         let shards = (slot_count / SLOTS_PER_SHARD).clamp(1, SHARDS);
         let per_shard = slot_count / shards;
         let slot_tables = (0..shards).map(|i| Mutex::new(SlotTable::new(i * per_shard..(i + 1) * per_shard, rest))).collect();
-        Ok(Offload { flows, slots, forwarded, slot_tables })
+        Ok(Offload { flows, slots, slot_view, forwarded, slot_tables })
     }
 
     /// The shard of `key`'s slots, locked.
@@ -256,8 +262,10 @@ impl Offload {
     pub fn install(&self, key: &FlowKey, action: &FlowAction) -> io::Result<()> {
         let mut table = self.slot_table(key);
         let slot = table.take(Instant::now()).ok_or_else(|| io::Error::from_raw_os_error(libc::E2BIG))?;
-        let written = bpf::map_update(&self.slots, &slot, &Slot { action: FlowAction { frames: 0, ..*action }, key: *key, _pad: 0 });
-        if let Err(e) = written.and_then(|()| bpf::map_update(&self.flows, key, &slot)) {
+        self.write_slot(slot, &Slot { action: FlowAction { frames: 0, ..*action }, key: *key, _pad: 0 });
+        // The system call publishes the entry (the kernel's insertion is a
+        // release store), so a program that finds it finds the slot written.
+        if let Err(e) = bpf::map_update(&self.flows, key, &slot) {
             table.free.push(slot);
             return Err(e);
         }
@@ -271,9 +279,24 @@ impl Offload {
     /// table since it was installed; None where it is not there.
     pub fn frames(&self, key: &FlowKey) -> Option<u64> {
         let slot = *self.slot_table(key).by_key.get(key)?;
-        let mut s = Slot::default();
-        bpf::map_lookup(&self.slots, &slot, &mut s).ok()?;
-        Some(s.action.frames)
+        Some(self.slot_frames(slot))
+    }
+
+    /// Writes slot `index`, one no program reads: fresh or rested, and
+    /// no table entry leads to it yet.
+    fn write_slot(&self, index: u32, slot: &Slot) {
+        let at = self.slot_view.at(index as usize * size_of::<Slot>(), size_of::<Slot>());
+        // SAFETY: within the view (`at` checks), and aligned: the view
+        // starts on a page and slots lie 80 bytes apart.
+        unsafe { at.cast::<Slot>().write_volatile(*slot) };
+    }
+
+    /// The frames the program counted in slot `index`.
+    fn slot_frames(&self, index: u32) -> u64 {
+        let at = self.slot_view.at(index as usize * size_of::<Slot>() + A_FRAMES as usize, size_of::<u64>());
+        // SAFETY: within the view and 8-byte aligned; the program writes
+        // the count with one 8-byte store, so a read sees one whole value.
+        unsafe { (*at.cast::<AtomicU64>()).load(Relaxed) }
     }
 
     /// Takes a flow direction out of the table; its next frame goes to the
