@@ -81,6 +81,45 @@ fn cpu_line_busy_ns(values: &[u64], monotonic_ns: u64) -> Option<u64> {
     Some(monotonic_ns.saturating_sub(ticks_to_ns(away)))
 }
 
+/// A thread's CPU time so far and the CPU it last ran on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThreadTime {
+    pub tid: u32,
+    pub name: String,
+    pub cpu_ns: u64,
+    pub last_cpu: u32,
+}
+
+/// Every thread on the machine whose name starts with one of `prefixes`
+/// (the kernel's NAPI threads, natrix's workers), read from /proc; threads
+/// that end while it reads are left out.
+pub fn threads_named(prefixes: &[&str]) -> Vec<ThreadTime> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let tasks = procs.flatten().filter(|p| p.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())));
+    let mut found = Vec::new();
+    for proc_dir in tasks {
+        let Ok(threads) = std::fs::read_dir(proc_dir.path().join("task")) else { continue };
+        for thread in threads.flatten() {
+            let Ok(stat) = std::fs::read_to_string(thread.path().join("stat")) else { continue };
+            if let Some(t) = parse_thread_stat(&stat).filter(|t| prefixes.iter().any(|p| t.name.starts_with(p))) {
+                found.push(t);
+            }
+        }
+    }
+    found
+}
+
+/// A thread's /proc stat line: its id, name (in parentheses, which may
+/// hold spaces and parentheses), user and system time, last CPU (field 39).
+fn parse_thread_stat(stat: &str) -> Option<ThreadTime> {
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let tid = stat[..open].trim().parse().ok()?;
+    let name = stat.get(open + 1..close)?.to_owned();
+    let f: Vec<&str> = stat.get(close + 2..)?.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ThreadTime { tid, name, cpu_ns: ticks_to_ns(ticks), last_cpu: f.get(36)?.parse().ok()? })
+}
+
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: ts is a valid timespec for clock_gettime to fill.
@@ -100,6 +139,36 @@ mod tests {
         assert!(machine_busy_ns().is_some_and(|ns| ns > 0));
         assert!(softirq_ns().is_some() && cpu_busy_ns(&[0]).is_some_and(|ns| ns > 0));
         assert_eq!(cpu_busy_ns(&[0, 999_999]), None);
+    }
+
+    #[test]
+    fn a_thread_stat_line_gives_its_name_time_and_last_cpu() {
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        // proc(5): utime and stime are fields 14 and 15, processor 39.
+        let mut fields: Vec<String> = (3..=52).map(|n| format!("{}", n * 1000)).collect();
+        fields[14 - 3] = hz.to_string();
+        fields[15 - 3] = (hz / 2).to_string();
+        fields[39 - 3] = "7".into();
+        let line = format!("4242 (napi/in (x)-8) {}", fields.join(" "));
+        let t = parse_thread_stat(&line).unwrap();
+        assert_eq!(t, ThreadTime { tid: 4242, name: "napi/in (x)-8".into(), cpu_ns: 1_500_000_000, last_cpu: 7 });
+        assert_eq!(parse_thread_stat("4242 (short) S 1 2"), None);
+    }
+
+    #[test]
+    fn this_thread_is_found_by_its_name() {
+        let found = std::thread::Builder::new()
+            .name("nx-cputime-t".into())
+            .spawn(|| {
+                // SAFETY: gettid has no preconditions.
+                let tid = unsafe { libc::gettid() } as u32;
+                threads_named(&["nx-cputime-"]).into_iter().map(|t| t.tid).collect::<Vec<_>>() == vec![tid]
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(found);
     }
 
     #[test]

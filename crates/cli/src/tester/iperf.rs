@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use natrix_tester::report::{object, Criterion, Line};
 use serde_json::{json, Map, Value};
 
+use super::cputime::{threads_named, ThreadTime};
 use super::lab::{cpu_set, EdgeDrops, IperfCpus, QueueFrames};
 use super::tcp_meter::{CpuShares, Meter};
 use crate::Failure;
@@ -39,6 +40,7 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
     }
     let drops_before = EdgeDrops::read();
     let queues_before = QueueFrames::read();
+    let threads_before = (Instant::now(), threads_named(&WATCHED_THREADS));
     let meter = Meter::start();
     // A client that fails ends those started before it (`Client`'s drop).
     let clients = streams.iter().enumerate().map(|(i, cpus)| Client::start(port(i), seconds, cpus.client)).collect::<Result<Vec<_>, _>>()?;
@@ -46,6 +48,7 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
     let cpu = meter.and_then(|m| m.finish(device_cpus));
     let dropped = drops_before.zip(EdgeDrops::read()).map(|(before, after)| after.since(&before));
     let by_queue = queues_before.zip(QueueFrames::read()).and_then(|(before, after)| after.since(&before));
+    let threads = thread_shares(&threads_before, &threads_named(&WATCHED_THREADS));
     let (mut bps, mut retransmits, mut each) = (0.0, 0, Vec::with_capacity(finished.len()));
     for ((out, client_cpu), (server, server_cpu)) in finished.iter().zip(&servers) {
         let (stream_bps, stream_retransmits) = received(out, &server.port)?;
@@ -65,8 +68,26 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
     if let Some(links) = by_queue {
         result.insert("frames_by_queue".into(), links.into_iter().map(|(dev, frames)| (dev.to_owned(), json!(frames))).collect::<Map<_, _>>().into());
     }
+    result.insert("threads".into(), threads);
     let generator_limited = cpu.is_some_and(|c| c.lab_was_the_limit());
     Ok(Line { test: "tcp_throughput", dut: dut.to_owned(), frame_size: 1518, flows: streams.len() as u64, criterion: Criterion::Zero, method: "iperf3", result, generator_limited })
+}
+
+/// The threads whose CPU a TCP result shows: every NAPI thread (the
+/// device's links', the switch's) and natrix's workers.
+const WATCHED_THREADS: [&str; 2] = ["napi/", "natrix-w"];
+
+/// Each thread seen at both ends of the run: its name, the CPU it last
+/// ran on, and the share of the run it was running, which tells a thread
+/// that starved (or starved another on its CPU) from one that idled.
+fn thread_shares((started, before): &(Instant, Vec<ThreadTime>), after: &[ThreadTime]) -> Value {
+    let elapsed_ns = started.elapsed().as_nanos().max(1) as f64;
+    let shares = after.iter().filter_map(|t| {
+        let earlier = before.iter().find(|b| b.tid == t.tid)?;
+        let busy = t.cpu_ns.saturating_sub(earlier.cpu_ns) as f64 / elapsed_ns;
+        Some(json!({"name": t.name, "cpu": t.last_cpu, "busy": (busy * 1000.0).round() / 1000.0}))
+    });
+    Value::Array(shares.collect())
 }
 
 /// The port of stream `i`'s server: iperf3's own, then the ports after it.
