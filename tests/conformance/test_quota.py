@@ -89,6 +89,32 @@ def test_session_limit_per_subscriber(replay):
     assert rep["drops"].get("session_quota", 0) == 1, rep["drops"]
 
 
+def test_session_limit_per_mapping_holds_off_remotes_with_endpoint_independent_filtering(replay):
+    """RFC 6888 REQ-5 (seed 004): a CGN SHOULD support limiting the state
+    memory allocated per mapping as well as per subscriber. With
+    endpoint-independent filtering (RFC 4787 REQ-8) any remote's packet to a
+    mapping makes a session; with max_sessions_per_mapping = 3 the mapping
+    holds its own session and two from remotes, a third remote's is dropped
+    (mapping_session_quota), the subscriber's other mapping still opens
+    sessions within its per-subscriber limit, and the sessions already there
+    keep working."""
+    nat = {"filtering": "endpoint-independent", "max_sessions_per_mapping": 3, "max_sessions_per_subscriber": 100, "exhaustion_icmp": "none"}
+    s = h.Scenario(replay, h.make_config(nat=nat))
+    s.add(T0, "inside", udp_out(SUB_A, 40000, SRV1, 5000, b"own"))
+    s.add(T0 + 0.1, "outside", udp_in(h.SRV2, 6001, POOL1, 40000, b"r1"))
+    s.add(T0 + 0.2, "outside", udp_in(h.SRV2, 6002, POOL1, 40000, b"r2"))
+    s.add(T0 + 0.3, "outside", udp_in(h.SRV3, 6003, POOL1, 40000, b"r3-over"))
+    s.add(T0 + 0.4, "outside", udp_in(h.SRV2, 6001, POOL1, 40000, b"r1-again"))
+    s.add(T0 + 0.5, "outside", udp_in(SRV1, 5000, POOL1, 40000, b"own-reply"))
+    s.add(T0 + 0.6, "inside", udp_out(SUB_A, 40002, h.SRV3, 5000, b"other-mapping"))
+    outs, rep = s.run()
+    for p in (b"r1", b"r2", b"r1-again", b"own-reply"):
+        assert one(outs, "inside", has_payload(p)).pkt[UDP].dport == 40000
+    none_of(outs, "inside", has_payload(b"r3-over"), "a fourth session through the mapping")
+    one(outs, "outside", has_payload(b"other-mapping"), "the subscriber's other mapping")
+    assert rep["drops"].get("mapping_session_quota", 0) == 1, rep["drops"]
+
+
 def test_new_mappings_rate_limit(replay):
     """RFC 6888 REQ-5 b ("rate-limit the subscriber's creation of new
     mappings"; contract max_new_mappings_per_second, drop reason

@@ -476,6 +476,7 @@ fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) 
     }
     e.max_new_mappings_per_second = s.integer("max_new_mappings_per_second", 0, u32::MAX)?.unwrap_or(e.max_new_mappings_per_second);
     e.max_sessions_per_subscriber = s.integer("max_sessions_per_subscriber", 1, u32::MAX)?.unwrap_or(e.max_sessions_per_subscriber);
+    e.max_sessions_per_mapping = s.integer("max_sessions_per_mapping", 0, u32::MAX)?.unwrap_or(e.max_sessions_per_mapping);
     e.max_sessions = s.integer("max_sessions", 1, 1 << 28)?.unwrap_or(e.max_sessions);
     e.max_subscribers = s.integer("max_subscribers", 1, 1 << 24)?.unwrap_or(e.max_subscribers);
     e.port_block_size = s.integer("port_block_size", 0, range)?.map(|v| v as u16).unwrap_or(e.port_block_size);
@@ -980,6 +981,7 @@ const KNOWN_KEYS: &[(&str, &[&str])] = &[
             "max_ports_per_protocol",
             "max_new_mappings_per_second",
             "max_sessions_per_subscriber",
+            "max_sessions_per_mapping",
             "max_sessions",
             "max_subscribers",
             "port_block_size",

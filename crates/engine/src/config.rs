@@ -136,6 +136,9 @@ pub struct EngineConfig {
     /// 0 means unlimited.
     pub max_new_mappings_per_second: u32,
     pub max_sessions_per_subscriber: u32,
+    /// Sessions one mapping may hold (RFC 6888 REQ-5); 0: only the
+    /// subscriber's limit.
+    pub max_sessions_per_mapping: u32,
     pub max_sessions: u32,
     pub max_subscribers: u32,
     /// 0: one port at a time.
@@ -196,6 +199,7 @@ impl Default for EngineConfig {
             max_ports_per_protocol: [u32::MAX; Proto::COUNT],
             max_new_mappings_per_second: 0,
             max_sessions_per_subscriber: 10_000,
+            max_sessions_per_mapping: 0,
             max_sessions: 1 << 20,
             max_subscribers: 1 << 16,
             port_block_size: 0,

@@ -55,6 +55,7 @@ drop_reasons! {
     UnsolicitedSyn => "unsolicited_syn", "inbound SYN with no mapping (RFC 5382 REQ-4)";
     PortQuota => "port_quota", "subscriber reached its external port limit";
     SessionQuota => "session_quota", "subscriber reached its session limit";
+    MappingSessionQuota => "mapping_session_quota", "mapping reached its session limit (max_sessions_per_mapping, RFC 6888 REQ-5)";
     RateLimited => "rate_limited", "subscriber exceeded new mappings per second";
     PoolExhausted => "pool_exhausted", "no free external port on the subscriber's address";
     SessionTableFull => "session_table_full", "session table at capacity";
@@ -79,7 +80,13 @@ impl DropReason {
     pub fn is_resource(self) -> bool {
         matches!(
             self,
-            DropReason::PortQuota | DropReason::SessionQuota | DropReason::RateLimited | DropReason::PoolExhausted | DropReason::SessionTableFull | DropReason::SubscriberTableFull
+            DropReason::PortQuota
+                | DropReason::SessionQuota
+                | DropReason::MappingSessionQuota
+                | DropReason::RateLimited
+                | DropReason::PoolExhausted
+                | DropReason::SessionTableFull
+                | DropReason::SubscriberTableFull
         )
     }
 }

@@ -341,6 +341,59 @@ fn filtering_modes() {
     filtering_case(Filtering::AddressAndPortDependent, false, false);
 }
 
+/// RFC 6888 REQ-5 (seed 004): remotes reaching a mapping through
+/// endpoint-independent filtering make sessions only up to
+/// `max_sessions_per_mapping`, so that they cannot spend the subscriber's
+/// whole session quota through one mapping: the subscriber's other
+/// mappings still open sessions, and a remote whose session is there still
+/// gets through.
+#[test]
+fn remotes_reaching_a_mapping_stop_at_its_session_limit_and_the_subscriber_goes_on() {
+    let cfg = natrix_engine::EngineConfig { max_sessions_per_mapping: 3, max_sessions_per_subscriber: 100, ..config() };
+    let mut e = engine(cfg);
+    let (_, x) = udp_out(&mut e, SUB, 5000, REMOTE, 9000, b"x", false, SEC);
+    let x = must_decode(&x);
+    let (ea, pa) = (x.src(), x.udp().source_port);
+    let outsider = [198, 51, 100, 66];
+    for (i, port) in [7001u16, 7002].into_iter().enumerate() {
+        let mut f = udp_frame(Side::Outside, outsider, port, ea, pa, 64, b"in", false);
+        assert_eq!(e.process(&mut f, Side::Outside, 2 * SEC + i as u64), Verdict::Forward(Side::Inside), "session {} of 3", i + 2);
+    }
+    let mut f = udp_frame(Side::Outside, outsider, 7003, ea, pa, 64, b"in", false);
+    assert_eq!(e.process(&mut f, Side::Outside, 3 * SEC), Verdict::Drop(DropReason::MappingSessionQuota), "a fourth session");
+    let mut again = udp_frame(Side::Outside, outsider, 7001, ea, pa, 64, b"in", false);
+    assert_eq!(e.process(&mut again, Side::Outside, 4 * SEC), Verdict::Forward(Side::Inside), "an existing session");
+    let mut reply = udp_frame(Side::Outside, REMOTE, 9000, ea, pa, 64, b"r", false);
+    assert_eq!(e.process(&mut reply, Side::Outside, 4 * SEC), Verdict::Forward(Side::Inside), "the subscriber's own session");
+    let _ = outputs(&mut e);
+    // The subscriber's own new session through the full mapping is refused
+    // as quota (RFC 6888 REQ-11: answered with ICMP), its other mappings not.
+    let mut own = udp_frame(Side::Inside, SUB, 5000, [198, 51, 100, 8], 9000, 64, b"x", false);
+    assert_eq!(e.process(&mut own, Side::Inside, 5 * SEC), Verdict::Drop(DropReason::MappingSessionQuota));
+    let out = outputs(&mut e);
+    assert_eq!(out.len(), 1, "one refusal");
+    let d = must_decode(&out[0].2);
+    assert_eq!((out[0].0, d.dst()), (Side::Inside, SUB));
+    assert!(matches!(d.icmp().icmp_type, Icmpv4Type::DestinationUnreachable(DestUnreachableHeader::Host)));
+    udp_out(&mut e, SUB, 5001, [198, 51, 100, 8], 9000, b"x", false, 6 * SEC);
+}
+
+/// Without `max_sessions_per_mapping` (0, the default) a mapping takes
+/// sessions up to the subscriber's limit alone.
+#[test]
+fn by_default_a_mappings_sessions_are_bounded_by_the_subscribers_limit_alone() {
+    let mut e = engine(natrix_engine::EngineConfig { max_sessions_per_subscriber: 40, ..config() });
+    let (_, x) = udp_out(&mut e, SUB, 5000, REMOTE, 9000, b"x", false, SEC);
+    let x = must_decode(&x);
+    let (ea, pa) = (x.src(), x.udp().source_port);
+    for port in 7001..7040u16 {
+        let mut f = udp_frame(Side::Outside, [198, 51, 100, 66], port, ea, pa, 64, b"in", false);
+        assert_eq!(e.process(&mut f, Side::Outside, 2 * SEC), Verdict::Forward(Side::Inside), "port {port}");
+    }
+    let mut f = udp_frame(Side::Outside, [198, 51, 100, 66], 7040, ea, pa, 64, b"in", false);
+    assert_eq!(e.process(&mut f, Side::Outside, 2 * SEC), Verdict::Drop(DropReason::SessionQuota));
+}
+
 #[test]
 fn inbound_without_mapping_dropped() {
     let mut e = engine(config());

@@ -146,7 +146,20 @@ impl Nat44 {
 
     pub(super) fn create_session(&mut self, mid: u32, rem: u32, rport: u16, dir: Direction, tcp_flags: u8) -> Result<u32, DropReason> {
         let sub = self.subscriber_of(self.tables.mapping(mid).int_addr).ok_or(DropReason::SubscriberTableFull)?;
+        if self.mapping_is_full(mid) {
+            return Err(DropReason::MappingSessionQuota);
+        }
         self.create_session_of(sub, mid, rem, rport, dir, tcp_flags)
+    }
+
+    /// Whether mapping `mid` holds `max_sessions_per_mapping` sessions
+    /// already (RFC 6888 REQ-5): with endpoint-independent filtering any
+    /// remote makes a session through a mapping it knows, and without
+    /// this limit remotes could spend the subscriber's whole session
+    /// quota through one mapping.
+    fn mapping_is_full(&self, mid: u32) -> bool {
+        let limit = self.cfg.max_sessions_per_mapping as usize;
+        limit != 0 && self.tables.sessions_of(mid).take(limit).count() >= limit
     }
 
     /// `create_session` for a mapping whose subscriber the caller has at hand.

@@ -721,7 +721,7 @@ fn honours(m: &MapRequest, addr: u32, port: u16) -> bool {
 
 fn result_of(r: DropReason) -> u8 {
     match r {
-        DropReason::PortQuota | DropReason::SessionQuota => result::USER_EX_QUOTA,
+        DropReason::PortQuota | DropReason::SessionQuota | DropReason::MappingSessionQuota => result::USER_EX_QUOTA,
         // Deterministic mode: the source is no configured subscriber.
         r if r.name() == "not_subscriber" => result::NOT_AUTHORIZED,
         _ => result::NO_RESOURCES,
