@@ -477,6 +477,12 @@ fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) 
     e.max_new_mappings_per_second = s.integer("max_new_mappings_per_second", 0, u32::MAX)?.unwrap_or(e.max_new_mappings_per_second);
     e.max_sessions_per_subscriber = s.integer("max_sessions_per_subscriber", 1, u32::MAX)?.unwrap_or(e.max_sessions_per_subscriber);
     e.max_sessions_per_mapping = s.integer("max_sessions_per_mapping", 0, u32::MAX)?.unwrap_or(e.max_sessions_per_mapping);
+    if e.max_sessions_per_mapping > e.max_sessions_per_subscriber {
+        warnings.push(format!(
+            "nat.max_sessions_per_mapping: {} is above max_sessions_per_subscriber ({}), which a mapping reaches first: it limits nothing",
+            e.max_sessions_per_mapping, e.max_sessions_per_subscriber
+        ));
+    }
     e.max_sessions = s.integer("max_sessions", 1, 1 << 28)?.unwrap_or(e.max_sessions);
     e.max_subscribers = s.integer("max_subscribers", 1, 1 << 24)?.unwrap_or(e.max_subscribers);
     e.port_block_size = s.integer("port_block_size", 0, range)?.map(|v| v as u16).unwrap_or(e.port_block_size);
@@ -1200,6 +1206,16 @@ mod tests {
         assert_eq!(c.engine.timeouts.udp_s, 30);
         assert_eq!(c.warnings.len(), 1);
         assert!(c.warnings[0].contains("RFC 4787"));
+    }
+
+    #[test]
+    fn a_per_mapping_session_limit_above_the_subscribers_warns() {
+        let base = "[nat]\npool = [\"203.0.113.0/28\"]\nmax_sessions_per_subscriber = 100\n";
+        let c = parse(&format!("{base}max_sessions_per_mapping = 50\n")).unwrap();
+        assert_eq!((c.engine.max_sessions_per_mapping, c.warnings.len()), (50, 0), "{:?}", c.warnings);
+        let c = parse(&format!("{base}max_sessions_per_mapping = 101\n")).unwrap();
+        assert!(c.warnings.iter().any(|w| w.starts_with("nat.max_sessions_per_mapping")), "{:?}", c.warnings);
+        assert_eq!(parse("[nat]\npool = [\"203.0.113.0/28\"]\n").unwrap().engine.max_sessions_per_mapping, 0, "off by default");
     }
 
     #[test]

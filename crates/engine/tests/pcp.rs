@@ -204,6 +204,25 @@ fn map_round_trip_then_an_outside_host_reaches_the_subscriber() {
     assert_eq!((d.dst(), d.udp().destination_port, d.src()), (SUB, 5000, PEER));
 }
 
+/// A MAP for an implicit mapping that remotes have filled to
+/// `max_sessions_per_mapping` (RFC 6888 REQ-5) would add its hold as one
+/// session more: refused as a quota (RFC 6887 USER_EX_QUOTA); with room,
+/// the hold counts as one of the mapping's sessions.
+#[test]
+fn a_map_for_a_mapping_at_its_session_limit_is_refused_as_a_quota() {
+    let mut e = engine(EngineConfig { max_sessions_per_mapping: 2, ..pcp_config() });
+    let mut f = udp_frame(Side::Inside, SUB, 5000, PEER, 53, 64, b"q", false);
+    assert_eq!(run(&mut e, &mut f, Side::Inside, SEC), Verdict::Forward(Side::Outside));
+    let ext = (POOL1, must_decode(&f).udp().source_port);
+    assert_eq!(inbound(&mut e, OTHER, 7000, ext, SEC).0, Verdict::Forward(Side::Inside), "the second session");
+    assert_eq!(answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 5000, (0, [0; 4]), &[]), 2 * SEC).result, USER_EX_QUOTA);
+    let mut f = udp_frame(Side::Inside, SUB, 6000, PEER, 53, 64, b"q", false);
+    assert_eq!(run(&mut e, &mut f, Side::Inside, 3 * SEC), Verdict::Forward(Side::Outside));
+    let ext = (POOL1, must_decode(&f).udp().source_port);
+    assert_eq!(answer(&mut e, SUB, &map_req(SUB, 3600, NONCE, 17, 6000, (0, [0; 4]), &[]), 3 * SEC).result, SUCCESS, "room for the hold");
+    assert_eq!(inbound(&mut e, OTHER, 7000, ext, 4 * SEC).0, Verdict::Drop(DropReason::MappingSessionQuota), "the hold is one of two");
+}
+
 #[test]
 fn the_mapping_outlives_its_idle_timeout_and_ends_with_its_lifetime() {
     let mut e = engine(pcp_config());
@@ -592,6 +611,7 @@ proptest::proptest! {
         if tight_quota {
             cfg.max_ports_per_subscriber = 2;
             cfg.max_sessions_per_subscriber = 3;
+            cfg.max_sessions_per_mapping = 2;
         }
         let mut e = engine(cfg);
         let mut now = SEC;

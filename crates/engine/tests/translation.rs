@@ -594,6 +594,28 @@ fn exempt_destination_passes_untranslated() {
     assert!(in_pool(e.config(), must_decode(&x).src()));
 }
 
+/// A static mapping (a port forward) is open to every remote by design:
+/// `max_sessions_per_mapping` leaves it to the subscriber's limit.
+#[test]
+fn a_static_mapping_serves_remotes_past_the_per_mapping_limit() {
+    let cfg = natrix_engine::EngineConfig {
+        statics: vec![natrix_engine::config::StaticMapping {
+            proto: natrix_engine::Proto::Udp,
+            int_addr: u32_of([100, 64, 0, 5]),
+            int_port: 53,
+            ext_addr: u32_of([203, 0, 113, 1]),
+            ext_port: 5353,
+        }],
+        max_sessions_per_mapping: 2,
+        ..config()
+    };
+    let mut e = engine(cfg);
+    for port in 40000..40005u16 {
+        let mut f = udp_frame(Side::Outside, REMOTE, port, [203, 0, 113, 1], 5353, 64, b"q", false);
+        assert_eq!(e.process(&mut f, Side::Outside, SEC), Verdict::Forward(Side::Inside), "remote port {port}");
+    }
+}
+
 #[test]
 fn static_mapping_accepts_inbound() {
     let cfg = natrix_engine::EngineConfig {

@@ -135,6 +135,9 @@ impl NatOps for Nat44 {
         if self.subs.get(sub).sessions >= self.cfg.max_sessions_per_subscriber {
             return Err(DropReason::SessionQuota);
         }
+        if self.mapping_is_full(mid) {
+            return Err(DropReason::MappingSessionQuota);
+        }
         // A TCP hold is an established connection to the tracker, so its
         // class is the one its state gives, as for every other session.
         let (state, class) = match m.proto {

@@ -156,10 +156,11 @@ impl Nat44 {
     /// already (RFC 6888 REQ-5): with endpoint-independent filtering any
     /// remote makes a session through a mapping it knows, and without
     /// this limit remotes could spend the subscriber's whole session
-    /// quota through one mapping.
-    fn mapping_is_full(&self, mid: u32) -> bool {
+    /// quota through one mapping. A static mapping (a port forward, open
+    /// to every remote by design) has the subscriber's limit alone.
+    pub(super) fn mapping_is_full(&self, mid: u32) -> bool {
         let limit = self.cfg.max_sessions_per_mapping as usize;
-        limit != 0 && self.tables.sessions_of(mid).take(limit).count() >= limit
+        limit != 0 && self.tables.mapping(mid).flags & mapping_flags::STATIC == 0 && self.tables.session_count_of(mid) >= limit
     }
 
     /// `create_session` for a mapping whose subscriber the caller has at hand.

@@ -105,6 +105,9 @@ struct Extra {
     /// The mapping's extras list; in a free extra, `next` is the next free one.
     next: u32,
     prev: u32,
+    /// On the list's head: the extras in the list, so that a mapping's
+    /// sessions are counted without walking them (`session_count_of`).
+    count: u32,
     rem_port: u16,
     armed: u16,
     state: u8,
@@ -561,7 +564,8 @@ impl Tables {
 
     #[allow(clippy::too_many_arguments)]
     fn insert_extra(&mut self, mapping: u32, r: &Record, rem: u32, rport: u16, state: u8, class: TimeoutClass, now_s: u32) -> Result<u32, TableFull> {
-        let x = Extra { mapping, rem_addr: rem, last_used: now_s, next: r.extras, prev: NIL, rem_port: rport, armed: 0, state, class, live: true };
+        let count = if r.extras == NIL { 1 } else { self.extras[r.extras as usize].count + 1 };
+        let x = Extra { mapping, rem_addr: rem, last_used: now_s, next: r.extras, prev: NIL, count, rem_port: rport, armed: 0, state, class, live: true };
         let slot = if self.free_extra != NIL {
             let slot = self.free_extra;
             self.free_extra = self.extras[slot as usize].next;
@@ -618,11 +622,15 @@ impl Tables {
         self.index.remove(self.extra_hash(By::External, r.proto, r.ext_addr, r.ext_port, x.rem_addr, x.rem_port), slot | EXTRA);
         if x.prev != NIL {
             self.extras[x.prev as usize].next = x.next;
+            self.extras[r.extras as usize].count -= 1;
         } else {
             self.records[x.mapping as usize].extras = x.next;
         }
         if x.next != NIL {
             self.extras[x.next as usize].prev = x.prev;
+            if x.prev == NIL {
+                self.extras[x.next as usize].count = x.count - 1;
+            }
         }
         self.free_extra_slot(slot);
     }
@@ -801,6 +809,13 @@ impl Tables {
         self.records.len() as u32
     }
 
+    /// How many sessions a mapping has, without walking them.
+    pub fn session_count_of(&self, mapping: u32) -> usize {
+        let r = &self.records[mapping as usize];
+        let extras = if r.extras == NIL { 0 } else { self.extras[r.extras as usize].count as usize };
+        usize::from(r.flags & OWN != 0) + extras
+    }
+
     /// Sessions of a mapping.
     pub fn sessions_of(&self, mapping: u32) -> SessionsOf<'_> {
         let r = &self.records[mapping as usize];
@@ -856,7 +871,7 @@ mod tests {
     fn record_is_half_a_cache_line() {
         assert_eq!(core::mem::size_of::<Record>(), 32);
         assert_eq!(core::mem::align_of::<Record>(), 32);
-        assert!(core::mem::size_of::<Extra>() <= 28);
+        assert_eq!(core::mem::size_of::<Extra>(), 32);
     }
 
     #[test]
@@ -1019,6 +1034,12 @@ mod tests {
                         if let Some(s) = inn {
                             proptest::prop_assert_eq!(t.session(s).rem_addr, rem);
                         }
+                    }
+                }
+                for port in 0..6u16 {
+                    if let Some(mid) = t.find_mapping_in(Proto::Udp, 0x6440_000a, 4000 + port) {
+                        proptest::prop_assert_eq!(t.session_count_of(mid), t.sessions_of(mid).count());
+                        proptest::prop_assert_eq!(t.session_count_of(mid), model.iter().filter(|m| m.0 == port).count());
                     }
                 }
                 proptest::prop_assert_eq!(t.session_count(), model.len());
