@@ -81,12 +81,16 @@ fn cpu_line_busy_ns(values: &[u64], monotonic_ns: u64) -> Option<u64> {
     Some(monotonic_ns.saturating_sub(ticks_to_ns(away)))
 }
 
-/// A thread's CPU time so far and the CPU it last ran on.
+/// A thread's CPU time so far, the time it waited to run, and the CPU
+/// it last ran on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ThreadTime {
     pub tid: u32,
     pub name: String,
     pub cpu_ns: u64,
+    /// Runnable but not running (schedstat's second field): behind
+    /// another thread on its CPU. None where the kernel keeps no schedstat.
+    pub wait_ns: Option<u64>,
     pub last_cpu: u32,
 }
 
@@ -101,7 +105,8 @@ pub fn threads_named(prefixes: &[&str]) -> Vec<ThreadTime> {
         let Ok(threads) = std::fs::read_dir(proc_dir.path().join("task")) else { continue };
         for thread in threads.flatten() {
             let Ok(stat) = std::fs::read_to_string(thread.path().join("stat")) else { continue };
-            if let Some(t) = parse_thread_stat(&stat).filter(|t| prefixes.iter().any(|p| t.name.starts_with(p))) {
+            if let Some(mut t) = parse_thread_stat(&stat).filter(|t| prefixes.iter().any(|p| t.name.starts_with(p))) {
+                t.wait_ns = std::fs::read_to_string(thread.path().join("schedstat")).ok().and_then(|s| schedstat_wait_ns(&s));
                 found.push(t);
             }
         }
@@ -117,7 +122,13 @@ fn parse_thread_stat(stat: &str) -> Option<ThreadTime> {
     let name = stat.get(open + 1..close)?.to_owned();
     let f: Vec<&str> = stat.get(close + 2..)?.split_whitespace().collect();
     let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(ThreadTime { tid, name, cpu_ns: ticks_to_ns(ticks), last_cpu: f.get(36)?.parse().ok()? })
+    Some(ThreadTime { tid, name, cpu_ns: ticks_to_ns(ticks), wait_ns: None, last_cpu: f.get(36)?.parse().ok()? })
+}
+
+/// The time waiting on a run queue, from a schedstat line (run time,
+/// wait time, time slices; nanoseconds).
+fn schedstat_wait_ns(schedstat: &str) -> Option<u64> {
+    schedstat.split_whitespace().nth(1)?.parse().ok()
 }
 
 pub fn monotonic_ns() -> u64 {
@@ -152,18 +163,22 @@ mod tests {
         fields[39 - 3] = "7".into();
         let line = format!("4242 (napi/in (x)-8) {}", fields.join(" "));
         let t = parse_thread_stat(&line).unwrap();
-        assert_eq!(t, ThreadTime { tid: 4242, name: "napi/in (x)-8".into(), cpu_ns: 1_500_000_000, last_cpu: 7 });
+        assert_eq!(t, ThreadTime { tid: 4242, name: "napi/in (x)-8".into(), cpu_ns: 1_500_000_000, wait_ns: None, last_cpu: 7 });
         assert_eq!(parse_thread_stat("4242 (short) S 1 2"), None);
+        assert_eq!(schedstat_wait_ns("123456 7890 12\n"), Some(7890));
+        assert_eq!(schedstat_wait_ns("123456\n"), None);
     }
 
     #[test]
     fn this_thread_is_found_by_its_name() {
+        // The process id in the name: another copy of this test may run.
+        let name = format!("nx-ct-{}", std::process::id());
         let found = std::thread::Builder::new()
-            .name("nx-cputime-t".into())
-            .spawn(|| {
+            .name(name.clone())
+            .spawn(move || {
                 // SAFETY: gettid has no preconditions.
                 let tid = unsafe { libc::gettid() } as u32;
-                threads_named(&["nx-cputime-"]).into_iter().map(|t| t.tid).collect::<Vec<_>>() == vec![tid]
+                threads_named(&[&name]).into_iter().map(|t| t.tid).collect::<Vec<_>>() == vec![tid]
             })
             .unwrap()
             .join()

@@ -40,15 +40,17 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
     }
     let drops_before = EdgeDrops::read();
     let queues_before = QueueFrames::read();
-    let threads_before = (Instant::now(), threads_named(&WATCHED_THREADS));
+    let threads_before = threads_named(&WATCHED_THREADS);
+    let threads_from = Instant::now();
     let meter = Meter::start();
     // A client that fails ends those started before it (`Client`'s drop).
     let clients = streams.iter().enumerate().map(|(i, cpus)| Client::start(port(i), seconds, cpus.client)).collect::<Result<Vec<_>, _>>()?;
     let finished = clients.into_iter().map(Client::finish).collect::<Result<Vec<_>, _>>()?;
+    let run_ns = threads_from.elapsed().as_nanos().max(1) as f64;
+    let threads = thread_shares(&threads_before, &threads_named(&WATCHED_THREADS), run_ns);
     let cpu = meter.and_then(|m| m.finish(device_cpus));
     let dropped = drops_before.zip(EdgeDrops::read()).map(|(before, after)| after.since(&before));
     let by_queue = queues_before.zip(QueueFrames::read()).and_then(|(before, after)| after.since(&before));
-    let threads = thread_shares(&threads_before, &threads_named(&WATCHED_THREADS));
     let (mut bps, mut retransmits, mut each) = (0.0, 0, Vec::with_capacity(finished.len()));
     for ((out, client_cpu), (server, server_cpu)) in finished.iter().zip(&servers) {
         let (stream_bps, stream_retransmits) = received(out, &server.port)?;
@@ -77,15 +79,16 @@ pub fn tcp_throughput(dut: &str, seconds: u32, device_cpus: &[usize], streams: &
 /// device's links', the switch's) and natrix's workers.
 const WATCHED_THREADS: [&str; 2] = ["napi/", "natrix-w"];
 
-/// Each thread seen at both ends of the run: its name, the CPU it last
-/// ran on, and the share of the run it was running, which tells a thread
-/// that starved (or starved another on its CPU) from one that idled.
-fn thread_shares((started, before): &(Instant, Vec<ThreadTime>), after: &[ThreadTime]) -> Value {
-    let elapsed_ns = started.elapsed().as_nanos().max(1) as f64;
+/// Each thread seen at both ends of a run of `run_ns` (by id and name):
+/// its name, the CPU it last ran on, the share of the run it was running
+/// and the share it waited to run, which tells a thread starved behind
+/// another on its CPU from one that idled.
+fn thread_shares(before: &[ThreadTime], after: &[ThreadTime], run_ns: f64) -> Value {
+    let share = |ns: u64| (ns as f64 / run_ns * 1000.0).round() / 1000.0;
     let shares = after.iter().filter_map(|t| {
-        let earlier = before.iter().find(|b| b.tid == t.tid)?;
-        let busy = t.cpu_ns.saturating_sub(earlier.cpu_ns) as f64 / elapsed_ns;
-        Some(json!({"name": t.name, "cpu": t.last_cpu, "busy": (busy * 1000.0).round() / 1000.0}))
+        let earlier = before.iter().find(|b| b.tid == t.tid && b.name == t.name)?;
+        let waiting = t.wait_ns.zip(earlier.wait_ns).map(|(now, then)| share(now.saturating_sub(then)));
+        Some(json!({"name": t.name, "cpu": t.last_cpu, "busy": share(t.cpu_ns.saturating_sub(earlier.cpu_ns)), "waiting": waiting}))
     });
     Value::Array(shares.collect())
 }

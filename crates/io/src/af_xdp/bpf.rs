@@ -330,8 +330,8 @@ pub(super) fn map_delete<K>(map: &OwnedFd, key: &K) -> io::Result<()> {
 
 /// The values of an array map made with `BPF_F_MMAPABLE`, mapped into
 /// this process: read and written without a system call, while programs
-/// read and write them too, so only through raw pointers (`at`), never
-/// through references.
+/// read and write them too, so only through the raw pointers `at` gives,
+/// with volatile or atomic access, never through plain references.
 pub(super) struct ArrayView {
     base: std::ptr::NonNull<u8>,
     len: usize,

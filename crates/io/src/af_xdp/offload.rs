@@ -134,7 +134,9 @@ const A_EGRESS: i16 = 40;
 const A_COUNTER: i16 = 44;
 const A_FRAMES: i16 = 48;
 const A_KEY: i16 = 56;
-const _: () = assert!(size_of::<FlowAction>() == 56 && size_of::<FlowKey>() == 20 && size_of::<Slot>() == 80);
+// A slot's size is also its stride in the mapped array: the kernel lays an
+// array's values out rounded up to 8 bytes.
+const _: () = assert!(size_of::<FlowAction>() == 56 && size_of::<FlowKey>() == 20 && size_of::<Slot>() == 80 && size_of::<Slot>().is_multiple_of(8));
 
 /// An array slot: a flow's action, and the key of the flow it is for.
 #[repr(C)]
@@ -264,7 +266,9 @@ impl Offload {
         let slot = table.take(Instant::now()).ok_or_else(|| io::Error::from_raw_os_error(libc::E2BIG))?;
         self.write_slot(slot, &Slot { action: FlowAction { frames: 0, ..*action }, key: *key, _pad: 0 });
         // The system call publishes the entry (the kernel's insertion is a
-        // release store), so a program that finds it finds the slot written.
+        // release store), so a program that finds it finds the slot written;
+        // the fence keeps the compiler from moving the write past the call.
+        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
         if let Err(e) = bpf::map_update(&self.flows, key, &slot) {
             table.free.push(slot);
             return Err(e);
@@ -278,7 +282,8 @@ impl Offload {
     /// The frames the program has forwarded of a flow direction in the
     /// table since it was installed; None where it is not there.
     pub fn frames(&self, key: &FlowKey) -> Option<u64> {
-        let slot = *self.slot_table(key).by_key.get(key)?;
+        let table = self.slot_table(key);
+        let slot = *table.by_key.get(key)?;
         Some(self.slot_frames(slot))
     }
 
