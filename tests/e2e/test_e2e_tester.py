@@ -410,6 +410,14 @@ def test_tcp_says_what_each_frame_cost_the_device_and_whether_the_lab_was_the_li
     data_segments = r["gbps"] * 1e9 / 8 * r["seconds"] / 1448
     assert by_queue["inside"][0] >= 0.9 * data_segments and by_queue["outside"][0] > 0, (by_queue, data_segments)
     assert all(isinstance(n, int) for n in r["dropped"].values()), r
+    # The threads that did natrix's work: its links' NAPI threads, which
+    # run its XDP programs, on its CPU, the inside one busy with the data
+    # segments, and its worker; each one's shares of the transfer.
+    threads = {t["name"].rsplit("-", 1)[0] if t["name"].startswith("napi/") else t["name"]: t for t in r["threads"]}
+    assert {"napi/inside", "napi/outside", "natrix-w0"} <= set(threads), r["threads"]
+    for t in r["threads"]:
+        assert 0 <= t["busy"] <= 1.05 and (t["waiting"] is None or 0 <= t["waiting"] <= 1.05), t
+    assert threads["napi/inside"]["cpu"] in device and threads["napi/inside"]["busy"] > 0, threads
     assert not lab_up(), "natrix test left its lab behind"
 
 
