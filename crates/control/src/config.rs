@@ -477,9 +477,9 @@ fn parse_nat(s: &mut Section, e: &mut EngineConfig, warnings: &mut Vec<String>) 
     e.max_new_mappings_per_second = s.integer("max_new_mappings_per_second", 0, u32::MAX)?.unwrap_or(e.max_new_mappings_per_second);
     e.max_sessions_per_subscriber = s.integer("max_sessions_per_subscriber", 1, u32::MAX)?.unwrap_or(e.max_sessions_per_subscriber);
     e.max_sessions_per_mapping = s.integer("max_sessions_per_mapping", 0, u32::MAX)?.unwrap_or(e.max_sessions_per_mapping);
-    if e.max_sessions_per_mapping > e.max_sessions_per_subscriber {
+    if e.max_sessions_per_mapping >= e.max_sessions_per_subscriber {
         warnings.push(format!(
-            "nat.max_sessions_per_mapping: {} is above max_sessions_per_subscriber ({}), which a mapping reaches first: it limits nothing",
+            "nat.max_sessions_per_mapping: {} is not below max_sessions_per_subscriber ({}), which a mapping reaches first: it limits nothing",
             e.max_sessions_per_mapping, e.max_sessions_per_subscriber
         ));
     }
@@ -1213,7 +1213,7 @@ mod tests {
         let base = "[nat]\npool = [\"203.0.113.0/28\"]\nmax_sessions_per_subscriber = 100\n";
         let c = parse(&format!("{base}max_sessions_per_mapping = 50\n")).unwrap();
         assert_eq!((c.engine.max_sessions_per_mapping, c.warnings.len()), (50, 0), "{:?}", c.warnings);
-        let c = parse(&format!("{base}max_sessions_per_mapping = 101\n")).unwrap();
+        let c = parse(&format!("{base}max_sessions_per_mapping = 100\n")).unwrap();
         assert!(c.warnings.iter().any(|w| w.starts_with("nat.max_sessions_per_mapping")), "{:?}", c.warnings);
         assert_eq!(parse("[nat]\npool = [\"203.0.113.0/28\"]\n").unwrap().engine.max_sessions_per_mapping, 0, "off by default");
     }

@@ -611,7 +611,7 @@ proptest::proptest! {
         if tight_quota {
             cfg.max_ports_per_subscriber = 2;
             cfg.max_sessions_per_subscriber = 3;
-            cfg.max_sessions_per_mapping = 2;
+            cfg.max_sessions_per_mapping = 1;
         }
         let mut e = engine(cfg);
         let mut now = SEC;

@@ -81,8 +81,8 @@ fn cpu_line_busy_ns(values: &[u64], monotonic_ns: u64) -> Option<u64> {
     Some(monotonic_ns.saturating_sub(ticks_to_ns(away)))
 }
 
-/// A thread's CPU time so far, the time it waited to run, and the CPU
-/// it last ran on.
+/// A thread's CPU time so far (schedstat's, else /proc/stat's ticks),
+/// the time it waited to run, and the CPU it last ran on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ThreadTime {
     pub tid: u32,
@@ -106,7 +106,9 @@ pub fn threads_named(prefixes: &[&str]) -> Vec<ThreadTime> {
         for thread in threads.flatten() {
             let Ok(stat) = std::fs::read_to_string(thread.path().join("stat")) else { continue };
             if let Some(mut t) = parse_thread_stat(&stat).filter(|t| prefixes.iter().any(|p| t.name.starts_with(p))) {
-                t.wait_ns = std::fs::read_to_string(thread.path().join("schedstat")).ok().and_then(|s| schedstat_wait_ns(&s));
+                if let Some((run_ns, wait_ns)) = std::fs::read_to_string(thread.path().join("schedstat")).ok().and_then(|s| parse_schedstat(&s)) {
+                    (t.cpu_ns, t.wait_ns) = (run_ns, Some(wait_ns));
+                }
                 found.push(t);
             }
         }
@@ -125,10 +127,14 @@ fn parse_thread_stat(stat: &str) -> Option<ThreadTime> {
     Some(ThreadTime { tid, name, cpu_ns: ticks_to_ns(ticks), wait_ns: None, last_cpu: f.get(36)?.parse().ok()? })
 }
 
-/// The time waiting on a run queue, from a schedstat line (run time,
-/// wait time, time slices; nanoseconds).
-fn schedstat_wait_ns(schedstat: &str) -> Option<u64> {
-    schedstat.split_whitespace().nth(1)?.parse().ok()
+/// The time on a CPU and waiting on a run queue, from a schedstat line
+/// (run time, wait time, time slices; nanoseconds, where /proc/stat has
+/// 10 ms ticks). None where the kernel collects none (all zeroes: a
+/// thread that ran has run time).
+fn parse_schedstat(schedstat: &str) -> Option<(u64, u64)> {
+    let mut f = schedstat.split_whitespace().map(|x| x.parse::<u64>().ok());
+    let (run, wait) = (f.next()??, f.next()??);
+    (run != 0).then_some((run, wait))
 }
 
 pub fn monotonic_ns() -> u64 {
@@ -165,8 +171,9 @@ mod tests {
         let t = parse_thread_stat(&line).unwrap();
         assert_eq!(t, ThreadTime { tid: 4242, name: "napi/in (x)-8".into(), cpu_ns: 1_500_000_000, wait_ns: None, last_cpu: 7 });
         assert_eq!(parse_thread_stat("4242 (short) S 1 2"), None);
-        assert_eq!(schedstat_wait_ns("123456 7890 12\n"), Some(7890));
-        assert_eq!(schedstat_wait_ns("123456\n"), None);
+        assert_eq!(parse_schedstat("123456 7890 12\n"), Some((123456, 7890)));
+        assert_eq!(parse_schedstat("123456\n"), None);
+        assert_eq!(parse_schedstat("0 0 0\n"), None, "not collected");
     }
 
     #[test]
