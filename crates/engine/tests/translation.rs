@@ -594,22 +594,18 @@ fn exempt_destination_passes_untranslated() {
     assert!(in_pool(e.config(), must_decode(&x).src()));
 }
 
+/// The test config with one static mapping: the server 100.64.0.5 at
+/// `int_port`, reached at 203.0.113.1:`ext_port`.
+fn with_static(proto: natrix_engine::Proto, int_port: u16, ext_port: u16) -> natrix_engine::EngineConfig {
+    let forward = natrix_engine::config::StaticMapping { proto, int_addr: u32_of([100, 64, 0, 5]), int_port, ext_addr: u32_of([203, 0, 113, 1]), ext_port };
+    natrix_engine::EngineConfig { statics: vec![forward], ..config() }
+}
+
 /// A static mapping (a port forward) is open to every remote by design:
 /// `max_sessions_per_mapping` leaves it to the subscriber's limit.
 #[test]
 fn a_static_mapping_serves_remotes_past_the_per_mapping_limit() {
-    let cfg = natrix_engine::EngineConfig {
-        statics: vec![natrix_engine::config::StaticMapping {
-            proto: natrix_engine::Proto::Udp,
-            int_addr: u32_of([100, 64, 0, 5]),
-            int_port: 53,
-            ext_addr: u32_of([203, 0, 113, 1]),
-            ext_port: 5353,
-        }],
-        max_sessions_per_mapping: 2,
-        ..config()
-    };
-    let mut e = engine(cfg);
+    let mut e = engine(natrix_engine::EngineConfig { max_sessions_per_mapping: 2, ..with_static(natrix_engine::Proto::Udp, 53, 5353) });
     for port in 40000..40005u16 {
         let mut f = udp_frame(Side::Outside, REMOTE, port, [203, 0, 113, 1], 5353, 64, b"q", false);
         assert_eq!(e.process(&mut f, Side::Outside, SEC), Verdict::Forward(Side::Inside), "remote port {port}");
@@ -618,17 +614,7 @@ fn a_static_mapping_serves_remotes_past_the_per_mapping_limit() {
 
 #[test]
 fn static_mapping_accepts_inbound() {
-    let cfg = natrix_engine::EngineConfig {
-        statics: vec![natrix_engine::config::StaticMapping {
-            proto: natrix_engine::Proto::Tcp,
-            int_addr: u32_of([100, 64, 0, 5]),
-            int_port: 22,
-            ext_addr: u32_of([203, 0, 113, 1]),
-            ext_port: 2222,
-        }],
-        ..config()
-    };
-    let mut e = engine(cfg);
+    let mut e = engine(with_static(natrix_engine::Proto::Tcp, 22, 2222));
     let mut f = tcp_frame(Side::Outside, REMOTE, 40000, [203, 0, 113, 1], 2222, 64, TcpKind::Syn, 1, 0, &[]);
     assert_eq!(e.process(&mut f, Side::Outside, SEC), Verdict::Forward(Side::Inside));
     let d = must_decode(&f);
