@@ -3,12 +3,21 @@
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// How long a thread keeps polling after its last frame before it sleeps
-/// (unless busy polling): long enough that a steady stream of frames never
-/// puts it to sleep between two of them, short enough that an idle
-/// thread gives its CPU back at once. A poll that empties a socket's ring
-/// runs the device's receive work itself (AF_XDP's busy polling), so these
-/// polls do the kernel's work for it rather than wait for it.
+/// (unless busy polling), while its frames come close together: long
+/// enough that a steady stream of frames never puts it to sleep between
+/// two of them. A poll that empties a socket's ring runs the device's
+/// receive work itself (AF_XDP's busy polling), so these polls do the
+/// kernel's work for it rather than wait for it.
 const SPIN_NS: u64 = 50_000;
+/// Frames further apart than this on average (under 100 kpps) are not
+/// worth the spin: polling through each gap costs more CPU than a sleep
+/// and a wake-up, and where the devices defer their receive work to
+/// natrix's polls the sleeping thread is woken with a batch at the
+/// deferral's timer (docs/BENCHMARKS.md, "Sleeping between sparse
+/// frames").
+const SPARSE_GAP_NS: u64 = 10_000;
+/// The span over which a thread judges how far apart its frames come.
+const RATE_WINDOW_NS: u64 = 1_000_000;
 /// A sleeping thread still wakes this often to run the engine's timers.
 pub(super) const SLEEP_MS: i32 = 100;
 
@@ -42,8 +51,9 @@ impl Clock {
 
 /// The CPU time a thread spends on frames: each run of rounds that carry
 /// frames, from when its first round found some (`begin`) to the end of
-/// the empty round after its last. A thread polls on after its last frame,
-/// so its CPU time is the whole CPU at moderate rates; this is the part
+/// the empty round after its last. A thread polls on after its last frame
+/// where frames come close together, so its CPU time is then the whole
+/// CPU; this is the part
 /// spent on frames (and, in system time, the kernel's work for the frames
 /// it sends), less the polls that found the first. The thread's CPU clock
 /// is a system call, so it is read where a run starts and ends (and every
@@ -102,22 +112,30 @@ fn thread_cpu_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
-/// Decides when an idle thread sleeps.
+/// Decides when an idle thread sleeps: at once where its frames come
+/// sparsely, after `SPIN_NS` of polling where they come close together.
 pub(super) struct Idle {
     /// When the current run of empty rounds began (engine time).
     idle_since: Option<u64>,
     busy_poll: bool,
+    /// The current window: when it began, and the frames it has seen.
+    window_start: u64,
+    window_frames: u64,
+    /// Whether the last whole window's frames came sparsely.
+    sparse: bool,
 }
 
 impl Idle {
     pub(super) fn new(busy_poll: bool) -> Idle {
-        Idle { idle_since: None, busy_poll }
+        Idle { idle_since: None, busy_poll, window_start: 0, window_frames: 0, sparse: false }
     }
 
-    /// After a round that started at `now` (engine time) and did work or
-    /// not. The spin is timed from the first empty round, so a long
+    /// After a round that started at `now` (engine time), handled
+    /// `frames` and did work or not (frames, or other work such as a
+    /// listing). The spin is timed from the first empty round, so a long
     /// working round does not use it up.
-    pub(super) fn should_sleep(&mut self, did_work: bool, now: u64) -> bool {
+    pub(super) fn should_sleep(&mut self, frames: usize, did_work: bool, now: u64) -> bool {
+        self.count(frames, now);
         if did_work {
             self.idle_since = None;
             return false;
@@ -134,7 +152,17 @@ impl Idle {
             std::thread::yield_now();
             return false;
         }
-        now.saturating_sub(since) > SPIN_NS
+        self.sparse || now.saturating_sub(since) > SPIN_NS
+    }
+
+    fn count(&mut self, frames: usize, now: u64) {
+        let span = now.saturating_sub(self.window_start);
+        if span >= RATE_WINDOW_NS {
+            self.sparse = self.window_frames.saturating_mul(SPARSE_GAP_NS) < span;
+            self.window_start = now;
+            self.window_frames = 0;
+        }
+        self.window_frames += frames as u64;
     }
 }
 
@@ -153,17 +181,48 @@ mod tests {
         assert_eq!(sleep_ms(0, 10 * 1_000_000_000), SLEEP_MS);
     }
 
+    /// Rounds of one frame each, `gap_ns` apart, from `start` for 2 ms
+    /// (two rate windows); returns when the last one ran.
+    fn stream(idle: &mut Idle, start: u64, gap_ns: u64) -> u64 {
+        let mut now = start;
+        while now < start + 2 * RATE_WINDOW_NS {
+            assert!(!idle.should_sleep(1, true, now), "a round with a frame never sleeps");
+            now += gap_ns;
+        }
+        now - gap_ns
+    }
+
     #[test]
-    fn a_thread_keeps_polling_for_a_while_after_its_last_frame_then_sleeps() {
+    fn a_thread_with_frames_close_together_polls_for_a_while_after_the_last_then_sleeps() {
         let mut idle = Idle::new(false);
-        assert!(!idle.should_sleep(true, 1_000_000));
-        assert!(!idle.should_sleep(false, 1_000_100));
-        assert!(!idle.should_sleep(false, 1_000_100 + SPIN_NS / 2));
-        assert!(idle.should_sleep(false, 1_000_100 + SPIN_NS + 1));
+        let last = stream(&mut idle, 1_000_000, 5_000);
+        assert!(!idle.should_sleep(0, false, last + 100));
+        assert!(!idle.should_sleep(0, false, last + 100 + SPIN_NS / 2));
+        assert!(idle.should_sleep(0, false, last + 100 + SPIN_NS + 1));
         // A frame starts the spin again.
-        assert!(!idle.should_sleep(true, 5_000_000));
-        assert!(!idle.should_sleep(false, 5_000_100));
-        assert!(!idle.should_sleep(false, 5_000_100 + SPIN_NS));
+        let next = last + 2 * SPIN_NS;
+        assert!(!idle.should_sleep(1, true, next));
+        assert!(!idle.should_sleep(0, false, next + 100));
+        assert!(!idle.should_sleep(0, false, next + 100 + SPIN_NS));
+    }
+
+    /// At 50 kpps a frame comes every 20 µs: polling through the gaps
+    /// would keep the thread's CPU busy for a third of the work.
+    #[test]
+    fn a_thread_with_sparse_frames_sleeps_at_its_first_empty_round() {
+        let mut idle = Idle::new(false);
+        let last = stream(&mut idle, 1_000_000, 20_000);
+        assert!(idle.should_sleep(0, false, last + 100));
+        // Frames closer together again: after a window it polls on.
+        let last = stream(&mut idle, last + 200, 4_000);
+        assert!(!idle.should_sleep(0, false, last + 100));
+        assert!(idle.should_sleep(0, false, last + 100 + SPIN_NS + 1));
+    }
+
+    #[test]
+    fn a_thread_that_never_had_frames_sleeps_at_once() {
+        let mut idle = Idle::new(false);
+        assert!(idle.should_sleep(0, false, 1_700_000_000_000_000_000));
     }
 
     /// Spinning counts nothing; working counts its CPU time, also when
@@ -194,17 +253,19 @@ mod tests {
     #[test]
     fn a_long_working_round_does_not_use_up_the_spin() {
         let mut idle = Idle::new(false);
-        assert!(!idle.should_sleep(true, 1_000_000));
+        let last = stream(&mut idle, 1_000_000, 5_000);
+        assert!(!idle.should_sleep(1, true, last + 5_000));
         // The next round starts long after the working one did.
-        assert!(!idle.should_sleep(false, 1_000_000 + 3 * SPIN_NS), "the first empty round after a long one polls on");
-        assert!(idle.should_sleep(false, 1_000_000 + 4 * SPIN_NS + 1));
+        assert!(!idle.should_sleep(0, false, last + 5_000 + 3 * SPIN_NS), "the first empty round after a long one polls on");
+        assert!(idle.should_sleep(0, false, last + 5_000 + 4 * SPIN_NS + 1));
     }
 
     #[test]
     fn a_busy_polling_thread_never_sleeps() {
         let mut idle = Idle::new(true);
-        assert!(!idle.should_sleep(false, 0));
-        assert!(!idle.should_sleep(false, 10 * SPIN_NS));
+        let last = stream(&mut idle, 1_000_000, 20_000);
+        assert!(!idle.should_sleep(0, false, last + 100), "sparse frames");
+        assert!(!idle.should_sleep(0, false, last + 10 * SPIN_NS));
     }
 
     #[test]

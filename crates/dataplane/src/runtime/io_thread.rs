@@ -82,7 +82,7 @@ impl IoThread {
             }
             let listing = self.worker.make_listings();
             self.worker.work.round(n > 0);
-            if idle.should_sleep(n > 0 || listing, now) {
+            if idle.should_sleep(n, n > 0 || listing, now) {
                 bell.going_to_sleep();
                 if self.lanes.from_workers.iter().chain(&self.inputs).all(Consumer::is_empty) {
                     self.links.wait(bell.fd(), sleep_ms(now, self.worker.next_wake_ns()));

@@ -305,7 +305,7 @@ pub(super) fn run_single(worker: &mut EngineWorker, links: &mut Links, bell: &Do
         let listing = worker.make_listings();
         links.flush(now);
         worker.work.round(n > 0);
-        if idle.should_sleep(n > 0 || listing, now) {
+        if idle.should_sleep(n, n > 0 || listing, now) {
             bell.going_to_sleep();
             links.wait(bell.fd(), sleep_ms(now, worker.engine.next_wake_ns()));
             bell.woke();
@@ -370,7 +370,7 @@ pub(super) fn run_worker(
             io_bell.ring();
         }
         worker.work.round(n > 0);
-        if idle.should_sleep(n > 0 || listing, now) {
+        if idle.should_sleep(n, n > 0 || listing, now) {
             bell.going_to_sleep();
             if input.is_empty() {
                 wait_readable(&[bell.fd()], sleep_ms(now, worker.engine.next_wake_ns()));
