@@ -68,7 +68,7 @@ pub struct CpuTimes {
     /// process, or the busy time of the CPUs the kernel forwards on.
     pub dut_ns: Option<u64>,
     /// The part of `dut_ns` spent on frames rather than waiting for them
-    /// (natrix polls on for a while after each frame).
+    /// (natrix polls on for a while after each frame at high rates).
     pub dut_work_ns: Option<u64>,
     /// The part of `dut_ns` (and of `dut_work_ns`) that is whole CPUs'
     /// busy time, other tenants' included: all of the kernel's, and the

@@ -200,8 +200,8 @@ impl Dut for Natrix {
         Some(process + self.receive_work_ns(|| Some(process))?)
     }
 
-    /// natrix's workers poll on for 50 µs after a frame, so at rates with
-    /// frames closer than that their CPU time is all of their CPUs. Their
+    /// natrix's workers poll on for 50 µs after a frame where frames come
+    /// faster than 100 kpps, so their CPU time is then all of their CPUs. Their
     /// work is the CPU time of the rounds that carried frames
     /// (`natrix_worker_busy_seconds_total`), and its links' receive work.
     fn work_ns(&self) -> Option<u64> {

@@ -10,8 +10,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 /// kernel's work for it rather than wait for it.
 const SPIN_NS: u64 = 50_000;
 /// Frames further apart than this on average (under 100 kpps) are not
-/// worth the spin: polling through each gap costs more CPU than a sleep
-/// and a wake-up, and where the devices defer their receive work to
+/// worth the spin: in the lab, polling through each gap cost more CPU than
+/// sleeping and waking, as where the devices defer their receive work to
 /// natrix's polls the sleeping thread is woken with a batch at the
 /// deferral's timer (docs/BENCHMARKS.md, "Sleeping between sparse
 /// frames").
@@ -53,8 +53,7 @@ impl Clock {
 /// frames, from when its first round found some (`begin`) to the end of
 /// the empty round after its last. A thread polls on after its last frame
 /// where frames come close together, so its CPU time is then the whole
-/// CPU; this is the part
-/// spent on frames (and, in system time, the kernel's work for the frames
+/// CPU; this is the part spent on frames (and, in system time, the kernel's work for the frames
 /// it sends), less the polls that found the first. The thread's CPU clock
 /// is a system call, so it is read where a run starts and ends (and every
 /// `READ_EVERY` rounds of a long one), never while the thread polls idle.
@@ -155,6 +154,10 @@ impl Idle {
         self.sparse || now.saturating_sub(since) > SPIN_NS
     }
 
+    /// Counts a round's frames into the current window; a window closes at
+    /// the first round a millisecond after it began (a sleeping thread's
+    /// closes on waking, over the time it slept), so the judgement follows
+    /// the rate within a millisecond or one sleep.
     fn count(&mut self, frames: usize, now: u64) {
         let span = now.saturating_sub(self.window_start);
         if span >= RATE_WINDOW_NS {
@@ -207,7 +210,7 @@ mod tests {
     }
 
     /// At 50 kpps a frame comes every 20 µs: polling through the gaps
-    /// would keep the thread's CPU busy for a third of the work.
+    /// took as much CPU again as the frames' work did.
     #[test]
     fn a_thread_with_sparse_frames_sleeps_at_its_first_empty_round() {
         let mut idle = Idle::new(false);
@@ -217,6 +220,29 @@ mod tests {
         let last = stream(&mut idle, last + 200, 4_000);
         assert!(!idle.should_sleep(0, false, last + 100));
         assert!(idle.should_sleep(0, false, last + 100 + SPIN_NS + 1));
+    }
+
+    #[test]
+    fn a_thread_whose_frames_thin_out_sleeps_at_once_again() {
+        let mut idle = Idle::new(false);
+        let last = stream(&mut idle, 1_000_000, 5_000);
+        let last = stream(&mut idle, last + 5_000, 20_000);
+        assert!(idle.should_sleep(0, false, last + 100));
+        // Close together again, then one frame after a sleep of 100 ms:
+        // the window that spans the sleep is judged over all of it.
+        let last = stream(&mut idle, last + 200, 5_000);
+        assert!(!idle.should_sleep(0, false, last + 100));
+        assert!(!idle.should_sleep(1, true, last + 100_000_000));
+        assert!(idle.should_sleep(0, false, last + 100_000_100));
+    }
+
+    #[test]
+    fn the_judgement_turns_at_a_frame_every_10_us() {
+        for (gap, sleeps) in [(9_900, false), (10_100, true)] {
+            let mut idle = Idle::new(false);
+            let last = stream(&mut idle, 1_000_000, gap);
+            assert_eq!(idle.should_sleep(0, false, last + 100), sleeps, "a frame every {gap} ns");
+        }
     }
 
     #[test]

@@ -63,8 +63,10 @@ impl IoThread {
         while !stop.load(Ordering::Relaxed) {
             let t0 = Instant::now();
             let now = clock.at(t0);
-            let mut n = self.receive_and_steer(now, &mut woken);
-            n += self.translate_own(now, &mut woken);
+            // Frames that reached this thread from outside its own loop: a
+            // frame the workers hand back was counted when it was received.
+            let arrived = self.receive_and_steer(now, &mut woken) + self.translate_own(now, &mut woken);
+            let mut n = arrived;
             let collected = self.collect_from_workers(&mut woken);
             if collected > 0 {
                 // What the workers hand back is sent at the flush below.
@@ -82,7 +84,7 @@ impl IoThread {
             }
             let listing = self.worker.make_listings();
             self.worker.work.round(n > 0);
-            if idle.should_sleep(n, n > 0 || listing, now) {
+            if idle.should_sleep(arrived, n > 0 || listing, now) {
                 bell.going_to_sleep();
                 if self.lanes.from_workers.iter().chain(&self.inputs).all(Consumer::is_empty) {
                     self.links.wait(bell.fd(), sleep_ms(now, self.worker.next_wake_ns()));

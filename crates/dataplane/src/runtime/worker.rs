@@ -370,7 +370,9 @@ pub(super) fn run_worker(
             io_bell.ring();
         }
         worker.work.round(n > 0);
-        if idle.should_sleep(n, n > 0 || listing, now) {
+        // Held frames the full output ring would not take yet keep the
+        // thread polling until it does: nothing would wake it for them.
+        if idle.should_sleep(n, n > 0 || listing || !unreturned.is_empty(), now) {
             bell.going_to_sleep();
             if input.is_empty() {
                 wait_readable(&[bell.fd()], sleep_ms(now, worker.engine.next_wake_ns()));
