@@ -10,7 +10,7 @@ use std::io::IsTerminal;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -334,6 +334,15 @@ use natrix_control::sinks::{JsonTarget, LogSinks};
 /// How often the logger hands a partly filled IPFIX message and buffered
 /// JSON lines over, when events trickle in.
 const LOG_FLUSH_EVERY: Duration = Duration::from_millis(200);
+/// How long the logger rests after an event woke it, before it takes what
+/// came meanwhile. A logger waiting on the channel is woken by each event
+/// a worker sends while it waits, and on a CPU it shares with a worker
+/// each wake-up preempts the packet path: at 100,000 new connections a
+/// second it preempted the worker thousands of times a second
+/// (docs/BENCHMARKS.md, "The logger's wake-ups"). Resting, it wakes at most
+/// 200 times a second; the channel holds `EVENT_BUFFER` events, 13 million
+/// a second for this long.
+const LOG_DRAIN_EVERY: Duration = Duration::from_millis(5);
 
 /// Writes NAT events to the configured sinks (JSON lines, IPFIX, syslog)
 /// off the packet path. The workers count what does not fit in the channel
@@ -374,13 +383,11 @@ impl Logger {
                 loop {
                     match events.recv_timeout(LOG_FLUSH_EVERY) {
                         Ok(e) => {
-                            if let (Some(t), Logged::Nat(event)) = (&tee, &e) {
-                                t.send(event);
+                            record(&mut sinks, tee.as_ref(), &counted, &e);
+                            std::thread::sleep(LOG_DRAIN_EVERY);
+                            if !drain(&events, &mut sinks, tee.as_ref(), &counted) {
+                                break;
                             }
-                            if write(&mut sinks, &e) {
-                                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            }
-                            report_json_error(&mut sinks);
                         }
                         Err(RecvTimeoutError::Timeout) => {}
                         Err(RecvTimeoutError::Disconnected) => break,
@@ -434,6 +441,29 @@ impl Logger {
     }
 }
 
+/// Hands a worker's log item to the cluster node and the sinks.
+fn record(sinks: &mut LogSinks, tee: Option<&EventTee>, counted: &LossCounter, item: &Logged) {
+    if let (Some(t), Logged::Nat(event)) = (tee, item) {
+        t.send(event);
+    }
+    if write(sinks, item) {
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    report_json_error(sinks);
+}
+
+/// Records every item waiting in the channel; false once the workers have
+/// gone.
+fn drain(events: &Receiver<Logged>, sinks: &mut LogSinks, tee: Option<&EventTee>, counted: &LossCounter) -> bool {
+    loop {
+        match events.try_recv() {
+            Ok(e) => record(sinks, tee, counted, &e),
+            Err(TryRecvError::Empty) => return true,
+            Err(TryRecvError::Disconnected) => return false,
+        }
+    }
+}
+
 /// Hands a worker's log item to the sinks; whether it is a record they keep.
 fn write(sinks: &mut LogSinks, item: &Logged) -> bool {
     match item {
@@ -461,6 +491,50 @@ pub fn parse_subscriber(s: &str) -> Result<Ipv4Addr, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A burst is logged whole while the logger rests between drains, an
+    /// event after a quiet spell wakes it, and what is left at the stop is
+    /// written.
+    #[test]
+    fn the_logger_records_bursts_events_after_quiet_spells_and_the_rest_at_its_stop() {
+        let dir = std::env::temp_dir().join(format!("natrix-logger-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let path = dir.join("events.jsonl");
+        let cfg = LoggingConfig { unit: natrix_control::config::LogUnit::Mapping, json: Some(path.clone()), ipfix: None, syslog: None };
+        let (tx, rx) = mpsc::sync_channel(EVENT_BUFFER);
+        let logger = Logger::start(Some(rx), &cfg, None, 0).expect("the logger starts");
+        let event = |port: u16| {
+            let e = natrix_engine::Event {
+                kind: natrix_engine::EventKind::MappingCreated,
+                time_ns: 1,
+                proto: natrix_engine::Proto::Udp,
+                int_addr: 0x6440_0001,
+                int_port: port,
+                ext_addr: 0xcb00_7101,
+                ext_port: port,
+                ext_port_end: port,
+                rem_addr: 0,
+                rem_port: 0,
+                b4: None,
+            };
+            Logged::Nat(e)
+        };
+        for port in 1024..3024 {
+            tx.try_send(event(port)).expect("the channel takes the burst");
+        }
+        std::thread::sleep(LOG_FLUSH_EVERY + LOG_FLUSH_EVERY / 2);
+        tx.try_send(event(5000)).expect("one more after a quiet spell");
+        std::thread::sleep(LOG_DRAIN_EVERY * 4);
+        let recorded = logger.counters().recorded;
+        assert_eq!(recorded.load(Ordering::Relaxed), 2001, "the burst and the event after the quiet spell, before the stop");
+        tx.try_send(event(6000)).expect("one more before the stop");
+        drop(tx);
+        logger.stop();
+        assert_eq!(recorded.load(Ordering::Relaxed), 2002);
+        let lines = std::fs::read_to_string(&path).expect("the JSON log");
+        assert!(lines.contains("\"subscriber_port\":5000,") && lines.contains("\"subscriber_port\":6000,"), "{}", &lines[lines.len().saturating_sub(400)..]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     /// The engine a reload hands the workers is built as the one at start:
     /// a node that syncs sessions keeps making their events whatever unit
