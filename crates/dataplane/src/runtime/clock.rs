@@ -53,10 +53,11 @@ impl Clock {
 /// frames, from when its first round found some (`begin`) to the end of
 /// the empty round after its last. A thread polls on after its last frame
 /// where frames come close together, so its CPU time is then the whole
-/// CPU; this is the part spent on frames (and, in system time, the kernel's work for the frames
-/// it sends), less the polls that found the first. The thread's CPU clock
-/// is a system call, so it is read where a run starts and ends (and every
-/// `READ_EVERY` rounds of a long one), never while the thread polls idle.
+/// CPU; this is the part spent on frames (and, in system time, the
+/// kernel's work for the frames it sends), less the polls that found the
+/// first. The thread's CPU clock is a system call, so it is read where a
+/// run starts and ends (and every `READ_EVERY` rounds of a long one), never
+/// while the thread polls idle.
 #[derive(Default)]
 pub(super) struct Work {
     /// The thread's CPU time at the last reading, within a run.
