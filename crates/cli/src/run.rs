@@ -410,11 +410,9 @@ impl Logger {
                         Err(_) => {}
                     }
                 }
-                while let Ok(e) = events.try_recv() {
-                    if write(&mut sinks, &e) {
-                        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                }
+                // What the workers left: the cluster node has stopped by now,
+                // so it is not handed these.
+                drain(&events, &mut sinks, None, &counted);
                 sinks.flush();
             })
             .map_err(|e| format!("starting the logger: {e}"))?;
